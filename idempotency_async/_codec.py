@@ -1,0 +1,97 @@
+"""JSON encoding of stored responses, and strict decoding of raw JSON text."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+from idempotency_async.errors import PayloadError, ResponseEncodingError
+
+__all__ = ["decode_json", "encode_json", "loads_strict"]
+
+_ENCODE_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+# Integers beyond 64 bits are outside orjson's range.  Such responses are written by
+# the stdlib encoder behind one leading space, which marks them for the stdlib decoder
+# (orjson would read those integers back as floats).
+_WIDE_MARK = b" "
+
+
+def encode_json(value: Any) -> bytes:
+    """Encode a response as JSON bytes; raise ResponseEncodingError if it is not JSON."""
+    try:
+        encoded = orjson.dumps(value, option=_ENCODE_OPTIONS)
+    except orjson.JSONEncodeError as exc:
+        if "64-bit" not in str(exc) and "Integer" not in str(exc):
+            raise _not_json(value, exc) from exc
+        try:
+            return _WIDE_MARK + json.dumps(value, allow_nan=False, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as wide_exc:
+            raise _not_json(value, wide_exc) from wide_exc
+    if b"null" in encoded:
+        _reject_non_finite(value)
+    return encoded
+
+
+def decode_json(data: bytes) -> Any:
+    if data[:1] == _WIDE_MARK:
+        return json.loads(data)
+    return orjson.loads(data)
+
+
+def loads_strict(text: str | bytes) -> Any:
+    """Parse JSON text, rejecting duplicate object members and non-finite numbers.
+
+    Used wherever a payload arrives as raw text (``powertools_json``, HTTP bodies):
+    ``{"a":1,"a":2}`` means different things to different parsers, so it cannot be hashed.
+    """
+    try:
+        return json.loads(text, object_pairs_hook=_unique_members, parse_constant=_no_constant)
+    except ValueError as exc:
+        if isinstance(exc, PayloadError):
+            raise
+        raise PayloadError(f"invalid JSON text: {exc}") from exc
+
+
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise PayloadError(
+                    f"JSON text has the member {key!r} twice in one object; parsers disagree on "
+                    "which one wins, so it cannot be hashed: send each member once"
+                )
+            seen.add(key)
+    return result
+
+
+def _no_constant(name: str) -> Any:
+    raise PayloadError(f"JSON text contains {name}, which is not a JSON number")
+
+
+def _reject_non_finite(value: Any) -> None:
+    # orjson writes NaN and Infinity as null; a replay would then differ from the result.
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, float):
+            if node != node or node in (float("inf"), float("-inf")):
+                raise ResponseEncodingError(
+                    f"the result contains {node}, which JSON cannot represent: return None "
+                    "or a string instead"
+                )
+        elif isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+
+
+def _not_json(value: Any, exc: Exception) -> ResponseEncodingError:
+    return ResponseEncodingError(
+        f"the result ({type(value).__name__}) cannot be stored as JSON: {exc}. Return JSON "
+        "values (dict, list, str, int, float, bool, None) or configure a response serializer "
+        "(Options(response_serializer=...))"
+    )

@@ -1,0 +1,139 @@
+"""Exception types raised by idempotency-async.
+
+Every exception derives from :class:`IdempotencyError`, so callers can catch the
+whole family at once.  Messages say what went wrong *and* what to do about it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "IdempotencyError",
+    "ConfigError",
+    "PayloadError",
+    "KeyMissingError",
+    "PayloadValidationError",
+    "AlreadyInProgressError",
+    "InconsistentStateError",
+    "LeaseLostError",
+    "CompletionError",
+    "ResponseNotStoredError",
+    "ResponseTooLargeError",
+    "ResponseEncodingError",
+    "PersistenceError",
+    "StoreThrottledError",
+    "StoreAccessDeniedError",
+    "StoreUnavailableError",
+    "StoreValidationError",
+]
+
+
+class IdempotencyError(Exception):
+    """Base class of every error this library raises."""
+
+
+class ConfigError(IdempotencyError, ValueError):
+    """Options, a store or an integration was configured with an invalid value."""
+
+
+class PayloadError(IdempotencyError, ValueError):
+    """The payload cannot be turned into an idempotency key.
+
+    Raised before any store write.  ``path`` is a JSONPath-like location of the
+    offending value (``$.items[3].price``) when one is known.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class KeyMissingError(IdempotencyError):
+    """The key expression selected nothing and ``raise_on_no_key`` is set."""
+
+
+class PayloadValidationError(IdempotencyError):
+    """A duplicate request carried a different payload than the one stored for its key."""
+
+    def __init__(self, message: str, *, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class AlreadyInProgressError(IdempotencyError):
+    """Another caller holds the key and has not finished yet.
+
+    ``lease_end`` is the Unix time (seconds, float) at which the holder's lease
+    ends and the key becomes claimable again, when known.
+    """
+
+    def __init__(self, message: str, *, key: str, lease_end: float | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.lease_end = lease_end
+
+
+class InconsistentStateError(IdempotencyError):
+    """The store kept answering with a record that looked claimable but could not be claimed."""
+
+
+class CompletionError(IdempotencyError):
+    """The callback succeeded but its result could not be recorded.
+
+    The side effect happened: ``result`` carries what the callback returned.
+    The record stays in progress until its lease ends.
+    """
+
+    def __init__(self, message: str, *, key: str, result: Any) -> None:
+        super().__init__(message)
+        self.key = key
+        self.result = result
+
+
+class LeaseLostError(CompletionError):
+    """The lease lapsed and another worker claimed the key before this one finished.
+
+    The callback's result is in ``result``; the other worker's record was left intact.
+    """
+
+
+class ResponseNotStoredError(IdempotencyError):
+    """The original call succeeded, but its response was not stored, so it cannot be replayed."""
+
+    def __init__(self, message: str, *, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class ResponseTooLargeError(IdempotencyError):
+    """An encoded response is larger than the store accepts."""
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class ResponseEncodingError(IdempotencyError, TypeError):
+    """A callback returned a value that cannot be stored as JSON."""
+
+
+class PersistenceError(IdempotencyError):
+    """The store failed; the original backend exception is the ``__cause__``."""
+
+
+class StoreThrottledError(PersistenceError):
+    """The store refused the request because of its rate or capacity limits."""
+
+
+class StoreAccessDeniedError(PersistenceError):
+    """The credentials in use lack a permission the store needs."""
+
+
+class StoreUnavailableError(PersistenceError):
+    """The store could not be reached, or did not answer in time."""
+
+
+class StoreValidationError(PersistenceError):
+    """The store rejected a request as malformed (wrong table, schema or attribute names)."""
