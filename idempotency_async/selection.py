@@ -25,7 +25,8 @@ Expression = str | ParsedResult
 class PowertoolsFunctions(Functions):
     """JMESPath functions always available in expressions, as in the Powertools ports.
 
-    Subclass it to add your own functions and pass an instance as ``Options(jmespath_functions=...)``.
+    Subclass it to add your own functions; pass an instance as
+    ``Options(jmespath_functions=...)``.
     """
 
     @signature({"types": ["string"]})
@@ -74,7 +75,8 @@ class Selector:
         if self.expression is None:
             return payload
         try:
-            return self.expression.search(payload, options=jmespath.Options(custom_functions=self.functions))
+            options = jmespath.Options(custom_functions=self.functions)
+            return self.expression.search(payload, options=options)
         except PayloadError:
             raise
         except JMESPathError as exc:

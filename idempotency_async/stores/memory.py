@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from idempotency_async._codec import decode_json, encode_json
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores.base import DEFAULT_MAX_RESPONSE_BYTES
@@ -42,7 +44,7 @@ class MemoryStore:
         record = completion.to_record()
         encoded = encode_json(record.response) if record.response_stored else None
         # The stored record never holds the caller's object: replays decode a fresh copy.
-        self._records[completion.key] = (_without_response(record), encoded)
+        self._records[completion.key] = (dataclasses.replace(record, response=None), encoded)
         return True
 
     async def release(self, key: str, owner: str | None) -> bool:
@@ -69,30 +71,5 @@ class MemoryStore:
         record, encoded = entry
         if encoded is None:
             return record
-        return _with_response(record, decode_json(encoded))
+        return dataclasses.replace(record, response=decode_json(encoded))
 
-
-def _without_response(record: Record) -> Record:
-    return Record(
-        key=record.key,
-        status=record.status,
-        expiration=record.expiration,
-        lease_end=record.lease_end,
-        validation=record.validation,
-        owner=record.owner,
-        response=None,
-        response_stored=record.response_stored,
-    )
-
-
-def _with_response(record: Record, response: object) -> Record:
-    return Record(
-        key=record.key,
-        status=record.status,
-        expiration=record.expiration,
-        lease_end=record.lease_end,
-        validation=record.validation,
-        owner=record.owner,
-        response=response,
-        response_stored=record.response_stored,
-    )

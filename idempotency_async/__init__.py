@@ -1,0 +1,27 @@
+"""Async-first idempotency: run a side effect once per key and replay its result to duplicates."""
+
+from idempotency_async import errors
+from idempotency_async.deadlines import current_deadline, deadline
+from idempotency_async.decorators import idempotent_function
+from idempotency_async.events import Event, EventKind
+from idempotency_async.manager import Manager
+from idempotency_async.options import Options, ResponseCodec
+from idempotency_async.record import Record, Status
+from idempotency_async.stores.base import Store
+from idempotency_async.stores.memory import MemoryStore
+
+__all__ = [
+    "Event",
+    "EventKind",
+    "Manager",
+    "MemoryStore",
+    "Options",
+    "Record",
+    "ResponseCodec",
+    "Status",
+    "Store",
+    "current_deadline",
+    "deadline",
+    "errors",
+    "idempotent_function",
+]

@@ -1,0 +1,56 @@
+"""The optional in-process cache of completed responses."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from idempotency_async.record import Record
+
+__all__ = ["CachedResponse", "LocalCache"]
+
+
+@dataclass(frozen=True, slots=True)
+class CachedResponse:
+    record: Record
+    """The COMPLETED record, without its response (that is kept encoded)."""
+    encoded: bytes
+
+
+class LocalCache:
+    """A bounded LRU of COMPLETED records; in-progress records are never cached.
+
+    Entries die with their record's ``expiration``.  Responses are kept encoded so every
+    hit decodes an independent copy.
+    """
+
+    def __init__(self, max_items: int) -> None:
+        self._max_items = max_items
+        self._entries: OrderedDict[str, CachedResponse] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: str, now: float) -> CachedResponse | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if entry.record.is_expired(now):
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: str, entry: CachedResponse) -> None:
+        if self._max_items == 0:
+            return
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._max_items:
+            self._entries.popitem(last=False)
+
+    def discard(self, key: str) -> None:
+        self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        self._entries.clear()

@@ -1,0 +1,60 @@
+"""``idempotent_function``: make any ``async def`` idempotent on one of its arguments."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, TypeVar
+
+from idempotency_async.errors import ConfigError
+from idempotency_async.manager import Manager
+
+__all__ = ["idempotent_function"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def idempotent_function(
+    manager: Manager, *, payload: str, timeout: float | None = None
+) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
+    """Decorate an ``async def`` so it runs once per value of its ``payload`` argument.
+
+    When the manager's ``key_prefix`` was not set explicitly, keys get the function's
+    ``<module>.<qualname>`` appended, so two functions sharing a manager never replay
+    each other's results.  Dataclass arguments are hashed by their fields, pydantic
+    models by ``model_dump(mode="json")``.  ``timeout`` bounds each call (and its lease).
+    """
+
+    def decorate(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+        if not inspect.iscoroutinefunction(func):
+            raise ConfigError(f"idempotent_function needs an async def; {func!r} is not one")
+        signature = inspect.signature(func)
+        if payload not in signature.parameters:
+            raise ConfigError(
+                f"{func.__qualname__} has no parameter {payload!r}; name the argument that "
+                f"identifies the request (one of: {', '.join(signature.parameters)})"
+            )
+        bound_manager = _manager_for(manager, func)
+
+        @functools.wraps(func)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+            arguments = signature.bind(*args, **kwargs)
+            arguments.apply_defaults()
+            return await bound_manager.execute(
+                arguments.arguments[payload], lambda: func(*args, **kwargs), timeout=timeout
+            )
+
+        return wrapper
+
+    return decorate
+
+
+def _manager_for(manager: Manager, func: Callable[..., object]) -> Manager:
+    if manager.options.key_prefix is not None:
+        return manager
+    name = f"{func.__module__}.{func.__qualname__}"
+    prefix = f"{manager.key_prefix}.{name}" if manager.key_prefix else name
+    return Manager(manager.store, dataclasses.replace(manager.options, key_prefix=prefix))

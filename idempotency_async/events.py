@@ -1,0 +1,39 @@
+"""Typed events for metrics and tracing, delivered to ``Options(on_event=...)``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+__all__ = ["Event", "EventHook", "EventKind"]
+
+EventKind: TypeAlias = Literal[
+    "claimed",
+    "completed",
+    "replayed",
+    "cache_hit",
+    "rejected_in_progress",
+    "released",
+    "release_failed",
+    "lease_lost",
+    "response_not_stored",
+    "joined",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One thing that happened to one key.
+
+    ``kind`` is one of :data:`EventKind`; ``error`` is set for ``release_failed`` and
+    ``lease_lost``; ``duration`` is the callback's run time in seconds for ``completed``.
+    """
+
+    kind: EventKind
+    key: str
+    duration: float | None = None
+    error: BaseException | None = None
+
+
+EventHook: TypeAlias = Callable[[Event], None]

@@ -1,0 +1,532 @@
+"""The Manager: runs a callback at most once per idempotency key and replays its result."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from idempotency_async._codec import decode_json, encode_json
+from idempotency_async.cache import CachedResponse, LocalCache
+from idempotency_async.canonical import canonical_bytes, digest_bytes, idempotency_key
+from idempotency_async.deadlines import effective_deadline, reserve_for
+from idempotency_async.errors import (
+    AlreadyInProgressError,
+    CompletionError,
+    InconsistentStateError,
+    KeyMissingError,
+    LeaseLostError,
+    PayloadError,
+    PayloadValidationError,
+    ResponseEncodingError,
+    ResponseNotStoredError,
+)
+from idempotency_async.events import Event, EventKind
+from idempotency_async.options import Options, disabled_by_environment
+from idempotency_async.record import Claim, Completion, Record, Status
+from idempotency_async.selection import (
+    PowertoolsFunctions,
+    Selector,
+    compile_expression,
+    is_missing,
+)
+from idempotency_async.stores.base import Store
+
+__all__ = ["Manager"]
+
+T = TypeVar("T")
+
+_log = logging.getLogger("idempotency_async")
+
+_CLAIM_RETRIES = 2
+_FIRST_POLL = 0.05
+_MAX_POLL = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Keys:
+    key: str
+    validation: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """What a finished call leaves for in-process duplicates waiting on it."""
+
+    record: Record
+    encoded: bytes | None
+
+
+@dataclass(slots=True)
+class _Flight:
+    """A call of this manager that holds a key right now (single flight)."""
+
+    validation: str | None
+    future: asyncio.Future[_Outcome | None]
+    lease_end: float | None = None
+    waiters: int = 0
+
+
+@dataclass(slots=True)
+class _Attempt:
+    keys: _Keys
+    deadline: float | None
+    owner: str = field(default_factory=lambda: secrets.token_hex(16))
+
+
+class Manager:
+    """Runs each key's work at most once while its record lives, and replays the result.
+
+    A manager snapshots its :class:`Options`, owns its local cache and its in-flight
+    table; several managers may share one store with distinct key prefixes.
+    """
+
+    def __init__(self, store: Store, options: Options | None = None) -> None:
+        self.store = store
+        self.options = options if options is not None else Options()
+        functions = self.options.jmespath_functions or PowertoolsFunctions()
+        self._key_selector = Selector(
+            compile_expression(self.options.event_key_jmespath, option="event_key_jmespath"),
+            functions,
+        )
+        validation = compile_expression(
+            self.options.payload_validation_jmespath, option="payload_validation_jmespath"
+        )
+        self._validation_selector = None if validation is None else Selector(validation, functions)
+        self._prefix = self.options.resolved_prefix()
+        self._cache = (
+            LocalCache(self.options.local_cache_max_items) if self.options.use_local_cache else None
+        )
+        self._inflight: dict[str, _Flight] = {}
+        self._warned_no_deadline = False
+        self._disabled = disabled_by_environment()
+        if self._disabled:
+            _log.warning(
+                "idempotency is disabled by POWERTOOLS_IDEMPOTENCY_DISABLED: "
+                "callbacks run on every call",
+                extra={"idempotency_prefix": self._prefix},
+            )
+
+    @property
+    def key_prefix(self) -> str:
+        return self._prefix
+
+    # ------------------------------------------------------------------ public API
+
+    def key_for(self, payload: Any) -> str | None:
+        """The key :meth:`execute` would use for ``payload``, or None when it selects no key."""
+        keys = self._derive(payload)
+        return None if keys is None else keys.key
+
+    async def execute(
+        self,
+        payload: Any,
+        callback: Callable[[], Awaitable[T]],
+        *,
+        deadline: float | None = None,
+        timeout: float | None = None,
+    ) -> T:
+        """Run ``callback`` once for this payload's key, or replay the stored result.
+
+        ``timeout`` (seconds) and ``deadline`` (``loop.time()`` units) bound the call; with
+        the ambient :func:`~idempotency_async.deadline`, the earliest wins and becomes the
+        record's lease.  Cancellation propagates and leaves no store write behind.
+        """
+        if self._disabled:
+            return await callback()
+        keys = self._derive(payload)
+        if keys is None:
+            return await callback()
+        loop = asyncio.get_running_loop()
+        when = effective_deadline(loop, deadline=deadline, timeout=timeout)
+        cached = self._cached(keys)
+        if cached is not None:
+            return cached  # type: ignore[no-any-return]
+        while True:
+            flight = self._inflight.get(keys.key)
+            if flight is None:
+                return await self._own(_Attempt(keys, when), callback, loop)
+            self._validate(flight.validation, keys)
+            if not self.options.wait:
+                self._emit("rejected_in_progress", keys.key)
+                raise AlreadyInProgressError(
+                    f"key {keys.key} is being processed by another call in this process: retry "
+                    "later, or set Options(wait=True) to wait for its result",
+                    key=keys.key,
+                    lease_end=flight.lease_end,
+                )
+            outcome = await self._join(flight, keys.key, when, loop)
+            if outcome is not None:
+                self._emit("joined", keys.key)
+                return self._replay_outcome(outcome)  # type: ignore[no-any-return]
+
+    async def release(self, key: str) -> None:
+        """Delete the record of ``key`` whatever its state (operators: unstick a key).
+
+        Dangerous: if the original call is still running, a retry will run the side
+        effect a second time.
+        """
+        if self._cache is not None:
+            self._cache.discard(key)
+        await self.store.release(key, None)
+        self._emit("released", key)
+
+    def clear_cache(self) -> None:
+        """Forget locally cached responses; the store is left alone."""
+        if self._cache is not None:
+            self._cache.clear()
+
+    # ------------------------------------------------------------------ keys
+
+    def _derive(self, payload: Any) -> _Keys | None:
+        selected = self._key_selector.select(payload)
+        if is_missing(selected, strict=self.options.strict_missing_key):
+            if self.options.raise_on_no_key:
+                raise KeyMissingError(
+                    f"no idempotency key in the payload (event_key_jmespath="
+                    f"{self.options.event_key_jmespath!r} selected nothing): send the field, or "
+                    "unset raise_on_no_key to run such calls without idempotency"
+                )
+            _log.warning(
+                "no idempotency key in the payload: running without idempotency",
+                extra={"event_key_jmespath": str(self.options.event_key_jmespath)},
+            )
+            return None
+        key = idempotency_key(self._prefix, self._hash(selected))
+        validation = None
+        if self._validation_selector is not None:
+            validation = self._hash(self._validation_selector.select(payload))
+        return _Keys(key, validation)
+
+    def _hash(self, value: Any) -> str:
+        if self.options.serialize_key is not None:
+            text = self.options.serialize_key(value)
+            data = text.encode() if isinstance(text, str) else text
+        else:
+            data = canonical_bytes(value, serializer=self.options.serializer or _model_serializer)
+        return digest_bytes(data, self.options.hash_function)
+
+    def _validate(self, stored: str | None, keys: _Keys) -> None:
+        if keys.validation is not None and stored is not None and stored != keys.validation:
+            raise PayloadValidationError(
+                f"key {keys.key} was used before with a different payload "
+                f"(payload_validation_jmespath={self.options.payload_validation_jmespath!r}): "
+                "use a new key for a new request",
+                key=keys.key,
+            )
+
+    # ------------------------------------------------------------------ replay
+
+    def _cached(self, keys: _Keys) -> Any:
+        if self._cache is None:
+            return None
+        entry = self._cache.get(keys.key, self.options.clock())
+        if entry is None:
+            return None
+        self._validate(entry.record.validation, keys)
+        self._emit("cache_hit", keys.key)
+        return self._replay_outcome(_Outcome(entry.record, entry.encoded))
+
+    def _replay_outcome(self, outcome: _Outcome) -> Any:
+        record = outcome.record
+        if not record.response_stored or outcome.encoded is None:
+            raise _not_stored(record.key)
+        return self._present(decode_json(outcome.encoded), record)
+
+    def _replay_record(self, record: Record, flight: _Flight) -> Any:
+        if not record.response_stored:
+            flight_outcome = _Outcome(record, None)
+            _settle(flight, flight_outcome)
+            raise _not_stored(record.key)
+        encoded = None
+        if flight.waiters or self._cache is not None:
+            encoded = encode_json(record.response)
+            outcome = _Outcome(record, encoded)
+            _settle(flight, outcome)
+            if self._cache is not None:
+                self._cache.put(record.key, CachedResponse(record, encoded))
+        self._emit("replayed", record.key)
+        return self._present(record.response, record)
+
+    def _present(self, stored: Any, record: Record) -> Any:
+        codec = self.options.response_codec
+        response = stored if codec is None else codec.decode(stored)
+        hook = self.options.response_hook
+        return response if hook is None else hook(response, record)
+
+    # ------------------------------------------------------------------ claim and run
+
+    async def _own(
+        self,
+        attempt: _Attempt,
+        callback: Callable[[], Awaitable[T]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> T:
+        key = attempt.keys.key
+        flight = _Flight(attempt.keys.validation, loop.create_future())
+        self._inflight[key] = flight
+        try:
+            return await self._claim_loop(attempt, flight, callback, loop)
+        finally:
+            if self._inflight.get(key) is flight:
+                del self._inflight[key]
+            _settle(flight, None)
+
+    async def _claim_loop(
+        self,
+        attempt: _Attempt,
+        flight: _Flight,
+        callback: Callable[[], Awaitable[T]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> T:
+        keys = attempt.keys
+        raced = 0
+        poll = _FIRST_POLL
+        wait_until = loop.time() + self.options.wait_timeout
+        if attempt.deadline is not None:
+            wait_until = min(wait_until, attempt.deadline)
+        while True:
+            now = self.options.clock()
+            claim, cutoff = self._claim_for(attempt, now, loop)
+            flight.lease_end = claim.lease_end / 1000
+            existing = await self.store.claim(claim, now=now)
+            if existing is None:
+                self._emit("claimed", keys.key)
+                return await self._run(claim, cutoff, flight, callback, loop)
+            if existing.is_claimable(now):
+                raced += 1
+                if raced > _CLAIM_RETRIES:
+                    raise InconsistentStateError(
+                        f"key {keys.key}: the store kept refusing a claim on a record that had "
+                        "expired; check that every worker's clock is synchronised"
+                    )
+                continue
+            self._validate(existing.validation, keys)
+            if existing.status is Status.COMPLETED:
+                return self._replay_record(existing, flight)  # type: ignore[no-any-return]
+            lease_end = existing.lease_end / 1000 if existing.lease_end is not None else None
+            left = wait_until - loop.time()
+            if not self.options.wait or left <= 0:
+                self._emit("rejected_in_progress", keys.key)
+                raise AlreadyInProgressError(
+                    f"key {keys.key} is being processed by another call: retry after its lease "
+                    "ends, or set Options(wait=True, wait_timeout=...) to wait for its result",
+                    key=keys.key,
+                    lease_end=lease_end,
+                )
+            await asyncio.sleep(min(poll, left))
+            poll = min(poll * 2, _MAX_POLL)
+
+    def _claim_for(
+        self, attempt: _Attempt, now: float, loop: asyncio.AbstractEventLoop
+    ) -> tuple[Claim, float | None]:
+        """The claim to write at ``now`` and the loop time at which the callback is cut off."""
+        margin = self.options.lease_margin
+        if attempt.deadline is None:
+            self._diagnose_no_deadline()
+            lease = self.options.lease or self.options.expires_after
+            cutoff = None
+        else:
+            lease = attempt.deadline - loop.time()
+            if lease <= 0:
+                raise TimeoutError(
+                    f"the deadline of key {attempt.keys.key} passed before it was claimed"
+                )
+            cutoff = attempt.deadline - reserve_for(lease)
+        lease_end_ms = math.ceil((now + lease + margin) * 1000)
+        expiration = max(int(now + self.options.expires_after), math.ceil(lease_end_ms / 1000))
+        claim = Claim(
+            attempt.keys.key, attempt.owner, expiration, lease_end_ms, attempt.keys.validation
+        )
+        return claim, cutoff
+
+    async def _run(
+        self,
+        claim: Claim,
+        cutoff: float | None,
+        flight: _Flight,
+        callback: Callable[[], Awaitable[T]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> T:
+        started = loop.time()
+        timer = None
+        try:
+            if cutoff is None:
+                result = await callback()
+            else:
+                async with asyncio.timeout_at(cutoff) as timer:
+                    result = await callback()
+        except Exception as exc:
+            if timer is not None and timer.expired():
+                # Our own deadline: like a cancellation, no store write.  The record
+                # stays in progress until its lease ends, right at the deadline.
+                raise
+            await self._release_after_failure(claim, exc)
+            raise
+        await self._complete(claim, result, flight, loop.time() - started)
+        return result
+
+    async def _complete(self, claim: Claim, result: Any, flight: _Flight, duration: float) -> None:
+        stored, encoded = self._encode_result(claim.key, result)
+        completion = Completion(
+            key=claim.key,
+            owner=claim.owner,
+            expiration=int(self.options.clock() + self.options.expires_after),
+            validation=claim.validation,
+            response=stored if encoded is not None else None,
+            response_stored=encoded is not None,
+        )
+        try:
+            written = await self.store.complete(completion)
+        except Exception as exc:
+            raise CompletionError(
+                f"the call for key {claim.key} succeeded but recording its result failed "
+                f"({exc}); the result is on this error, and the key stays in progress until "
+                "its lease ends",
+                key=claim.key,
+                result=result,
+            ) from exc
+        if not written:
+            error = LeaseLostError(
+                f"the lease of key {claim.key} ended before the call finished and another worker "
+                "claimed the key; its record was left intact. Give calls a deadline that covers "
+                "their work. The result is on this error.",
+                key=claim.key,
+                result=result,
+            )
+            self._emit("lease_lost", claim.key, error=error)
+            raise error
+        record = completion.to_record()
+        outcome = _Outcome(record, encoded)
+        _settle(flight, outcome)
+        if self._cache is not None and encoded is not None:
+            self._cache.put(claim.key, CachedResponse(record, encoded))
+        self._emit("completed", claim.key, duration=duration)
+
+    def _encode_result(self, key: str, result: Any) -> tuple[Any, bytes | None]:
+        """The JSON value to store and its encoding; no encoding means "response not stored"."""
+        try:
+            codec = self.options.response_codec
+            stored = result if codec is None else codec.encode(result)
+            encoded = encode_json(stored)
+        except ResponseEncodingError as exc:
+            self._not_stored(key, str(exc))
+            return None, None
+        limit = self.store.max_response_bytes
+        if len(encoded) > limit:
+            self._not_stored(
+                key, f"the response is {len(encoded)} bytes, over the store's limit of {limit}"
+            )
+            return None, None
+        return stored, encoded
+
+    def _not_stored(self, key: str, reason: str) -> None:
+        # The side effect happened, so the record is completed (never deleted): replays
+        # raise ResponseNotStoredError instead of running the callback again.
+        _log.warning(
+            "response not stored: %s; duplicates of this key will get ResponseNotStoredError",
+            reason,
+            extra={"idempotency_key": key},
+        )
+        self._emit("response_not_stored", key)
+
+    async def _release_after_failure(self, claim: Claim, exc: BaseException) -> None:
+        try:
+            released = await self.store.release(claim.key, claim.owner)
+        except Exception as release_exc:
+            exc.add_note(
+                f"idempotency-async: releasing key {claim.key} failed ({release_exc!r}); the key "
+                "stays in progress until its lease ends"
+            )
+            self._emit("release_failed", claim.key, error=release_exc)
+            return
+        if released:
+            self._emit("released", claim.key)
+        else:
+            self._emit("lease_lost", claim.key, error=exc)
+
+    async def _join(
+        self, flight: _Flight, key: str, deadline: float | None, loop: asyncio.AbstractEventLoop
+    ) -> _Outcome | None:
+        """Wait for the in-process holder of ``key``; None when it failed (claim again)."""
+        limit = loop.time() + self.options.wait_timeout
+        own_deadline_first = deadline is not None and deadline <= limit
+        if deadline is not None:
+            limit = min(limit, deadline)
+        flight.waiters += 1
+        try:
+            async with asyncio.timeout_at(limit):
+                # shield: one waiter giving up must not cancel the holder's future.
+                return await asyncio.shield(flight.future)
+        except TimeoutError:
+            if own_deadline_first:
+                raise
+            raise AlreadyInProgressError(
+                f"key {key} was still in progress after waiting {self.options.wait_timeout} s",
+                key=key,
+                lease_end=flight.lease_end,
+            ) from None
+        finally:
+            flight.waiters -= 1
+
+    # ------------------------------------------------------------------ diagnostics
+
+    def _diagnose_no_deadline(self) -> None:
+        if self._warned_no_deadline:
+            return
+        self._warned_no_deadline = True
+        _log.warning(
+            "idempotent calls of this manager run without a deadline: a crash leaves the key in "
+            "progress for the whole lease (%s s). Pass timeout=, use `async with deadline(...)`, "
+            "or set Options(lease=...)",
+            self.options.lease or self.options.expires_after,
+            extra={"idempotency_prefix": self._prefix},
+        )
+
+    def _emit(
+        self,
+        kind: EventKind,
+        key: str,
+        *,
+        duration: float | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        _log.debug(
+            "idempotency %s", kind, extra={"idempotency_event": kind, "idempotency_key": key}
+        )
+        hook = self.options.on_event
+        if hook is None:
+            return
+        try:
+            hook(Event(kind, key, duration, error))
+        except Exception:
+            # Metrics must never change the outcome of a call.
+            _log.exception("on_event hook failed", extra={"idempotency_event": kind})
+
+
+def _settle(flight: _Flight, outcome: _Outcome | None) -> None:
+    if not flight.future.done():
+        flight.future.set_result(outcome)
+
+
+def _not_stored(key: str) -> ResponseNotStoredError:
+    return ResponseNotStoredError(
+        f"the first call for key {key} succeeded, but its response was not stored (too large "
+        "or not JSON), so it cannot be replayed: use a new key to run the request again",
+        key=key,
+    )
+
+
+def _model_serializer(value: Any) -> Any:
+    """Default hook for payload objects: pydantic models dump to JSON values (imported lazily)."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    raise PayloadError(
+        f"{type(value).__name__} in the payload is not JSON: convert it first, or pass "
+        "Options(serializer=...) that turns it into JSON values"
+    )

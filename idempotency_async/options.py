@@ -1,0 +1,138 @@
+"""Options: the immutable configuration a Manager snapshots at construction."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from jmespath.functions import Functions
+
+from idempotency_async.canonical import HASH_ALGORITHMS, Serializer
+from idempotency_async.errors import ConfigError
+from idempotency_async.events import EventHook
+from idempotency_async.record import JSONValue, Record
+from idempotency_async.selection import Expression
+
+__all__ = ["DISABLED_ENV", "Options", "ResponseCodec", "disabled_by_environment"]
+
+DISABLED_ENV = "POWERTOOLS_IDEMPOTENCY_DISABLED"
+_TRUE_WORDS = frozenset({"1", "true", "yes", "on", "y"})
+
+
+class ResponseCodec(Protocol):
+    """Turns callback results into JSON values for storage, and stored values back."""
+
+    def encode(self, result: Any) -> JSONValue: ...
+
+    def decode(self, stored: JSONValue) -> Any: ...
+
+
+ResponseHook = Callable[[Any, Record], Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """How a :class:`~idempotency_async.Manager` derives keys, stores results and waits.
+
+    Validated at construction: invalid values raise :class:`~idempotency_async.errors.ConfigError`.
+    """
+
+    key_prefix: str | None = None
+    """Prefix of every key (``<prefix>#<hash>``).  ``None``: the trimmed
+    ``AWS_LAMBDA_FUNCTION_NAME``, or ``""`` outside Lambda (keys ``#<hash>``, as TypeScript)."""
+    event_key_jmespath: Expression | None = None
+    """Selects the part of the payload that identifies the request (whole payload if None)."""
+    payload_validation_jmespath: Expression | None = None
+    """Selects the part that must be equal when a key is reused (no validation if None)."""
+    jmespath_functions: Functions | None = None
+    """Custom JMESPath functions (subclass ``selection.PowertoolsFunctions`` to keep its own)."""
+    raise_on_no_key: bool = False
+    """Raise ``KeyMissingError`` when the key selection is missing (default: run unprotected)."""
+    strict_missing_key: bool = False
+    """Also treat ``""``, ``[]`` and ``{}`` selections as missing, like the reference ports."""
+    expires_after: float = 3600.0
+    """Seconds a completed record is replayed for."""
+    hash_function: str = "md5"
+    use_local_cache: bool = False
+    local_cache_max_items: int = 1000
+    lease: float | None = None
+    """Lease in seconds when a call has no deadline at all (default: ``expires_after``)."""
+    lease_margin: float = 0.0
+    """Seconds added to every lease for clock skew between workers."""
+    wait: bool = False
+    """Wait for an in-progress duplicate to finish and replay its result, instead of raising."""
+    wait_timeout: float = 10.0
+    integer_precision: Literal["strict", "float64"] = "strict"
+    """``strict`` rejects integers beyond ±(2**53-1) in the key and validation selections;
+    ``float64`` hashes them as JavaScript would (TypeScript parity; distinct ids may collide)."""
+    serializer: Serializer | None = None
+    """Turns non-JSON objects in the payload (pydantic models, custom classes) into JSON values."""
+    serialize_key: Callable[[Any], str | bytes] | None = None
+    """Replaces canonical JSON for both hashes: a deliberate custom key contract."""
+    response_codec: ResponseCodec | None = None
+    response_hook: ResponseHook | None = None
+    """Called as ``hook(response, record)`` on every replay; its return value is replayed."""
+    on_event: EventHook | None = None
+    clock: Callable[[], float] = field(default=time.time)
+    """Wall clock in Unix seconds; the only one the manager and stores use."""
+
+    def __post_init__(self) -> None:
+        if not _positive(self.expires_after):
+            raise ConfigError(
+                f"expires_after must be a positive number of seconds, got {self.expires_after!r}"
+            )
+        if self.hash_function not in HASH_ALGORITHMS:
+            raise ConfigError(
+                f"unknown hash_function {self.hash_function!r}: "
+                f"use one of {', '.join(sorted(HASH_ALGORITHMS))}"
+            )
+        if (
+            isinstance(self.local_cache_max_items, bool)
+            or not isinstance(self.local_cache_max_items, int)
+            or self.local_cache_max_items < 0
+        ):
+            raise ConfigError(
+                f"local_cache_max_items must be an integer >= 0, got {self.local_cache_max_items!r}"
+            )
+        if self.lease is not None and not _positive(self.lease):
+            raise ConfigError(f"lease must be a positive number of seconds, got {self.lease!r}")
+        if not _non_negative(self.lease_margin):
+            raise ConfigError(f"lease_margin must be >= 0 seconds, got {self.lease_margin!r}")
+        if not _positive(self.wait_timeout):
+            raise ConfigError(
+                f"wait_timeout must be a positive number of seconds, got {self.wait_timeout!r}"
+            )
+        if self.integer_precision not in ("strict", "float64"):
+            raise ConfigError(
+                f"integer_precision must be 'strict' or 'float64', got {self.integer_precision!r}"
+            )
+        if self.key_prefix is not None and not isinstance(self.key_prefix, str):
+            raise ConfigError(f"key_prefix must be a string, got {type(self.key_prefix).__name__}")
+
+    def resolved_prefix(self) -> str:
+        if self.key_prefix is not None:
+            return self.key_prefix
+        return os.environ.get("AWS_LAMBDA_FUNCTION_NAME", "").strip()
+
+
+def disabled_by_environment() -> bool:
+    return os.environ.get(DISABLED_ENV, "").strip().lower() in _TRUE_WORDS
+
+
+def _positive(value: Any) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and value > 0
+        and value == value
+        and value != float("inf")
+    )
+
+
+def _non_negative(value: Any) -> bool:
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf")
+    )
