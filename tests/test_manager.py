@@ -1,0 +1,658 @@
+"""The Manager's lifecycle, run against every store (the ``store`` fixture)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any
+
+import pytest
+from support import Clock, RecordingStore
+
+from idempotency_async import Event, Manager, MemoryStore, Options, errors
+from idempotency_async.record import Status
+from idempotency_async.stores.base import Store
+
+
+def make(store: Store, clock: Clock | None = None, **options: Any) -> Manager:
+    options.setdefault("key_prefix", "test")
+    if clock is not None:
+        options["clock"] = clock
+    return Manager(store, Options(**options))
+
+
+class Counter:
+    """A callback that counts its runs and returns a chosen value."""
+
+    def __init__(self, result: Any = "done", delay: float = 0.0) -> None:
+        self.runs = 0
+        self.result = result
+        self.delay = delay
+
+    async def __call__(self) -> Any:
+        self.runs += 1
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return self.result
+
+
+async def test_first_call_runs_and_duplicate_replays(store: Store) -> None:
+    manager = make(store)
+    work = Counter({"order": 7})
+    assert await manager.execute({"id": 1}, work, timeout=5) == {"order": 7}
+    assert await manager.execute({"id": 1}, work, timeout=5) == {"order": 7}
+    assert work.runs == 1
+
+
+@pytest.mark.parametrize("result", [0, "", [], {}, False, None, 0.0])
+async def test_replay_returns_falsy_result_unchanged(store: Store, result: Any) -> None:
+    manager = make(store)
+    work = Counter(result)
+    await manager.execute({"id": 1}, work, timeout=5)
+    replayed = await manager.execute({"id": 1}, work, timeout=5)
+    assert replayed == result and type(replayed) is type(result)
+    assert work.runs == 1
+
+
+async def test_replays_are_independent_copies(store: Store) -> None:
+    manager = make(store, use_local_cache=True)
+    await manager.execute({"id": 1}, Counter({"items": [1]}), timeout=5)
+    first = await manager.execute({"id": 1}, Counter(), timeout=5)
+    first["items"].append(2)
+    assert await manager.execute({"id": 1}, Counter(), timeout=5) == {"items": [1]}
+
+
+async def test_different_payloads_run_separately(store: Store) -> None:
+    manager = make(store)
+    work = Counter()
+    await manager.execute({"id": 1}, work, timeout=5)
+    await manager.execute({"id": 2}, work, timeout=5)
+    assert work.runs == 2
+
+
+async def test_validation_mismatch_on_completed_record_raises(store: Store) -> None:
+    manager = make(store, event_key_jmespath="id", payload_validation_jmespath="amount")
+    await manager.execute({"id": 1, "amount": 10}, Counter(), timeout=5)
+    with pytest.raises(errors.PayloadValidationError, match="different payload"):
+        await manager.execute({"id": 1, "amount": 11}, Counter(), timeout=5)
+
+
+async def test_validation_mismatch_on_in_progress_record_raises_before_in_progress(
+    store: Store,
+) -> None:
+    first = make(store, event_key_jmespath="id", payload_validation_jmespath="amount")
+    second = make(store, event_key_jmespath="id", payload_validation_jmespath="amount")
+    started = asyncio.Event()
+
+    async def slow() -> str:
+        started.set()
+        await asyncio.sleep(0.2)
+        return "ok"
+
+    task = asyncio.create_task(first.execute({"id": 1, "amount": 10}, slow, timeout=5))
+    await started.wait()
+    with pytest.raises(errors.PayloadValidationError):
+        await second.execute({"id": 1, "amount": 99}, Counter(), timeout=5)
+    with pytest.raises(errors.AlreadyInProgressError):
+        await second.execute({"id": 1, "amount": 10}, Counter(), timeout=5)
+    assert await task == "ok"
+
+
+async def test_in_progress_error_carries_the_lease_end(store: Store, clock: Clock) -> None:
+    first = make(store, clock)
+    second = make(store, clock)
+    started = asyncio.Event()
+
+    async def slow() -> str:
+        started.set()
+        await asyncio.sleep(0.1)
+        return "ok"
+
+    task = asyncio.create_task(first.execute({"id": 1}, slow, timeout=20))
+    await started.wait()
+    with pytest.raises(errors.AlreadyInProgressError) as info:
+        await second.execute({"id": 1}, Counter(), timeout=5)
+    assert info.value.lease_end is not None
+    assert clock.now + 19 < info.value.lease_end <= clock.now + 20.001
+    await task
+
+
+async def test_callback_exception_releases_the_key_and_propagates(store: Store) -> None:
+    manager = make(store)
+
+    class PaymentDeclinedError(Exception):
+        pass
+
+    async def declined() -> None:
+        raise PaymentDeclinedError("card declined")
+
+    with pytest.raises(PaymentDeclinedError, match="card declined"):
+        await manager.execute({"id": 1}, declined, timeout=5)
+    assert await store.get(manager.key_for({"id": 1}) or "") is None
+    work = Counter("retried")
+    assert await manager.execute({"id": 1}, work, timeout=5) == "retried"
+    assert work.runs == 1
+
+
+async def test_failed_release_is_a_note_on_the_original_error(store: Store) -> None:
+    recording = RecordingStore(store, fail_on={"release": errors.StoreUnavailableError("down")})
+    events: list[Event] = []
+    manager = make(recording, on_event=events.append)
+
+    async def boom() -> None:
+        raise KeyError("original")
+
+    with pytest.raises(KeyError) as info:
+        await manager.execute({"id": 1}, boom, timeout=5)
+    assert any("releasing key" in note and "down" in note for note in info.value.__notes__)
+    assert [e.kind for e in events if e.kind == "release_failed"] == ["release_failed"]
+
+
+async def test_missing_key_runs_without_idempotency(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording, event_key_jmespath="id")
+    work = Counter()
+    with caplog.at_level(logging.WARNING, "idempotency_async"):
+        await manager.execute({"other": 1}, work)
+        await manager.execute({"other": 1}, work)
+    assert work.runs == 2
+    assert recording.calls == []
+    assert "no idempotency key" in caplog.text
+    assert manager.key_for({"other": 1}) is None
+
+
+@pytest.mark.parametrize("selected", [False, 0, "", [], {}])
+async def test_falsy_selections_count_as_keys_by_default(store: Store, selected: Any) -> None:
+    manager = make(store, event_key_jmespath="id")
+    work = Counter()
+    await manager.execute({"id": selected}, work, timeout=5)
+    await manager.execute({"id": selected}, work, timeout=5)
+    assert work.runs == 1
+
+
+@pytest.mark.parametrize("selected", ["", [], {}])
+async def test_strict_missing_key_treats_empty_selections_as_missing(
+    store: Store, selected: Any
+) -> None:
+    manager = make(store, event_key_jmespath="id", strict_missing_key=True, raise_on_no_key=True)
+    with pytest.raises(errors.KeyMissingError):
+        await manager.execute({"id": selected}, Counter(), timeout=5)
+
+
+async def test_raise_on_no_key_raises_before_any_store_call(store: Store) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording, event_key_jmespath="id", raise_on_no_key=True)
+    with pytest.raises(errors.KeyMissingError, match="no idempotency key"):
+        await manager.execute({"id": None}, Counter(), timeout=5)
+    assert recording.calls == []
+
+
+async def test_invalid_payload_raises_before_any_store_call(store: Store) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording)
+    with pytest.raises(errors.PayloadError, match=r"\$\.items\[1\]"):
+        await manager.execute({"items": [1, float("nan")]}, Counter(), timeout=5)
+    assert recording.calls == []
+
+
+async def test_integers_beyond_float64_precision_are_rejected_by_default(store: Store) -> None:
+    manager = make(store)
+    with pytest.raises(errors.PayloadError, match="2\\*\\*53|precision|float64"):
+        await manager.execute({"id": 2**53 + 1}, Counter(), timeout=5)
+    parity = make(store, integer_precision="float64")
+    assert parity.key_for({"id": 2**53 + 1}) == parity.key_for({"id": 2**53})
+
+
+async def test_unencodable_result_completes_as_not_stored(store: Store) -> None:
+    manager = make(store)
+    sentinel = object()
+    work = Counter(sentinel)
+    assert await manager.execute({"id": 1}, work, timeout=5) is sentinel
+    with pytest.raises(errors.ResponseNotStoredError):
+        await manager.execute({"id": 1}, work, timeout=5)
+    assert work.runs == 1
+    record = await store.get(manager.key_for({"id": 1}) or "")
+    assert record is not None and record.status is Status.COMPLETED
+
+
+async def test_oversized_result_completes_as_not_stored(store: Store) -> None:
+    manager = make(store)
+    big = "x" * (store.max_response_bytes + 10)
+    work = Counter(big)
+    assert await manager.execute({"id": 1}, work, timeout=5) == big
+    with pytest.raises(errors.ResponseNotStoredError):
+        await manager.execute({"id": 1}, work, timeout=5)
+    assert work.runs == 1
+
+
+async def test_completion_failure_carries_the_result(store: Store) -> None:
+    recording = RecordingStore(store, fail_on={"complete": errors.StoreThrottledError("slow")})
+    manager = make(recording)
+    with pytest.raises(errors.CompletionError) as info:
+        await manager.execute({"id": 1}, Counter({"charged": True}), timeout=5)
+    assert info.value.result == {"charged": True}
+    assert isinstance(info.value.__cause__, errors.StoreThrottledError)
+    record = await store.get(manager.key_for({"id": 1}) or "")
+    assert record is not None and record.status is Status.INPROGRESS
+
+
+async def test_zombie_worker_gets_lease_lost_and_cannot_touch_new_owner(
+    store: Store, clock: Clock
+) -> None:
+    worker_a = make(store, clock, lease=5)
+    worker_b = make(store, clock, lease=5)
+    a_started = asyncio.Event()
+    a_may_finish = asyncio.Event()
+
+    async def a_work() -> str:
+        a_started.set()
+        await a_may_finish.wait()
+        return "a"
+
+    task_a = asyncio.create_task(worker_a.execute({"id": 1}, a_work))
+    await a_started.wait()
+    clock.advance(6)  # A's lease lapses
+    assert await worker_b.execute({"id": 1}, Counter("b")) == "b"
+    a_may_finish.set()
+    with pytest.raises(errors.LeaseLostError) as info:
+        await task_a
+    assert info.value.result == "a"
+    record = await store.get(worker_b.key_for({"id": 1}) or "")
+    assert record is not None and record.response == "b"
+
+
+async def test_zombie_failure_does_not_delete_new_owners_record(store: Store, clock: Clock) -> None:
+    worker_a = make(store, clock, lease=5)
+    worker_b = make(store, clock, lease=5)
+    a_started = asyncio.Event()
+    a_may_fail = asyncio.Event()
+
+    async def a_work() -> None:
+        a_started.set()
+        await a_may_fail.wait()
+        raise RuntimeError("a failed late")
+
+    task_a = asyncio.create_task(worker_a.execute({"id": 1}, a_work))
+    await a_started.wait()
+    clock.advance(6)
+    assert await worker_b.execute({"id": 1}, Counter("b")) == "b"
+    a_may_fail.set()
+    with pytest.raises(RuntimeError):
+        await task_a
+    record = await store.get(worker_b.key_for({"id": 1}) or "")
+    assert record is not None and record.status is Status.COMPLETED
+
+
+async def test_record_that_stays_claimable_ends_in_inconsistent_state(store: Store) -> None:
+    class StaleStore(RecordingStore):
+        async def claim(self, claim: Any, *, now: float) -> Any:
+            self.calls.append("claim")
+            from idempotency_async.record import Record
+
+            return Record(key=claim.key, status=Status.COMPLETED, expiration=int(now) - 10)
+
+    stale = StaleStore(store)
+    manager = make(stale)
+    with pytest.raises(errors.InconsistentStateError):
+        await manager.execute({"id": 1}, Counter(), timeout=5)
+    assert stale.calls == ["claim", "claim", "claim"]
+
+
+async def test_local_cache_replays_without_a_store_call(store: Store, clock: Clock) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording, clock, use_local_cache=True, expires_after=60)
+    await manager.execute({"id": 1}, Counter("v"), timeout=5)
+    calls = len(recording.calls)
+    assert await manager.execute({"id": 1}, Counter(), timeout=5) == "v"
+    assert len(recording.calls) == calls
+    clock.advance(61)
+    work = Counter("fresh")
+    assert await manager.execute({"id": 1}, work, timeout=5) == "fresh"
+    assert work.runs == 1
+
+
+async def test_clear_cache_leaves_the_store_alone(store: Store) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording, use_local_cache=True)
+    work = Counter("v")
+    await manager.execute({"id": 1}, work, timeout=5)
+    manager.clear_cache()
+    assert await manager.execute({"id": 1}, work, timeout=5) == "v"
+    assert work.runs == 1
+    assert recording.calls.count("claim") == 2
+
+
+async def test_store_round_trips_per_path(store: Store) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording)
+    other = make(recording)
+    await manager.execute({"id": 1}, Counter(), timeout=5)
+    assert recording.calls == ["claim", "complete"]
+    recording.calls.clear()
+    await other.execute({"id": 1}, Counter(), timeout=5)
+    assert recording.calls == ["claim"]
+
+
+async def test_in_process_duplicate_is_rejected_without_a_store_call(store: Store) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording)
+    started = asyncio.Event()
+
+    async def slow() -> str:
+        started.set()
+        await asyncio.sleep(0.05)
+        return "ok"
+
+    task = asyncio.create_task(manager.execute({"id": 1}, slow, timeout=5))
+    await started.wait()
+    before = list(recording.calls)
+    with pytest.raises(errors.AlreadyInProgressError):
+        await manager.execute({"id": 1}, Counter(), timeout=5)
+    assert recording.calls == before
+    await task
+
+
+async def test_wait_joins_the_in_process_call_and_replays(store: Store) -> None:
+    manager = make(store, wait=True)
+    work = Counter({"v": 1}, delay=0.05)
+    results = await asyncio.gather(
+        *(manager.execute({"id": 1}, work, timeout=5) for _ in range(10))
+    )
+    assert results == [{"v": 1}] * 10
+    assert work.runs == 1
+    results[0]["v"] = 2
+    assert results[1] == {"v": 1}
+
+
+async def test_waiting_duplicate_claims_for_itself_when_the_first_call_fails(store: Store) -> None:
+    manager = make(store, wait=True)
+    first_started = asyncio.Event()
+
+    async def failing() -> None:
+        first_started.set()
+        await asyncio.sleep(0.02)
+        raise RuntimeError("first failed")
+
+    first = asyncio.create_task(manager.execute({"id": 1}, failing, timeout=5))
+    await first_started.wait()
+    work = Counter("second")
+    second = asyncio.create_task(manager.execute({"id": 1}, work, timeout=5))
+    with pytest.raises(RuntimeError):
+        await first
+    assert await second == "second"
+    assert work.runs == 1
+
+
+async def test_wait_polls_another_process_until_it_completes(store: Store) -> None:
+    holder = make(store)
+    waiter = make(store, wait=True, wait_timeout=5)
+    started = asyncio.Event()
+
+    async def slow() -> str:
+        started.set()
+        await asyncio.sleep(0.2)
+        return "from-holder"
+
+    task = asyncio.create_task(holder.execute({"id": 1}, slow, timeout=5))
+    await started.wait()
+    work = Counter()
+    assert await waiter.execute({"id": 1}, work, timeout=5) == "from-holder"
+    assert work.runs == 0
+    await task
+
+
+async def test_wait_gives_up_after_wait_timeout(store: Store) -> None:
+    holder = make(store)
+    waiter = make(store, wait=True, wait_timeout=0.15)
+    started = asyncio.Event()
+
+    async def slow() -> str:
+        started.set()
+        await asyncio.sleep(0.5)
+        return "late"
+
+    task = asyncio.create_task(holder.execute({"id": 1}, slow, timeout=5))
+    await started.wait()
+    loop = asyncio.get_running_loop()
+    begun = loop.time()
+    with pytest.raises(errors.AlreadyInProgressError):
+        await waiter.execute({"id": 1}, Counter(), timeout=5)
+    assert loop.time() - begun < 0.4
+    await task
+
+
+async def test_timeout_leaves_record_claimable_right_after_the_deadline(store: Store) -> None:
+    manager = make(store)
+    other = make(store)
+
+    async def hang() -> None:
+        await asyncio.sleep(10)
+
+    with pytest.raises(TimeoutError):
+        await manager.execute({"id": 1}, hang, timeout=0.2)
+    with pytest.raises(errors.AlreadyInProgressError):
+        await other.execute({"id": 1}, Counter(), timeout=5)
+    await asyncio.sleep(0.25)
+    work = Counter("second try")
+    assert await other.execute({"id": 1}, work, timeout=5) == "second try"
+
+
+async def test_callback_is_cut_off_before_the_lease_ends(store: Store) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording)
+    loop = asyncio.get_running_loop()
+    stopped_at: list[float] = []
+
+    async def hang() -> None:
+        try:
+            await asyncio.sleep(10)
+        finally:
+            stopped_at.append(loop.time())
+
+    begun = loop.time()
+    with pytest.raises(TimeoutError):
+        await manager.execute({"id": 1}, hang, timeout=1.0)
+    # Reserve is min(0.5 s, 20 % of 1 s) = 0.2 s.
+    assert 0.75 <= stopped_at[0] - begun <= 0.9
+    assert recording.calls == ["claim"]
+
+
+async def test_earliest_deadline_wins_and_becomes_the_lease(store: Store, clock: Clock) -> None:
+    import idempotency_async
+
+    recording = RecordingStore(store)
+    manager = make(recording, clock)
+    async with idempotency_async.deadline(2.0):
+        await manager.execute({"id": 1}, Counter(), timeout=30)
+        await manager.execute({"id": 2}, Counter(), timeout=1)
+    first, second = recording.claims
+    assert first.lease_end == pytest.approx((clock.now + 2.0) * 1000, abs=50)
+    assert second.lease_end == pytest.approx((clock.now + 1.0) * 1000, abs=50)
+    assert first.expiration >= first.lease_end / 1000
+
+
+async def test_no_deadline_uses_lease_option_and_warns_once(
+    store: Store, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording, clock, lease=120)
+    with caplog.at_level(logging.WARNING, "idempotency_async"):
+        await manager.execute({"id": 1}, Counter())
+        await manager.execute({"id": 2}, Counter())
+    assert caplog.text.count("without a deadline") == 1
+    assert recording.claims[0].lease_end == int((clock.now + 120) * 1000)
+
+
+async def test_expired_deadline_raises_before_any_store_call(store: Store) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording)
+    loop = asyncio.get_running_loop()
+    with pytest.raises(TimeoutError):
+        await manager.execute({"id": 1}, Counter(), deadline=loop.time() - 1)
+    assert recording.calls == []
+
+
+async def test_cancellation_propagates_with_no_store_call_after_it(store: Store) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording)
+    started = asyncio.Event()
+
+    async def hang() -> None:
+        started.set()
+        await asyncio.sleep(10)
+
+    task = asyncio.create_task(manager.execute({"id": 1}, hang, timeout=5))
+    await started.wait()
+    calls_before_cancel = list(recording.calls)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.01)
+    assert recording.calls == calls_before_cancel == ["claim"]
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    record = await store.get(manager.key_for({"id": 1}) or "")
+    assert record is not None and record.status is Status.INPROGRESS
+
+
+async def test_cancelled_holder_lets_a_waiting_duplicate_proceed_after_the_lease(
+    store: Store,
+) -> None:
+    manager = make(store, wait=True, wait_timeout=2)
+    started = asyncio.Event()
+
+    async def hang() -> None:
+        started.set()
+        await asyncio.sleep(10)
+
+    holder = asyncio.create_task(manager.execute({"id": 1}, hang, timeout=0.3))
+    await started.wait()
+    work = Counter("after lease")
+    waiter = asyncio.create_task(manager.execute({"id": 1}, work, timeout=2))
+    await asyncio.sleep(0.01)
+    holder.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await holder
+    assert await waiter == "after lease"
+    assert work.runs == 1
+
+
+async def test_events_report_the_lifecycle(store: Store) -> None:
+    events: list[Event] = []
+    manager = make(store, on_event=events.append, use_local_cache=True)
+    await manager.execute({"id": 1}, Counter(), timeout=5)
+    await manager.execute({"id": 1}, Counter(), timeout=5)
+    other = make(store, on_event=events.append)
+    await other.execute({"id": 1}, Counter(), timeout=5)
+    assert [e.kind for e in events] == ["claimed", "completed", "cache_hit", "replayed"]
+    assert events[1].duration is not None and events[1].duration >= 0
+
+
+async def test_broken_event_hook_does_not_change_the_outcome(store: Store) -> None:
+    def broken(event: Event) -> None:
+        raise RuntimeError("metrics down")
+
+    manager = make(store, on_event=broken)
+    assert await manager.execute({"id": 1}, Counter("ok"), timeout=5) == "ok"
+
+
+async def test_response_hook_sees_replays_only(store: Store) -> None:
+    seen: list[Any] = []
+
+    def hook(response: Any, record: Any) -> Any:
+        seen.append((response, record.status))
+        return {"replayed": response}
+
+    manager = make(store, response_hook=hook)
+    assert await manager.execute({"id": 1}, Counter(5), timeout=5) == 5
+    assert await manager.execute({"id": 1}, Counter(), timeout=5) == {"replayed": 5}
+    assert seen == [(5, Status.COMPLETED)]
+
+
+async def test_disabled_environment_variable_skips_idempotency(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POWERTOOLS_IDEMPOTENCY_DISABLED", "Yes")
+    recording = RecordingStore(store)
+    manager = make(recording)
+    work = Counter()
+    await manager.execute({"id": 1}, work)
+    await manager.execute({"id": 1}, work)
+    assert work.runs == 2 and recording.calls == []
+
+
+async def test_operator_release_unsticks_a_key(store: Store) -> None:
+    manager = make(store)
+
+    async def hang() -> None:
+        await asyncio.sleep(10)
+
+    with pytest.raises(TimeoutError):
+        await manager.execute({"id": 1}, hang, timeout=0.05)
+    key = manager.key_for({"id": 1})
+    assert key is not None
+    await manager.release(key)
+    work = Counter("again")
+    assert await manager.execute({"id": 1}, work, timeout=5) == "again"
+
+
+async def test_many_concurrent_tasks_run_each_key_once(store: Store) -> None:
+    managers = [make(store) for _ in range(4)]  # four "processes" sharing one store
+    runs: dict[int, int] = {}
+
+    async def call(n: int) -> None:
+        key_id = n % 20
+
+        async def work() -> int:
+            runs[key_id] = runs.get(key_id, 0) + 1
+            await asyncio.sleep(0.001)
+            return key_id
+
+        manager = managers[n % 4]
+        for _ in range(100):
+            try:
+                assert await manager.execute({"id": key_id}, work, timeout=5) == key_id
+                return
+            except errors.AlreadyInProgressError:
+                await asyncio.sleep(0.002)
+        raise AssertionError("never completed")
+
+    await asyncio.gather(*(call(n) for n in range(200)))
+    assert runs == dict.fromkeys(range(20), 1)
+
+
+def test_options_reject_invalid_values() -> None:
+    with pytest.raises(errors.ConfigError, match="expires_after"):
+        Options(expires_after=0)
+    with pytest.raises(errors.ConfigError, match="expires_after"):
+        Options(expires_after=-5)
+    with pytest.raises(errors.ConfigError, match="local_cache_max_items"):
+        Options(local_cache_max_items=-1)
+    with pytest.raises(errors.ConfigError, match="sha999"):
+        Options(hash_function="sha999")
+    with pytest.raises(errors.ConfigError, match="lease"):
+        Options(lease=0)
+    with pytest.raises(errors.ConfigError, match="JMESPath"):
+        Manager(MemoryStore(), Options(event_key_jmespath="[[["))
+
+
+def test_options_are_frozen() -> None:
+    options = Options()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.key_prefix = "other"  # type: ignore[misc]
+
+
+def test_key_prefix_defaults_to_lambda_function_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "  orders-fn ")
+    manager = Manager(MemoryStore(), Options())
+    assert (manager.key_for({"a": 1}) or "").startswith("orders-fn#")
+    monkeypatch.delenv("AWS_LAMBDA_FUNCTION_NAME")
+    # TypeScript-compatible: an empty prefix gives "#<hash>".
+    assert Manager(MemoryStore(), Options()).key_for({}) == "#mZFLkyvTelC5g8XnyQrpOw=="
+
+
+def test_key_uses_the_configured_hash() -> None:
+    manager = Manager(MemoryStore(), Options(key_prefix="p", hash_function="sha256"))
+    assert manager.key_for({}) == "p#RBNvo1WzZ4oRRq0W9+hknpT7T8If536DEMBg9hyq/4o="
