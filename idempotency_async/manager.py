@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import secrets
@@ -379,6 +380,7 @@ class Manager:
             validation=claim.validation,
             response=stored if encoded is not None else None,
             response_stored=encoded is not None,
+            encoded=encoded,
         )
         try:
             written = await self.store.complete(completion)
@@ -400,11 +402,11 @@ class Manager:
             )
             self._emit("lease_lost", claim.key, error=error)
             raise error
-        record = completion.to_record()
-        outcome = _Outcome(record, encoded)
-        _settle(flight, outcome)
-        if self._cache is not None and encoded is not None:
-            self._cache.put(claim.key, CachedResponse(record, encoded))
+        if flight.waiters or self._cache is not None:
+            record = dataclasses.replace(completion.to_record(), response=None)
+            _settle(flight, _Outcome(record, encoded))
+            if self._cache is not None and encoded is not None:
+                self._cache.put(claim.key, CachedResponse(record, encoded))
         self._emit("completed", claim.key, duration=duration)
 
     def _encode_result(self, key: str, result: Any) -> tuple[Any, bytes | None]:

@@ -92,6 +92,8 @@ class Completion:
     validation: str | None
     response: JSONValue
     response_stored: bool = True
+    encoded: bytes | None = None
+    """The response as compact JSON (UTF-8), when the manager has it; stores may reuse it."""
 
     def to_record(self) -> Record:
         return Record(

@@ -86,3 +86,21 @@ def test_sync_function_is_a_config_error() -> None:
     manager = Manager(MemoryStore(), Options())
     with pytest.raises(errors.ConfigError, match="async def"):
         idempotent_function(manager, payload="order")(lambda order: order)  # type: ignore[arg-type]
+
+
+async def test_dataclass_and_pydantic_results_replay_as_their_type() -> None:
+    from idempotency_async.codecs import DataclassCodec, PydanticCodec
+
+    for codec, result in (
+        (DataclassCodec(Order), Order(3, 1.5)),
+        (PydanticCodec(OrderModel), OrderModel(id=3, amount=1.5)),
+    ):
+        manager = Manager(MemoryStore(), Options(key_prefix="c", response_codec=codec))
+
+        async def make_result(value: object = result) -> object:
+            return value
+
+        assert await manager.execute({"id": 1}, make_result) is result
+        replayed = await manager.execute({"id": 1}, make_result)
+        assert replayed == result and replayed is not result
+        assert type(replayed) is type(result)

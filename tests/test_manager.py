@@ -200,7 +200,7 @@ async def test_invalid_payload_raises_before_any_store_call(store: Store) -> Non
 
 async def test_integers_beyond_float64_precision_are_rejected_by_default(store: Store) -> None:
     manager = make(store)
-    with pytest.raises(errors.PayloadError, match="2\\*\\*53|precision|float64"):
+    with pytest.raises(errors.PayloadError, match=r"2\*\*53|precision|float64"):
         await manager.execute({"id": 2**53 + 1}, Counter(), timeout=5)
     parity = make(store, integer_precision="float64")
     assert parity.key_for({"id": 2**53 + 1}) == parity.key_for({"id": 2**53})

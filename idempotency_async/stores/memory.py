@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from idempotency_async._codec import decode_json, encode_json
-from idempotency_async.record import Claim, Completion, Record
+from idempotency_async.record import Claim, Completion, Record, Status
 from idempotency_async.stores.base import DEFAULT_MAX_RESPONSE_BYTES
 
 __all__ = ["MemoryStore"]
@@ -41,10 +41,19 @@ class MemoryStore:
         current = self._records.get(completion.key)
         if current is None or current[0].owner != completion.owner:
             return False
-        record = completion.to_record()
-        encoded = encode_json(record.response) if record.response_stored else None
+        encoded = None
+        if completion.response_stored:
+            encoded = completion.encoded or encode_json(completion.response)
         # The stored record never holds the caller's object: replays decode a fresh copy.
-        self._records[completion.key] = (dataclasses.replace(record, response=None), encoded)
+        record = Record(
+            key=completion.key,
+            status=Status.COMPLETED,
+            expiration=completion.expiration,
+            validation=completion.validation,
+            owner=completion.owner,
+            response_stored=completion.response_stored,
+        )
+        self._records[completion.key] = (record, encoded)
         return True
 
     async def release(self, key: str, owner: str | None) -> bool:

@@ -1,0 +1,227 @@
+"""Manager overhead and concurrency, side by side with aws-lambda-powertools (sync).
+
+    python benchmarks/bench_manager.py            # full run (about a minute)
+    python benchmarks/bench_manager.py --smoke    # a few seconds, for CI
+
+Reports medians of interleaved repeats and ratios; see BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sys
+import time
+import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _anchor import AnchorMemoryLayer, anchor_function  # noqa: E402
+from _stats import interleaved, parse_args  # noqa: E402
+
+from idempotency_async import Manager, MemoryStore, Options  # noqa: E402
+from idempotency_async.record import Claim, Completion, Record  # noqa: E402
+
+LATENCY = 0.005
+
+
+class SlowStore:
+    """MemoryStore behind a 5 ms round trip per operation."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+        self.max_response_bytes = self.inner.max_response_bytes
+
+    async def claim(self, claim: Claim, *, now: float) -> Record | None:
+        await asyncio.sleep(LATENCY)
+        return await self.inner.claim(claim, now=now)
+
+    async def get(self, key: str) -> Record | None:
+        await asyncio.sleep(LATENCY)
+        return await self.inner.get(key)
+
+    async def complete(self, completion: Completion) -> bool:
+        await asyncio.sleep(LATENCY)
+        return await self.inner.complete(completion)
+
+    async def release(self, key: str, owner: str | None) -> bool:
+        await asyncio.sleep(LATENCY)
+        return await self.inner.release(key, owner)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def order(n: int) -> dict[str, Any]:
+    return {"id": f"ord-{n}", "amount": 10 + n % 90, "currency": "EUR", "customer": f"c-{n % 977}"}
+
+
+async def _result(payload: dict[str, Any]) -> dict[str, Any]:
+    return {"order": payload["id"], "status": "charged"}
+
+
+def per_call_overhead(calls: int) -> dict[str, float]:
+    """µs per call: first calls (distinct keys) and replays, ours vs anchor."""
+    loop = asyncio.new_event_loop()
+    counter = iter(range(10**9))
+
+    def ours_first() -> float:
+        manager = Manager(MemoryStore(), Options(key_prefix="bench", lease=60))
+        payloads = [order(next(counter)) for _ in range(calls)]
+
+        async def go() -> None:
+            for payload in payloads:
+                await manager.execute(payload, lambda p=payload: _result(p))  # type: ignore[misc]
+
+        start = time.perf_counter()
+        loop.run_until_complete(go())
+        return (time.perf_counter() - start) / calls * 1e6
+
+    def ours_replay() -> float:
+        manager = Manager(MemoryStore(), Options(key_prefix="bench", lease=60))
+        payload = order(0)
+
+        async def go() -> None:
+            await manager.execute(payload, lambda: _result(payload))
+            start = time.perf_counter()
+            for _ in range(calls):
+                await manager.execute(payload, lambda: _result(payload))
+            timing.append(time.perf_counter() - start)
+
+        timing: list[float] = []
+        loop.run_until_complete(go())
+        return timing[0] / calls * 1e6
+
+    def anchor_first() -> float:
+        process = anchor_function(AnchorMemoryLayer())
+        payloads = [order(next(counter)) for _ in range(calls)]
+        start = time.perf_counter()
+        for payload in payloads:
+            process(order=payload)
+        return (time.perf_counter() - start) / calls * 1e6
+
+    def anchor_replay() -> float:
+        process = anchor_function(AnchorMemoryLayer())
+        payload = order(0)
+        process(order=payload)
+        start = time.perf_counter()
+        for _ in range(calls):
+            process(order=payload)
+        return (time.perf_counter() - start) / calls * 1e6
+
+    # Warm the logging/Lambda-context machinery of both before timing.
+    ours_first(), anchor_first()
+    medians = interleaved(
+        {
+            "ours first": ours_first,
+            "anchor first": anchor_first,
+            "ours replay": ours_replay,
+            "anchor replay": anchor_replay,
+        },
+        repeats=REPEATS,
+    )
+    loop.close()
+    return medians
+
+
+def concurrency(calls: int) -> dict[str, float]:
+    """calls/s for ``calls`` distinct keys, every store operation taking 5 ms."""
+
+    def floor() -> float:
+        async def one() -> None:
+            await asyncio.sleep(LATENCY)
+            await asyncio.sleep(LATENCY)
+
+        async def go() -> float:
+            start = time.perf_counter()
+            await asyncio.gather(*(one() for _ in range(calls)))
+            return calls / (time.perf_counter() - start)
+
+        return asyncio.run(go())
+
+    def ours() -> float:
+        async def go() -> float:
+            manager = Manager(SlowStore(), Options(key_prefix="bench", lease=60))
+            payloads = [order(n) for n in range(calls)]
+            start = time.perf_counter()
+            await asyncio.gather(
+                *(manager.execute(p, lambda p=p: _result(p)) for p in payloads)  # type: ignore[misc]
+            )
+            return calls / (time.perf_counter() - start)
+
+        return asyncio.run(go())
+
+    def anchor() -> float:
+        process = anchor_function(AnchorMemoryLayer(latency=LATENCY))
+        payloads = [order(n) for n in range(calls)]
+        with ThreadPoolExecutor(max_workers=32) as pool:
+            start = time.perf_counter()
+            list(pool.map(lambda p: process(order=p), payloads))
+            return calls / (time.perf_counter() - start)
+
+    return interleaved({"floor": floor, "ours": ours, "anchor": anchor}, repeats=REPEATS)
+
+
+def peak_memory(in_flight: int) -> float:
+    """Peak traced MiB while ``in_flight`` calls hold their keys at once."""
+
+    async def go() -> int:
+        manager = Manager(MemoryStore(), Options(key_prefix="bench", lease=60))
+        release = asyncio.Event()
+
+        async def held(payload: dict[str, Any]) -> dict[str, Any]:
+            await release.wait()
+            return {"order": payload["id"]}
+
+        payloads = [order(n) for n in range(in_flight)]
+        gc.collect()
+        tracemalloc.start()
+        tasks = [
+            asyncio.ensure_future(manager.execute(p, lambda p=p: held(p)))  # type: ignore[misc]
+            for p in payloads
+        ]
+        await asyncio.sleep(0.05)
+        _, peak = tracemalloc.get_traced_memory()
+        release.set()
+        await asyncio.gather(*tasks)
+        tracemalloc.stop()
+        return peak
+
+    return asyncio.run(go()) / 2**20
+
+
+def main() -> None:
+    global REPEATS
+    args = parse_args(__doc__ or "")
+    REPEATS = args.repeats or (1 if args.smoke else 7)
+    calls = 200 if args.smoke else 3000
+    import logging
+
+    logging.getLogger("idempotency_async").setLevel(logging.ERROR)
+    overhead = per_call_overhead(calls)
+    print(f"Per-call overhead, µs (median of {REPEATS} interleaved repeats, {calls} calls each)")
+    for kind in ("first", "replay"):
+        ours, anchor = overhead[f"ours {kind}"], overhead[f"anchor {kind}"]
+        print(f"  {kind:<7} ours {ours:8.2f}   anchor {anchor:8.2f}   ours/anchor {ours / anchor:5.2f}")
+    conc_calls = 300 if args.smoke else 2000
+    rates = concurrency(conc_calls)
+    print(f"Concurrency, {conc_calls} distinct calls, 5 ms per store operation (calls/s, median)")
+    print(
+        f"  floor {rates['floor']:9.0f}   ours {rates['ours']:9.0f}   anchor(32 threads) "
+        f"{rates['anchor']:9.0f}"
+    )
+    print(
+        f"  ours/floor {rates['ours'] / rates['floor']:5.2f}   "
+        f"ours/anchor {rates['ours'] / rates['anchor']:5.2f}"
+    )
+    in_flight = 1000 if args.smoke else 10_000
+    print(f"Peak traced memory, {in_flight} in-flight calls: {peak_memory(in_flight):.1f} MiB")
+
+
+REPEATS = 7
+
+if __name__ == "__main__":
+    main()
