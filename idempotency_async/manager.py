@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import binascii
 import dataclasses
+import hashlib
+import itertools
 import logging
 import math
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from idempotency_async._codec import decode_json, encode_json
 from idempotency_async.cache import CachedResponse, LocalCache
-from idempotency_async.canonical import canonical_bytes, digest_bytes, idempotency_key
+from idempotency_async.canonical import canonical_bytes, idempotency_key
 from idempotency_async.deadlines import effective_deadline, reserve_for
 from idempotency_async.errors import (
     AlreadyInProgressError,
@@ -64,19 +67,27 @@ class _Outcome:
 
 @dataclass(slots=True)
 class _Flight:
-    """A call of this manager that holds a key right now (single flight)."""
+    """A call of this manager that holds a key right now (single flight).
+
+    The future is created by the first duplicate that waits, so an uncontended call
+    pays nothing for it.
+    """
 
     validation: str | None
-    future: asyncio.Future[_Outcome | None]
     lease_end: float | None = None
+    future: asyncio.Future[_Outcome | None] | None = None
     waiters: int = 0
+
+    def settle(self, outcome: _Outcome | None) -> None:
+        if self.future is not None and not self.future.done():
+            self.future.set_result(outcome)
 
 
 @dataclass(slots=True)
 class _Attempt:
     keys: _Keys
     deadline: float | None
-    owner: str = field(default_factory=lambda: secrets.token_hex(16))
+    owner: str
 
 
 class Manager:
@@ -103,6 +114,10 @@ class Manager:
             LocalCache(self.options.local_cache_max_items) if self.options.use_local_cache else None
         )
         self._inflight: dict[str, _Flight] = {}
+        # Owner tokens: random per manager, unique per claim, cheap to make.
+        self._owner_prefix = secrets.token_hex(12) + "-"
+        self._claims = itertools.count()
+        self._hasher = _hasher(self.options.hash_function)
         self._warned_no_deadline = False
         self._disabled = disabled_by_environment()
         if self._disabled:
@@ -150,7 +165,8 @@ class Manager:
         while True:
             flight = self._inflight.get(keys.key)
             if flight is None:
-                return await self._own(_Attempt(keys, when), callback, loop)
+                attempt = _Attempt(keys, when, f"{self._owner_prefix}{next(self._claims)}")
+                return await self._own(attempt, callback, loop)
             self._validate(flight.validation, keys)
             if not self.options.wait:
                 self._emit("rejected_in_progress", keys.key)
@@ -209,7 +225,7 @@ class Manager:
             data = text.encode() if isinstance(text, str) else text
         else:
             data = canonical_bytes(value, serializer=self.options.serializer or _model_serializer)
-        return digest_bytes(data, self.options.hash_function)
+        return self._hasher(data)
 
     def _validate(self, stored: str | None, keys: _Keys) -> None:
         if keys.validation is not None and stored is not None and stored != keys.validation:
@@ -240,14 +256,12 @@ class Manager:
 
     def _replay_record(self, record: Record, flight: _Flight) -> Any:
         if not record.response_stored:
-            flight_outcome = _Outcome(record, None)
-            _settle(flight, flight_outcome)
+            flight.settle(_Outcome(record, None))
             raise _not_stored(record.key)
         encoded = None
         if flight.waiters or self._cache is not None:
             encoded = encode_json(record.response)
-            outcome = _Outcome(record, encoded)
-            _settle(flight, outcome)
+            flight.settle(_Outcome(record, encoded))
             if self._cache is not None:
                 self._cache.put(record.key, CachedResponse(record, encoded))
         self._emit("replayed", record.key)
@@ -268,14 +282,14 @@ class Manager:
         loop: asyncio.AbstractEventLoop,
     ) -> T:
         key = attempt.keys.key
-        flight = _Flight(attempt.keys.validation, loop.create_future())
+        flight = _Flight(attempt.keys.validation)
         self._inflight[key] = flight
         try:
             return await self._claim_loop(attempt, flight, callback, loop)
         finally:
             if self._inflight.get(key) is flight:
                 del self._inflight[key]
-            _settle(flight, None)
+            flight.settle(None)
 
     async def _claim_loop(
         self,
@@ -404,7 +418,7 @@ class Manager:
             raise error
         if flight.waiters or self._cache is not None:
             record = dataclasses.replace(completion.to_record(), response=None)
-            _settle(flight, _Outcome(record, encoded))
+            flight.settle(_Outcome(record, encoded))
             if self._cache is not None and encoded is not None:
                 self._cache.put(claim.key, CachedResponse(record, encoded))
         self._emit("completed", claim.key, duration=duration)
@@ -459,6 +473,8 @@ class Manager:
         own_deadline_first = deadline is not None and deadline <= limit
         if deadline is not None:
             limit = min(limit, deadline)
+        if flight.future is None:
+            flight.future = loop.create_future()
         flight.waiters += 1
         try:
             async with asyncio.timeout_at(limit):
@@ -497,9 +513,10 @@ class Manager:
         duration: float | None = None,
         error: BaseException | None = None,
     ) -> None:
-        _log.debug(
-            "idempotency %s", kind, extra={"idempotency_event": kind, "idempotency_key": key}
-        )
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug(
+                "idempotency %s", kind, extra={"idempotency_event": kind, "idempotency_key": key}
+            )
         hook = self.options.on_event
         if hook is None:
             return
@@ -510,9 +527,13 @@ class Manager:
             _log.exception("on_event hook failed", extra={"idempotency_event": kind})
 
 
-def _settle(flight: _Flight, outcome: _Outcome | None) -> None:
-    if not flight.future.done():
-        flight.future.set_result(outcome)
+def _hasher(algorithm: str) -> Callable[[bytes], str]:
+    new = getattr(hashlib, algorithm)
+
+    def hash_bytes(data: bytes) -> str:
+        return binascii.b2a_base64(new(data).digest(), newline=False).decode("ascii")
+
+    return hash_bytes
 
 
 def _not_stored(key: str) -> ResponseNotStoredError:

@@ -2,83 +2,89 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from idempotency_async._codec import decode_json, encode_json
 from idempotency_async.record import Claim, Completion, Record, Status
 from idempotency_async.stores.base import DEFAULT_MAX_RESPONSE_BYTES
 
 __all__ = ["MemoryStore"]
 
+# What was written last for a key: the claim (in progress) or the completion.  Records are
+# built only when read, and a completion keeps its response encoded, so a replay always
+# decodes an independent copy and never shares the caller's object.
+_Entry = tuple[Claim | Completion, bytes | None]
+
 
 class MemoryStore:
     """Keeps records in a dict, with the same expiry, lease and owner rules as shared stores.
 
     Every operation completes without awaiting, so each one is atomic on its event loop.
-    Responses are kept encoded, so a replay is always an independent copy.  Expired
-    records are removed lazily, when their key is next touched or on :meth:`purge`.
+    Expired records are removed lazily, when their key is next claimed, or by :meth:`purge`.
     """
 
     def __init__(self, *, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
         self.max_response_bytes = max_response_bytes
-        self._records: dict[str, tuple[Record, bytes | None]] = {}
+        self._entries: dict[str, _Entry] = {}
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._entries)
 
     async def claim(self, claim: Claim, *, now: float) -> Record | None:
-        current = self._records.get(claim.key)
-        if current is not None and not current[0].is_claimable(now):
-            return self._materialize(current)
-        self._records[claim.key] = (claim.to_record(), None)
+        current = self._entries.get(claim.key)
+        if current is not None and not _claimable(current[0], now):
+            return _record(current)
+        self._entries[claim.key] = (claim, None)
         return None
 
     async def get(self, key: str) -> Record | None:
-        current = self._records.get(key)
-        return None if current is None else self._materialize(current)
+        current = self._entries.get(key)
+        return None if current is None else _record(current)
 
     async def complete(self, completion: Completion) -> bool:
-        current = self._records.get(completion.key)
+        current = self._entries.get(completion.key)
         if current is None or current[0].owner != completion.owner:
             return False
         encoded = None
         if completion.response_stored:
             encoded = completion.encoded or encode_json(completion.response)
-        # The stored record never holds the caller's object: replays decode a fresh copy.
-        record = Record(
-            key=completion.key,
-            status=Status.COMPLETED,
-            expiration=completion.expiration,
-            validation=completion.validation,
-            owner=completion.owner,
-            response_stored=completion.response_stored,
-        )
-        self._records[completion.key] = (record, encoded)
+        self._entries[completion.key] = (completion, encoded)
         return True
 
     async def release(self, key: str, owner: str | None) -> bool:
-        current = self._records.get(key)
+        current = self._entries.get(key)
         if current is None:
             return True
         if owner is not None and current[0].owner != owner:
             return False
-        del self._records[key]
+        del self._entries[key]
         return True
 
     def purge(self, now: float) -> int:
         """Drop records that expired before ``now``; returns how many were dropped."""
-        expired = [key for key, (record, _) in self._records.items() if record.is_expired(now)]
+        expired = [key for key, (written, _) in self._entries.items() if written.expiration < now]
         for key in expired:
-            del self._records[key]
+            del self._entries[key]
         return len(expired)
 
     async def aclose(self) -> None:
-        self._records.clear()
+        self._entries.clear()
 
-    @staticmethod
-    def _materialize(entry: tuple[Record, bytes | None]) -> Record:
-        record, encoded = entry
-        if encoded is None:
-            return record
-        return dataclasses.replace(record, response=decode_json(encoded))
 
+def _claimable(written: Claim | Completion, now: float) -> bool:
+    if written.expiration < now:
+        return True
+    return isinstance(written, Claim) and written.lease_end < now * 1000
+
+
+def _record(entry: _Entry) -> Record:
+    written, encoded = entry
+    if isinstance(written, Claim):
+        return written.to_record()
+    return Record(
+        key=written.key,
+        status=Status.COMPLETED,
+        expiration=written.expiration,
+        validation=written.validation,
+        owner=written.owner,
+        response=None if encoded is None else decode_json(encoded),
+        response_stored=written.response_stored,
+    )
