@@ -21,6 +21,7 @@ from idempotency_async.deadlines import effective_deadline, reserve_for
 from idempotency_async.errors import (
     AlreadyInProgressError,
     CompletionError,
+    ConfigError,
     InconsistentStateError,
     KeyMissingError,
     LeaseLostError,
@@ -152,6 +153,11 @@ class Manager:
         the ambient :func:`~idempotency_async.deadline`, the earliest wins and becomes the
         record's lease.  Cancellation propagates and leaves no store write behind.
         """
+        if not callable(callback):
+            raise ConfigError(
+                "callback must be a zero-argument callable returning an awaitable, e.g. "
+                f"lambda: charge(order); got {type(callback).__name__}"
+            )
         if self._disabled:
             return await callback()
         keys = self._derive(payload)

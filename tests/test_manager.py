@@ -656,3 +656,70 @@ def test_key_prefix_defaults_to_lambda_function_name(monkeypatch: pytest.MonkeyP
 def test_key_uses_the_configured_hash() -> None:
     manager = Manager(MemoryStore(), Options(key_prefix="p", hash_function="sha256"))
     assert manager.key_for({}) == "p#RBNvo1WzZ4oRRq0W9+hknpT7T8If536DEMBg9hyq/4o="
+
+
+async def test_raced_expiry_is_retried_and_then_claimed(store: Store) -> None:
+    from idempotency_async.record import Record
+
+    class RacyStore(RecordingStore):
+        async def claim(self, claim: Any, *, now: float) -> Any:
+            if not self.calls:
+                self.calls.append("stale")
+                return Record(key=claim.key, status=Status.COMPLETED, expiration=int(now) - 10)
+            return await super().claim(claim, now=now)
+
+    racy = RacyStore(store)
+    manager = make(racy)
+    work = Counter("won")
+    assert await manager.execute({"id": 1}, work, timeout=5) == "won"
+    assert racy.calls == ["stale", "claim", "complete"]
+    assert work.runs == 1
+
+
+async def test_joined_duplicates_of_an_unstorable_result_get_not_stored(store: Store) -> None:
+    manager = make(store, wait=True)
+    sentinel = object()
+    work = Counter(sentinel, delay=0.05)
+    first = asyncio.create_task(manager.execute({"id": 1}, work, timeout=5))
+    await asyncio.sleep(0.01)
+    with pytest.raises(errors.ResponseNotStoredError):
+        await manager.execute({"id": 1}, work, timeout=5)
+    assert await first is sentinel
+    assert work.runs == 1
+
+
+async def test_joined_duplicate_gives_up_at_its_own_deadline(store: Store) -> None:
+    manager = make(store, wait=True, wait_timeout=10)
+    work = Counter("slow", delay=0.5)
+    first = asyncio.create_task(manager.execute({"id": 1}, work, timeout=5))
+    await asyncio.sleep(0.01)
+    with pytest.raises(TimeoutError):
+        await manager.execute({"id": 1}, work, timeout=0.1)
+    assert await first == "slow"
+    assert work.runs == 1
+
+
+async def test_a_coroutine_instead_of_a_callable_is_rejected_before_any_store_call(
+    store: Store,
+) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording)
+    coroutine = Counter()()
+    with pytest.raises(errors.ConfigError, match="zero-argument callable"):
+        await manager.execute({"id": 1}, coroutine, timeout=5)  # type: ignore[arg-type]
+    coroutine.close()
+    assert recording.calls == []
+
+
+async def test_callback_mutating_its_payload_completes_the_original_key(store: Store) -> None:
+    manager = make(store)
+    payload = {"id": 1}
+
+    async def mutate() -> str:
+        payload["id"] = 2
+        return "done"
+
+    key = manager.key_for(payload)
+    assert await manager.execute(payload, mutate, timeout=5) == "done"
+    record = await store.get(key or "")
+    assert record is not None and record.status is Status.COMPLETED
