@@ -1,0 +1,1 @@
+"""Integrations with runtimes and frameworks: AWS Lambda, HTTP servers."""
