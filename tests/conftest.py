@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from _moto import dynamodb_client, fresh_store, moto_endpoint, open_client
 from support import Clock
 
 from idempotency_async import MemoryStore
 from idempotency_async.stores.base import Store
 
-STORES = ["memory"]
+__all__ = ["clock", "dynamodb_client", "moto_endpoint", "store"]
+
+STORES = ["memory", "dynamodb"]
 
 
 @pytest.fixture
@@ -24,6 +27,8 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
         memory = MemoryStore()
         yield memory
         await memory.aclose()
-
-
-from _moto import *  # noqa: E402, F403  (DynamoDB fixtures: moto_endpoint, dynamodb_client)
+    else:
+        async with open_client(request.getfixturevalue("moto_endpoint")) as client:
+            dynamodb = await fresh_store(client)
+            yield dynamodb
+            await dynamodb.aclose()

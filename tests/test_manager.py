@@ -599,27 +599,22 @@ async def test_operator_release_unsticks_a_key(store: Store) -> None:
 
 
 async def test_many_concurrent_tasks_run_each_key_once(store: Store) -> None:
-    managers = [make(store) for _ in range(4)]  # four "processes" sharing one store
+    # Four "processes" sharing one store; duplicates wait for the result.
+    managers = [make(store, wait=True, wait_timeout=30) for _ in range(4)]
     runs: dict[int, int] = {}
 
-    async def call(n: int) -> None:
+    async def call(n: int) -> int:
         key_id = n % 20
 
         async def work() -> int:
             runs[key_id] = runs.get(key_id, 0) + 1
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(0.01)
             return key_id
 
-        manager = managers[n % 4]
-        for _ in range(100):
-            try:
-                assert await manager.execute({"id": key_id}, work, timeout=5) == key_id
-                return
-            except errors.AlreadyInProgressError:
-                await asyncio.sleep(0.002)
-        raise AssertionError("never completed")
+        return await managers[n % 4].execute({"id": key_id}, work, timeout=30)
 
-    await asyncio.gather(*(call(n) for n in range(200)))
+    results = await asyncio.gather(*(call(n) for n in range(200)))
+    assert results == [n % 20 for n in range(200)]
     assert runs == dict.fromkeys(range(20), 1)
 
 

@@ -1,0 +1,719 @@
+"""A DynamoDB record store on an aioboto3 / aiobotocore client.
+
+Items use the TypeScript port's layout (``id``, ``status``, ``expiration``,
+``in_progress_expiration``, ``data``, ``validation``) plus two attributes of our own:
+``owner`` (the claim's token, which fences completion and release) and ``data_format``
+(absent when ``data`` holds the response as native AttributeValues). See
+``docs/dynamodb.md`` for the full item layout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import zlib
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from dataclasses import dataclass
+from decimal import Decimal
+from types import TracebackType
+from typing import Any, Final, Self
+
+import aiohttp
+import botocore.exceptions
+
+from idempotency_async._codec import decode_json, encode_json
+from idempotency_async.errors import (
+    ConfigError,
+    PersistenceError,
+    ResponseEncodingError,
+    StoreAccessDeniedError,
+    StoreThrottledError,
+    StoreUnavailableError,
+    StoreValidationError,
+)
+from idempotency_async.record import Claim, Completion, JSONValue, Record, Status
+
+__all__ = ["DEFAULT_DYNAMODB_MAX_RESPONSE_BYTES", "DynamoDBStore", "create_table"]
+
+logger = logging.getLogger("idempotency_async.dynamodb")
+
+ClientFactory = Callable[[], AbstractAsyncContextManager[Any]]
+
+DEFAULT_DYNAMODB_MAX_RESPONSE_BYTES: Final = 2_000_000
+"""Larger than the 400 KB item limit on purpose: responses above it are stored compressed."""
+
+# DynamoDB's limit is 400 KB (409,600 bytes); the rest is slack for the size estimate.
+_ITEM_BUDGET: Final = 400_000
+_MAX_DEPTH: Final = 32
+_MAX_INT_DIGITS: Final = 38
+_MIN_FLOAT_MAGNITUDE: Final = 1e-130
+
+# Free means: no record, an expired record, or an INPROGRESS record whose lease ended
+# (see the timeline in idempotency_async.record).  The TypeScript port's condition, word
+# for word, so both ports claim a key under one rule.
+_CLAIM_CONDITION: Final = (
+    "attribute_not_exists(#id) OR #expiry < :now OR "
+    "(#status = :inprogress AND attribute_exists(#in_progress_expiry) "
+    "AND #in_progress_expiry < :now_in_millis)"
+)
+
+# Values of the data_format attribute.  Absent means native AttributeValues (and is
+# what the TypeScript port writes and reads).
+_FORMAT_JSON: Final = "json"
+_FORMAT_JSON_ZLIB: Final = "json+zlib"
+_FORMAT_NOT_STORED: Final = "not-stored"
+
+_THROTTLED: Final = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "Throttling",
+        "RequestLimitExceeded",
+    }
+)
+_DENIED: Final = frozenset(
+    {
+        "AccessDeniedException",
+        "UnrecognizedClientException",
+        "InvalidSignatureException",
+        "IncompleteSignatureException",
+        "MissingAuthenticationTokenException",
+        "ExpiredTokenException",
+    }
+)
+_INVALID: Final = frozenset(
+    {"ValidationException", "ResourceNotFoundException", "SerializationException"}
+)
+_SERVER_FAULTS: Final = frozenset({"InternalServerError", "ServiceUnavailable"})
+_NETWORK_ERRORS: Final = (
+    botocore.exceptions.HTTPClientError,
+    botocore.exceptions.ConnectionError,
+    aiohttp.ClientError,
+    OSError,
+    TimeoutError,
+)
+_NO_CREDENTIALS: Final = (
+    botocore.exceptions.NoCredentialsError,
+    botocore.exceptions.PartialCredentialsError,
+)
+
+
+class DynamoDBStore:
+    """Keeps idempotency records in a DynamoDB table.
+
+    Pass either a ready ``client`` (an aioboto3 / aiobotocore DynamoDB client that the
+    caller opens and closes) or a ``client_factory``: a zero-argument callable returning
+    an async context manager that yields a client, such as
+    ``lambda: session.client("dynamodb")``.  With a factory the store opens the client on
+    first use, owns it, and closes it in :meth:`aclose` (or at the end of
+    ``async with store:``).  A closed store cannot be reopened.
+
+    Claims are one conditional ``PutItem`` that returns the blocking record on conflict;
+    completion and release are conditional on the claim's owner token; reads are strongly
+    consistent.  The store never reads a clock and never loads AWS configuration.
+
+    With ``sort_key_attr`` set, the partition key holds ``static_pk_value`` (default
+    ``idempotency#<AWS_LAMBDA_FUNCTION_NAME>``) and the sort key holds the record's key.
+    """
+
+    def __init__(
+        self,
+        client: Any = None,
+        *,
+        table_name: str,
+        client_factory: ClientFactory | None = None,
+        key_attr: str = "id",
+        status_attr: str = "status",
+        expiry_attr: str = "expiration",
+        in_progress_expiry_attr: str = "in_progress_expiration",
+        data_attr: str = "data",
+        validation_attr: str = "validation",
+        owner_attr: str = "owner",
+        data_format_attr: str = "data_format",
+        sort_key_attr: str | None = None,
+        static_pk_value: str | None = None,
+        max_response_bytes: int = DEFAULT_DYNAMODB_MAX_RESPONSE_BYTES,
+    ) -> None:
+        if (client is None) == (client_factory is None):
+            raise ConfigError(
+                "DynamoDBStore needs exactly one of client= (a client you open and close) "
+                "or client_factory= (a callable the store uses to open its own client)"
+            )
+        if not table_name:
+            raise ConfigError("DynamoDBStore needs a table_name")
+        if max_response_bytes <= 0:
+            raise ConfigError(f"max_response_bytes must be positive, got {max_response_bytes}")
+        _check_attribute_names(
+            key_attr=key_attr,
+            sort_key_attr=sort_key_attr,
+            status_attr=status_attr,
+            expiry_attr=expiry_attr,
+            in_progress_expiry_attr=in_progress_expiry_attr,
+            data_attr=data_attr,
+            validation_attr=validation_attr,
+            owner_attr=owner_attr,
+            data_format_attr=data_format_attr,
+        )
+        self.max_response_bytes = max_response_bytes
+        self.table_name = table_name
+        self._client = client
+        self._client_factory = client_factory
+        self._exit_stack = AsyncExitStack()
+        self._open_lock = asyncio.Lock()
+        self._closed = False
+        self._key_attr = key_attr
+        self._sort_key_attr = sort_key_attr
+        self._static_pk_value = static_pk_value or _default_static_pk()
+        self._status_attr = status_attr
+        self._expiry_attr = expiry_attr
+        self._in_progress_expiry_attr = in_progress_expiry_attr
+        self._data_attr = data_attr
+        self._validation_attr = validation_attr
+        self._owner_attr = owner_attr
+        self._data_format_attr = data_format_attr
+        self._fixed_bytes = sum(
+            len(name.encode())
+            for name in (key_attr, sort_key_attr or "", status_attr, expiry_attr, owner_attr)
+        )
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self._get_client()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the client if the store opened it; the store refuses use afterwards."""
+        self._closed = True
+        async with self._open_lock:
+            await self._exit_stack.aclose()
+
+    async def _get_client(self) -> Any:
+        if self._closed:
+            raise RuntimeError(
+                "this DynamoDBStore was closed (aclose() or the end of `async with`); "
+                "create a new store"
+            )
+        if self._client is not None:
+            return self._client
+        async with self._open_lock:
+            # Concurrent first uses wait here; only the first one opens a client.
+            if self._client is None and not self._closed:
+                assert self._client_factory is not None
+                with _translate_errors("open the client", self.table_name):
+                    self._client = await self._exit_stack.enter_async_context(
+                        self._client_factory()
+                    )
+        # aclose() may have run while this task waited for the lock.
+        return await self._get_client()
+
+    @contextlib.asynccontextmanager
+    async def _call(self, operation: str) -> AsyncIterator[Any]:
+        client = await self._get_client()
+        with _translate_errors(operation, self.table_name):
+            yield client
+
+    # -- Store protocol -------------------------------------------------------------
+
+    async def claim(self, claim: Claim, *, now: float) -> Record | None:
+        item = {
+            **self._key(claim.key),
+            self._status_attr: {"S": Status.INPROGRESS.value},
+            self._expiry_attr: {"N": str(claim.expiration)},
+            self._in_progress_expiry_attr: {"N": str(claim.lease_end)},
+            self._owner_attr: {"S": claim.owner},
+        }
+        if claim.validation is not None:
+            item[self._validation_attr] = {"S": claim.validation}
+        try:
+            async with self._call("claim") as client:
+                await client.put_item(
+                    TableName=self.table_name,
+                    Item=item,
+                    ConditionExpression=_CLAIM_CONDITION,
+                    ExpressionAttributeNames={
+                        "#id": self._key_attr,
+                        "#expiry": self._expiry_attr,
+                        "#status": self._status_attr,
+                        "#in_progress_expiry": self._in_progress_expiry_attr,
+                    },
+                    ExpressionAttributeValues={
+                        ":now": {"N": _number_text(now)},
+                        ":now_in_millis": {"N": _number_text(now * 1000)},
+                        ":inprogress": {"S": Status.INPROGRESS.value},
+                    },
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+        except _ConditionFailed as failed:
+            if failed.item is None:
+                return _vanished(claim.key)
+            return self._decode(failed.item)
+        return None
+
+    async def get(self, key: str) -> Record | None:
+        async with self._call("get") as client:
+            response = await client.get_item(
+                TableName=self.table_name, Key=self._key(key), ConsistentRead=True
+            )
+        item = response.get("Item")
+        return None if item is None else self._decode(item)
+
+    async def complete(self, completion: Completion) -> bool:
+        data = await self._prepare_data(completion)
+        while True:
+            try:
+                return await self._write_completion(completion, data)
+            except StoreValidationError as exc:
+                if data.format == _FORMAT_NOT_STORED or not _is_item_too_large(exc):
+                    raise
+                # DynamoDB counted more bytes than the estimate.  The side effect has
+                # happened, so try a smaller form, down to no response at all.
+                data = await self._smaller_data(completion, data)
+
+    async def release(self, key: str, owner: str | None) -> bool:
+        request: dict[str, Any] = {"TableName": self.table_name, "Key": self._key(key)}
+        if owner is not None:
+            request["ConditionExpression"] = "attribute_not_exists(#id) OR #owner = :owner"
+            request["ExpressionAttributeNames"] = {
+                "#id": self._key_attr,
+                "#owner": self._owner_attr,
+            }
+            request["ExpressionAttributeValues"] = {":owner": {"S": owner}}
+        try:
+            async with self._call("release") as client:
+                await client.delete_item(**request)
+        except _ConditionFailed:
+            return False
+        return True
+
+    # -- completion -----------------------------------------------------------------
+
+    async def _write_completion(self, completion: Completion, data: _Data) -> bool:
+        fields: dict[str, tuple[str, dict[str, Any]]] = {
+            "status": (self._status_attr, {"S": Status.COMPLETED.value}),
+            "expiry": (self._expiry_attr, {"N": str(completion.expiration)}),
+        }
+        if data.value is not None:
+            fields["data"] = (self._data_attr, data.value)
+        if data.format is not None:
+            fields["format"] = (self._data_format_attr, {"S": data.format})
+        if completion.validation is not None:
+            fields["validation"] = (self._validation_attr, {"S": completion.validation})
+        names = {f"#{name}": attribute for name, (attribute, _) in fields.items()}
+        names.update({"#lease": self._in_progress_expiry_attr, "#owner": self._owner_attr})
+        values = {f":{name}": value for name, (_, value) in fields.items()}
+        values[":owner"] = {"S": completion.owner}
+        # The owner's claim was a PutItem that replaced the whole item, so no response or
+        # format of an earlier record is left to remove; only the lease goes.
+        expression = "SET " + ", ".join(f"#{name} = :{name}" for name in fields) + " REMOVE #lease"
+        try:
+            async with self._call("complete") as client:
+                await client.update_item(
+                    TableName=self.table_name,
+                    Key=self._key(completion.key),
+                    UpdateExpression=expression,
+                    ConditionExpression="#owner = :owner",
+                    ExpressionAttributeNames=names,
+                    ExpressionAttributeValues=values,
+                )
+        except _ConditionFailed:
+            return False
+        return True
+
+    async def _prepare_data(self, completion: Completion) -> _Data:
+        """Choose how the response is written: native, JSON text, compressed, or not at all."""
+        if not completion.response_stored:
+            return _NOT_STORED
+        budget = self._response_budget(completion)
+        native = _to_native(completion.response)
+        if native is not None and native.size <= min(budget, self.max_response_bytes):
+            return _Data(None, native.value)
+        encoded = self._encoded_or_none(completion)
+        if encoded is None:
+            return _NOT_STORED
+        if native is None and len(encoded) <= budget:
+            return _Data(_FORMAT_JSON, {"S": encoded.decode()})
+        return await self._compressed(completion, encoded)
+
+    async def _smaller_data(self, completion: Completion, rejected: _Data) -> _Data:
+        if rejected.format == _FORMAT_JSON_ZLIB:
+            return self._not_stored(completion.key)
+        encoded = self._encoded_or_none(completion)
+        return _NOT_STORED if encoded is None else await self._compressed(completion, encoded)
+
+    async def _compressed(self, completion: Completion, encoded: bytes) -> _Data:
+        # Off the event loop: a multi-megabyte response takes tens of milliseconds.
+        compressed = await asyncio.to_thread(zlib.compress, encoded)
+        if len(compressed) <= self._response_budget(completion):
+            return _Data(_FORMAT_JSON_ZLIB, {"B": compressed})
+        return self._not_stored(completion.key, len(encoded))
+
+    def _encoded_or_none(self, completion: Completion) -> bytes | None:
+        try:
+            encoded = encode_json(completion.response)
+        except ResponseEncodingError as exc:
+            logger.warning("response for %r not stored: %s", completion.key, exc)
+            return None
+        if len(encoded) > self.max_response_bytes:
+            self._not_stored(completion.key, len(encoded))
+            return None
+        return encoded
+
+    def _response_budget(self, completion: Completion) -> int:
+        # The item limit less everything but the response, counted generously: names,
+        # key, token, validation hash, three numbers and the format marker.
+        strings = (
+            completion.key,
+            self._static_pk_value,
+            completion.owner,
+            completion.validation or "",
+            self._in_progress_expiry_attr,
+            self._validation_attr,
+            self._data_attr,
+            self._data_format_attr,
+            _FORMAT_JSON_ZLIB,
+        )
+        overhead = self._fixed_bytes + sum(len(text.encode()) for text in strings) + 3 * 21 + 64
+        return _ITEM_BUDGET - overhead
+
+    def _not_stored(self, key: str, size: int | None = None) -> _Data:
+        logger.warning(
+            "the response for %r (%s bytes of JSON) exceeds max_response_bytes (%d) or does "
+            "not fit in a DynamoDB item even compressed; the record is completed without "
+            "it, and replays will raise ResponseNotStoredError",
+            key,
+            "?" if size is None else size,
+            self.max_response_bytes,
+        )
+        return _NOT_STORED
+
+    # -- items ----------------------------------------------------------------------
+
+    def _key(self, key: str) -> dict[str, Any]:
+        if self._sort_key_attr is None:
+            return {self._key_attr: {"S": key}}
+        return {self._key_attr: {"S": self._static_pk_value}, self._sort_key_attr: {"S": key}}
+
+    def _decode(self, item: Mapping[str, Any]) -> Record:
+        try:
+            return self._decode_item(item)
+        except (KeyError, ValueError, TypeError, zlib.error) as exc:
+            raise StoreValidationError(
+                f"a record in table {self.table_name!r} cannot be read ({exc!r}); it was not "
+                "written by this library or the TypeScript port with this store's attribute "
+                "names: check the attribute options, or delete the record"
+            ) from exc
+
+    def _decode_item(self, item: Mapping[str, Any]) -> Record:
+        key_attr = self._sort_key_attr or self._key_attr
+        data_format = _string_or_none(item.get(self._data_format_attr))
+        expiration = item.get(self._expiry_attr)
+        lease_end = item.get(self._in_progress_expiry_attr)
+        return Record(
+            key=item[key_attr]["S"],
+            status=Status(item[self._status_attr]["S"]),
+            # No expiration: the claim condition never passes for it, so it never expires.
+            expiration=_NEVER if expiration is None else _ceil(expiration["N"]),
+            lease_end=None if lease_end is None else _ceil(lease_end["N"]),
+            validation=_string_or_none(item.get(self._validation_attr)),
+            owner=_string_or_none(item.get(self._owner_attr)),
+            response=_decode_response(item.get(self._data_attr), data_format),
+            response_stored=data_format != _FORMAT_NOT_STORED,
+        )
+
+
+# -- response encoding --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Data:
+    format: str | None
+    value: dict[str, Any] | None
+
+
+_NOT_STORED: Final = _Data(_FORMAT_NOT_STORED, None)
+_NEVER: Final = 2**63
+
+
+@dataclass(frozen=True, slots=True)
+class _Native:
+    value: dict[str, Any]
+    size: int
+
+
+class _NotNative(Exception):
+    """The value would not come back from DynamoDB as the same Python value."""
+
+
+def _to_native(value: JSONValue) -> _Native | None:
+    """The response as AttributeValues with its DynamoDB size, or None if that is lossy."""
+    encoder = _NativeEncoder()
+    try:
+        return _Native(encoder.encode(value, 0), encoder.size)
+    except _NotNative:
+        return None
+
+
+class _NativeEncoder:
+    """Builds AttributeValues and counts item bytes the way DynamoDB does (roughly)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def encode(self, value: JSONValue, depth: int) -> dict[str, Any]:
+        if isinstance(value, str):
+            self.size += len(value.encode())  # lone surrogates raise, and are not native
+            return {"S": value}
+        if value is None or isinstance(value, bool):
+            self.size += 1
+            return {"NULL": True} if value is None else {"BOOL": value}
+        if isinstance(value, int | float):
+            text = _native_number(value)
+            self.size += len(text) // 2 + 2
+            return {"N": text}
+        if depth >= _MAX_DEPTH:
+            raise _NotNative
+        if isinstance(value, list | tuple):
+            self.size += 3 + len(value)
+            return {"L": [self.encode(element, depth + 1) for element in value]}
+        if isinstance(value, dict):
+            return {"M": self._encode_map(value, depth)}
+        raise _NotNative
+
+    def _encode_map(self, value: dict[Any, Any], depth: int) -> dict[str, Any]:
+        self.size += 3 + len(value)
+        result = {}
+        for key, element in value.items():
+            if not isinstance(key, str) or not key:
+                raise _NotNative
+            self.size += len(key.encode())
+            result[key] = self.encode(element, depth + 1)
+        return result
+
+
+def _native_number(value: int | float) -> str:
+    """N text that reads back as the same type and value, even after DynamoDB normalizes it.
+
+    DynamoDB trims trailing zeros (``1.0`` comes back as ``1``) and keeps 38 digits, so
+    integral floats and wider integers cannot be stored natively.
+    """
+    if isinstance(value, int):
+        text = str(value)
+        if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+            raise _NotNative
+        return text
+    if not math.isfinite(value) or value.is_integer() or abs(value) < _MIN_FLOAT_MAGNITUDE:
+        raise _NotNative
+    return repr(value)
+
+
+def _decode_response(attribute: Mapping[str, Any] | None, data_format: str | None) -> JSONValue:
+    if attribute is None or data_format == _FORMAT_NOT_STORED:
+        return None
+    if data_format is None:
+        return _from_native(attribute)
+    if data_format == _FORMAT_JSON:
+        return decode_json(attribute["S"].encode())
+    if data_format == _FORMAT_JSON_ZLIB:
+        return decode_json(zlib.decompress(attribute["B"]))
+    raise ValueError(f"unknown data format {data_format!r} (written by a newer version?)")
+
+
+def _from_native(attribute: Mapping[str, Any]) -> JSONValue:
+    (kind, value), *_ = attribute.items()
+    if kind == "S":
+        return value
+    if kind == "N":
+        return _decode_number(value)
+    if kind == "BOOL":
+        return bool(value)
+    if kind == "NULL":
+        return None
+    if kind == "L":
+        return [_from_native(element) for element in value]
+    if kind == "M":
+        return {name: _from_native(element) for name, element in value.items()}
+    if kind == "SS":
+        return list(value)
+    if kind == "NS":
+        return [_decode_number(element) for element in value]
+    raise ValueError(f"attribute type {kind} is not a JSON value")
+
+
+def _decode_number(text: str) -> int | float:
+    if "." in text or "e" in text or "E" in text:
+        return float(text)
+    return int(text)
+
+
+def _number_text(value: float) -> str:
+    return str(value) if isinstance(value, int) else repr(float(value))
+
+
+def _ceil(text: str) -> int:
+    # Older TypeScript versions wrote fractional expirations; rounding up keeps a record
+    # live for as long as the conditional write treats it as live.
+    return math.ceil(Decimal(text))
+
+
+def _string_or_none(attribute: Mapping[str, Any] | None) -> str | None:
+    return None if attribute is None else str(attribute["S"])
+
+
+def _vanished(key: str) -> Record:
+    """A record the failed claim saw but DynamoDB did not return.
+
+    The condition only fails when an item exists, so this is a race with a delete or an
+    emulator without ALL_OLD support.  An expired INPROGRESS record is claimable, so the
+    manager retries the claim (and gives up with InconsistentStateError after two more).
+    """
+    return Record(key=key, status=Status.INPROGRESS, expiration=0, lease_end=0)
+
+
+# -- configuration ------------------------------------------------------------------
+
+
+def _check_attribute_names(**names: str | None) -> None:
+    given = {option: name for option, name in names.items() if name is not None}
+    for option, name in given.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{option} must be a non-empty string, got {name!r}")
+    seen: dict[str, str] = {}
+    for option, name in given.items():
+        if name in seen:
+            raise ConfigError(
+                f"{option} and {seen[name]} are both {name!r}: each attribute of the "
+                "idempotency item needs its own name"
+            )
+        seen[name] = option
+
+
+def _default_static_pk() -> str:
+    return f"idempotency#{os.environ.get('AWS_LAMBDA_FUNCTION_NAME', '').strip()}"
+
+
+# -- errors -------------------------------------------------------------------------
+
+
+class _ConditionFailed(Exception):
+    """A conditional write did not apply; ``item`` is the record that blocked it."""
+
+    def __init__(self, item: Mapping[str, Any] | None) -> None:
+        super().__init__("conditional check failed")
+        self.item = item
+
+
+@contextlib.contextmanager
+def _translate_errors(operation: str, table_name: str) -> Iterator[None]:
+    """Turn botocore / aiohttp failures into the library's PersistenceError family."""
+    try:
+        yield
+    except botocore.exceptions.ClientError as exc:
+        error = exc.response.get("Error", {})
+        if error.get("Code") == "ConditionalCheckFailedException":
+            raise _ConditionFailed(exc.response.get("Item")) from exc
+        raise _client_error(exc, operation, table_name) from exc
+    except _NETWORK_ERRORS as exc:
+        raise StoreUnavailableError(
+            f"DynamoDB could not be reached to {operation} ({type(exc).__name__}: {exc}); "
+            "check the endpoint and network, or raise connect_timeout, read_timeout and "
+            "retries in the client's AioConfig"
+        ) from exc
+    except _NO_CREDENTIALS as exc:
+        raise StoreAccessDeniedError(
+            f"no AWS credentials to {operation} on table {table_name!r} ({exc}); configure "
+            "credentials for the session that creates the DynamoDB client"
+        ) from exc
+    except botocore.exceptions.ParamValidationError as exc:
+        raise StoreValidationError(
+            f"botocore refused the request to {operation} on table {table_name!r}: {exc}"
+        ) from exc
+    except botocore.exceptions.BotoCoreError as exc:
+        raise PersistenceError(f"DynamoDB failed to {operation}: {exc}") from exc
+
+
+def _client_error(
+    exc: botocore.exceptions.ClientError, operation: str, table_name: str
+) -> PersistenceError:
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    detail = f"{code}: {error.get('Message', '')}"
+    where = f"to {operation} on table {table_name!r}"
+    if code in _THROTTLED:
+        return StoreThrottledError(
+            f"DynamoDB throttled the request {where} after botocore's retries ({detail}); "
+            "use on-demand billing or raise the table's capacity, or allow more retries "
+            "with AioConfig(retries={'mode': 'adaptive', 'total_max_attempts': 10})"
+        )
+    if code in _DENIED:
+        return StoreAccessDeniedError(
+            f"DynamoDB denied the request {where} ({detail}); grant dynamodb:PutItem, "
+            "GetItem, UpdateItem and DeleteItem on the table to the credentials in use"
+        )
+    if code in _INVALID:
+        return StoreValidationError(
+            f"DynamoDB rejected the request {where} ({detail}); check that the table "
+            "exists in the client's region and that its key schema matches key_attr "
+            "(and sort_key_attr)"
+        )
+    if code in _SERVER_FAULTS:
+        return StoreUnavailableError(
+            f"DynamoDB failed {where} ({detail}) after botocore's retries; retry later"
+        )
+    return PersistenceError(f"DynamoDB failed {where} ({detail})")
+
+
+def _is_item_too_large(exc: StoreValidationError) -> bool:
+    return "maximum allowed size" in str(exc)
+
+
+# -- tables -------------------------------------------------------------------------
+
+
+async def create_table(
+    client: Any,
+    table_name: str,
+    *,
+    sort_key: bool = False,
+    key_attr: str = "id",
+    sort_key_attr: str = "sk",
+    expiry_attr: str = "expiration",
+) -> None:
+    """Create an idempotency table (on-demand billing, TTL on ``expiry_attr``).
+
+    Waits until the table is ACTIVE.  With ``sort_key`` the table has a composite key
+    ``(key_attr, sort_key_attr)`` for ``DynamoDBStore(sort_key_attr=...)``.  Meant for
+    tests, examples and operators; production tables usually come from infrastructure
+    code (see ``docs/dynamodb.md``).
+    """
+    schema = [{"AttributeName": key_attr, "KeyType": "HASH"}]
+    if sort_key:
+        schema.append({"AttributeName": sort_key_attr, "KeyType": "RANGE"})
+    with _translate_errors("create the table", table_name):
+        await client.create_table(
+            TableName=table_name,
+            KeySchema=schema,
+            AttributeDefinitions=[
+                {"AttributeName": entry["AttributeName"], "AttributeType": "S"}
+                for entry in schema
+            ],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        waiter = client.get_waiter("table_exists")
+        await waiter.wait(TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 120})
+        await client.update_time_to_live(
+            TableName=table_name,
+            TimeToLiveSpecification={"Enabled": True, "AttributeName": expiry_attr},
+        )

@@ -1,0 +1,148 @@
+"""Pytest fixtures for DynamoDB tests: a real moto server over HTTP, no in-process mocks.
+
+The server runs single-threaded in a subprocess: moto's threaded server does not make a
+conditional write atomic (see DESIGN.md, "Testing notes"), so a correct store would look
+broken under concurrency.  Import the fixtures with ``from _moto import *``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aioboto3
+import pytest
+from aiobotocore.config import AioConfig
+
+from idempotency_async.stores.dynamodb import DynamoDBStore, create_table
+
+__all__ = [
+    "REGION",
+    "dynamodb_client",
+    "fresh_store",
+    "fresh_table",
+    "moto_endpoint",
+    "new_session",
+    "open_client",
+]
+
+REGION = "us-east-1"
+_STARTUP_SECONDS = 30.0
+_SERVER_SCRIPT = """
+import sys
+from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+run_simple(sys.argv[1], int(sys.argv[2]), DomainDispatcherApplication(create_backend_app),
+           threaded=False, use_reloader=False, use_debugger=False)
+"""
+
+
+def new_session() -> aioboto3.Session:
+    """A session with dummy credentials, so no test reads the machine's AWS configuration."""
+    return aioboto3.Session(
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        aws_session_token="testing",
+        region_name=REGION,
+    )
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """URL of a single-threaded moto server started for this test session."""
+    port = _free_port()
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            [sys.executable, "-c", _SERVER_SCRIPT, "127.0.0.1", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            problem = _wait_until_answering(url, process)
+            if problem is not None:
+                log.seek(0)
+                _give_up(f"{problem}\n--- server output ---\n{log.read()[-4000:].decode()}")
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def open_client(endpoint: str) -> Any:
+    """An async context manager yielding an aioboto3 DynamoDB client for ``endpoint``."""
+    config = AioConfig(
+        retries={"mode": "standard", "total_max_attempts": 2},
+        connect_timeout=5,
+        read_timeout=30,
+    )
+    return new_session().client("dynamodb", endpoint_url=endpoint, config=config)
+
+
+@pytest.fixture
+async def dynamodb_client(moto_endpoint: str) -> AsyncIterator[Any]:
+    """An aioboto3 DynamoDB client against the moto server, closed after the test."""
+    async with open_client(moto_endpoint) as client:
+        yield client
+
+
+async def fresh_table(client: Any, *, sort_key: bool = False, **attributes: Any) -> str:
+    """Create a uniquely named idempotency table and return its name."""
+    name = f"idem-{uuid.uuid4().hex[:12]}"
+    await create_table(client, name, sort_key=sort_key, **attributes)
+    return name
+
+
+async def fresh_store(client: Any, **kwargs: Any) -> DynamoDBStore:
+    """A store on a new table whose key schema matches the store's options."""
+    table_options = {
+        option: kwargs[option] for option in ("key_attr", "expiry_attr") if option in kwargs
+    }
+    sort_key_attr = kwargs.get("sort_key_attr")
+    if sort_key_attr is not None:
+        table_options["sort_key_attr"] = sort_key_attr
+    name = await fresh_table(client, sort_key=sort_key_attr is not None, **table_options)
+    return DynamoDBStore(client, table_name=name, **kwargs)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _wait_until_answering(url: str, process: subprocess.Popen[bytes]) -> str | None:
+    deadline = time.monotonic() + _STARTUP_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return f"the moto server exited with code {process.returncode}"
+        try:
+            with urllib.request.urlopen(f"{url}/moto-api/", timeout=1):
+                return None
+        except urllib.error.HTTPError:
+            return None  # any HTTP answer means it is serving
+        except OSError:
+            time.sleep(0.05)
+    return f"the moto server did not answer within {_STARTUP_SECONDS:.0f} s"
+
+
+def _give_up(reason: str) -> None:
+    message = f"cannot start the moto server for DynamoDB tests: {reason}"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(f"!!! SKIPPED, NOT PASSED: {message}")
