@@ -24,3 +24,18 @@ def test_quickstart_charges_each_order_once_and_recovers_after_the_lease() -> No
     assert "5 results, all equal: True" in out
     assert "AlreadyInProgressError" in out
     assert "'order': 'ord-3'" in out
+
+
+def test_dynamodb_example_runs_against_its_own_moto_server() -> None:
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "dynamodb_local.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    out = completed.stdout
+    assert out.count("payment API called") == 1
+    assert "changed amount: PayloadValidationError" in out
+    assert out.count("'charged': 42") == 3
+    assert completed.stderr == ""
