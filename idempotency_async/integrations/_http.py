@@ -1,0 +1,584 @@
+"""The HTTP Idempotency-Key rules, shared by every server adapter (no framework imports).
+
+One request through an adapter::
+
+    Idempotency-Key header ──> parse_key ──> scope {method, route, caller, key}   (the key)
+    body (≤ max_body_bytes) ──> fingerprint {path, query, media type, body}       (validation)
+    Manager.execute(payload, run the endpoint, timeout=request_timeout)
+        ├─ endpoint returned a response < 500 ─> stored (status, allow-listed headers, Base64 body)
+        ├─ endpoint raised, answered 5xx, or never ran ─> key released, response passed through
+        └─ duplicate ─> replay (Idempotent-Replayed: true) | 409 + Retry-After | 422
+
+The live response always goes to the client as the endpoint produces it; a :class:`Capture`
+tees it for storage up to ``max_response_bytes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import fnmatch
+import logging
+import math
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import parse_qsl
+
+import orjson
+
+from idempotency_async._codec import loads_strict
+from idempotency_async.canonical import canonical_bytes, digest_bytes
+from idempotency_async.errors import (
+    AlreadyInProgressError,
+    CompletionError,
+    ConfigError,
+    InconsistentStateError,
+    PayloadError,
+    PayloadValidationError,
+    PersistenceError,
+    ResponseNotStoredError,
+)
+from idempotency_async.manager import Manager
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_METHODS",
+    "DEFAULT_REPLAY_HEADERS",
+    "KEY_HEADER",
+    "REPLAYED_HEADER",
+    "STORED_HEADER",
+    "Capture",
+    "HttpIdempotency",
+    "HttpResponse",
+    "Rejection",
+    "parse_key",
+    "problem",
+]
+
+KEY_HEADER: Final = "idempotency-key"
+REPLAYED_HEADER: Final = "idempotent-replayed"
+STORED_HEADER: Final = "idempotency-response-stored"
+"""``Idempotency-Response-Stored: false`` marks a response that will not be replayed."""
+DEFAULT_METHODS: Final = ("POST", "PATCH")
+DEFAULT_REPLAY_HEADERS: Final = ("cache-control", "content-type", "etag", "link", "location")
+DEFAULT_MAX_BODY_BYTES: Final = 1024 * 1024
+MAX_KEY_LENGTH: Final = 255
+# Never stored or replayed, even when configured: cookies are per client and session, the
+# others describe one transfer of the body, not the response.
+_NEVER_REPLAYED: Final = frozenset(
+    {
+        "set-cookie",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "content-encoding",
+        "keep-alive",
+        "upgrade",
+        "trailer",
+        "date",
+        "server",
+        REPLAYED_HEADER,
+        STORED_HEADER,
+    }
+)
+_FORMAT: Final = 1
+_MAX_SAFE_INTEGER: Final = 2**53 - 1
+# Room for the JSON envelope around the Base64 body when deriving the default body limit.
+_ENVELOPE_BYTES: Final = 4096
+
+_log = logging.getLogger("idempotency_async.http")
+
+PathPattern = str | re.Pattern[str]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResponse:
+    """A complete response an adapter sends as it is (problems and replays)."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+class Rejection(Exception):
+    """Raised by the rules to answer the request with ``response`` instead of running it."""
+
+    def __init__(self, response: HttpResponse) -> None:
+        super().__init__(response.status)
+        self.response = response
+
+
+class _Release(Exception):
+    """Raised from the callback so the manager releases the key (the response went out live)."""
+
+
+def problem(
+    status: int, title: str, detail: str, *, headers: Iterable[tuple[str, str]] = ()
+) -> HttpResponse:
+    """An RFC 9457 ``application/problem+json`` response."""
+    body = orjson.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail})
+    return HttpResponse(status, (("content-type", "application/problem+json"), *headers), body)
+
+
+def parse_key(values: list[str], *, required: bool) -> str | None:
+    """The Idempotency-Key of a request, from all its header values (RFC 8941 sf-string).
+
+    Accepts the quoted form (``"abc"``, with ``\\"`` and ``\\\\`` escapes) and, leniently,
+    a bare value (``abc``).  Raises :class:`Rejection` (400) when invalid, or missing and
+    ``required``.
+    """
+    if not values:
+        if required:
+            raise Rejection(
+                _bad_key(
+                    "this endpoint requires an Idempotency-Key header: send a "
+                    "unique value (e.g. a UUID) per operation, and the same "
+                    "value when retrying it"
+                )
+            )
+        return None
+    if len(values) > 1:
+        raise Rejection(_bad_key("send exactly one Idempotency-Key header"))
+    raw = values[0].strip(" \t")
+    key = _unquote(raw) if raw.startswith('"') else _bare(raw)
+    if not 1 <= len(key) <= MAX_KEY_LENGTH:
+        raise Rejection(
+            _bad_key(
+                f"the Idempotency-Key must be 1 to {MAX_KEY_LENGTH} characters long, got {len(key)}"
+            )
+        )
+    return key
+
+
+def _unquote(raw: str) -> str:
+    chars: list[str] = []
+    index = 1
+    while index < len(raw):
+        char = raw[index]
+        if char == "\\":
+            nxt = raw[index + 1 : index + 2]
+            if nxt not in ('"', "\\"):
+                raise Rejection(
+                    _bad_key('a quoted Idempotency-Key may only use the escapes \\" and \\\\')
+                )
+            chars.append(nxt)
+            index += 2
+            continue
+        if char == '"':
+            if index != len(raw) - 1:
+                raise Rejection(
+                    _bad_key("unexpected characters after the closing quote of the Idempotency-Key")
+                )
+            return "".join(chars)
+        if not " " <= char <= "~":
+            raise Rejection(_bad_key("the Idempotency-Key must be printable ASCII"))
+        chars.append(char)
+        index += 1
+    raise Rejection(_bad_key("the quoted Idempotency-Key has no closing quote"))
+
+
+def _bare(raw: str) -> str:
+    for char in raw:
+        if not "!" <= char <= "~" or char in '"\\':
+            raise Rejection(
+                _bad_key(
+                    "the Idempotency-Key must be printable ASCII without spaces, quotes or "
+                    'backslashes, or a quoted string such as "abc"'
+                )
+            )
+    return raw
+
+
+def _bad_key(detail: str) -> HttpResponse:
+    return problem(400, "Invalid Idempotency-Key", detail)
+
+
+class Capture:
+    """Tees one live response: status, headers and body up to ``limit`` bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.status: int | None = None
+        self.headers: list[tuple[str, str]] = []
+        self.body = bytearray()
+        self.overflow = False
+        self.complete = False
+        self.endpoint_ran = True
+        """Adapters set False for routes that confirm the endpoint ran (opt-in routes)."""
+
+    @property
+    def started(self) -> bool:
+        return self.status is not None
+
+    def start(self, status: int, headers: list[tuple[str, str]]) -> bool:
+        """Record the response head; True when it must carry ``Idempotency-Response-Stored``."""
+        self.status = status
+        self.headers = headers
+        length = _content_length(headers)
+        if length is not None and length > self.limit:
+            self.overflow = True
+        return self.overflow
+
+    def write(self, chunk: bytes, *, more: bool) -> None:
+        if not self.overflow:
+            self.body += chunk
+            if len(self.body) > self.limit:
+                self.overflow = True
+                self.body = bytearray()
+        if not more:
+            self.complete = True
+
+    def untrackable(self) -> None:
+        """Part of the body bypassed the tee (sendfile, path send): never store it."""
+        self.overflow = True
+        self.body = bytearray()
+
+
+def _content_length(headers: list[tuple[str, str]]) -> int | None:
+    for name, value in headers:
+        if name == "content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+CallerScope = Callable[[Any], "str | Awaitable[str | None] | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Settings:
+    methods: frozenset[str]
+    paths: tuple[PathPattern, ...] | None
+    required: bool
+    request_timeout: float
+    max_body_bytes: int
+    max_response_bytes: int
+    store_server_errors: bool
+    replay_headers: frozenset[str] = field(default_factory=frozenset)
+
+
+class HttpIdempotency:
+    """The rules one middleware instance applies; stateless per request."""
+
+    def __init__(
+        self,
+        manager: Manager,
+        *,
+        methods: Iterable[str],
+        paths: Iterable[PathPattern] | None,
+        required: bool,
+        caller_scope: CallerScope | None,
+        request_timeout: float,
+        max_body_bytes: int,
+        max_response_bytes: int | None,
+        store_server_errors: bool,
+        replay_headers: Iterable[str],
+        wait: float | None,
+    ) -> None:
+        if not isinstance(manager, Manager):
+            raise ConfigError("manager must be an idempotency_async.Manager")
+        if not _positive(request_timeout):
+            raise ConfigError(f"request_timeout must be positive seconds, got {request_timeout!r}")
+        if not isinstance(max_body_bytes, int) or max_body_bytes < 0:
+            raise ConfigError(f"max_body_bytes must be an integer >= 0, got {max_body_bytes!r}")
+        fits = (manager.store.max_response_bytes - _ENVELOPE_BYTES) * 3 // 4
+        if max_response_bytes is None:
+            max_response_bytes = max(fits, 0)
+        elif not isinstance(max_response_bytes, int) or max_response_bytes < 0:
+            raise ConfigError(
+                f"max_response_bytes must be an integer >= 0, got {max_response_bytes!r}"
+            )
+        if wait is not None and (not isinstance(wait, int | float) or wait < 0):
+            raise ConfigError(f"wait must be None or seconds >= 0, got {wait!r}")
+        self.caller_scope = caller_scope
+        self.settings = _Settings(
+            methods=frozenset(method.upper() for method in methods),
+            paths=None if paths is None else tuple(paths),
+            required=required,
+            request_timeout=float(request_timeout),
+            max_body_bytes=max_body_bytes,
+            max_response_bytes=max_response_bytes,
+            store_server_errors=store_server_errors,
+            replay_headers=frozenset(DEFAULT_REPLAY_HEADERS)
+            | {name.lower() for name in replay_headers} - _NEVER_REPLAYED,
+        )
+        self.manager = Manager(manager.store, _http_options(manager, wait))
+        if caller_scope is None:
+            _log.warning(
+                "Idempotency-Key middleware without caller_scope is single-tenant: two clients "
+                "sending the same key to the same route share one response. Pass caller_scope= "
+                "(e.g. the authenticated principal) to keep callers apart."
+            )
+
+    # ------------------------------------------------------------------ selection
+
+    def applies(self, method: str, path: str, *, marked: bool) -> bool:
+        """Whether a request is handled: opt-in routes always, others by method and path."""
+        if marked:
+            return True
+        if method.upper() not in self.settings.methods:
+            return False
+        patterns = self.settings.paths
+        return patterns is None or any(_path_matches(pattern, path) for pattern in patterns)
+
+    def check_length(self, content_length: str | None) -> None:
+        """Reject a declared body over the limit before reading it (413)."""
+        if content_length is None:
+            return
+        try:
+            declared = int(content_length)
+        except ValueError:
+            raise Rejection(problem(400, "Bad Request", "Content-Length is not a number")) from None
+        if declared > self.settings.max_body_bytes:
+            raise Rejection(self.too_large())
+
+    def too_large(self) -> HttpResponse:
+        return problem(
+            413,
+            "Request body too large",
+            f"idempotent requests may carry at most {self.settings.max_body_bytes} bytes",
+        )
+
+    async def caller(self, request: Any) -> str | None:
+        if self.caller_scope is None:
+            return None
+        value = self.caller_scope(request)
+        if not isinstance(value, str | None):
+            value = await value
+        return value
+
+    # ------------------------------------------------------------------ payload
+
+    def payload(
+        self,
+        *,
+        method: str,
+        route: str,
+        caller: str | None,
+        key: str,
+        path: str,
+        query: str,
+        content_type: str | None,
+        body: bytes,
+    ) -> dict[str, Any]:
+        """What the manager hashes: ``scope`` becomes the key, ``fingerprint`` the validation."""
+        media_type = (content_type or "").split(";", 1)[0].strip().lower()
+        material = {
+            "path": path,
+            "query": sorted(parse_qsl(query, keep_blank_values=True)),
+            "media_type": media_type,
+            "body": _body_material(media_type, body),
+        }
+        try:
+            fingerprint = digest_bytes(
+                canonical_bytes(material), self.manager.options.hash_function
+            )
+        except PayloadError as exc:
+            raise Rejection(problem(400, "Unreadable request body", str(exc))) from exc
+        scope = {"method": method.upper(), "route": route, "caller": caller, "key": key}
+        return {"scope": scope, "fingerprint": fingerprint}
+
+    # ------------------------------------------------------------------ run
+
+    async def handle(
+        self,
+        payload: dict[str, Any],
+        run: Callable[[], Awaitable[None]],
+        capture: Capture,
+    ) -> HttpResponse | None:
+        """Run ``run`` once per key; None when it ran (its response went out live).
+
+        Returns the replay to send, or raises :class:`Rejection` with the answer to send.
+        Exceptions of the endpoint propagate after the key is released.
+        """
+        ran = False
+
+        async def callback() -> Any:
+            nonlocal ran
+            ran = True
+            await run()
+            return self._record(capture)
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            stored = await self.manager.execute(
+                payload, callback, timeout=self.settings.request_timeout
+            )
+        except _Release:
+            return None
+        except AlreadyInProgressError as exc:
+            raise Rejection(self._in_progress(exc)) from exc
+        except PayloadValidationError as exc:
+            raise Rejection(
+                problem(
+                    422,
+                    "Idempotency-Key reused",
+                    "this Idempotency-Key was already used with a different request (method, path, "
+                    "query or body): use a new key for a new request",
+                )
+            ) from exc
+        except ResponseNotStoredError as exc:
+            raise Rejection(_not_available(409)) from exc
+        except CompletionError as exc:
+            if not ran:
+                raise
+            # The endpoint ran and its response already went out: nothing left to tell.
+            _log.error("recording the response failed: %s", exc)
+            return None
+        except (PersistenceError, InconsistentStateError) as exc:
+            if ran:
+                raise
+            raise Rejection(
+                problem(
+                    503,
+                    "Idempotency store unavailable",
+                    f"the request was not processed: {exc}",
+                    headers=(("retry-after", "1"),),
+                )
+            ) from exc
+        except TimeoutError:
+            spent = loop.time() - started
+            if capture.started or spent < self.settings.request_timeout * 0.8:
+                raise
+            raise Rejection(
+                problem(
+                    504,
+                    "Request timed out",
+                    f"the request did not finish within {self.settings.request_timeout:g} s; its "
+                    "Idempotency-Key stays in progress until then",
+                    headers=(("retry-after", str(math.ceil(self.settings.request_timeout))),),
+                )
+            ) from None
+        if ran:
+            return None
+        return self.replay(stored)
+
+    def _in_progress(self, exc: AlreadyInProgressError) -> HttpResponse:
+        now = self.manager.options.clock()
+        # Leases are kept to the millisecond; rounding first keeps a lease of 5.0004 s at 5.
+        left = None if exc.lease_end is None else round(exc.lease_end - now, 3)
+        seconds = 1 if left is None else max(1, math.ceil(left))
+        return problem(
+            409,
+            "Request in progress",
+            "a request with this Idempotency-Key is still being processed: retry after "
+            f"{seconds} s",
+            headers=(("retry-after", str(seconds)),),
+        )
+
+    def _record(self, capture: Capture) -> Any:
+        """The JSON value to store for the captured response, or raise _Release."""
+        status = capture.status
+        if not capture.endpoint_ran or status is None:
+            raise _Release("the endpoint did not run")
+        if status >= 500 and not self.settings.store_server_errors:
+            raise _Release(f"server error {status}")
+        length = _content_length(capture.headers)
+        if (
+            not capture.complete
+            or capture.overflow
+            or (length is not None and length != len(capture.body))
+        ):
+            return {"v": _FORMAT, "status": status, "stored": False}
+        headers = [
+            [name, value] for name, value in capture.headers if name in self.settings.replay_headers
+        ]
+        result = {
+            "v": _FORMAT,
+            "status": status,
+            "headers": headers,
+            "body_b64": base64.b64encode(bytes(capture.body)).decode("ascii"),
+        }
+        if len(orjson.dumps(result)) > self.manager.store.max_response_bytes:
+            return {"v": _FORMAT, "status": status, "stored": False}
+        return result
+
+    def replay(self, stored: Any) -> HttpResponse:
+        """The response a duplicate gets for a stored result."""
+        if not isinstance(stored, dict) or stored.get("v") != _FORMAT:
+            raise Rejection(_not_available(409))
+        status = int(stored["status"])
+        if stored.get("stored") is False:
+            return _not_available(status)
+        headers = tuple((str(name), str(value)) for name, value in stored["headers"])
+        return HttpResponse(
+            status,
+            (*headers, (REPLAYED_HEADER, "true")),
+            base64.b64decode(stored["body_b64"]),
+        )
+
+
+def _not_available(status: int) -> HttpResponse:
+    return problem(
+        status,
+        "Response not available",
+        "the request with this Idempotency-Key was processed, but its response was too large "
+        "to store, so it cannot be replayed: use a new key to run the request again",
+        headers=((STORED_HEADER, "false"), (REPLAYED_HEADER, "true")),
+    )
+
+
+def _http_options(manager: Manager, wait: float | None) -> Any:
+    options = manager.options
+    overrides: dict[str, Any] = {
+        "event_key_jmespath": "scope",
+        "payload_validation_jmespath": "fingerprint",
+        "raise_on_no_key": True,
+        "strict_missing_key": False,
+        "serialize_key": None,
+        "serializer": None,
+        "response_codec": None,
+        "response_hook": None,
+    }
+    if wait is not None:
+        overrides["wait"] = wait > 0
+        if wait > 0:
+            overrides["wait_timeout"] = float(wait)
+    return dataclasses.replace(options, **overrides)
+
+
+def _body_material(media_type: str, body: bytes) -> dict[str, Any]:
+    if body and (media_type == "application/json" or media_type.endswith("+json")):
+        try:
+            value = loads_strict(body)
+        except PayloadError as exc:
+            raise Rejection(problem(400, "Invalid JSON body", str(exc))) from exc
+        except UnicodeDecodeError as exc:
+            raise Rejection(problem(400, "Invalid JSON body", f"not UTF-8: {exc}")) from exc
+        if _exact_as_double(value):
+            return {"json": value}
+    # Non-JSON bodies, and JSON holding integers a double cannot tell apart, hash as bytes.
+    return {"base64": base64.b64encode(body).decode("ascii")}
+
+
+def _exact_as_double(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, bool):
+            continue
+        if isinstance(node, int) and not -_MAX_SAFE_INTEGER <= node <= _MAX_SAFE_INTEGER:
+            return False
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return True
+
+
+def _path_matches(pattern: PathPattern, path: str) -> bool:
+    if isinstance(pattern, re.Pattern):
+        return pattern.fullmatch(path) is not None
+    return fnmatch.fnmatchcase(path, pattern)
+
+
+def _positive(value: Any) -> bool:
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < float("inf")
+    )

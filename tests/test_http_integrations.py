@@ -1,0 +1,300 @@
+"""One Idempotency-Key behaviour suite, run against uvicorn+FastAPI and aiohttp on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+
+import httpx
+import pytest
+from _http_apps import BIG, MAX_BODY, MAX_RESPONSE, REQUEST_TIMEOUT, SERVERS, Served, _chunk
+
+Start = Callable[..., Awaitable[Served]]
+
+
+@pytest.fixture(params=sorted(SERVERS))
+async def start(request: pytest.FixtureRequest) -> AsyncIterator[Start]:
+    """Starts the parametrized server (``wait=`` seconds for duplicates, or None)."""
+    async with AsyncExitStack() as stack:
+
+        async def _start(wait: float | None = None) -> Served:
+            return await stack.enter_async_context(SERVERS[request.param](wait))
+
+        yield _start
+
+
+@pytest.fixture
+async def served(start: Start) -> Served:
+    return await start()
+
+
+@pytest.fixture
+async def client(served: Served) -> AsyncIterator[httpx.AsyncClient]:
+    async with _client(served) as client:
+        yield client
+
+
+def _client(served: Served) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=served.base_url, timeout=10, limits=httpx.Limits(max_connections=100)
+    )
+
+
+def _key(key: str, tenant: str | None = "t1") -> dict[str, str]:
+    headers = {"Idempotency-Key": key}
+    if tenant is not None:
+        headers["X-Tenant"] = tenant
+    return headers
+
+
+def _replayed(response: httpx.Response) -> bool:
+    return response.headers.get("idempotent-replayed") == "true"
+
+
+def _is_problem(response: httpx.Response) -> bool:
+    return response.headers["content-type"] == "application/problem+json"
+
+
+async def _concurrent_posts(served: Served, count: int) -> list[httpx.Response]:
+    async with _client(served) as client:
+        return await asyncio.gather(
+            *(
+                client.post("/orders/o-1", json={"sku": "A", "delay": 0.3}, headers=_key("c"))
+                for _ in range(count)
+            )
+        )
+
+
+async def test_concurrent_duplicates_run_the_handler_once(served: Served) -> None:
+    responses = await _concurrent_posts(served, 50)
+
+    assert served.calls == {"orders:t1:c": 1}
+    originals = [r for r in responses if r.status_code == 201 and not _replayed(r)]
+    assert len(originals) == 1
+    for response in responses:
+        if response.status_code == 409:
+            assert _is_problem(response)
+            assert 1 <= int(response.headers["retry-after"]) <= REQUEST_TIMEOUT
+        else:
+            assert response.status_code == 201
+            assert response.content == originals[0].content
+
+
+async def test_concurrent_duplicates_with_wait_all_get_the_response(start: Start) -> None:
+    served = await start(wait=5.0)
+    responses = await _concurrent_posts(served, 50)
+
+    assert served.calls == {"orders:t1:c": 1}
+    assert [r.status_code for r in responses] == [201] * 50
+    assert sum(not _replayed(r) for r in responses) == 1
+    assert len({r.content for r in responses}) == 1
+
+
+async def test_replay_has_status_body_and_allowed_headers_but_no_cookie(
+    client: httpx.AsyncClient, served: Served
+) -> None:
+    first = await client.post("/orders/o-7", json={"sku": "A", "delay": 0}, headers=_key("r"))
+    # The quoted RFC 8941 form names the same key; key order and spacing of the JSON do not count.
+    second = await client.post(
+        "/orders/o-7",
+        content=b'{ "delay": 0, "sku": "A" }',
+        headers={**_key('"r"'), "content-type": "application/json"},
+    )
+
+    assert served.calls == {"orders:t1:r": 1}
+    assert first.status_code == second.status_code == 201
+    assert "set-cookie" in first.headers and "x-run" in first.headers
+    assert _replayed(second) and not _replayed(first)
+    assert second.content == first.content
+    assert second.headers["location"] == first.headers["location"] == "/orders/o-7"
+    assert second.headers["content-type"] == first.headers["content-type"]
+    assert "set-cookie" not in second.headers
+    assert "x-run" not in second.headers
+
+
+async def test_reused_key_with_changed_body_or_query_is_422(
+    client: httpx.AsyncClient, served: Served
+) -> None:
+    await client.post("/orders/o-1", json={"sku": "A"}, headers=_key("u"))
+    changed_body = await client.post("/orders/o-1", json={"sku": "B"}, headers=_key("u"))
+    changed_query = await client.post("/orders/o-1?x=1", json={"sku": "A"}, headers=_key("u"))
+
+    assert changed_body.status_code == changed_query.status_code == 422
+    assert _is_problem(changed_body) and "different request" in changed_body.json()["detail"]
+    assert served.calls == {"orders:t1:u": 1}
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Idempotency-Key": ""},
+        {"Idempotency-Key": "x" * 256},
+        {"Idempotency-Key": "has space"},
+        {"Idempotency-Key": '"unterminated'},
+        {"Idempotency-Key": '"bad \\n escape"'},
+    ],
+    ids=["missing", "empty", "too-long", "space", "unterminated", "bad-escape"],
+)
+async def test_missing_or_invalid_key_is_400(
+    client: httpx.AsyncClient, served: Served, headers: dict[str, str]
+) -> None:
+    response = await client.post("/orders/o-1", json={"sku": "A"}, headers=headers)
+
+    assert response.status_code == 400
+    assert _is_problem(response) and "Idempotency-Key" in response.json()["detail"]
+    assert not served.calls
+
+
+async def test_longest_valid_key_is_accepted(client: httpx.AsyncClient) -> None:
+    response = await client.post("/orders/o-1", json={"sku": "A"}, headers=_key("k" * 255))
+
+    assert response.status_code == 201
+
+
+async def test_handler_exception_releases_the_key(
+    client: httpx.AsyncClient, served: Served
+) -> None:
+    first = await client.post("/flaky/raise", json={}, headers=_key("e"))
+    retry = await client.post("/flaky/raise", json={}, headers=_key("e"))
+
+    assert first.status_code == 500
+    assert retry.status_code == 201 and not _replayed(retry)
+    assert served.calls == {"flaky-raise:t1:e": 2}
+
+
+async def test_server_error_response_releases_the_key(
+    client: httpx.AsyncClient, served: Served
+) -> None:
+    first = await client.post("/flaky/503", json={}, headers=_key("s"))
+    retry = await client.post("/flaky/503", json={}, headers=_key("s"))
+    replay = await client.post("/flaky/503", json={}, headers=_key("s"))
+
+    assert first.status_code == 503
+    assert retry.status_code == 201 and not _replayed(retry)
+    assert replay.status_code == 201 and _replayed(replay)
+    assert served.calls == {"flaky-503:t1:s": 2}
+
+
+async def test_http_exception_raised_by_the_endpoint_is_not_stored(
+    client: httpx.AsyncClient, served: Served
+) -> None:
+    await client.post("/flaky/http", json={}, headers=_key("h"))  # 503: released
+    raised = await client.post("/flaky/http", json={}, headers=_key("h"))
+    again = await client.post("/flaky/http", json={}, headers=_key("h"))
+
+    assert raised.status_code == again.status_code == 409
+    assert not _replayed(again)
+    assert served.calls == {"flaky-http:t1:h": 3}
+
+
+async def test_rejected_request_is_not_stored(client: httpx.AsyncClient, served: Served) -> None:
+    rejected = await client.post("/orders/o-1", json={"wrong": 1}, headers=_key("v"))
+    fixed = await client.post("/orders/o-1", json={"sku": "A"}, headers=_key("v"))
+
+    assert rejected.status_code == 422 and not _is_problem(rejected)
+    assert fixed.status_code == 201 and not _replayed(fixed)
+    assert served.calls == {"orders:t1:v": 1}
+
+
+async def test_streaming_response_is_delivered_and_replayed(
+    client: httpx.AsyncClient, served: Served
+) -> None:
+    expected = b"".join(_chunk(index) for index in range(5))
+    first = await client.post("/stream", headers=_key("st"))
+    replay = await client.post("/stream", headers=_key("st"))
+
+    assert first.status_code == replay.status_code == 200
+    assert first.content == replay.content == expected
+    assert _replayed(replay)
+    assert replay.headers["content-type"].startswith("text/plain")
+    assert served.calls == {"stream:t1:st": 1}
+
+
+async def test_stream_over_the_limit_is_delivered_but_not_stored(
+    client: httpx.AsyncClient, served: Served
+) -> None:
+    chunks = MAX_RESPONSE // 1000 + 10
+    first = await client.post(f"/stream?chunks={chunks}", headers=_key("big-stream"))
+    replay = await client.post(f"/stream?chunks={chunks}", headers=_key("big-stream"))
+
+    assert first.content == b"".join(_chunk(index) for index in range(chunks))
+    assert replay.status_code == 200 and _is_problem(replay)
+    assert replay.headers["idempotency-response-stored"] == "false"
+    assert "not available" in replay.json()["title"]
+    assert served.calls == {"stream:t1:big-stream": 1}
+
+
+async def test_known_length_over_the_limit_is_flagged_on_the_live_response(
+    client: httpx.AsyncClient, served: Served
+) -> None:
+    first = await client.post("/big", headers=_key("b"))
+    replay = await client.post("/big", headers=_key("b"))
+
+    assert len(first.content) == BIG
+    assert first.headers["idempotency-response-stored"] == "false"
+    assert replay.status_code == 200 and _is_problem(replay)
+    assert served.calls == {"big:t1:b": 1}
+
+
+async def test_caller_scopes_with_the_same_key_are_isolated(
+    client: httpx.AsyncClient, served: Served
+) -> None:
+    one = await client.post("/orders/o-1", json={"sku": "A"}, headers=_key("same", "t1"))
+    two = await client.post("/orders/o-1", json={"sku": "A"}, headers=_key("same", "t2"))
+    one_again = await client.post("/orders/o-1", json={"sku": "A"}, headers=_key("same", "t1"))
+
+    assert not _replayed(two)
+    assert two.json()["run"] != one.json()["run"]
+    assert _replayed(one_again) and one_again.content == one.content
+    assert served.calls == {"orders:t1:same": 1, "orders:t2:same": 1}
+
+
+async def test_body_over_the_limit_is_413(client: httpx.AsyncClient, served: Served) -> None:
+    big = {"sku": "A" * MAX_BODY}
+    declared = await client.post("/orders/o-1", json=big, headers=_key("l"))
+
+    async def chunked() -> AsyncIterator[bytes]:
+        for _ in range(MAX_BODY // 100 + 1):
+            yield b" " * 100
+
+    streamed = await client.post("/orders/o-1", content=chunked(), headers=_key("l2"))
+
+    assert declared.status_code == streamed.status_code == 413
+    assert _is_problem(declared)
+    assert not served.calls
+
+
+async def test_in_progress_duplicate_is_409_with_retry_after(
+    client: httpx.AsyncClient, served: Served
+) -> None:
+    body = {"sku": "A", "delay": 0.5}
+    first = asyncio.create_task(client.post("/orders/o-1", json=body, headers=_key("p")))
+    await asyncio.sleep(0.15)
+    duplicate = await client.post("/orders/o-1", json=body, headers=_key("p"))
+
+    assert duplicate.status_code == 409 and _is_problem(duplicate)
+    # The lease ends at the request deadline: REQUEST_TIMEOUT after the first request started.
+    assert 1 <= int(duplicate.headers["retry-after"]) <= REQUEST_TIMEOUT
+    assert int(duplicate.headers["retry-after"]) >= REQUEST_TIMEOUT - 1
+    assert (await first).status_code == 201
+
+
+async def test_route_matched_by_path_pattern_is_idempotent(
+    client: httpx.AsyncClient, served: Served
+) -> None:
+    first = await client.post("/legacy", json={}, headers=_key("g"))
+    replay = await client.post("/legacy", json={}, headers=_key("g"))
+
+    assert first.status_code == replay.status_code == 201
+    assert _replayed(replay) and replay.content == first.content
+    assert served.calls == {"legacy": 1}
+
+
+async def test_other_methods_and_unknown_routes_pass_through(client: httpx.AsyncClient) -> None:
+    unknown = await client.post("/nowhere", json={})  # required key, but no route: 404
+    not_allowed = await client.get("/orders/o-1")
+
+    assert unknown.status_code == 404
+    assert not_allowed.status_code == 405
