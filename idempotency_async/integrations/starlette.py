@@ -160,6 +160,9 @@ class _Exchange:
         self.marked = marked
         self.capture = Capture(self.rules.settings.max_response_bytes)
         self.client_gone = False
+        # The last body message is held back until the record is completed, so a client
+        # that retries as soon as it has the whole response gets the replay, not a 409.
+        self.final: Message | None = None
 
     async def run(self) -> None:
         headers = Request(self.scope).headers
@@ -184,11 +187,21 @@ class _Exchange:
                 body=body,
             )
             self.capture.endpoint_ran = not self.marked
-            replay = await self.rules.handle(payload, lambda: self._run_app(body), self.capture)
+            try:
+                replay = await self.rules.handle(
+                    payload, lambda: self._run_app(body), self.capture
+                )
+            finally:
+                await self._send_final()
         except Rejection as rejection:
             replay = rejection.response
         if replay is not None:
             await _send_response(self.send, replay)
+
+    async def _send_final(self) -> None:
+        final, self.final = self.final, None
+        if final is not None:
+            await self._forward(final)
 
     async def _read_body(self) -> bytes | None:
         limit = self.rules.settings.max_body_bytes
@@ -228,9 +241,16 @@ class _Exchange:
             if self.capture.start(message["status"], headers):
                 message = {**message, "headers": [*raw, (STORED_HEADER.encode(), b"false")]}
         elif kind == "http.response.body":
-            self.capture.write(message.get("body", b""), more=message.get("more_body", False))
+            more = message.get("more_body", False)
+            self.capture.write(message.get("body", b""), more=more)
+            if not more:
+                self.final = message
+                return
         else:
             self.capture.untrackable()
+        await self._forward(message)
+
+    async def _forward(self, message: Message) -> None:
         if self.client_gone:
             return
         try:
