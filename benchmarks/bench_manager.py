@@ -19,11 +19,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _anchor import AnchorMemoryLayer, anchor_function  # noqa: E402
-from _stats import interleaved, parse_args  # noqa: E402
+from _anchor import AnchorMemoryLayer, anchor_function
+from _stats import interleaved, parse_args
 
-from idempotency_async import Manager, MemoryStore, Options  # noqa: E402
-from idempotency_async.record import Claim, Completion, Record  # noqa: E402
+from idempotency_async import Manager, MemoryStore, Options
+from idempotency_async.record import Claim, Completion, Record
 
 LATENCY = 0.005
 
@@ -205,7 +205,8 @@ def main() -> None:
     print(f"Per-call overhead, µs (median of {REPEATS} interleaved repeats, {calls} calls each)")
     for kind in ("first", "replay"):
         ours, anchor = overhead[f"ours {kind}"], overhead[f"anchor {kind}"]
-        print(f"  {kind:<7} ours {ours:8.2f}   anchor {anchor:8.2f}   ours/anchor {ours / anchor:5.2f}")
+        ratio = ours / anchor
+        print(f"  {kind:<7} ours {ours:8.2f}   anchor {anchor:8.2f}   ours/anchor {ratio:5.2f}")
     conc_calls = 300 if args.smoke else 2000
     rates = concurrency(conc_calls)
     print(f"Concurrency, {conc_calls} distinct calls, 5 ms per store operation (calls/s, median)")

@@ -19,9 +19,12 @@ import base64
 import dataclasses
 import enum
 import hashlib
+import heapq
 import math
 from collections.abc import Callable, Mapping
 from decimal import Decimal
+from itertools import islice
+from operator import lt
 from typing import Any, Final
 
 import orjson
@@ -44,6 +47,14 @@ Serializer = Callable[[Any], Any]
 """Turns an object the canonicalizer does not know into JSON values (dict, list, str, …)."""
 
 HASH_ALGORITHMS: Final = frozenset({"md5", "sha1", "sha256", "sha384", "sha512"})
+# The named constructors are faster than ``hashlib.new``, which matters for small payloads.
+_HASHERS: Final[dict[str, Callable[[bytes], Any]]] = {
+    "md5": hashlib.md5,
+    "sha1": hashlib.sha1,
+    "sha256": hashlib.sha256,
+    "sha384": hashlib.sha384,
+    "sha512": hashlib.sha512,
+}
 
 MAX_DEPTH: Final = 512
 """Deepest nesting accepted; deeper payloads raise :class:`PayloadError` (no RecursionError)."""
@@ -69,14 +80,27 @@ def canonical_json(value: Any, *, serializer: Serializer | None = None) -> str:
     return canonical_bytes(value, serializer=serializer).decode()
 
 
-def canonical_bytes(value: Any, *, serializer: Serializer | None = None) -> bytes:
-    """:func:`canonical_json` as UTF-8 bytes, ready to hash."""
-    if serializer is None and _fast_path_applies(value):
+def canonical_bytes(
+    value: Any, *, serializer: Serializer | None = None, strict_integers: bool = False
+) -> bytes:
+    """:func:`canonical_json` as UTF-8 bytes, ready to hash.
+
+    With ``strict_integers``, integers beyond ±(2**53-1) raise :class:`PayloadError`
+    instead of being rounded to the nearest double as JavaScript would: two distinct
+    64-bit ids would otherwise hash alike.
+    """
+    # The fast path only accepts plain JSON types, so a serializer never matters there.
+    fast = _fast_form(value)
+    if fast is not _NOT_FAST:
         try:
-            return orjson.dumps(value, option=_FAST_OPTIONS)
+            return orjson.dumps(fast, option=_FAST_OPTIONS)
         except orjson.JSONEncodeError:
-            pass  # lone surrogate: the general path names it
-    return orjson.dumps(_to_js(value, serializer))
+            pass  # lone surrogate, wide integer, deep nesting: the general path decides
+    plain = _to_js(value, serializer, strict_integers)
+    try:
+        return orjson.dumps(plain)
+    except orjson.JSONEncodeError:
+        return _dumps_deep(plain)  # deeper than orjson's recursion limit (255 levels)
 
 
 def digest(text: str | bytes, algorithm: str = "md5") -> str:
@@ -86,11 +110,12 @@ def digest(text: str | bytes, algorithm: str = "md5") -> str:
 
 
 def digest_bytes(data: bytes, algorithm: str = "md5") -> str:
-    if algorithm not in HASH_ALGORITHMS:
+    hasher = _HASHERS.get(algorithm)
+    if hasher is None:
         raise ConfigError(
             f"unknown hash algorithm {algorithm!r}: use one of {', '.join(sorted(HASH_ALGORITHMS))}"
         )
-    return base64.b64encode(hashlib.new(algorithm, data).digest()).decode("ascii")
+    return base64.b64encode(hasher(data).digest()).decode("ascii")
 
 
 def idempotency_key(prefix: str, value_digest: str) -> str:
@@ -102,17 +127,14 @@ def js_number(value: float) -> str:
     """Format a finite float as JavaScript's ``Number.prototype.toString`` does."""
     if value == 0:
         return "0"
-    text = repr(abs(value))
+    text = repr(abs(value))  # the shortest digits that round-trip, as JavaScript uses
     mantissa, _, exp_text = text.partition("e")
     int_part, _, frac_part = mantissa.partition(".")
-    if frac_part == "0":
-        frac_part = ""
-    digits = (int_part + frac_part).lstrip("0")
+    all_digits = int_part + frac_part
+    significant = all_digits.lstrip("0")
     # Decimal point position n: value = 0.d1d2... x 10^n
-    n = len(int_part) + (int(exp_text) if exp_text else 0)
-    if int_part == "0":
-        n -= len(frac_part) - len(frac_part.lstrip("0"))
-    digits = digits.rstrip("0")
+    n = len(int_part) + (int(exp_text) if exp_text else 0) - (len(all_digits) - len(significant))
+    digits = significant.rstrip("0")
     k = len(digits)
     sign = "-" if value < 0 else ""
     if k <= n <= 21:
@@ -130,47 +152,69 @@ def js_number(value: float) -> str:
 
 
 # --------------------------------------------------------------------------- fast path
+#
+# orjson with OPT_SORT_KEYS writes keys in code-point order and numbers its own way.
+# For most payloads that is already the TypeScript text; the check below proves it in
+# one plain loop over the value (cheaper than any C-iterator pipeline measured here, see
+# BENCHMARKS.md).  Floats that orjson prints differently from JavaScript (integral ones
+# such as ``132.0``, tiny or huge ones) are common in real payloads, so instead of
+# giving up, the loop notes their containers, which are then patched into shallow
+# copies (with copies of their ancestors).  Anything else unusual goes to the general
+# path, which also produces every error message.
+
+_NOT_FAST: Final = object()
+_MAX_FAST_CONTAINERS: Final = 200_000  # bounds the walk of shared or cyclic references
+_GOOD_KEYS_LIMIT: Final = 8192
+# Keys whose code-point order is their TypeScript order in every combination: a dict
+# whose keys all belong here needs no further ordering check.  Replaced, never mutated.
+_good_keys: frozenset[str] = frozenset()
 
 
-def _fast_path_applies(value: Any) -> bool:
-    """True when orjson's sorted output is already the TypeScript text for ``value``.
+def _fast_form(value: Any) -> Any:
+    """What orjson may serialize (sorted keys, strict integers) to get the TypeScript text.
 
-    Walks containers only as deep as needed; leaves are type-checked, never copied.
+    That is ``value`` itself, or a copy with misprinted floats replaced; ``_NOT_FAST``
+    when the general path must decide (odd keys or types, NaN, cyclic values).
     """
-    stack = [value]
-    # A cyclic value would loop forever here; past the budget the general path
-    # reports it as too deep.
-    budget = 1_000_000
+    kind = type(value)
+    if kind is not dict and kind is not list:
+        return value if _leaf_is_fast(value) else _NOT_FAST
+    good = _good_keys
+    nodes: list[Any] = []  # containers in visit order; a parent precedes its children
+    parents: list[int] = []  # index in ``nodes`` of each one's parent, -1 for the root
+    misprinted: list[int] = []  # indices of containers holding floats orjson misprints
+    stack: list[Any] = [value]
+    owners = [-1]
     while stack:
         node = stack.pop()
-        kind = type(node)
-        if kind is dict:
-            keys = tuple(node)
-            ordered = _order_memo.get(keys)
-            if ordered is None:
-                ordered = _memo_order(keys)
-            if not ordered:
-                return False
+        index = len(nodes)
+        nodes.append(node)
+        parents.append(owners.pop())
+        if type(node) is dict:
+            if not good.issuperset(node) and not _keys_in_ts_order(node):
+                return _NOT_FAST
             children: Any = node.values()
-        elif kind is list:
-            children = node
         else:
-            return _leaf_is_fast(node)
+            children = node
         for child in children:
             ckind = type(child)
             if ckind is str or ckind is int or ckind is bool or child is None:
                 continue
             if ckind is float:
                 if not (1e-5 <= abs(child) < 1e16) or child.is_integer():
-                    return False
+                    if not math.isfinite(child):
+                        return _NOT_FAST  # the general path names the path in its error
+                    misprinted.append(index)
             elif ckind is dict or ckind is list:
                 stack.append(child)
+                owners.append(index)
             else:
-                return False
-        budget -= 1
-        if budget < 0:
-            return False
-    return True
+                return _NOT_FAST
+        if index >= _MAX_FAST_CONTAINERS:
+            return _NOT_FAST
+    if not misprinted:
+        return value
+    return _patched(nodes, parents, misprinted)
 
 
 def _leaf_is_fast(value: Any) -> bool:
@@ -180,12 +224,82 @@ def _leaf_is_fast(value: Any) -> bool:
     return kind is str or kind is int or kind is bool or value is None
 
 
-def _memo_order(keys: tuple[str, ...]) -> bool:
+def _patched(nodes: list[Any], parents: list[int], misprinted: list[int]) -> Any:
+    """Copy the containers holding misprinted floats, and their ancestors; return the root.
+
+    Children have larger indices than their parents, so handling indices from the
+    largest down finishes every child before its parent.
+    """
+    copies: dict[int, Any] = {}
+    for index in set(misprinted):
+        copies[index] = _with_js_floats(nodes[index])
+    pending = [-index for index in copies]
+    heapq.heapify(pending)
+    while pending:
+        index = -heapq.heappop(pending)
+        parent = parents[index]
+        if parent < 0:
+            return copies[index]
+        if parent not in copies:
+            copies[parent] = nodes[parent].copy()
+            heapq.heappush(pending, -parent)
+        # Replace by identity: a child object that occurs twice gets the same copy twice.
+        _replace(nodes[parent], copies[parent], nodes[index], copies[index])
+    raise AssertionError("the root is always reached")  # pragma: no cover
+
+
+def _with_js_floats(node: Any) -> Any:
+    copy = node.copy()
+    slots = node.items() if type(node) is dict else enumerate(node)
+    for slot, item in slots:
+        if type(item) is float and not _leaf_is_fast(item):
+            copy[slot] = _js_float(item, "$")
+    return copy
+
+
+def _replace(original: Any, copy: Any, old: Any, new: Any) -> None:
+    slots = original.items() if type(original) is dict else enumerate(original)
+    for slot, item in slots:
+        if item is old:
+            copy[slot] = new
+
+
+def _keys_in_ts_order(node: dict[Any, Any]) -> bool:
+    """Whether orjson's code-point key order is the TypeScript order for this dict."""
+    keys = tuple(node)
+    ordered = _order_memo.get(keys)
+    if ordered is None:
+        ordered = _memo_order(keys)
+    return ordered
+
+
+def _memo_order(keys: tuple[Any, ...]) -> bool:
     if len(_order_memo) >= _ORDER_MEMO_LIMIT:
         _order_memo.clear()
     ordered = _code_point_order_is_ts_order(keys)
     _order_memo[keys] = ordered
+    if ordered:
+        _learn_good_keys(keys)
     return ordered
+
+
+def _learn_good_keys(keys: tuple[str, ...]) -> None:
+    """Add ``keys`` to the good-key set if the union stays consistent."""
+    global _good_keys
+    candidate = _good_keys.union(keys)
+    if len(candidate) > _GOOD_KEYS_LIMIT:
+        candidate = frozenset(keys)
+    if _is_consistent_key_set(candidate):
+        _good_keys = candidate
+
+
+def _is_consistent_key_set(keys: frozenset[str]) -> bool:
+    # Any subset of a consistent set sorts the same both ways.  Array-index keys are
+    # never admitted: a dict holding two of them needs JavaScript's numeric order.
+    if "__proto__" in keys or any(_is_array_index(key) for key in keys):
+        return False
+    ts_keys = [_ts_sort_key(key) for key in sorted(keys)]
+    return all(map(lt, ts_keys, islice(ts_keys, 1, None)))
 
 
 def _code_point_order_is_ts_order(keys: tuple[Any, ...]) -> bool:
@@ -228,7 +342,7 @@ def _ts_ordered_keys(keys: list[str]) -> list[str]:
     return indices + [key for key in ordered if not _is_array_index(key)]
 
 
-def _to_js(value: Any, serializer: Serializer | None) -> Any:
+def _to_js(value: Any, serializer: Serializer | None, strict_integers: bool = False) -> Any:
     """Rebuild ``value`` as plain JSON values in TypeScript order (iteratively)."""
     root: list[Any] = [None]
     # Work items: (value, container to write into, slot, path, depth)
@@ -241,7 +355,7 @@ def _to_js(value: Any, serializer: Serializer | None) -> Any:
                 "select a smaller part with event_key_jmespath",
                 path=path,
             )
-        node = _plain(node, path, serializer)
+        node = _plain(node, path, serializer, strict_integers)
         if isinstance(node, dict):
             out: dict[str, Any] = {}
             target[slot] = out
@@ -269,7 +383,7 @@ def _to_js(value: Any, serializer: Serializer | None) -> Any:
     return root[0]
 
 
-def _plain(value: Any, path: str, serializer: Serializer | None) -> Any:
+def _plain(value: Any, path: str, serializer: Serializer | None, strict: bool = False) -> Any:
     """Map one node to a JSON scalar (final), or a dict/list whose children are mapped later."""
     kind = type(value)
     if kind is str:
@@ -284,7 +398,7 @@ def _plain(value: Any, path: str, serializer: Serializer | None) -> Any:
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, int):
-        return _js_int(int(value), path)
+        return _js_int(int(value), path, strict)
     if isinstance(value, float):
         return _js_float(float(value), path)
     if isinstance(value, Decimal):
@@ -292,9 +406,9 @@ def _plain(value: Any, path: str, serializer: Serializer | None) -> Any:
             raise PayloadError(f"{value} at {path} is not a JSON number", path=path)
         return _js_float(float(value), path)
     if isinstance(value, enum.Enum):
-        return _plain(value.value, path, serializer)
+        return _plain(value.value, path, serializer, strict)
     if isinstance(value, str):
-        return _plain(str(value), path, serializer)
+        return _plain(str(value), path, serializer, strict)
     if isinstance(value, Mapping):
         return dict(value)
     if isinstance(value, list | tuple):
@@ -309,7 +423,7 @@ def _plain(value: Any, path: str, serializer: Serializer | None) -> Any:
                 "return JSON values",
                 path=path,
             )
-        return _plain(converted, path, None)
+        return _plain(converted, path, None, strict)
     raise PayloadError(
         f"{type(value).__name__} at {path} is not JSON: convert it first, or pass a "
         "serializer (Options(serializer=...)) that turns it into JSON values",
@@ -317,9 +431,16 @@ def _plain(value: Any, path: str, serializer: Serializer | None) -> Any:
     )
 
 
-def _js_int(value: int, path: str) -> Any:
+def _js_int(value: int, path: str, strict: bool) -> Any:
     if -_MAX_SAFE_INTEGER <= value <= _MAX_SAFE_INTEGER:
         return value
+    if strict:
+        raise PayloadError(
+            f"integer {value} at {path} is beyond ±(2**53-1): hashed as a float64 (as the "
+            "TypeScript port does) it would share a key with its neighbours. Send it as a "
+            "string, or set Options(integer_precision='float64') for TypeScript parity",
+            path=path,
+        )
     try:
         as_double = float(value)
     except OverflowError:
@@ -335,9 +456,10 @@ def _js_float(value: float, path: str) -> Any:
             f"{value} at {path} is not a JSON number: replace NaN/Infinity before hashing",
             path=path,
         )
-    if value.is_integer() and abs(value) <= _MAX_SAFE_INTEGER:
-        return int(value)
-    if 1e-5 <= abs(value) < 1e16:
+    if value.is_integer():
+        if abs(value) <= _MAX_SAFE_INTEGER:
+            return int(value)
+    elif 1e-5 <= abs(value) < 1e16:
         return value  # orjson prints these exactly as JavaScript does
     return orjson.Fragment(js_number(value))
 
@@ -351,6 +473,37 @@ def _check_string(text: str, path: str) -> None:
             "valid Unicode and cannot be hashed like the TypeScript port does",
             path=path,
         ) from None
+
+
+def _dumps_deep(plain: Any) -> bytes:
+    """Serialize a value already in TypeScript form without recursion (slow, rarely used)."""
+    out: list[bytes] = []
+    stack: list[Any] = [plain]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if kind is bytes:  # punctuation pushed below; values are never bytes here
+            out.append(node)
+        elif kind is dict:
+            stack.append(b"}")
+            items = list(node.items())
+            for index in range(len(items) - 1, -1, -1):
+                key, item = items[index]
+                stack.append(item)
+                stack.append(orjson.dumps(key) + b":")
+                if index:
+                    stack.append(b",")
+            stack.append(b"{")
+        elif kind is list:
+            stack.append(b"]")
+            for index in range(len(node) - 1, -1, -1):
+                stack.append(node[index])
+                if index:
+                    stack.append(b",")
+            stack.append(b"[")
+        else:
+            out.append(orjson.dumps(node))
+    return b"".join(out)
 
 
 def _child_path(path: str, key: str) -> str:

@@ -53,7 +53,7 @@ def idempotent_function(
 
 
 def _manager_for(manager: Manager, func: Callable[..., object]) -> Manager:
-    if manager.options.key_prefix is not None:
+    if manager.options.has_explicit_prefix():
         return manager
     name = f"{func.__module__}.{func.__qualname__}"
     prefix = f"{manager.key_prefix}.{name}" if manager.key_prefix else name

@@ -119,6 +119,7 @@ class Manager:
         self._owner_prefix = secrets.token_hex(12) + "-"
         self._claims = itertools.count()
         self._hasher = _hasher(self.options.hash_function)
+        self._strict_integers = self.options.integer_precision == "strict"
         self._warned_no_deadline = False
         self._disabled = disabled_by_environment()
         if self._disabled:
@@ -230,7 +231,11 @@ class Manager:
             text = self.options.serialize_key(value)
             data = text.encode() if isinstance(text, str) else text
         else:
-            data = canonical_bytes(value, serializer=self.options.serializer or _model_serializer)
+            data = canonical_bytes(
+                value,
+                serializer=self.options.serializer or _model_serializer,
+                strict_integers=self._strict_integers,
+            )
         return self._hasher(data)
 
     def _validate(self, stored: str | None, keys: _Keys) -> None:

@@ -41,8 +41,9 @@ class Options:
     """
 
     key_prefix: str | None = None
-    """Prefix of every key (``<prefix>#<hash>``).  ``None``: the trimmed
-    ``AWS_LAMBDA_FUNCTION_NAME``, or ``""`` outside Lambda (keys ``#<hash>``, as TypeScript)."""
+    """Prefix of every key (``<prefix>#<hash>``), trimmed as TypeScript trims it.  ``None`` or
+    blank: the trimmed ``AWS_LAMBDA_FUNCTION_NAME``, or ``""`` outside Lambda (keys
+    ``#<hash>``, as TypeScript)."""
     event_key_jmespath: Expression | None = None
     """Selects the part of the payload that identifies the request (whole payload if None)."""
     payload_validation_jmespath: Expression | None = None
@@ -112,10 +113,27 @@ class Options:
         if self.key_prefix is not None and not isinstance(self.key_prefix, str):
             raise ConfigError(f"key_prefix must be a string, got {type(self.key_prefix).__name__}")
 
+    def has_explicit_prefix(self) -> bool:
+        """Whether ``key_prefix`` was set to something non-blank (blank counts as unset)."""
+        return bool(self.key_prefix and _js_trim(self.key_prefix))
+
     def resolved_prefix(self) -> str:
-        if self.key_prefix is not None:
-            return self.key_prefix
-        return os.environ.get("AWS_LAMBDA_FUNCTION_NAME", "").strip()
+        """The prefix keys use, trimmed as the TypeScript port trims it."""
+        if self.key_prefix is not None and self.has_explicit_prefix():
+            return _js_trim(self.key_prefix)
+        return _js_trim(os.environ.get("AWS_LAMBDA_FUNCTION_NAME", ""))
+
+
+# JavaScript's String.prototype.trim() set: WhiteSpace and LineTerminator code points.
+# It differs from str.strip(), which also strips U+001C-U+001F but not U+FEFF.
+_JS_WHITESPACE = (
+    "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+    "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+
+
+def _js_trim(text: str) -> str:
+    return text.strip(_JS_WHITESPACE)
 
 
 def disabled_by_environment() -> bool:

@@ -718,3 +718,13 @@ async def test_callback_mutating_its_payload_completes_the_original_key(store: S
     assert await manager.execute(payload, mutate, timeout=5) == "done"
     record = await store.get(key or "")
     assert record is not None and record.status is Status.COMPLETED
+
+
+def test_key_prefix_is_trimmed_like_javascript_and_blank_means_unset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "fn")
+    assert Manager(MemoryStore(), Options(key_prefix=" orders\n\ufeff")).key_prefix == "orders"
+    # U+001F is not JavaScript whitespace (str.strip() would remove it).
+    assert Manager(MemoryStore(), Options(key_prefix="\x1forders")).key_prefix == "\x1forders"
+    assert Manager(MemoryStore(), Options(key_prefix="  ")).key_prefix == "fn"
