@@ -19,7 +19,6 @@ import base64
 import dataclasses
 import enum
 import hashlib
-import heapq
 import math
 from collections.abc import Callable, Mapping
 from decimal import Decimal
@@ -163,7 +162,9 @@ def js_number(value: float) -> str:
 # path, which also produces every error message.
 
 _NOT_FAST: Final = object()
-_MAX_FAST_CONTAINERS: Final = 200_000  # bounds the walk of shared or cyclic references
+# Past this depth the general path (iterative) takes over; it also stops cyclic values,
+# and stays below orjson's own recursion limit of 255.
+_MAX_FAST_DEPTH: Final = 200
 _GOOD_KEYS_LIMIT: Final = 8192
 # Keys whose code-point order is their TypeScript order in every combination: a dict
 # whose keys all belong here needs no further ordering check.  Replaced, never mutated.
@@ -173,95 +174,91 @@ _good_keys: frozenset[str] = frozenset()
 def _fast_form(value: Any) -> Any:
     """What orjson may serialize (sorted keys, strict integers) to get the TypeScript text.
 
-    That is ``value`` itself, or a copy with misprinted floats replaced; ``_NOT_FAST``
-    when the general path must decide (odd keys or types, NaN, cyclic values).
+    That is ``value`` itself, or a copy in which the containers holding floats orjson
+    misprints (and their ancestors) are replaced; ``_NOT_FAST`` when the general path
+    must decide (odd keys or types, NaN, nesting past ``_MAX_FAST_DEPTH``, cycles).
+    The caller's value is never changed.
     """
     kind = type(value)
-    if kind is not dict and kind is not list:
-        return value if _leaf_is_fast(value) else _NOT_FAST
-    good = _good_keys
-    nodes: list[Any] = []  # containers in visit order; a parent precedes its children
-    parents: list[int] = []  # index in ``nodes`` of each one's parent, -1 for the root
-    misprinted: list[int] = []  # indices of containers holding floats orjson misprints
-    stack: list[Any] = [value]
-    owners = [-1]
-    while stack:
-        node = stack.pop()
-        index = len(nodes)
-        nodes.append(node)
-        parents.append(owners.pop())
-        if type(node) is dict:
-            if not good.issuperset(node) and not _keys_in_ts_order(node):
-                return _NOT_FAST
-            children: Any = node.values()
-        else:
-            children = node
-        for child in children:
-            ckind = type(child)
-            if ckind is str or ckind is int or ckind is bool or child is None:
-                continue
-            if ckind is float:
-                if not (1e-5 <= abs(child) < 1e16) or child.is_integer():
-                    if not math.isfinite(child):
-                        return _NOT_FAST  # the general path names the path in its error
-                    misprinted.append(index)
-            elif ckind is dict or ckind is list:
-                stack.append(child)
-                owners.append(index)
-            else:
-                return _NOT_FAST
-        if index >= _MAX_FAST_CONTAINERS:
+    if kind is dict or kind is list:
+        return _fast_container(value, 0)
+    if kind is float and not _float_is_fast(value):
+        return _fast_float(value)
+    return value if kind is str or kind is int or kind is bool or value is None else _NOT_FAST
+
+
+def _fast_container(node: Any, depth: int) -> Any:
+    # Recursion keeps the parent chain for free: a container is copied only when
+    # something below it changed (copy on write), so one pass serves both cases.
+    if type(node) is dict:
+        if not _good_keys.issuperset(node) and not _keys_in_ts_order(node):
             return _NOT_FAST
-    if not misprinted:
-        return value
-    return _patched(nodes, parents, misprinted)
+        children: Any = node.values()
+    else:
+        children = node
+    for child in children:
+        kind = type(child)
+        if kind is str:
+            continue
+        if kind is dict or kind is list:
+            new = _fast_child(child, depth)
+            if new is child:
+                continue
+        elif kind is int or kind is bool or child is None:
+            continue
+        elif kind is float:
+            if 1e-5 <= abs(child) < 1e16 and not child.is_integer():
+                continue
+            new = _fast_float(child)
+        else:
+            return _NOT_FAST
+        if new is _NOT_FAST:
+            return new
+        return _patched(node, child, new, depth)
+    return node
 
 
-def _leaf_is_fast(value: Any) -> bool:
-    kind = type(value)
-    if kind is float:
-        return 1e-5 <= abs(value) < 1e16 and not value.is_integer()
-    return kind is str or kind is int or kind is bool or value is None
-
-
-def _patched(nodes: list[Any], parents: list[int], misprinted: list[int]) -> Any:
-    """Copy the containers holding misprinted floats, and their ancestors; return the root.
-
-    Children have larger indices than their parents, so handling indices from the
-    largest down finishes every child before its parent.
-    """
-    copies: dict[int, Any] = {}
-    for index in set(misprinted):
-        copies[index] = _with_js_floats(nodes[index])
-    pending = [-index for index in copies]
-    heapq.heapify(pending)
-    while pending:
-        index = -heapq.heappop(pending)
-        parent = parents[index]
-        if parent < 0:
-            return copies[index]
-        if parent not in copies:
-            copies[parent] = nodes[parent].copy()
-            heapq.heappush(pending, -parent)
-        # Replace by identity: a child object that occurs twice gets the same copy twice.
-        _replace(nodes[parent], copies[parent], nodes[index], copies[index])
-    raise AssertionError("the root is always reached")  # pragma: no cover
-
-
-def _with_js_floats(node: Any) -> Any:
+def _patched(node: Any, changed: Any, new: Any, depth: int) -> Any:
+    """A copy of ``node`` from its first changed child on; earlier children were checked."""
     copy = node.copy()
-    slots = node.items() if type(node) is dict else enumerate(node)
-    for slot, item in slots:
-        if type(item) is float and not _leaf_is_fast(item):
-            copy[slot] = _js_float(item, "$")
+    slots = iter(node.items() if type(node) is dict else enumerate(node))
+    for slot, child in slots:
+        if child is changed:
+            copy[slot] = new
+            break
+    for slot, child in slots:
+        kind = type(child)
+        if kind is dict or kind is list:
+            new = _fast_child(child, depth)
+        elif kind is float:
+            new = child if _float_is_fast(child) else _fast_float(child)
+        elif kind is str or kind is int or kind is bool or child is None:
+            continue
+        else:
+            return _NOT_FAST
+        if new is _NOT_FAST:
+            return new
+        if new is not child:
+            copy[slot] = new
     return copy
 
 
-def _replace(original: Any, copy: Any, old: Any, new: Any) -> None:
-    slots = original.items() if type(original) is dict else enumerate(original)
-    for slot, item in slots:
-        if item is old:
-            copy[slot] = new
+def _fast_child(child: Any, depth: int) -> Any:
+    if depth >= _MAX_FAST_DEPTH:
+        return _NOT_FAST
+    return _fast_container(child, depth + 1)
+
+
+def _fast_float(value: float) -> Any:
+    """The JavaScript form of a float orjson would misprint; NaN/Infinity are not fast."""
+    if not math.isfinite(value):
+        return _NOT_FAST  # the general path names the path in its error
+    return _js_float(value, "$")
+
+
+def _float_is_fast(value: float) -> bool:
+    """orjson prints exactly what JavaScript prints: finite, non-integral, 1e-5 <= |x| < 1e16."""
+    return 1e-5 <= abs(value) < 1e16 and not value.is_integer()
 
 
 def _keys_in_ts_order(node: dict[Any, Any]) -> bool:
