@@ -292,60 +292,55 @@ class Manager:
         callback: Callable[[], Awaitable[T]],
         loop: asyncio.AbstractEventLoop,
     ) -> T:
+        """Hold the key in this process (single flight) while claiming it in the store."""
         key = attempt.keys.key
         flight = _Flight(attempt.keys.validation)
         self._inflight[key] = flight
         try:
-            return await self._claim_loop(attempt, flight, callback, loop)
+            raced = 0
+            poll = _FIRST_POLL
+            wait_until = loop.time() + self.options.wait_timeout
+            if attempt.deadline is not None:
+                wait_until = min(wait_until, attempt.deadline)
+            while True:
+                now = self.options.clock()
+                claim, cutoff = self._claim_for(attempt, now, loop)
+                flight.lease_end = claim.lease_end / 1000
+                existing = await self.store.claim(claim, now=now)
+                if existing is None:
+                    self._emit("claimed", key)
+                    return await self._run(claim, cutoff, flight, callback, loop)
+                if existing.is_claimable(now):
+                    raced += 1
+                    if raced > _CLAIM_RETRIES:
+                        raise InconsistentStateError(
+                            f"key {key}: the store kept refusing a claim on a record that had "
+                            "expired; check that every worker's clock is synchronised"
+                        )
+                    continue
+                if self._is_final(existing, attempt.keys, wait_until - loop.time()):
+                    return self._replay_record(existing, flight)  # type: ignore[no-any-return]
+                await asyncio.sleep(min(poll, wait_until - loop.time()))
+                poll = min(poll * 2, _MAX_POLL)
         finally:
             if self._inflight.get(key) is flight:
                 del self._inflight[key]
             flight.settle(None)
 
-    async def _claim_loop(
-        self,
-        attempt: _Attempt,
-        flight: _Flight,
-        callback: Callable[[], Awaitable[T]],
-        loop: asyncio.AbstractEventLoop,
-    ) -> T:
-        keys = attempt.keys
-        raced = 0
-        poll = _FIRST_POLL
-        wait_until = loop.time() + self.options.wait_timeout
-        if attempt.deadline is not None:
-            wait_until = min(wait_until, attempt.deadline)
-        while True:
-            now = self.options.clock()
-            claim, cutoff = self._claim_for(attempt, now, loop)
-            flight.lease_end = claim.lease_end / 1000
-            existing = await self.store.claim(claim, now=now)
-            if existing is None:
-                self._emit("claimed", keys.key)
-                return await self._run(claim, cutoff, flight, callback, loop)
-            if existing.is_claimable(now):
-                raced += 1
-                if raced > _CLAIM_RETRIES:
-                    raise InconsistentStateError(
-                        f"key {keys.key}: the store kept refusing a claim on a record that had "
-                        "expired; check that every worker's clock is synchronised"
-                    )
-                continue
-            self._validate(existing.validation, keys)
-            if existing.status is Status.COMPLETED:
-                return self._replay_record(existing, flight)  # type: ignore[no-any-return]
-            lease_end = existing.lease_end / 1000 if existing.lease_end is not None else None
-            left = wait_until - loop.time()
-            if not self.options.wait or left <= 0:
-                self._emit("rejected_in_progress", keys.key)
-                raise AlreadyInProgressError(
-                    f"key {keys.key} is being processed by another call: retry after its lease "
-                    "ends, or set Options(wait=True, wait_timeout=...) to wait for its result",
-                    key=keys.key,
-                    lease_end=lease_end,
-                )
-            await asyncio.sleep(min(poll, left))
-            poll = min(poll * 2, _MAX_POLL)
+    def _is_final(self, existing: Record, keys: _Keys, wait_left: float) -> bool:
+        """True for a completed record to replay; False to poll an in-progress one again."""
+        self._validate(existing.validation, keys)
+        if existing.status is Status.COMPLETED:
+            return True
+        if not self.options.wait or wait_left <= 0:
+            self._emit("rejected_in_progress", keys.key)
+            raise AlreadyInProgressError(
+                f"key {keys.key} is being processed by another call: retry after its lease "
+                "ends, or set Options(wait=True, wait_timeout=...) to wait for its result",
+                key=keys.key,
+                lease_end=existing.lease_end / 1000 if existing.lease_end is not None else None,
+            )
+        return False
 
     def _claim_for(
         self, attempt: _Attempt, now: float, loop: asyncio.AbstractEventLoop
@@ -393,20 +388,7 @@ class Manager:
                 raise
             await self._release_after_failure(claim, exc)
             raise
-        await self._complete(claim, result, flight, loop.time() - started)
-        return result
-
-    async def _complete(self, claim: Claim, result: Any, flight: _Flight, duration: float) -> None:
-        stored, encoded = self._encode_result(claim.key, result)
-        completion = Completion(
-            key=claim.key,
-            owner=claim.owner,
-            expiration=int(self.options.clock() + self.options.expires_after),
-            validation=claim.validation,
-            response=stored if encoded is not None else None,
-            response_stored=encoded is not None,
-            encoded=encoded,
-        )
+        completion = self._completion_for(claim, result)
         try:
             written = await self.store.complete(completion)
         except Exception as exc:
@@ -417,22 +399,41 @@ class Manager:
                 key=claim.key,
                 result=result,
             ) from exc
+        self._completed(completion, written, result, flight, loop.time() - started)
+        return result
+
+    def _completion_for(self, claim: Claim, result: Any) -> Completion:
+        stored, encoded = self._encode_result(claim.key, result)
+        return Completion(
+            key=claim.key,
+            owner=claim.owner,
+            expiration=int(self.options.clock() + self.options.expires_after),
+            validation=claim.validation,
+            response=stored if encoded is not None else None,
+            response_stored=encoded is not None,
+            encoded=encoded,
+        )
+
+    def _completed(
+        self, completion: Completion, written: bool, result: Any, flight: _Flight, duration: float
+    ) -> None:
+        key = completion.key
         if not written:
             error = LeaseLostError(
-                f"the lease of key {claim.key} ended before the call finished and another worker "
+                f"the lease of key {key} ended before the call finished and another worker "
                 "claimed the key; its record was left intact. Give calls a deadline that covers "
                 "their work. The result is on this error.",
-                key=claim.key,
+                key=key,
                 result=result,
             )
-            self._emit("lease_lost", claim.key, error=error)
+            self._emit("lease_lost", key, error=error)
             raise error
         if flight.waiters or self._cache is not None:
             record = dataclasses.replace(completion.to_record(), response=None)
-            flight.settle(_Outcome(record, encoded))
-            if self._cache is not None and encoded is not None:
-                self._cache.put(claim.key, CachedResponse(record, encoded))
-        self._emit("completed", claim.key, duration=duration)
+            flight.settle(_Outcome(record, completion.encoded))
+            if self._cache is not None and completion.encoded is not None:
+                self._cache.put(key, CachedResponse(record, completion.encoded))
+        self._emit("completed", key, duration=duration)
 
     def _encode_result(self, key: str, result: Any) -> tuple[Any, bytes | None]:
         """The JSON value to store and its encoding; no encoding means "response not stored"."""
