@@ -63,13 +63,27 @@ class AnchorMemoryLayer(BasePersistenceLayer):  # type: ignore[misc]
             self._records.pop(data_record.idempotency_key, None)
 
 
-def anchor_function(layer: AnchorMemoryLayer) -> Any:
+class FakeLambdaContext:
+    """What a Lambda context gives the anchor: time left, which becomes its in-progress lease."""
+
+    def __init__(self, seconds: float) -> None:
+        self._millis = int(seconds * 1000)
+
+    def get_remaining_time_in_millis(self) -> int:
+        return self._millis
+
+
+def anchor_function(layer: AnchorMemoryLayer, *, deadline_s: float = 10.0) -> Any:
+    """The anchor's decorated function; like ours with ``timeout=``, each call has a deadline."""
     from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
+
+    config = IdempotencyConfig(expires_after_seconds=3600)
+    config.register_lambda_context(FakeLambdaContext(deadline_s))
 
     @idempotent_function(
         data_keyword_argument="order",
         persistence_store=layer,
-        config=IdempotencyConfig(expires_after_seconds=3600),
+        config=config,
     )
     def process(order: dict[str, Any]) -> dict[str, Any]:
         return {"order": order["id"], "status": "charged"}

@@ -9,6 +9,7 @@ Reports medians of interleaved repeats and ratios; see BENCHMARKS.md.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import sys
 import time
@@ -26,6 +27,7 @@ from idempotency_async import Manager, MemoryStore, Options
 from idempotency_async.record import Claim, Completion, Record
 
 LATENCY = 0.005
+TIMEOUT = 10.0  # every call has a deadline, as the anchor's do through its Lambda context
 
 
 class SlowStore:
@@ -74,7 +76,8 @@ def per_call_overhead(calls: int) -> dict[str, float]:
 
         async def go() -> None:
             for payload in payloads:
-                await manager.execute(payload, lambda p=payload: _result(p))  # type: ignore[misc]
+                callback = functools.partial(_result, payload)
+                await manager.execute(payload, callback, timeout=TIMEOUT)
 
         start = time.perf_counter()
         loop.run_until_complete(go())
@@ -85,10 +88,10 @@ def per_call_overhead(calls: int) -> dict[str, float]:
         payload = order(0)
 
         async def go() -> None:
-            await manager.execute(payload, lambda: _result(payload))
+            await manager.execute(payload, lambda: _result(payload), timeout=TIMEOUT)
             start = time.perf_counter()
             for _ in range(calls):
-                await manager.execute(payload, lambda: _result(payload))
+                await manager.execute(payload, lambda: _result(payload), timeout=TIMEOUT)
             timing.append(time.perf_counter() - start)
 
         timing: list[float] = []
@@ -148,7 +151,10 @@ def concurrency(calls: int) -> dict[str, float]:
             payloads = [order(n) for n in range(calls)]
             start = time.perf_counter()
             await asyncio.gather(
-                *(manager.execute(p, lambda p=p: _result(p)) for p in payloads)  # type: ignore[misc]
+                *(
+                    manager.execute(p, functools.partial(_result, p), timeout=TIMEOUT)
+                    for p in payloads
+                )
             )
             return calls / (time.perf_counter() - start)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from idempotency_async._codec import decode_json, encode_json
+from idempotency_async._cutoff import Cutoff
 from idempotency_async.cache import CachedResponse, LocalCache
 from idempotency_async.canonical import canonical_bytes, idempotency_key
 from idempotency_async.deadlines import effective_deadline, reserve_for
@@ -374,20 +375,24 @@ class Manager:
         loop: asyncio.AbstractEventLoop,
     ) -> T:
         started = loop.time()
-        timer = None
+        timer = None if cutoff is None else Cutoff(loop, cutoff)
         try:
-            if cutoff is None:
-                result = await callback()
-            else:
-                async with asyncio.timeout_at(cutoff) as timer:
-                    result = await callback()
-        except Exception as exc:
-            if timer is not None and timer.expired():
+            result = await callback()
+        except asyncio.CancelledError as exc:
+            if timer is not None and timer.fired():
                 # Our own deadline: like a cancellation, no store write.  The record
                 # stays in progress until its lease ends, right at the deadline.
-                raise
+                raise TimeoutError(
+                    f"the call for key {claim.key} was cut off before its deadline, leaving "
+                    "time to record it; the key is claimable again once the deadline passes"
+                ) from exc
+            raise
+        except Exception as exc:
             await self._release_after_failure(claim, exc)
             raise
+        finally:
+            if timer is not None:
+                timer.close()
         completion = self._completion_for(claim, result)
         try:
             written = await self.store.complete(completion)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -728,3 +729,50 @@ def test_key_prefix_is_trimmed_like_javascript_and_blank_means_unset(
     # U+001F is not JavaScript whitespace (str.strip() would remove it).
     assert Manager(MemoryStore(), Options(key_prefix="\x1forders")).key_prefix == "\x1forders"
     assert Manager(MemoryStore(), Options(key_prefix="  ")).key_prefix == "fn"
+
+
+async def test_callback_raising_its_own_timeout_error_releases_the_key(store: Store) -> None:
+    manager = make(store)
+
+    async def upstream_timeout() -> None:
+        raise TimeoutError("payment API did not answer")
+
+    with pytest.raises(TimeoutError, match="payment API"):
+        await manager.execute({"id": 1}, upstream_timeout, timeout=5)
+    work = Counter("retried")
+    assert await manager.execute({"id": 1}, work, timeout=5) == "retried"
+
+
+async def test_callback_that_swallows_the_cutoff_completes_and_leaves_the_task_clean(
+    store: Store,
+) -> None:
+    manager = make(store)
+
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return "finished anyway"
+        return "never"
+
+    assert await manager.execute({"id": 1}, stubborn, timeout=0.2) == "finished anyway"
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    assert await manager.execute({"id": 1}, Counter(), timeout=5) == "finished anyway"
+
+
+async def test_outside_cancellation_wins_over_the_cutoff(store: Store) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording)
+
+    async def hang() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().call_soon(task.cancel)  # someone else cancels us...
+        time.sleep(0.35)  # ...and the cutoff comes due in the same loop iteration
+        await asyncio.sleep(10)
+
+    task = asyncio.create_task(manager.execute({"id": 1}, hang, timeout=0.3))
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert recording.calls == ["claim"]
