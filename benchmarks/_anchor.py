@@ -73,12 +73,13 @@ class FakeLambdaContext:
         return self._millis
 
 
-def anchor_function(layer: AnchorMemoryLayer, *, deadline_s: float = 10.0) -> Any:
-    """The anchor's decorated function; like ours with ``timeout=``, each call has a deadline."""
+def anchor_function(layer: AnchorMemoryLayer, *, deadline_s: float | None = 10.0) -> Any:
+    """The anchor's decorated function; with ``deadline_s`` each call has a Lambda deadline."""
     from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
 
     config = IdempotencyConfig(expires_after_seconds=3600)
-    config.register_lambda_context(FakeLambdaContext(deadline_s))
+    if deadline_s is not None:
+        config.register_lambda_context(FakeLambdaContext(deadline_s))
 
     @idempotent_function(
         data_keyword_argument="order",

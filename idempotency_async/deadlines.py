@@ -59,7 +59,10 @@ def effective_deadline(
     loop: asyncio.AbstractEventLoop, *, deadline: float | None, timeout: float | None
 ) -> float | None:
     """The earliest of an explicit deadline, a timeout from now and the ambient deadline."""
-    candidates = [when for when in (deadline, _ambient.get()) if when is not None]
+    ambient = _ambient.get()
+    if deadline is None and ambient is None and timeout is not None and timeout > 0:
+        return loop.time() + timeout  # the common case, without building a list
+    candidates = [when for when in (deadline, ambient) if when is not None]
     if timeout is not None:
         if timeout <= 0:
             raise ConfigError(f"timeout must be positive, got {timeout!r}")

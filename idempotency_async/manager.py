@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import binascii
-import dataclasses
 import hashlib
 import itertools
 import logging
@@ -12,7 +11,7 @@ import math
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from idempotency_async._codec import decode_json, encode_json
 from idempotency_async._cutoff import Cutoff
@@ -53,14 +52,12 @@ _FIRST_POLL = 0.05
 _MAX_POLL = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class _Keys:
+class _Keys(NamedTuple):
     key: str
     validation: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class _Outcome:
+class _Outcome(NamedTuple):
     """What a finished call leaves for in-process duplicates waiting on it."""
 
     record: Record
@@ -69,13 +66,16 @@ class _Outcome:
 
 @dataclass(slots=True)
 class _Flight:
-    """A call of this manager that holds a key right now (single flight).
+    """A call of this manager that holds a key right now (single flight): its keys, its
+    deadline (loop time), the owner token it claims with, and what duplicates wait on.
 
     The future is created by the first duplicate that waits, so an uncontended call
     pays nothing for it.
     """
 
-    validation: str | None
+    keys: _Keys
+    deadline: float | None
+    owner: str
     lease_end: float | None = None
     future: asyncio.Future[_Outcome | None] | None = None
     waiters: int = 0
@@ -83,13 +83,6 @@ class _Flight:
     def settle(self, outcome: _Outcome | None) -> None:
         if self.future is not None and not self.future.done():
             self.future.set_result(outcome)
-
-
-@dataclass(slots=True)
-class _Attempt:
-    keys: _Keys
-    deadline: float | None
-    owner: str
 
 
 class Manager:
@@ -173,9 +166,9 @@ class Manager:
         while True:
             flight = self._inflight.get(keys.key)
             if flight is None:
-                attempt = _Attempt(keys, when, f"{self._owner_prefix}{next(self._claims)}")
-                return await self._own(attempt, callback, loop)
-            self._validate(flight.validation, keys)
+                owner = f"{self._owner_prefix}{next(self._claims)}"
+                return await self._own(_Flight(keys, when, owner), callback, loop)
+            self._validate(flight.keys.validation, keys)
             if not self.options.wait:
                 self._emit("rejected_in_progress", keys.key)
                 raise AlreadyInProgressError(
@@ -289,23 +282,20 @@ class Manager:
 
     async def _own(
         self,
-        attempt: _Attempt,
+        flight: _Flight,
         callback: Callable[[], Awaitable[T]],
         loop: asyncio.AbstractEventLoop,
     ) -> T:
         """Hold the key in this process (single flight) while claiming it in the store."""
-        key = attempt.keys.key
-        flight = _Flight(attempt.keys.validation)
+        key = flight.keys.key
         self._inflight[key] = flight
         try:
             raced = 0
             poll = _FIRST_POLL
-            wait_until = loop.time() + self.options.wait_timeout
-            if attempt.deadline is not None:
-                wait_until = min(wait_until, attempt.deadline)
+            wait_until = 0.0  # set when the first in-progress answer makes us wait
             while True:
                 now = self.options.clock()
-                claim, cutoff = self._claim_for(attempt, now, loop)
+                claim, cutoff = self._claim_for(flight, now, loop)
                 flight.lease_end = claim.lease_end / 1000
                 existing = await self.store.claim(claim, now=now)
                 if existing is None:
@@ -319,7 +309,11 @@ class Manager:
                             "expired; check that every worker's clock is synchronised"
                         )
                     continue
-                if self._is_final(existing, attempt.keys, wait_until - loop.time()):
+                if not wait_until and self.options.wait:
+                    wait_until = loop.time() + self.options.wait_timeout
+                    if flight.deadline is not None:
+                        wait_until = min(wait_until, flight.deadline)
+                if self._is_final(existing, flight.keys, wait_until - loop.time()):
                     return self._replay_record(existing, flight)  # type: ignore[no-any-return]
                 await asyncio.sleep(min(poll, wait_until - loop.time()))
                 poll = min(poll * 2, _MAX_POLL)
@@ -344,25 +338,25 @@ class Manager:
         return False
 
     def _claim_for(
-        self, attempt: _Attempt, now: float, loop: asyncio.AbstractEventLoop
+        self, flight: _Flight, now: float, loop: asyncio.AbstractEventLoop
     ) -> tuple[Claim, float | None]:
         """The claim to write at ``now`` and the loop time at which the callback is cut off."""
         margin = self.options.lease_margin
-        if attempt.deadline is None:
+        if flight.deadline is None:
             self._diagnose_no_deadline()
             lease = self.options.lease or self.options.expires_after
             cutoff = None
         else:
-            lease = attempt.deadline - loop.time()
+            lease = flight.deadline - loop.time()
             if lease <= 0:
                 raise TimeoutError(
-                    f"the deadline of key {attempt.keys.key} passed before it was claimed"
+                    f"the deadline of key {flight.keys.key} passed before it was claimed"
                 )
-            cutoff = attempt.deadline - reserve_for(lease)
+            cutoff = flight.deadline - reserve_for(lease)
         lease_end_ms = math.ceil((now + lease + margin) * 1000)
         expiration = max(int(now + self.options.expires_after), math.ceil(lease_end_ms / 1000))
         claim = Claim(
-            attempt.keys.key, attempt.owner, expiration, lease_end_ms, attempt.keys.validation
+            flight.keys.key, flight.owner, expiration, lease_end_ms, flight.keys.validation
         )
         return claim, cutoff
 
@@ -434,7 +428,7 @@ class Manager:
             self._emit("lease_lost", key, error=error)
             raise error
         if flight.waiters or self._cache is not None:
-            record = dataclasses.replace(completion.to_record(), response=None)
+            record = completion.to_record()._replace(response=None)
             flight.settle(_Outcome(record, completion.encoded))
             if self._cache is not None and completion.encoded is not None:
                 self._cache.put(key, CachedResponse(record, completion.encoded))

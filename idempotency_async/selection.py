@@ -99,4 +99,7 @@ def is_missing(selected: Any, *, strict: bool) -> bool:
         return strict and selected == ""
     if not values:
         return strict
-    return all(value is None for value in values)
+    for value in values:  # noqa: SIM110 (a plain loop: no generator on every call)
+        if value is not None:
+            return False
+    return True

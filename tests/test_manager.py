@@ -769,7 +769,8 @@ async def test_outside_cancellation_wins_over_the_cutoff(store: Store) -> None:
         task = asyncio.current_task()
         assert task is not None
         asyncio.get_running_loop().call_soon(task.cancel)  # someone else cancels us...
-        time.sleep(0.35)  # ...and the cutoff comes due in the same loop iteration
+        # ...and the cutoff comes due in the same loop iteration: block the loop on purpose.
+        time.sleep(0.35)  # noqa: ASYNC251
         await asyncio.sleep(10)
 
     task = asyncio.create_task(manager.execute({"id": 1}, hang, timeout=0.3))
