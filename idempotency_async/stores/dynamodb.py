@@ -15,27 +15,29 @@ import logging
 import math
 import os
 import zlib
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
 from decimal import Decimal
 from types import TracebackType
 from typing import Any, Final, Self
 
-import aiohttp
-import botocore.exceptions
-
-from idempotency_async._codec import decode_json, encode_json
-from idempotency_async.errors import (
-    ConfigError,
-    PersistenceError,
-    ResponseEncodingError,
-    StoreAccessDeniedError,
-    StoreThrottledError,
-    StoreUnavailableError,
-    StoreValidationError,
+from idempotency_async._codec import encode_json
+from idempotency_async.errors import ConfigError, ResponseEncodingError, StoreValidationError
+from idempotency_async.record import Claim, Completion, Record, Status
+from idempotency_async.stores._dynamodb_errors import (
+    ConditionFailed,
+    is_item_too_large,
+    translate_errors,
 )
-from idempotency_async.record import Claim, Completion, JSONValue, Record, Status
+from idempotency_async.stores._dynamodb_values import (
+    FORMAT_JSON,
+    FORMAT_JSON_ZLIB,
+    FORMAT_NOT_STORED,
+    decode_response,
+    number_text,
+    to_native,
+)
 
 __all__ = ["DEFAULT_DYNAMODB_MAX_RESPONSE_BYTES", "DynamoDBStore", "create_table"]
 
@@ -48,9 +50,6 @@ DEFAULT_DYNAMODB_MAX_RESPONSE_BYTES: Final = 2_000_000
 
 # DynamoDB's limit is 400 KB (409,600 bytes); the rest is slack for the size estimate.
 _ITEM_BUDGET: Final = 400_000
-_MAX_DEPTH: Final = 32
-_MAX_INT_DIGITS: Final = 38
-_MIN_FLOAT_MAGNITUDE: Final = 1e-130
 
 # Free means: no record, an expired record, or an INPROGRESS record whose lease ended
 # (see the timeline in idempotency_async.record).  The TypeScript port's condition, word
@@ -59,46 +58,6 @@ _CLAIM_CONDITION: Final = (
     "attribute_not_exists(#id) OR #expiry < :now OR "
     "(#status = :inprogress AND attribute_exists(#in_progress_expiry) "
     "AND #in_progress_expiry < :now_in_millis)"
-)
-
-# Values of the data_format attribute.  Absent means native AttributeValues (and is
-# what the TypeScript port writes and reads).
-_FORMAT_JSON: Final = "json"
-_FORMAT_JSON_ZLIB: Final = "json+zlib"
-_FORMAT_NOT_STORED: Final = "not-stored"
-
-_THROTTLED: Final = frozenset(
-    {
-        "ProvisionedThroughputExceededException",
-        "ThrottlingException",
-        "Throttling",
-        "RequestLimitExceeded",
-    }
-)
-_DENIED: Final = frozenset(
-    {
-        "AccessDeniedException",
-        "UnrecognizedClientException",
-        "InvalidSignatureException",
-        "IncompleteSignatureException",
-        "MissingAuthenticationTokenException",
-        "ExpiredTokenException",
-    }
-)
-_INVALID: Final = frozenset(
-    {"ValidationException", "ResourceNotFoundException", "SerializationException"}
-)
-_SERVER_FAULTS: Final = frozenset({"InternalServerError", "ServiceUnavailable"})
-_NETWORK_ERRORS: Final = (
-    botocore.exceptions.HTTPClientError,
-    botocore.exceptions.ConnectionError,
-    aiohttp.ClientError,
-    OSError,
-    TimeoutError,
-)
-_NO_CREDENTIALS: Final = (
-    botocore.exceptions.NoCredentialsError,
-    botocore.exceptions.PartialCredentialsError,
 )
 
 
@@ -212,7 +171,7 @@ class DynamoDBStore:
             # Concurrent first uses wait here; only the first one opens a client.
             if self._client is None and not self._closed:
                 assert self._client_factory is not None
-                with _translate_errors("open the client", self.table_name):
+                with translate_errors("open the client", self.table_name):
                     self._client = await self._exit_stack.enter_async_context(
                         self._client_factory()
                     )
@@ -222,7 +181,7 @@ class DynamoDBStore:
     @contextlib.asynccontextmanager
     async def _call(self, operation: str) -> AsyncIterator[Any]:
         client = await self._get_client()
-        with _translate_errors(operation, self.table_name):
+        with translate_errors(operation, self.table_name):
             yield client
 
     # -- Store protocol -------------------------------------------------------------
@@ -250,13 +209,13 @@ class DynamoDBStore:
                         "#in_progress_expiry": self._in_progress_expiry_attr,
                     },
                     ExpressionAttributeValues={
-                        ":now": {"N": _number_text(now)},
-                        ":now_in_millis": {"N": _number_text(now * 1000)},
+                        ":now": {"N": number_text(now)},
+                        ":now_in_millis": {"N": number_text(now * 1000)},
                         ":inprogress": {"S": Status.INPROGRESS.value},
                     },
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
-        except _ConditionFailed as failed:
+        except ConditionFailed as failed:
             if failed.item is None:
                 return _vanished(claim.key)
             return self._decode(failed.item)
@@ -276,7 +235,7 @@ class DynamoDBStore:
             try:
                 return await self._write_completion(completion, data)
             except StoreValidationError as exc:
-                if data.format == _FORMAT_NOT_STORED or not _is_item_too_large(exc):
+                if data.format == FORMAT_NOT_STORED or not is_item_too_large(exc):
                     raise
                 # DynamoDB counted more bytes than the estimate.  The side effect has
                 # happened, so try a smaller form, down to no response at all.
@@ -294,7 +253,7 @@ class DynamoDBStore:
         try:
             async with self._call("release") as client:
                 await client.delete_item(**request)
-        except _ConditionFailed:
+        except ConditionFailed:
             return False
         return True
 
@@ -328,7 +287,7 @@ class DynamoDBStore:
                     ExpressionAttributeNames=names,
                     ExpressionAttributeValues=values,
                 )
-        except _ConditionFailed:
+        except ConditionFailed:
             return False
         return True
 
@@ -337,18 +296,18 @@ class DynamoDBStore:
         if not completion.response_stored:
             return _NOT_STORED
         budget = self._response_budget(completion)
-        native = _to_native(completion.response)
+        native = to_native(completion.response)
         if native is not None and native.size <= min(budget, self.max_response_bytes):
             return _Data(None, native.value)
         encoded = self._encoded_or_none(completion)
         if encoded is None:
             return _NOT_STORED
         if native is None and len(encoded) <= budget:
-            return _Data(_FORMAT_JSON, {"S": encoded.decode()})
+            return _Data(FORMAT_JSON, {"S": encoded.decode()})
         return await self._compressed(completion, encoded)
 
     async def _smaller_data(self, completion: Completion, rejected: _Data) -> _Data:
-        if rejected.format == _FORMAT_JSON_ZLIB:
+        if rejected.format == FORMAT_JSON_ZLIB:
             return self._not_stored(completion.key)
         encoded = self._encoded_or_none(completion)
         return _NOT_STORED if encoded is None else await self._compressed(completion, encoded)
@@ -357,7 +316,7 @@ class DynamoDBStore:
         # Off the event loop: a multi-megabyte response takes tens of milliseconds.
         compressed = await asyncio.to_thread(zlib.compress, encoded)
         if len(compressed) <= self._response_budget(completion):
-            return _Data(_FORMAT_JSON_ZLIB, {"B": compressed})
+            return _Data(FORMAT_JSON_ZLIB, {"B": compressed})
         return self._not_stored(completion.key, len(encoded))
 
     def _encoded_or_none(self, completion: Completion) -> bytes | None:
@@ -383,7 +342,7 @@ class DynamoDBStore:
             self._validation_attr,
             self._data_attr,
             self._data_format_attr,
-            _FORMAT_JSON_ZLIB,
+            FORMAT_JSON_ZLIB,
         )
         overhead = self._fixed_bytes + sum(len(text.encode()) for text in strings) + 3 * 21 + 64
         return _ITEM_BUDGET - overhead
@@ -429,8 +388,8 @@ class DynamoDBStore:
             lease_end=None if lease_end is None else _ceil(lease_end["N"]),
             validation=_string_or_none(item.get(self._validation_attr)),
             owner=_string_or_none(item.get(self._owner_attr)),
-            response=_decode_response(item.get(self._data_attr), data_format),
-            response_stored=data_format != _FORMAT_NOT_STORED,
+            response=decode_response(item.get(self._data_attr), data_format),
+            response_stored=data_format != FORMAT_NOT_STORED,
         )
 
 
@@ -443,123 +402,12 @@ class _Data:
     value: dict[str, Any] | None
 
 
-_NOT_STORED: Final = _Data(_FORMAT_NOT_STORED, None)
+_NOT_STORED: Final = _Data(FORMAT_NOT_STORED, None)
+
+
+# -- item decoding ------------------------------------------------------------------
+
 _NEVER: Final = 2**63
-
-
-@dataclass(frozen=True, slots=True)
-class _Native:
-    value: dict[str, Any]
-    size: int
-
-
-class _NotNative(Exception):
-    """The value would not come back from DynamoDB as the same Python value."""
-
-
-def _to_native(value: JSONValue) -> _Native | None:
-    """The response as AttributeValues with its DynamoDB size, or None if that is lossy."""
-    encoder = _NativeEncoder()
-    try:
-        return _Native(encoder.encode(value, 0), encoder.size)
-    except _NotNative:
-        return None
-
-
-class _NativeEncoder:
-    """Builds AttributeValues and counts item bytes the way DynamoDB does (roughly)."""
-
-    def __init__(self) -> None:
-        self.size = 0
-
-    def encode(self, value: JSONValue, depth: int) -> dict[str, Any]:
-        if isinstance(value, str):
-            self.size += len(value.encode())  # lone surrogates raise, and are not native
-            return {"S": value}
-        if value is None or isinstance(value, bool):
-            self.size += 1
-            return {"NULL": True} if value is None else {"BOOL": value}
-        if isinstance(value, int | float):
-            text = _native_number(value)
-            self.size += len(text) // 2 + 2
-            return {"N": text}
-        if depth >= _MAX_DEPTH:
-            raise _NotNative
-        if isinstance(value, list | tuple):
-            self.size += 3 + len(value)
-            return {"L": [self.encode(element, depth + 1) for element in value]}
-        if isinstance(value, dict):
-            return {"M": self._encode_map(value, depth)}
-        raise _NotNative
-
-    def _encode_map(self, value: dict[Any, Any], depth: int) -> dict[str, Any]:
-        self.size += 3 + len(value)
-        result = {}
-        for key, element in value.items():
-            if not isinstance(key, str) or not key:
-                raise _NotNative
-            self.size += len(key.encode())
-            result[key] = self.encode(element, depth + 1)
-        return result
-
-
-def _native_number(value: int | float) -> str:
-    """N text that reads back as the same type and value, even after DynamoDB normalizes it.
-
-    DynamoDB trims trailing zeros (``1.0`` comes back as ``1``) and keeps 38 digits, so
-    integral floats and wider integers cannot be stored natively.
-    """
-    if isinstance(value, int):
-        text = str(value)
-        if len(text.lstrip("-")) > _MAX_INT_DIGITS:
-            raise _NotNative
-        return text
-    if not math.isfinite(value) or value.is_integer() or abs(value) < _MIN_FLOAT_MAGNITUDE:
-        raise _NotNative
-    return repr(value)
-
-
-def _decode_response(attribute: Mapping[str, Any] | None, data_format: str | None) -> JSONValue:
-    if attribute is None or data_format == _FORMAT_NOT_STORED:
-        return None
-    if data_format is None:
-        return _from_native(attribute)
-    if data_format == _FORMAT_JSON:
-        return decode_json(attribute["S"].encode())
-    if data_format == _FORMAT_JSON_ZLIB:
-        return decode_json(zlib.decompress(attribute["B"]))
-    raise ValueError(f"unknown data format {data_format!r} (written by a newer version?)")
-
-
-def _from_native(attribute: Mapping[str, Any]) -> JSONValue:
-    (kind, value), *_ = attribute.items()
-    if kind == "S":
-        return value
-    if kind == "N":
-        return _decode_number(value)
-    if kind == "BOOL":
-        return bool(value)
-    if kind == "NULL":
-        return None
-    if kind == "L":
-        return [_from_native(element) for element in value]
-    if kind == "M":
-        return {name: _from_native(element) for name, element in value.items()}
-    if kind == "SS":
-        return list(value)
-    if kind == "NS":
-        return [_decode_number(element) for element in value]
-    raise ValueError(f"attribute type {kind} is not a JSON value")
-
-
-def _decode_number(text: str) -> int | float:
-    if "." in text or "e" in text or "E" in text:
-        return float(text)
-    return int(text)
-
-
-def _number_text(value: float) -> str:
-    return str(value) if isinstance(value, int) else repr(float(value))
 
 
 def _ceil(text: str) -> int:
@@ -604,81 +452,6 @@ def _default_static_pk() -> str:
     return f"idempotency#{os.environ.get('AWS_LAMBDA_FUNCTION_NAME', '').strip()}"
 
 
-# -- errors -------------------------------------------------------------------------
-
-
-class _ConditionFailed(Exception):
-    """A conditional write did not apply; ``item`` is the record that blocked it."""
-
-    def __init__(self, item: Mapping[str, Any] | None) -> None:
-        super().__init__("conditional check failed")
-        self.item = item
-
-
-@contextlib.contextmanager
-def _translate_errors(operation: str, table_name: str) -> Iterator[None]:
-    """Turn botocore / aiohttp failures into the library's PersistenceError family."""
-    try:
-        yield
-    except botocore.exceptions.ClientError as exc:
-        error = exc.response.get("Error", {})
-        if error.get("Code") == "ConditionalCheckFailedException":
-            raise _ConditionFailed(exc.response.get("Item")) from exc
-        raise _client_error(exc, operation, table_name) from exc
-    except _NETWORK_ERRORS as exc:
-        raise StoreUnavailableError(
-            f"DynamoDB could not be reached to {operation} ({type(exc).__name__}: {exc}); "
-            "check the endpoint and network, or raise connect_timeout, read_timeout and "
-            "retries in the client's AioConfig"
-        ) from exc
-    except _NO_CREDENTIALS as exc:
-        raise StoreAccessDeniedError(
-            f"no AWS credentials to {operation} on table {table_name!r} ({exc}); configure "
-            "credentials for the session that creates the DynamoDB client"
-        ) from exc
-    except botocore.exceptions.ParamValidationError as exc:
-        raise StoreValidationError(
-            f"botocore refused the request to {operation} on table {table_name!r}: {exc}"
-        ) from exc
-    except botocore.exceptions.BotoCoreError as exc:
-        raise PersistenceError(f"DynamoDB failed to {operation}: {exc}") from exc
-
-
-def _client_error(
-    exc: botocore.exceptions.ClientError, operation: str, table_name: str
-) -> PersistenceError:
-    error = exc.response.get("Error", {})
-    code = str(error.get("Code", ""))
-    detail = f"{code}: {error.get('Message', '')}"
-    where = f"to {operation} on table {table_name!r}"
-    if code in _THROTTLED:
-        return StoreThrottledError(
-            f"DynamoDB throttled the request {where} after botocore's retries ({detail}); "
-            "use on-demand billing or raise the table's capacity, or allow more retries "
-            "with AioConfig(retries={'mode': 'adaptive', 'total_max_attempts': 10})"
-        )
-    if code in _DENIED:
-        return StoreAccessDeniedError(
-            f"DynamoDB denied the request {where} ({detail}); grant dynamodb:PutItem, "
-            "GetItem, UpdateItem and DeleteItem on the table to the credentials in use"
-        )
-    if code in _INVALID:
-        return StoreValidationError(
-            f"DynamoDB rejected the request {where} ({detail}); check that the table "
-            "exists in the client's region and that its key schema matches key_attr "
-            "(and sort_key_attr)"
-        )
-    if code in _SERVER_FAULTS:
-        return StoreUnavailableError(
-            f"DynamoDB failed {where} ({detail}) after botocore's retries; retry later"
-        )
-    return PersistenceError(f"DynamoDB failed {where} ({detail})")
-
-
-def _is_item_too_large(exc: StoreValidationError) -> bool:
-    return "maximum allowed size" in str(exc)
-
-
 # -- tables -------------------------------------------------------------------------
 
 
@@ -701,7 +474,7 @@ async def create_table(
     schema = [{"AttributeName": key_attr, "KeyType": "HASH"}]
     if sort_key:
         schema.append({"AttributeName": sort_key_attr, "KeyType": "RANGE"})
-    with _translate_errors("create the table", table_name):
+    with translate_errors("create the table", table_name):
         await client.create_table(
             TableName=table_name,
             KeySchema=schema,

@@ -1,0 +1,158 @@
+"""Responses as DynamoDB AttributeValues, and the ``data_format`` markers of the other forms.
+
+A response is stored as native AttributeValues (``M``, ``L``, ``S``, ``N``, ``BOOL``,
+``NULL``) when possible, because that is what the TypeScript port writes and reads.  Only
+values that come back unchanged and with their Python type qualify: DynamoDB normalizes
+number text (``1.0`` comes back as ``1``, which would read back as an int), keeps 38
+digits, and nests at most 32 levels; empty object keys are not stored natively either.
+Other responses are stored as JSON text, compressed JSON, or not at all, each named by
+a ``data_format`` marker.  See ``docs/dynamodb.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from idempotency_async._codec import decode_json
+from idempotency_async.record import JSONValue
+
+__all__ = [
+    "FORMAT_JSON",
+    "FORMAT_JSON_ZLIB",
+    "FORMAT_NOT_STORED",
+    "Native",
+    "decode_response",
+    "number_text",
+    "to_native",
+]
+
+# Values of the data_format attribute.  Absent means native AttributeValues (and is
+# what the TypeScript port writes and reads).
+FORMAT_JSON: Final = "json"
+FORMAT_JSON_ZLIB: Final = "json+zlib"
+FORMAT_NOT_STORED: Final = "not-stored"
+
+_MAX_DEPTH: Final = 32
+_MAX_INT_DIGITS: Final = 38
+_MIN_FLOAT_MAGNITUDE: Final = 1e-130
+
+
+@dataclass(frozen=True, slots=True)
+class Native:
+    value: dict[str, Any]
+    size: int
+
+
+class _NotNative(Exception):
+    """The value would not come back from DynamoDB as the same Python value."""
+
+
+def to_native(value: JSONValue) -> Native | None:
+    """The response as AttributeValues with its DynamoDB size, or None if that is lossy."""
+    encoder = _NativeEncoder()
+    try:
+        return Native(encoder.encode(value, 0), encoder.size)
+    except _NotNative:
+        return None
+
+
+class _NativeEncoder:
+    """Builds AttributeValues and counts item bytes the way DynamoDB does (roughly)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def encode(self, value: JSONValue, depth: int) -> dict[str, Any]:
+        if isinstance(value, str):
+            self.size += len(value.encode())  # lone surrogates raise, and are not native
+            return {"S": value}
+        if value is None or isinstance(value, bool):
+            self.size += 1
+            return {"NULL": True} if value is None else {"BOOL": value}
+        if isinstance(value, int | float):
+            text = _native_number(value)
+            self.size += len(text) // 2 + 2
+            return {"N": text}
+        if depth >= _MAX_DEPTH:
+            raise _NotNative
+        if isinstance(value, list | tuple):
+            self.size += 3 + len(value)
+            return {"L": [self.encode(element, depth + 1) for element in value]}
+        if isinstance(value, dict):
+            return {"M": self._encode_map(value, depth)}
+        raise _NotNative
+
+    def _encode_map(self, value: dict[Any, Any], depth: int) -> dict[str, Any]:
+        self.size += 3 + len(value)
+        result = {}
+        for key, element in value.items():
+            if not isinstance(key, str) or not key:
+                raise _NotNative
+            self.size += len(key.encode())
+            result[key] = self.encode(element, depth + 1)
+        return result
+
+
+def _native_number(value: int | float) -> str:
+    """N text that reads back as the same type and value, even after DynamoDB normalizes it.
+
+    DynamoDB trims trailing zeros (``1.0`` comes back as ``1``) and keeps 38 digits, so
+    integral floats and wider integers cannot be stored natively.
+    """
+    if isinstance(value, int):
+        text = str(value)
+        if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+            raise _NotNative
+        return text
+    if not math.isfinite(value) or value.is_integer() or abs(value) < _MIN_FLOAT_MAGNITUDE:
+        raise _NotNative
+    return repr(value)
+
+
+def decode_response(attribute: Mapping[str, Any] | None, data_format: str | None) -> JSONValue:
+    """The response held in ``data``, in whichever form ``data_format`` names."""
+    if attribute is None or data_format == FORMAT_NOT_STORED:
+        return None
+    if data_format is None:
+        return _from_native(attribute)
+    if data_format == FORMAT_JSON:
+        return decode_json(attribute["S"].encode())
+    if data_format == FORMAT_JSON_ZLIB:
+        return decode_json(zlib.decompress(attribute["B"]))
+    raise ValueError(f"unknown data format {data_format!r} (written by a newer version?)")
+
+
+def _from_native(attribute: Mapping[str, Any]) -> JSONValue:
+    (kind, value), *_ = attribute.items()
+    if kind == "S":
+        return value
+    if kind == "N":
+        return _decode_number(value)
+    if kind == "BOOL":
+        return bool(value)
+    if kind == "NULL":
+        return None
+    if kind == "L":
+        return [_from_native(element) for element in value]
+    if kind == "M":
+        return {name: _from_native(element) for name, element in value.items()}
+    if kind == "SS":
+        return list(value)
+    if kind == "NS":
+        return [_decode_number(element) for element in value]
+    raise ValueError(f"attribute type {kind} is not a JSON value")
+
+
+def _decode_number(text: str) -> int | float:
+    if "." in text or "e" in text or "E" in text:
+        return float(text)
+    return int(text)
+
+
+def number_text(value: float) -> str:
+    """N text for a number in a condition (such as ``now``), exact for ints and floats."""
+    return str(value) if isinstance(value, int) else repr(float(value))
