@@ -1,52 +1,60 @@
-"""Cutting a callback off at a loop time: what ``asyncio.timeout_at`` does, for less.
+"""Cutting callbacks off at a loop time: what ``asyncio.timeout_at`` does, for less.
 
-``asyncio.timeout_at`` costs about 3 µs per use (a Timeout object, state machine and
-reschedule logic); a deadline on every idempotent call made it the largest single cost
-of a first call.  This keeps the same contract for the one case the manager needs — a
-fixed deadline, entered and left around one await — at about 1 µs.
+Every idempotent call with a deadline cuts its callback off a little before the lease
+ends.  ``asyncio.timeout_at`` costs about 3 µs per use (a Timeout object, a state machine,
+a timer handle per call) and was the largest single cost of a first call.  Here the
+cutoffs of one event loop share one timer: starting a cutoff is a heap push, ending it
+sets a flag, and the timer fires for the earliest cutoff still open.  The contract is
+``asyncio.timeout``'s for the one case the manager needs — a fixed deadline around one
+await — including its ``uncancel`` rules.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
+import math
 
-__all__ = ["Cutoff"]
+__all__ = ["Cutoff", "Cutoffs"]
+
+# Closed cutoffs stay in the heap until they surface; past this many (and half the heap)
+# the heap is rebuilt without them, so a busy loop with long deadlines stays small.
+_COMPACT_AT = 256
 
 
 class Cutoff:
-    """Cancels the current task at ``when`` (loop time) unless :meth:`close` comes first.
+    """One task's cutoff.  Use as::
 
-    Use as::
-
-        cutoff = Cutoff(loop, when)
+        cutoff = cutoffs.start(when)
         try:
             result = await work()
         except asyncio.CancelledError:
-            if cutoff.fired():      # our cancellation: the caller turns it into TimeoutError
+            if cutoff.fired():      # our cancellation: the caller raises TimeoutError
                 ...
             raise
         finally:
             cutoff.close()
 
-    Like ``asyncio.timeout``, a cancellation that comes from elsewhere at the same time
-    wins: :meth:`fired` is False then, and the CancelledError propagates.
+    A cancellation that comes from elsewhere at the same time wins, as with
+    ``asyncio.timeout``: :meth:`fired` is False then and the CancelledError propagates.
     """
 
-    __slots__ = ("_cancelling", "_consumed", "_expired", "_handle", "_task")
+    __slots__ = ("_cancelling", "_consumed", "_expired", "_owner", "_task", "closed", "queued")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
-        task = asyncio.current_task(loop)
-        if task is None:
-            raise RuntimeError("Cutoff must be used inside a task")
+    def __init__(self, owner: Cutoffs, task: asyncio.Task[object]) -> None:
+        self._owner = owner
         self._task = task
         self._cancelling = task.cancelling()
         self._expired = False
         self._consumed = False
-        self._handle = loop.call_at(when, self._expire)
+        self.closed = False
+        self.queued = True  # still in the heap of its Cutoffs
 
-    def _expire(self) -> None:
-        self._expired = True
-        self._task.cancel()
+    def expire(self) -> None:
+        if not self.closed:
+            self._expired = True
+            self._task.cancel()
 
     def fired(self) -> bool:
         """Whether the CancelledError being handled is ours (consumes our cancel request)."""
@@ -56,8 +64,65 @@ class Cutoff:
         return self._task.uncancel() <= self._cancelling
 
     def close(self) -> None:
-        self._handle.cancel()
+        if self.closed:
+            return
+        self.closed = True
         if self._expired and not self._consumed:
             # The work swallowed our cancellation: balance the task's cancel count.
             self._consumed = True
             self._task.uncancel()
+        if self.queued:
+            self._owner.closed_one()
+
+
+class Cutoffs:
+    """The open cutoffs of one event loop, behind a single timer."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._heap: list[tuple[float, int, Cutoff]] = []
+        self._order = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed_at = math.inf
+        self._closed_in_heap = 0
+
+    def start(self, when: float) -> Cutoff:
+        """Cancel the current task at ``when`` (loop time) unless the cutoff is closed first."""
+        task = asyncio.current_task(self.loop)
+        if task is None:
+            raise RuntimeError("a cutoff must be started inside a task")
+        cutoff = Cutoff(self, task)
+        heapq.heappush(self._heap, (when, next(self._order), cutoff))
+        if when < self._armed_at:
+            self._arm(when)
+        return cutoff
+
+    def closed_one(self) -> None:
+        self._closed_in_heap += 1
+        if self._closed_in_heap >= _COMPACT_AT and self._closed_in_heap * 2 > len(self._heap):
+            for entry in self._heap:
+                entry[2].queued = not entry[2].closed
+            self._heap = [entry for entry in self._heap if entry[2].queued]
+            heapq.heapify(self._heap)
+            self._closed_in_heap = 0
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_at(when, self._fire)
+        self._armed_at = when
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._armed_at = math.inf
+        heap = self._heap
+        now = self.loop.time()
+        while heap and (heap[0][0] <= now or heap[0][2].closed):
+            _, _, cutoff = heapq.heappop(heap)
+            cutoff.queued = False
+            if cutoff.closed:
+                self._closed_in_heap -= 1
+            else:
+                cutoff.expire()
+        if heap:
+            self._arm(heap[0][0])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 from idempotency_async._codec import decode_json, encode_json
-from idempotency_async._cutoff import Cutoff
+from idempotency_async._cutoff import Cutoffs
 from idempotency_async.cache import CachedResponse, LocalCache
 from idempotency_async.canonical import canonical_bytes, idempotency_key
 from idempotency_async.deadlines import effective_deadline, reserve_for
@@ -114,6 +114,7 @@ class Manager:
         self._claims = itertools.count()
         self._hasher = _hasher(self.options.hash_function)
         self._strict_integers = self.options.integer_precision == "strict"
+        self._cutoffs: Cutoffs | None = None
         self._warned_no_deadline = False
         self._disabled = disabled_by_environment()
         if self._disabled:
@@ -369,7 +370,7 @@ class Manager:
         loop: asyncio.AbstractEventLoop,
     ) -> T:
         started = loop.time()
-        timer = None if cutoff is None else Cutoff(loop, cutoff)
+        timer = None if cutoff is None else self._cutoffs_of(loop).start(cutoff)
         try:
             result = await callback()
         except asyncio.CancelledError as exc:
@@ -400,6 +401,12 @@ class Manager:
             ) from exc
         self._completed(completion, written, result, flight, loop.time() - started)
         return result
+
+    def _cutoffs_of(self, loop: asyncio.AbstractEventLoop) -> Cutoffs:
+        cutoffs = self._cutoffs
+        if cutoffs is None or cutoffs.loop is not loop:
+            cutoffs = self._cutoffs = Cutoffs(loop)
+        return cutoffs
 
     def _completion_for(self, claim: Claim, result: Any) -> Completion:
         stored, encoded = self._encode_result(claim.key, result)

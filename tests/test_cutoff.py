@@ -1,0 +1,77 @@
+"""The shared-timer cutoffs behind every deadline-bound callback."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from idempotency_async import Manager, MemoryStore, Options
+from idempotency_async._cutoff import Cutoffs
+
+
+async def _cut(cutoffs: Cutoffs, delay: float, work: float) -> str:
+    loop = asyncio.get_running_loop()
+    cutoff = cutoffs.start(loop.time() + delay)
+    try:
+        await asyncio.sleep(work)
+        return "finished"
+    except asyncio.CancelledError:
+        if cutoff.fired():
+            return "cut off"
+        raise
+    finally:
+        cutoff.close()
+
+
+async def test_each_task_is_cut_off_at_its_own_time() -> None:
+    cutoffs = Cutoffs(asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    begun = loop.time()
+    finished: dict[str, float] = {}
+
+    async def timed(name: str, delay: float, work: float) -> str:
+        outcome = await _cut(cutoffs, delay, work)
+        finished[name] = loop.time() - begun
+        return outcome
+
+    # Started latest-first, so the shared timer must be re-armed for earlier cutoffs.
+    results = await asyncio.gather(
+        timed("late", 0.30, 1.0),
+        timed("quick", 0.20, 0.01),
+        timed("early", 0.10, 1.0),
+    )
+    assert results == ["cut off", "finished", "cut off"]
+    assert 0.09 <= finished["early"] < 0.2
+    assert 0.29 <= finished["late"] < 0.45
+    assert finished["quick"] < 0.1
+
+
+async def test_closed_cutoffs_do_not_pile_up() -> None:
+    cutoffs = Cutoffs(asyncio.get_running_loop())
+    results = await asyncio.gather(*(_cut(cutoffs, 60, 0) for _ in range(2000)))
+    assert results == ["finished"] * 2000
+    assert len(cutoffs._heap) < 600
+
+
+async def test_an_outside_cancellation_is_not_taken_for_the_cutoff() -> None:
+    cutoffs = Cutoffs(asyncio.get_running_loop())
+    task = asyncio.create_task(_cut(cutoffs, 60, 10))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_a_manager_used_on_two_event_loops_cuts_off_on_each() -> None:
+    manager = Manager(MemoryStore(), Options(key_prefix="loops"))
+
+    async def hang() -> None:
+        await asyncio.sleep(10)
+
+    async def call(n: int) -> None:
+        with pytest.raises(TimeoutError):
+            await manager.execute({"n": n}, hang, timeout=0.1)
+
+    asyncio.run(call(1))
+    asyncio.run(call(2))
