@@ -15,6 +15,7 @@ import sys
 import time
 import tracemalloc
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -176,7 +177,17 @@ def concurrency(calls: int) -> dict[str, float]:
             list(pool.map(lambda p: process(order=p), payloads))
             return calls / (time.perf_counter() - start)
 
-    return interleaved({"floor": floor, "ours": ours, "anchor": anchor}, repeats=REPEATS)
+    def clean(run: Callable[[], float]) -> Callable[[], float]:
+        # Each run starts from a collected heap: otherwise whether a full collection of
+        # the previous run's garbage lands inside a 30 ms window swings results by 2x.
+        def measured() -> float:
+            gc.collect()
+            return run()
+
+        return measured
+
+    runs = {"floor": clean(floor), "ours": clean(ours), "anchor": clean(anchor)}
+    return interleaved(runs, repeats=max(REPEATS, 3) * 2 if REPEATS > 1 else 1)
 
 
 def peak_memory(in_flight: int) -> float:

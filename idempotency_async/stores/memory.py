@@ -46,7 +46,17 @@ class MemoryStore:
         encoded = None
         if completion.response_stored:
             encoded = completion.encoded or encode_json(completion.response)
-        self._entries[completion.key] = (completion, encoded)
+        # Keep the encoding only: holding the caller's result object too would double the
+        # memory of every record and let later changes to it reach nobody.
+        kept = Completion(
+            completion.key,
+            completion.owner,
+            completion.expiration,
+            completion.validation,
+            None,
+            completion.response_stored,
+        )
+        self._entries[completion.key] = (kept, encoded)
         return True
 
     async def release(self, key: str, owner: str | None) -> bool:
