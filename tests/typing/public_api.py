@@ -1,0 +1,29 @@
+"""Pins the public types: only type-checked (``mypy --strict tests/typing``), never run.
+
+A change that loses a decorated function's signature or an ``execute`` result type
+breaks this file under mypy, not at a user's call site.
+"""
+
+from __future__ import annotations
+
+from typing import assert_type
+
+from idempotency_async import Manager, MemoryStore, Options, idempotent_function
+
+manager = Manager(MemoryStore(), Options(key_prefix="typing"))
+
+
+@idempotent_function(manager, payload="order", timeout=5)
+async def charge(order: dict[str, int], *, note: str = "") -> list[str]:
+    return [note]
+
+
+async def uses() -> None:
+    assert_type(await charge({"id": 1}, note="x"), list[str])
+    charge({"id": 1}, note=3)  # type: ignore[arg-type]
+
+    async def work() -> int:
+        return 1
+
+    assert_type(await manager.execute({"id": 1}, work, timeout=5), int)
+    assert_type(manager.key_for({"id": 1}), str | None)
