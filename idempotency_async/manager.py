@@ -161,9 +161,10 @@ class Manager:
             return await callback()
         loop = asyncio.get_running_loop()
         when = effective_deadline(loop, deadline=deadline, timeout=timeout)
-        cached = self._cached(keys)
-        if cached is not None:
-            return cached  # type: ignore[no-any-return]
+        if self._cache is not None:
+            entry = self._cache.get(keys.key, self.options.clock())
+            if entry is not None:
+                return self._cache_hit(entry, keys)  # type: ignore[no-any-return]
         while True:
             flight = self._inflight.get(keys.key)
             if flight is None:
@@ -244,12 +245,7 @@ class Manager:
 
     # ------------------------------------------------------------------ replay
 
-    def _cached(self, keys: _Keys) -> Any:
-        if self._cache is None:
-            return None
-        entry = self._cache.get(keys.key, self.options.clock())
-        if entry is None:
-            return None
+    def _cache_hit(self, entry: CachedResponse, keys: _Keys) -> Any:
         self._validate(entry.record.validation, keys)
         self._emit("cache_hit", keys.key)
         return self._replay_outcome(_Outcome(entry.record, entry.encoded))

@@ -777,3 +777,13 @@ async def test_outside_cancellation_wins_over_the_cutoff(store: Store) -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert recording.calls == ["claim"]
+
+
+async def test_cached_none_result_replays_without_a_store_call(store: Store) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording, use_local_cache=True)
+    await manager.execute({"id": 1}, Counter(None), timeout=5)
+    calls = list(recording.calls)
+    work = Counter("not run")
+    assert await manager.execute({"id": 1}, work, timeout=5) is None
+    assert recording.calls == calls and work.runs == 0
