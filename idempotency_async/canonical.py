@@ -16,14 +16,14 @@ Two paths produce the same text:
 from __future__ import annotations
 
 import base64
+import bisect
 import dataclasses
 import enum
 import hashlib
 import math
+import threading
 from collections.abc import Callable, Mapping
 from decimal import Decimal
-from itertools import islice
-from operator import lt
 from typing import Any, Final
 
 import orjson
@@ -62,6 +62,8 @@ _MAX_SAFE_INTEGER: Final = 2**53 - 1
 _MAX_ARRAY_INDEX: Final = 2**32 - 2
 _FAST_OPTIONS: Final = orjson.OPT_SORT_KEYS | orjson.OPT_STRICT_INTEGER
 _ORDER_MEMO_LIMIT: Final = 4096
+_MEMO_MAX_KEYS: Final = 64
+_MEMO_MAX_CHARS: Final = 4096
 _order_memo: dict[tuple[str, ...], bool] = {}
 
 
@@ -165,10 +167,51 @@ _NOT_FAST: Final = object()
 # Past this depth the general path (iterative) takes over; it also stops cyclic values,
 # and stays below orjson's own recursion limit of 255.
 _MAX_FAST_DEPTH: Final = 200
-_GOOD_KEYS_LIMIT: Final = 8192
-# Keys whose code-point order is their TypeScript order in every combination: a dict
-# whose keys all belong here needs no further ordering check.  Replaced, never mutated.
-_good_keys: frozenset[str] = frozenset()
+
+
+class _KnownKeys:
+    """Keys whose code-point order is their TypeScript order in every combination.
+
+    A dict whose keys all belong here needs no ordering check (any subset of a totally
+    ordered set sorts alike both ways).  Kept as one list in that common order, so a new
+    key is admitted by comparing it with its two neighbours (a bisect), not by re-sorting
+    the set.  Bounded in count and key length, since keys come from payloads.
+    """
+
+    LIMIT: Final = 4096
+    MAX_KEY_LENGTH: Final = 128
+
+    def __init__(self) -> None:
+        self.members: set[str] = set()
+        self._ordered: list[str] = []
+        self._ts_keys: list[bytes] = []
+        # Readers only probe ``members``; writers keep the lists and the set in step.
+        self._lock = threading.Lock()
+
+    def learn(self, keys: tuple[str, ...]) -> None:
+        with self._lock:
+            for key in keys:
+                if len(self.members) >= self.LIMIT:
+                    return
+                if key in self.members or not self._admissible(key):
+                    continue
+                index = bisect.bisect_left(self._ordered, key)
+                ts_key = _ts_sort_key(key)
+                below = index == 0 or self._ts_keys[index - 1] < ts_key
+                above = index == len(self._ordered) or ts_key < self._ts_keys[index]
+                if below and above:
+                    self._ordered.insert(index, key)
+                    self._ts_keys.insert(index, ts_key)
+                    self.members.add(key)
+
+    def _admissible(self, key: str) -> bool:
+        # Array-index keys never: a dict holding two of them needs JavaScript's numeric order.
+        return (
+            len(key) <= self.MAX_KEY_LENGTH and key != "__proto__" and not _is_array_index(key)
+        )
+
+
+_known_keys = _KnownKeys()
 
 
 def _fast_form(value: Any) -> Any:
@@ -191,7 +234,7 @@ def _fast_container(node: Any, depth: int) -> Any:
     # Recursion keeps the parent chain for free: a container is copied only when
     # something below it changed (copy on write), so one pass serves both cases.
     if type(node) is dict:
-        if not _good_keys.issuperset(node) and not _keys_in_ts_order(node):
+        if not _known_keys.members.issuperset(node) and not _keys_in_ts_order(node):
             return _NOT_FAST
         children: Any = node.values()
     else:
@@ -271,32 +314,16 @@ def _keys_in_ts_order(node: dict[Any, Any]) -> bool:
 
 
 def _memo_order(keys: tuple[Any, ...]) -> bool:
+    ordered = _code_point_order_is_ts_order(keys)
+    size = sum(len(key) if type(key) is str else 1 for key in keys)
+    if len(keys) > _MEMO_MAX_KEYS or size > _MEMO_MAX_CHARS:
+        return ordered  # payload-sized key sets are checked each time, never kept
     if len(_order_memo) >= _ORDER_MEMO_LIMIT:
         _order_memo.clear()
-    ordered = _code_point_order_is_ts_order(keys)
     _order_memo[keys] = ordered
     if ordered:
-        _learn_good_keys(keys)
+        _known_keys.learn(keys)
     return ordered
-
-
-def _learn_good_keys(keys: tuple[str, ...]) -> None:
-    """Add ``keys`` to the good-key set if the union stays consistent."""
-    global _good_keys
-    candidate = _good_keys.union(keys)
-    if len(candidate) > _GOOD_KEYS_LIMIT:
-        candidate = frozenset(keys)
-    if _is_consistent_key_set(candidate):
-        _good_keys = candidate
-
-
-def _is_consistent_key_set(keys: frozenset[str]) -> bool:
-    # Any subset of a consistent set sorts the same both ways.  Array-index keys are
-    # never admitted: a dict holding two of them needs JavaScript's numeric order.
-    if "__proto__" in keys or any(_is_array_index(key) for key in keys):
-        return False
-    ts_keys = [_ts_sort_key(key) for key in sorted(keys)]
-    return all(map(lt, ts_keys, islice(ts_keys, 1, None)))
 
 
 def _code_point_order_is_ts_order(keys: tuple[Any, ...]) -> bool:

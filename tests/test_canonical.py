@@ -390,3 +390,16 @@ def test_reordering_keys_never_changes_the_key(value: Any, rng: random.Random) -
 @given(text=st.text())
 def test_digest_length_per_algorithm(algorithm: str, length: int, text: str) -> None:
     assert len(digest(text.encode("utf-8", "surrogatepass"), algorithm)) == length
+
+
+def test_payloads_with_ever_new_keys_stay_fast_and_exact() -> None:
+    # Keys taken from data (ids, SKUs) differ on every call: what the fast path learns
+    # about key orders must stay bounded and cheap, and never admit a wrong order.
+    import time
+
+    start = time.perf_counter()
+    for n in range(3000):
+        value = {f"sku-{n}": 1, f"SKU-{n}x": 2, f"Item{n}": {"Zeta": n, f"zeta{n}": n}}
+        assert canonical.canonical_bytes(value) == orjson.dumps(canonical._to_js(value, None))
+    assert time.perf_counter() - start < 5
+    assert len(canonical._known_keys.members) <= canonical._KnownKeys.LIMIT
