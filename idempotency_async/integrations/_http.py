@@ -54,6 +54,7 @@ __all__ = [
     "HttpIdempotency",
     "HttpResponse",
     "Rejection",
+    "RequestState",
     "parse_key",
     "problem",
 ]
@@ -101,6 +102,17 @@ class HttpResponse:
     status: int
     headers: tuple[tuple[str, str], ...]
     body: bytes
+
+
+@dataclass(slots=True)
+class RequestState:
+    """What a middleware knows about one request (each adapter's ``request_state()``)."""
+
+    key: str | None
+    """The request's Idempotency-Key (unquoted), or None when it sent none."""
+    endpoint_returned: bool = False
+    """Set by the route marker (FastAPI dependency, aiohttp decorator) once the endpoint
+    has returned normally: only then is its response stored."""
 
 
 class Rejection(Exception):

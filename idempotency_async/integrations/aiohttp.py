@@ -16,7 +16,6 @@ import asyncio
 import functools
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TypeVar, cast
 
 from aiohttp import web
@@ -36,6 +35,7 @@ from idempotency_async.integrations._http import (
     HttpResponse,
     PathPattern,
     Rejection,
+    RequestState,
     parse_key,
 )
 from idempotency_async.manager import Manager
@@ -43,16 +43,6 @@ from idempotency_async.manager import Manager
 __all__ = ["RequestState", "idempotency_middleware", "idempotent_endpoint", "request_state"]
 
 _H = TypeVar("_H", bound=Handler)
-
-
-@dataclass(slots=True)
-class RequestState:
-    """What the middleware knows about one request (see :func:`request_state`)."""
-
-    key: str | None
-    """The request's Idempotency-Key (unquoted), or None when it sent none."""
-    endpoint_returned: bool = False
-    """Set by :func:`idempotent_endpoint` once the handler has returned."""
 
 
 _STATE_KEY = web.RequestKey("idempotency_async", RequestState)

@@ -13,7 +13,6 @@ The rules are those of :mod:`idempotency_async.integrations._http`; see ``docs/h
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 from starlette.requests import Request
@@ -31,6 +30,7 @@ from idempotency_async.integrations._http import (
     HttpResponse,
     PathPattern,
     Rejection,
+    RequestState,
     parse_key,
 )
 from idempotency_async.manager import Manager
@@ -40,16 +40,6 @@ __all__ = ["IdempotencyMiddleware", "RequestState", "request_state"]
 _STATE_KEY: Final = "idempotency_async"
 # Dependencies that opt a FastAPI route in (the fastapi module registers its own).
 _ROUTE_MARKERS: set[Callable[..., Any]] = set()
-
-
-@dataclass(slots=True)
-class RequestState:
-    """What the middleware knows about one request, in ``scope["idempotency_async"]``."""
-
-    key: str | None
-    """The request's Idempotency-Key (unquoted), or None when it sent none."""
-    endpoint_returned: bool = False
-    """Set by ``idempotency_dependency`` once the endpoint has returned normally."""
 
 
 def request_state(scope: Scope) -> RequestState | None:
