@@ -288,7 +288,6 @@ class Manager:
         self._inflight[key] = flight
         try:
             raced = 0
-            poll = _FIRST_POLL
             wait_until = 0.0  # set when the first in-progress answer makes us wait
             while True:
                 now = self.options.clock()
@@ -310,14 +309,31 @@ class Manager:
                     wait_until = loop.time() + self.options.wait_timeout
                     if flight.deadline is not None:
                         wait_until = min(wait_until, flight.deadline)
-                if self._is_final(existing, flight.keys, wait_until - loop.time()):
-                    return self._replay_record(existing, flight)  # type: ignore[no-any-return]
-                await asyncio.sleep(min(poll, wait_until - loop.time()))
-                poll = min(poll * 2, _MAX_POLL)
+                if not self._is_final(existing, flight.keys, wait_until - loop.time()):
+                    existing = await self._poll(flight.keys, wait_until, loop)
+                    if existing is None:
+                        continue  # the holder failed, or its lease lapsed: claim again
+                return self._replay_record(existing, flight)  # type: ignore[no-any-return]
         finally:
             if self._inflight.get(key) is flight:
                 del self._inflight[key]
             flight.settle(None)
+
+    async def _poll(
+        self, keys: _Keys, wait_until: float, loop: asyncio.AbstractEventLoop
+    ) -> Record | None:
+        """Read an in-progress record with bounded backoff until it completes (returned) or
+        is gone or claimable (None).  Reads, not claim attempts: in DynamoDB a refused
+        conditional write costs write capacity, a strongly consistent read a fifth of it."""
+        delay = _FIRST_POLL
+        while True:
+            await asyncio.sleep(min(delay, max(wait_until - loop.time(), 0.0)))
+            delay = min(delay * 2, _MAX_POLL)
+            record = await self.store.get(keys.key)
+            if record is None or record.is_claimable(self.options.clock()):
+                return None
+            if self._is_final(record, keys, wait_until - loop.time()):
+                return record
 
     def _is_final(self, existing: Record, keys: _Keys, wait_left: float) -> bool:
         """True for a completed record to replay; False to poll an in-progress one again."""

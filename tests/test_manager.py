@@ -787,3 +787,41 @@ async def test_cached_none_result_replays_without_a_store_call(store: Store) -> 
     work = Counter("not run")
     assert await manager.execute({"id": 1}, work, timeout=5) is None
     assert recording.calls == calls and work.runs == 0
+
+
+async def test_waiting_on_another_process_polls_with_reads_not_claims(store: Store) -> None:
+    holder = make(store)
+    recording = RecordingStore(store)
+    waiter = make(recording, wait=True, wait_timeout=5)
+    started = asyncio.Event()
+
+    async def slow() -> str:
+        started.set()
+        await asyncio.sleep(0.3)
+        return "from-holder"
+
+    task = asyncio.create_task(holder.execute({"id": 1}, slow, timeout=5))
+    await started.wait()
+    assert await waiter.execute({"id": 1}, Counter(), timeout=5) == "from-holder"
+    await task
+    assert recording.calls[0] == "claim"
+    assert set(recording.calls[1:]) == {"get"} and len(recording.calls) >= 3
+
+
+async def test_waiter_claims_when_the_other_process_releases(store: Store) -> None:
+    holder = make(store)
+    waiter = make(store, wait=True, wait_timeout=5)
+    started = asyncio.Event()
+
+    async def failing() -> None:
+        started.set()
+        await asyncio.sleep(0.15)
+        raise RuntimeError("holder failed")
+
+    task = asyncio.create_task(holder.execute({"id": 1}, failing, timeout=5))
+    await started.wait()
+    work = Counter("waiter ran")
+    assert await waiter.execute({"id": 1}, work, timeout=5) == "waiter ran"
+    assert work.runs == 1
+    with pytest.raises(RuntimeError):
+        await task
