@@ -244,7 +244,9 @@ def _fast_container(node: Any, depth: int) -> Any:
         if kind is str:
             continue
         if kind is dict or kind is list:
-            new = _fast_child(child, depth)
+            if depth >= _MAX_FAST_DEPTH:
+                return _NOT_FAST
+            new = _fast_container(child, depth + 1)
             if new is child:
                 continue
         elif kind is int or kind is bool or child is None:
