@@ -107,7 +107,11 @@ class ResponseNotStoredError(IdempotencyError):
 
 
 class ResponseTooLargeError(IdempotencyError):
-    """An encoded response is larger than the store accepts."""
+    """An encoded response is larger than the store accepts.
+
+    Never raised once the callback has run (its record is completed as "response not
+    stored" instead); it is the ``error`` of the ``response_not_stored`` event.
+    """
 
     def __init__(self, message: str, *, size: int, limit: int) -> None:
         super().__init__(message)

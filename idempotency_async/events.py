@@ -26,8 +26,10 @@ EventKind: TypeAlias = Literal[
 class Event:
     """One thing that happened to one key.
 
-    ``kind`` is one of :data:`EventKind`; ``error`` is set for ``release_failed`` and
-    ``lease_lost``; ``duration`` is the callback's run time in seconds for ``completed``.
+    ``kind`` is one of :data:`EventKind`; ``error`` is set for ``release_failed``,
+    ``lease_lost`` and ``response_not_stored`` (why: ``ResponseTooLargeError``,
+    ``ResponseEncodingError`` or a response codec's error); ``duration`` is the callback's
+    run time in seconds for ``completed``.
     """
 
     kind: EventKind

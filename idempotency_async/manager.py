@@ -27,8 +27,8 @@ from idempotency_async.errors import (
     LeaseLostError,
     PayloadError,
     PayloadValidationError,
-    ResponseEncodingError,
     ResponseNotStoredError,
+    ResponseTooLargeError,
 )
 from idempotency_async.events import Event, EventKind
 from idempotency_async.options import Options, disabled_by_environment
@@ -459,26 +459,30 @@ class Manager:
             codec = self.options.response_codec
             stored = result if codec is None else codec.encode(result)
             encoded = encode_json(stored)
-        except ResponseEncodingError as exc:
-            self._not_stored(key, str(exc))
+        except Exception as exc:  # a failing codec too: the side effect happened all the same
+            self._not_stored(key, exc)
             return None, None
         limit = self.store.max_response_bytes
         if len(encoded) > limit:
-            self._not_stored(
-                key, f"the response is {len(encoded)} bytes, over the store's limit of {limit}"
+            too_large = ResponseTooLargeError(
+                f"the response is {len(encoded)} bytes, over the store's limit of {limit}",
+                size=len(encoded),
+                limit=limit,
             )
+            self._not_stored(key, too_large)
             return None, None
         return stored, encoded
 
-    def _not_stored(self, key: str, reason: str) -> None:
+    def _not_stored(self, key: str, reason: Exception) -> None:
         # The side effect happened, so the record is completed (never deleted): replays
-        # raise ResponseNotStoredError instead of running the callback again.
+        # raise ResponseNotStoredError instead of running the callback again.  The event
+        # carries why (ResponseTooLargeError, ResponseEncodingError, a codec's error).
         _log.warning(
             "response not stored: %s; duplicates of this key will get ResponseNotStoredError",
             reason,
             extra={"idempotency_key": key},
         )
-        self._emit("response_not_stored", key)
+        self._emit("response_not_stored", key, error=reason)
 
     async def _release_after_failure(self, claim: Claim, exc: BaseException) -> None:
         try:

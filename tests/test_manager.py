@@ -825,3 +825,30 @@ async def test_waiter_claims_when_the_other_process_releases(store: Store) -> No
     assert work.runs == 1
     with pytest.raises(RuntimeError):
         await task
+
+
+async def test_not_stored_event_says_why(store: Store) -> None:
+    events: list[Event] = []
+    manager = make(store, on_event=events.append)
+    await manager.execute({"id": 1}, Counter("x" * (store.max_response_bytes + 1)), timeout=5)
+    await manager.execute({"id": 2}, Counter(object()), timeout=5)
+    errors_seen = [e.error for e in events if e.kind == "response_not_stored"]
+    assert isinstance(errors_seen[0], errors.ResponseTooLargeError)
+    assert errors_seen[0].size > errors_seen[0].limit == store.max_response_bytes
+    assert isinstance(errors_seen[1], errors.ResponseEncodingError)
+
+
+async def test_failing_response_codec_completes_as_not_stored(store: Store) -> None:
+    class BrokenCodec:
+        def encode(self, result: Any) -> Any:
+            raise ValueError("cannot encode this result")
+
+        def decode(self, stored: Any) -> Any:
+            return stored
+
+    manager = make(store, response_codec=BrokenCodec())
+    work = Counter("charged")
+    assert await manager.execute({"id": 1}, work, timeout=5) == "charged"
+    with pytest.raises(errors.ResponseNotStoredError):
+        await manager.execute({"id": 1}, work, timeout=5)
+    assert work.runs == 1
