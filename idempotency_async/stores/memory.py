@@ -18,7 +18,10 @@ class MemoryStore:
     """Keeps records in a dict, with the same expiry, lease and owner rules as shared stores.
 
     Every operation completes without awaiting, so each one is atomic on its event loop.
-    Expired records are removed lazily, when their key is next claimed, or by :meth:`purge`.
+    Memory stays bounded: records are kept in the order of their last write, which is the
+    order they expire in for one TTL, and each claim drops up to two expired records from
+    the front (with mixed TTLs a long-lived record delays the ones behind it until it
+    expires).  :meth:`purge` drops every expired record at once.
     """
 
     def __init__(self, *, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
@@ -29,10 +32,14 @@ class MemoryStore:
         return len(self._entries)
 
     async def claim(self, claim: Claim, *, now: float) -> Record | None:
-        current = self._entries.get(claim.key)
-        if current is not None and not _claimable(current[0], now):
-            return _record(current)
-        self._entries[claim.key] = (claim, None)
+        entries = self._entries
+        current = entries.get(claim.key)
+        if current is not None:
+            if not _claimable(current[0], now):
+                return _record(current)
+            del entries[claim.key]  # re-inserted at the end: the order of expiry
+        entries[claim.key] = (claim, None)
+        self._drop_expired(now)
         return None
 
     async def get(self, key: str) -> Record | None:
@@ -56,6 +63,7 @@ class MemoryStore:
             None,
             completion.response_stored,
         )
+        del self._entries[completion.key]  # its expiry moved: to the end
         self._entries[completion.key] = (kept, encoded)
         return True
 
@@ -67,6 +75,15 @@ class MemoryStore:
             return False
         del self._entries[key]
         return True
+
+    def _drop_expired(self, now: float) -> None:
+        # Two per claim outpaces one insert per claim, so expired records cannot pile up.
+        entries = self._entries
+        for _ in range(2):
+            oldest = next(iter(entries))
+            if entries[oldest][0].expiration >= now:
+                return
+            del entries[oldest]
 
     def purge(self, now: float) -> int:
         """Drop records that expired before ``now``; returns how many were dropped."""
