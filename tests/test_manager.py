@@ -852,3 +852,55 @@ async def test_failing_response_codec_completes_as_not_stored(store: Store) -> N
     with pytest.raises(errors.ResponseNotStoredError):
         await manager.execute({"id": 1}, work, timeout=5)
     assert work.runs == 1
+
+
+def test_serialize_key_replaces_canonical_json_for_both_hashes() -> None:
+    import base64
+    import hashlib
+
+    seen: list[Any] = []
+
+    def serialize(value: Any) -> str:
+        seen.append(value)
+        return f"custom:{value}"
+
+    manager = Manager(
+        MemoryStore(),
+        Options(
+            key_prefix="p",
+            event_key_jmespath="id",
+            payload_validation_jmespath="amount",
+            serialize_key=serialize,
+        ),
+    )
+    expected = base64.b64encode(hashlib.md5(b"custom:7").digest()).decode()
+    assert manager.key_for({"id": 7, "amount": 3}) == f"p#{expected}"
+    assert seen == [7, 3]  # identity, then validation
+
+
+async def test_lease_margin_extends_every_lease(store: Store, clock: Clock) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording, clock, lease_margin=2.5)
+    await manager.execute({"id": 1}, Counter(), timeout=10)
+    assert recording.claims[0].lease_end == pytest.approx((clock.now + 12.5) * 1000, abs=50)
+
+
+async def test_custom_jmespath_functions_select_the_key(store: Store) -> None:
+    from jmespath.functions import signature
+
+    from idempotency_async.selection import PowertoolsFunctions
+
+    class Functions(PowertoolsFunctions):
+        @signature({"types": ["string"]})
+        def _func_lower(self, value: str) -> str:
+            return value.lower()
+
+    manager = make(
+        store,
+        event_key_jmespath="lower(powertools_json(body).order)",
+        jmespath_functions=Functions(),
+    )
+    work = Counter()
+    await manager.execute({"body": '{"order": "ORD-1"}'}, work, timeout=5)
+    await manager.execute({"body": '{"order": "ord-1", "note": "retry"}'}, work, timeout=5)
+    assert work.runs == 1
