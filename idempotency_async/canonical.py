@@ -156,12 +156,12 @@ def js_number(value: float) -> str:
 #
 # orjson with OPT_SORT_KEYS writes keys in code-point order and numbers its own way.
 # For most payloads that is already the TypeScript text; the check below proves it in
-# one plain loop over the value (cheaper than any C-iterator pipeline measured here, see
-# BENCHMARKS.md).  Floats that orjson prints differently from JavaScript (integral ones
-# such as ``132.0``, tiny or huge ones) are common in real payloads, so instead of
-# giving up, the loop notes their containers, which are then patched into shallow
-# copies (with copies of their ancestors).  Anything else unusual goes to the general
-# path, which also produces every error message.
+# one recursive pass over the value (cheaper than any C-iterator pipeline measured here,
+# see BENCHMARKS.md).  Floats that orjson prints differently from JavaScript (integral
+# ones such as ``132.0``, tiny or huge ones) are common in real payloads, so instead of
+# giving up, the pass replaces them copy-on-write: only the containers holding them, and
+# their ancestors, are copied on the way back up.  Anything else unusual goes to the
+# general path, which also produces every error message.
 
 _NOT_FAST: Final = object()
 # Past this depth the general path (iterative) takes over; it also stops cyclic values,
