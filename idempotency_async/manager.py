@@ -57,6 +57,12 @@ class _Keys(NamedTuple):
     validation: str | None
 
 
+class _Replayed(NamedTuple):
+    """A claim that found the key completed: the value to return instead of running."""
+
+    value: Any
+
+
 class _Outcome(NamedTuple):
     """What a finished call leaves for in-process duplicates waiting on it."""
 
@@ -283,41 +289,90 @@ class Manager:
         callback: Callable[[], Awaitable[T]],
         loop: asyncio.AbstractEventLoop,
     ) -> T:
-        """Hold the key in this process (single flight) while claiming it in the store."""
+        """Hold the key in this process (single flight): claim it, run the callback, record it.
+
+        The uncontended path — claim, callback, completion — awaits from this one frame: with
+        thousands of calls in flight, every live coroutine frame is garbage-collector work.
+        """
         key = flight.keys.key
         self._inflight[key] = flight
         try:
-            raced = 0
-            wait_until = 0.0  # set when the first in-progress answer makes us wait
-            while True:
-                now = self.options.clock()
-                claim, cutoff = self._claim_for(flight, now, loop)
-                flight.lease_end = claim.lease_end / 1000
-                existing = await self.store.claim(claim, now=now)
-                if existing is None:
-                    self._emit("claimed", key)
-                    return await self._run(claim, cutoff, flight, callback, loop)
-                if existing.is_claimable(now):
-                    raced += 1
-                    if raced > _CLAIM_RETRIES:
-                        raise InconsistentStateError(
-                            f"key {key}: the store kept refusing a claim on a record that had "
-                            "expired; check that every worker's clock is synchronised"
-                        )
-                    continue
-                if not wait_until and self.options.wait:
-                    wait_until = loop.time() + self.options.wait_timeout
-                    if flight.deadline is not None:
-                        wait_until = min(wait_until, flight.deadline)
-                if not self._is_final(existing, flight.keys, wait_until - loop.time()):
-                    existing = await self._poll(flight.keys, wait_until, loop)
-                    if existing is None:
-                        continue  # the holder failed, or its lease lapsed: claim again
-                return self._replay_record(existing, flight)  # type: ignore[no-any-return]
+            now = self.options.clock()
+            claim, cutoff = self._claim_for(flight, now, loop)
+            flight.lease_end = claim.lease_end / 1000
+            existing = await self.store.claim(claim, now=now)
+            if existing is not None:
+                if existing.status is Status.COMPLETED and not existing.is_claimable(now):
+                    self._validate(existing.validation, flight.keys)  # the common replay
+                    return self._replay_record(existing, flight)  # type: ignore[no-any-return]
+                claimed = await self._contend(flight, existing, now, loop)
+                if isinstance(claimed, _Replayed):
+                    return claimed.value  # type: ignore[no-any-return]
+                claim, cutoff = claimed
+            self._emit("claimed", key)
+            started = loop.time()
+            timer = None if cutoff is None else self._cutoffs_of(loop).start(cutoff)
+            try:
+                result = await callback()
+            except asyncio.CancelledError as exc:
+                if timer is not None and timer.fired():
+                    # Our own deadline: like a cancellation, no store write.  The record
+                    # stays in progress until its lease ends, right at the deadline.
+                    raise _cut_off(key) from exc
+                raise
+            except Exception as exc:
+                await self._release_after_failure(claim, exc)
+                raise
+            finally:
+                if timer is not None:
+                    timer.close()
+            completion = self._completion_for(claim, result)
+            try:
+                written = await self.store.complete(completion)
+            except Exception as exc:
+                raise _completion_failed(claim, result, exc) from exc
+            self._completed(completion, written, result, flight, loop.time() - started)
+            return result
         finally:
             if self._inflight.get(key) is flight:
                 del self._inflight[key]
             flight.settle(None)
+
+    async def _contend(
+        self, flight: _Flight, existing: Record, now: float, loop: asyncio.AbstractEventLoop
+    ) -> tuple[Claim, float | None] | _Replayed:
+        """The claim met a record: replay it, wait for it, or claim again once it is free.
+
+        Returns the claim written (and the callback's cutoff) or the result to replay.
+        """
+        raced = 0
+        wait_until = 0.0  # set when the first in-progress answer makes us wait
+        while True:
+            if existing.is_claimable(now):
+                raced += 1  # it expired between our clock and the store's answer
+                if raced > _CLAIM_RETRIES:
+                    raise InconsistentStateError(
+                        f"key {flight.keys.key}: the store kept refusing a claim on a record "
+                        "that had expired; check that every worker's clock is synchronised"
+                    )
+            else:
+                if not wait_until and self.options.wait:
+                    wait_until = loop.time() + self.options.wait_timeout
+                    if flight.deadline is not None:
+                        wait_until = min(wait_until, flight.deadline)
+                if self._is_final(existing, flight.keys, wait_until - loop.time()):
+                    return _Replayed(self._replay_record(existing, flight))
+                polled = await self._poll(flight.keys, wait_until, loop)
+                if polled is not None:
+                    return _Replayed(self._replay_record(polled, flight))
+                # the holder failed, or its lease lapsed: claim again
+            now = self.options.clock()
+            claim, cutoff = self._claim_for(flight, now, loop)
+            flight.lease_end = claim.lease_end / 1000
+            found = await self.store.claim(claim, now=now)
+            if found is None:
+                return claim, cutoff
+            existing = found
 
     async def _poll(
         self, keys: _Keys, wait_until: float, loop: asyncio.AbstractEventLoop
@@ -372,47 +427,6 @@ class Manager:
             flight.keys.key, flight.owner, expiration, lease_end_ms, flight.keys.validation
         )
         return claim, cutoff
-
-    async def _run(
-        self,
-        claim: Claim,
-        cutoff: float | None,
-        flight: _Flight,
-        callback: Callable[[], Awaitable[T]],
-        loop: asyncio.AbstractEventLoop,
-    ) -> T:
-        started = loop.time()
-        timer = None if cutoff is None else self._cutoffs_of(loop).start(cutoff)
-        try:
-            result = await callback()
-        except asyncio.CancelledError as exc:
-            if timer is not None and timer.fired():
-                # Our own deadline: like a cancellation, no store write.  The record
-                # stays in progress until its lease ends, right at the deadline.
-                raise TimeoutError(
-                    f"the call for key {claim.key} was cut off before its deadline, leaving "
-                    "time to record it; the key is claimable again once the deadline passes"
-                ) from exc
-            raise
-        except Exception as exc:
-            await self._release_after_failure(claim, exc)
-            raise
-        finally:
-            if timer is not None:
-                timer.close()
-        completion = self._completion_for(claim, result)
-        try:
-            written = await self.store.complete(completion)
-        except Exception as exc:
-            raise CompletionError(
-                f"the call for key {claim.key} succeeded but recording its result failed "
-                f"({exc}); the result is on this error, and the key stays in progress until "
-                "its lease ends",
-                key=claim.key,
-                result=result,
-            ) from exc
-        self._completed(completion, written, result, flight, loop.time() - started)
-        return result
 
     def _cutoffs_of(self, loop: asyncio.AbstractEventLoop) -> Cutoffs:
         cutoffs = self._cutoffs
@@ -568,6 +582,22 @@ def _hasher(algorithm: str) -> Callable[[bytes], str]:
         return binascii.b2a_base64(new(data).digest(), newline=False).decode("ascii")
 
     return hash_bytes
+
+
+def _cut_off(key: str) -> TimeoutError:
+    return TimeoutError(
+        f"the call for key {key} was cut off before its deadline, leaving time to record it; "
+        "the key is claimable again once the deadline passes"
+    )
+
+
+def _completion_failed(claim: Claim, result: Any, exc: Exception) -> CompletionError:
+    return CompletionError(
+        f"the call for key {claim.key} succeeded but recording its result failed ({exc}); the "
+        "result is on this error, and the key stays in progress until its lease ends",
+        key=claim.key,
+        result=result,
+    )
 
 
 def _not_stored(key: str) -> ResponseNotStoredError:
