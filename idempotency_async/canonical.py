@@ -230,11 +230,15 @@ def _fast_form(value: Any) -> Any:
     return value if kind is str or kind is int or kind is bool or value is None else _NOT_FAST
 
 
-def _fast_container(node: Any, depth: int) -> Any:
+def _fast_container(
+    node: Any, depth: int, _known: Callable[[Any], bool] = _known_keys.members.issuperset
+) -> Any:
     # Recursion keeps the parent chain for free: a container is copied only when
     # something below it changed (copy on write), so one pass serves both cases.
+    # ``_known`` is bound once (the set is only ever mutated in place): this runs for
+    # every container of every payload, and a local lookup is the cheapest there is.
     if type(node) is dict:
-        if not _known_keys.members.issuperset(node) and not _keys_in_ts_order(node):
+        if not _known(node) and not _keys_in_ts_order(node):
             return _NOT_FAST
         children: Any = node.values()
     else:
