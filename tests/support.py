@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,3 +65,28 @@ class RecordingStore:
 
 async def run(value: Any) -> Any:
     return value
+
+
+async def start_holding(
+    manager: Any,
+    payload: Any,
+    *,
+    seconds: float,
+    result: Any = None,
+    error: BaseException | None = None,
+    timeout: float = 5.0,
+) -> asyncio.Task[Any]:
+    """Start ``manager.execute(payload, ...)`` whose callback holds the key for ``seconds``
+    and then returns ``result`` (or raises ``error``); return once the callback is running."""
+    started = asyncio.Event()
+
+    async def hold() -> Any:
+        started.set()
+        await asyncio.sleep(seconds)
+        if error is not None:
+            raise error
+        return result
+
+    task = asyncio.create_task(manager.execute(payload, hold, timeout=timeout))
+    await started.wait()
+    return task

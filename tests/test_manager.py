@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from support import Clock, RecordingStore
+from support import Clock, RecordingStore, start_holding
 
 from idempotency_async import Event, Manager, MemoryStore, Options, errors
 from idempotency_async.record import Status
@@ -84,15 +84,7 @@ async def test_validation_mismatch_on_in_progress_record_raises_before_in_progre
 ) -> None:
     first = make(store, event_key_jmespath="id", payload_validation_jmespath="amount")
     second = make(store, event_key_jmespath="id", payload_validation_jmespath="amount")
-    started = asyncio.Event()
-
-    async def slow() -> str:
-        started.set()
-        await asyncio.sleep(0.2)
-        return "ok"
-
-    task = asyncio.create_task(first.execute({"id": 1, "amount": 10}, slow, timeout=5))
-    await started.wait()
+    task = await start_holding(first, {"id": 1, "amount": 10}, seconds=0.2, result="ok")
     with pytest.raises(errors.PayloadValidationError):
         await second.execute({"id": 1, "amount": 99}, Counter(), timeout=5)
     with pytest.raises(errors.AlreadyInProgressError):
@@ -103,15 +95,7 @@ async def test_validation_mismatch_on_in_progress_record_raises_before_in_progre
 async def test_in_progress_error_carries_the_lease_end(store: Store, clock: Clock) -> None:
     first = make(store, clock)
     second = make(store, clock)
-    started = asyncio.Event()
-
-    async def slow() -> str:
-        started.set()
-        await asyncio.sleep(0.1)
-        return "ok"
-
-    task = asyncio.create_task(first.execute({"id": 1}, slow, timeout=20))
-    await started.wait()
+    task = await start_holding(first, {"id": 1}, seconds=0.1, result="ok", timeout=20)
     with pytest.raises(errors.AlreadyInProgressError) as info:
         await second.execute({"id": 1}, Counter(), timeout=5)
     assert info.value.lease_end is not None
@@ -340,15 +324,7 @@ async def test_store_round_trips_per_path(store: Store) -> None:
 async def test_in_process_duplicate_is_rejected_without_a_store_call(store: Store) -> None:
     recording = RecordingStore(store)
     manager = make(recording)
-    started = asyncio.Event()
-
-    async def slow() -> str:
-        started.set()
-        await asyncio.sleep(0.05)
-        return "ok"
-
-    task = asyncio.create_task(manager.execute({"id": 1}, slow, timeout=5))
-    await started.wait()
+    task = await start_holding(manager, {"id": 1}, seconds=0.05, result="ok")
     before = list(recording.calls)
     with pytest.raises(errors.AlreadyInProgressError):
         await manager.execute({"id": 1}, Counter(), timeout=5)
@@ -370,15 +346,9 @@ async def test_wait_joins_the_in_process_call_and_replays(store: Store) -> None:
 
 async def test_waiting_duplicate_claims_for_itself_when_the_first_call_fails(store: Store) -> None:
     manager = make(store, wait=True)
-    first_started = asyncio.Event()
-
-    async def failing() -> None:
-        first_started.set()
-        await asyncio.sleep(0.02)
-        raise RuntimeError("first failed")
-
-    first = asyncio.create_task(manager.execute({"id": 1}, failing, timeout=5))
-    await first_started.wait()
+    first = await start_holding(
+        manager, {"id": 1}, seconds=0.02, error=RuntimeError("first failed")
+    )
     work = Counter("second")
     second = asyncio.create_task(manager.execute({"id": 1}, work, timeout=5))
     with pytest.raises(RuntimeError):
@@ -390,15 +360,7 @@ async def test_waiting_duplicate_claims_for_itself_when_the_first_call_fails(sto
 async def test_wait_polls_another_process_until_it_completes(store: Store) -> None:
     holder = make(store)
     waiter = make(store, wait=True, wait_timeout=5)
-    started = asyncio.Event()
-
-    async def slow() -> str:
-        started.set()
-        await asyncio.sleep(0.2)
-        return "from-holder"
-
-    task = asyncio.create_task(holder.execute({"id": 1}, slow, timeout=5))
-    await started.wait()
+    task = await start_holding(holder, {"id": 1}, seconds=0.2, result="from-holder")
     work = Counter()
     assert await waiter.execute({"id": 1}, work, timeout=5) == "from-holder"
     assert work.runs == 0
@@ -408,15 +370,7 @@ async def test_wait_polls_another_process_until_it_completes(store: Store) -> No
 async def test_wait_gives_up_after_wait_timeout(store: Store) -> None:
     holder = make(store)
     waiter = make(store, wait=True, wait_timeout=0.15)
-    started = asyncio.Event()
-
-    async def slow() -> str:
-        started.set()
-        await asyncio.sleep(0.5)
-        return "late"
-
-    task = asyncio.create_task(holder.execute({"id": 1}, slow, timeout=5))
-    await started.wait()
+    task = await start_holding(holder, {"id": 1}, seconds=0.5, result="late")
     loop = asyncio.get_running_loop()
     begun = loop.time()
     with pytest.raises(errors.AlreadyInProgressError):
@@ -499,14 +453,7 @@ async def test_expired_deadline_raises_before_any_store_call(store: Store) -> No
 async def test_cancellation_propagates_with_no_store_call_after_it(store: Store) -> None:
     recording = RecordingStore(store)
     manager = make(recording)
-    started = asyncio.Event()
-
-    async def hang() -> None:
-        started.set()
-        await asyncio.sleep(10)
-
-    task = asyncio.create_task(manager.execute({"id": 1}, hang, timeout=5))
-    await started.wait()
+    task = await start_holding(manager, {"id": 1}, seconds=10)
     calls_before_cancel = list(recording.calls)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -522,14 +469,7 @@ async def test_cancelled_holder_lets_a_waiting_duplicate_proceed_after_the_lease
     store: Store,
 ) -> None:
     manager = make(store, wait=True, wait_timeout=2)
-    started = asyncio.Event()
-
-    async def hang() -> None:
-        started.set()
-        await asyncio.sleep(10)
-
-    holder = asyncio.create_task(manager.execute({"id": 1}, hang, timeout=0.3))
-    await started.wait()
+    holder = await start_holding(manager, {"id": 1}, seconds=10, timeout=0.3)
     work = Counter("after lease")
     waiter = asyncio.create_task(manager.execute({"id": 1}, work, timeout=2))
     await asyncio.sleep(0.01)
@@ -793,15 +733,7 @@ async def test_waiting_on_another_process_polls_with_reads_not_claims(store: Sto
     holder = make(store)
     recording = RecordingStore(store)
     waiter = make(recording, wait=True, wait_timeout=5)
-    started = asyncio.Event()
-
-    async def slow() -> str:
-        started.set()
-        await asyncio.sleep(0.3)
-        return "from-holder"
-
-    task = asyncio.create_task(holder.execute({"id": 1}, slow, timeout=5))
-    await started.wait()
+    task = await start_holding(holder, {"id": 1}, seconds=0.3, result="from-holder")
     assert await waiter.execute({"id": 1}, Counter(), timeout=5) == "from-holder"
     await task
     assert recording.calls[0] == "claim"
@@ -811,15 +743,7 @@ async def test_waiting_on_another_process_polls_with_reads_not_claims(store: Sto
 async def test_waiter_claims_when_the_other_process_releases(store: Store) -> None:
     holder = make(store)
     waiter = make(store, wait=True, wait_timeout=5)
-    started = asyncio.Event()
-
-    async def failing() -> None:
-        started.set()
-        await asyncio.sleep(0.15)
-        raise RuntimeError("holder failed")
-
-    task = asyncio.create_task(holder.execute({"id": 1}, failing, timeout=5))
-    await started.wait()
+    task = await start_holding(holder, {"id": 1}, seconds=0.15, error=RuntimeError("holder failed"))
     work = Counter("waiter ran")
     assert await waiter.execute({"id": 1}, work, timeout=5) == "waiter ran"
     assert work.runs == 1
