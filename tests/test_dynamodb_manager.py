@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from _moto import fresh_store, fresh_table
+from support import start_holding
 from test_dynamodb_store import sent_requests
 
 from idempotency_async import Manager, Options, errors
@@ -38,15 +39,7 @@ async def test_store_round_trips_per_path(dynamodb_client: Any) -> None:
         assert await first.execute({"id": 1}, _value, timeout=10) == await _value()
     assert sent == []  # cached replay
 
-    started = asyncio.Event()
-
-    async def slow() -> str:
-        started.set()
-        await asyncio.sleep(0.2)
-        return "slow"
-
-    holder = asyncio.create_task(first.execute({"id": 2}, slow, timeout=10))
-    await started.wait()
+    holder = await start_holding(first, {"id": 2}, seconds=0.2, result="slow", timeout=10)
     with sent_requests(dynamodb_client) as sent, pytest.raises(errors.AlreadyInProgressError):
         await second.execute({"id": 2}, _value, timeout=10)
     assert sent == ["PutItem"]  # in-progress rejection from another process
