@@ -15,7 +15,7 @@ Two paths produce the same text:
 
 from __future__ import annotations
 
-import base64
+import binascii
 import bisect
 import dataclasses
 import enum
@@ -38,6 +38,7 @@ __all__ = [
     "canonical_json",
     "digest",
     "digest_bytes",
+    "digester",
     "idempotency_key",
     "js_number",
 ]
@@ -111,12 +112,22 @@ def digest(text: str | bytes, algorithm: str = "md5") -> str:
 
 
 def digest_bytes(data: bytes, algorithm: str = "md5") -> str:
-    hasher = _HASHERS.get(algorithm)
-    if hasher is None:
+    """:func:`digest` of bytes."""
+    return digester(algorithm)(data)
+
+
+def digester(algorithm: str = "md5") -> Callable[[bytes], str]:
+    """The function :func:`digest_bytes` applies, resolved once (for hot paths)."""
+    new = _HASHERS.get(algorithm)
+    if new is None:
         raise ConfigError(
             f"unknown hash algorithm {algorithm!r}: use one of {', '.join(sorted(HASH_ALGORITHMS))}"
         )
-    return base64.b64encode(hasher(data).digest()).decode("ascii")
+
+    def digest_of(data: bytes) -> str:
+        return binascii.b2a_base64(new(data).digest(), newline=False).decode("ascii")
+
+    return digest_of
 
 
 def idempotency_key(prefix: str, value_digest: str) -> str:

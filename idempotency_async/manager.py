@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import binascii
-import hashlib
 import itertools
 import logging
 import math
@@ -16,7 +14,7 @@ from typing import Any, NamedTuple, TypeVar
 from idempotency_async._codec import decode_json, encode_json
 from idempotency_async._cutoff import Cutoffs
 from idempotency_async.cache import CachedResponse, LocalCache
-from idempotency_async.canonical import canonical_bytes, idempotency_key
+from idempotency_async.canonical import canonical_bytes, digester, idempotency_key
 from idempotency_async.deadlines import effective_deadline, reserve_for
 from idempotency_async.errors import (
     AlreadyInProgressError,
@@ -118,7 +116,7 @@ class Manager:
         # Owner tokens: random per manager, unique per claim, cheap to make.
         self._owner_prefix = secrets.token_hex(12) + "-"
         self._claims = itertools.count()
-        self._hasher = _hasher(self.options.hash_function)
+        self._hasher = digester(self.options.hash_function)
         self._strict_integers = self.options.integer_precision == "strict"
         self._cutoffs: Cutoffs | None = None
         self._warned_no_deadline = False
@@ -573,15 +571,6 @@ class Manager:
         except Exception:
             # Metrics must never change the outcome of a call.
             _log.exception("on_event hook failed", extra={"idempotency_event": kind})
-
-
-def _hasher(algorithm: str) -> Callable[[bytes], str]:
-    new = getattr(hashlib, algorithm)
-
-    def hash_bytes(data: bytes) -> str:
-        return binascii.b2a_base64(new(data).digest(), newline=False).decode("ascii")
-
-    return hash_bytes
 
 
 def _cut_off(key: str) -> TimeoutError:

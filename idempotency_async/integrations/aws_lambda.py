@@ -19,13 +19,12 @@ import contextvars
 import dataclasses
 import functools
 import inspect
+import json
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
-
-import orjson
 
 from idempotency_async._codec import loads_strict
 from idempotency_async.canonical import canonical_json
@@ -261,11 +260,12 @@ def _kinesis_decode(record: Mapping[str, Any]) -> dict[str, Any]:
 def _json_or_text(text: str) -> Any:
     """Parsed JSON, or the text itself when it is not JSON (plain-text messages)."""
     try:
-        orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return text
-    # Valid JSON: parse it again with duplicate members rejected (the record then fails).
-    return loads_strict(text)
+        return loads_strict(text)
+    except PayloadError as exc:
+        if isinstance(exc.__cause__, json.JSONDecodeError):
+            return text  # not JSON at all
+        raise  # JSON with duplicate members (or NaN): the record fails
+
 
 
 def _dynamodb_partition(record: Mapping[str, Any]) -> str:
