@@ -44,6 +44,8 @@ class LocalCache:
     def put(self, key: str, entry: CachedResponse) -> None:
         if self._max_items == 0:
             return
+        # An exact-size copy: orjson's bytes keep their whole output buffer (4 KB and up).
+        entry = CachedResponse(entry.record, bytes(memoryview(entry.encoded)))
         self._entries[key] = entry
         self._entries.move_to_end(key)
         while len(self._entries) > self._max_items:

@@ -70,6 +70,9 @@ def effective_deadline(
     return min(candidates) if candidates else None
 
 
-def reserve_for(time_left: float) -> float:
-    """Time kept back between the callback's cut-off and the lease end for the completion write."""
+def reserve_for(time_left: float, override: float | None = None) -> float:
+    """Time kept back between the callback's cutoff and the lease end for the completion
+    write: min(0.5 s, 20 % of the time left), or ``override`` (never more than the time left)."""
+    if override is not None:
+        return min(override, time_left)
     return min(_MAX_RESERVE, _RESERVE_SHARE * time_left)

@@ -15,6 +15,7 @@ __all__ = [
     "KeyMissingError",
     "PayloadValidationError",
     "AlreadyInProgressError",
+    "DeadlineExceededError",
     "InconsistentStateError",
     "LeaseLostError",
     "CompletionError",
@@ -49,7 +50,7 @@ class PayloadError(IdempotencyError, ValueError):
         self.path = path
 
 
-class KeyMissingError(IdempotencyError):
+class KeyMissingError(PayloadError):
     """The key expression selected nothing and ``raise_on_no_key`` is set."""
 
 
@@ -64,14 +65,37 @@ class PayloadValidationError(IdempotencyError):
 class AlreadyInProgressError(IdempotencyError):
     """Another caller holds the key and has not finished yet.
 
-    ``lease_end`` is the Unix time (seconds, float) at which the holder's lease
-    ends and the key becomes claimable again, when known.
+    ``retry_after`` is the number of seconds until the holder's lease ends and the key
+    becomes claimable again, as the store judged it; ``lease_end`` is that instant as Unix
+    time (seconds) by this process's clock.  Both are ``None`` when unknown.
     """
 
-    def __init__(self, message: str, *, key: str, lease_end: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str,
+        lease_end: float | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.key = key
         self.lease_end = lease_end
+        self.retry_after = retry_after
+
+
+class DeadlineExceededError(IdempotencyError, TimeoutError):
+    """The call's own deadline or lease ran out: its callback was cut off.
+
+    Raised when the manager cuts the callback off a small reserve before the lease ends
+    (so that nobody else can claim the key while it still runs), and when a call without
+    a key runs past its ``timeout``.  Nothing was recorded; the key becomes claimable again
+    once the lease ends.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class InconsistentStateError(IdempotencyError):
@@ -81,14 +105,19 @@ class InconsistentStateError(IdempotencyError):
 class CompletionError(IdempotencyError):
     """The callback succeeded but its result could not be recorded.
 
-    The side effect happened: ``result`` carries what the callback returned.
-    The record stays in progress until its lease ends.
+    The side effect happened: ``result`` carries what the callback returned.  The record
+    stays in progress until its lease ends — unless the write applied after all:
+    ``outcome_unknown`` is True when the write was abandoned at the lease end or its answer
+    was lost, so the record may be completed.
     """
 
-    def __init__(self, message: str, *, key: str, result: Any) -> None:
+    def __init__(
+        self, message: str, *, key: str, result: Any, outcome_unknown: bool = False
+    ) -> None:
         super().__init__(message)
         self.key = key
         self.result = result
+        self.outcome_unknown = outcome_unknown
 
 
 class LeaseLostError(CompletionError):

@@ -19,6 +19,7 @@ EventKind: TypeAlias = Literal[
     "lease_lost",
     "response_not_stored",
     "joined",
+    "cut_off",
 ]
 
 
@@ -29,7 +30,8 @@ class Event:
     ``kind`` is one of :data:`EventKind`; ``error`` is set for ``release_failed``,
     ``lease_lost`` and ``response_not_stored`` (why: ``ResponseTooLargeError``,
     ``ResponseEncodingError`` or a response codec's error); ``duration`` is the callback's
-    run time in seconds for ``completed``.
+    run time in seconds for ``completed``.  ``cut_off``: the callback was cut off before its
+    lease ended and the caller got ``DeadlineExceededError``.
     """
 
     kind: EventKind

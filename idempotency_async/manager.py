@@ -1,43 +1,45 @@
-"""The Manager: runs a callback at most once per idempotency key and replays its result."""
+"""The Manager: runs a callback at most once per idempotency key and replays its result.
+
+The lifecycle of one call reads top-down in :meth:`Manager.execute` and :meth:`_own`;
+each step calls into the module that owns it: key derivation (``_keys``), response
+encoding and replay (``_responses``), single flight (``_flight``), cutoffs (``_cutoff``).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
-import math
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 from idempotency_async._codec import decode_json, encode_json
 from idempotency_async._cutoff import Cutoffs
+from idempotency_async._flight import Flight, Outcome, wait_for
+from idempotency_async._keys import KeyDeriver, Keys
+from idempotency_async._responses import (
+    Responses,
+    log_not_stored,
+    not_stored_error,
+    not_stored_reason,
+)
 from idempotency_async.cache import CachedResponse, LocalCache
-from idempotency_async.canonical import canonical_bytes, digester, idempotency_key
 from idempotency_async.deadlines import effective_deadline, reserve_for
 from idempotency_async.errors import (
     AlreadyInProgressError,
     CompletionError,
     ConfigError,
+    DeadlineExceededError,
     InconsistentStateError,
-    KeyMissingError,
     LeaseLostError,
-    PayloadError,
-    PayloadValidationError,
-    ResponseNotStoredError,
     ResponseTooLargeError,
+    StoreUnavailableError,
 )
 from idempotency_async.events import Event, EventKind
 from idempotency_async.options import Options, disabled_by_environment
-from idempotency_async.record import Claim, Completion, Record, Status
-from idempotency_async.selection import (
-    PowertoolsFunctions,
-    Selector,
-    compile_expression,
-    is_missing,
-)
-from idempotency_async.stores.base import Store
+from idempotency_async.record import Claim, Completion, Record
+from idempotency_async.stores.base import CLAIMED, State, Store, Verdict, Written
 
 __all__ = ["Manager"]
 
@@ -50,43 +52,21 @@ _FIRST_POLL = 0.05
 _MAX_POLL = 1.0
 
 
-class _Keys(NamedTuple):
-    key: str
-    validation: str | None
+class _Lease(NamedTuple):
+    """A claim this call wrote, with its bounds in loop time."""
+
+    claim: Claim
+    cutoff_at: float
+    """When the callback is cut off: the lease end less the completion reserve."""
+    ends_at: float
+    """When the lease ends; cleanup and completion writes are abandoned here."""
+    reserve: float
 
 
 class _Replayed(NamedTuple):
     """A claim that found the key completed: the value to return instead of running."""
 
     value: Any
-
-
-class _Outcome(NamedTuple):
-    """What a finished call leaves for in-process duplicates waiting on it."""
-
-    record: Record
-    encoded: bytes | None
-
-
-@dataclass(slots=True)
-class _Flight:
-    """A call of this manager that holds a key right now (single flight): its keys, its
-    deadline (loop time), the owner token it claims with, and what duplicates wait on.
-
-    The future is created by the first duplicate that waits, so an uncontended call
-    pays nothing for it.
-    """
-
-    keys: _Keys
-    deadline: float | None
-    owner: str
-    lease_end: float | None = None
-    future: asyncio.Future[_Outcome | None] | None = None
-    waiters: int = 0
-
-    def settle(self, outcome: _Outcome | None) -> None:
-        if self.future is not None and not self.future.done():
-            self.future.set_result(outcome)
 
 
 class Manager:
@@ -99,25 +79,15 @@ class Manager:
     def __init__(self, store: Store, options: Options | None = None) -> None:
         self.store = store
         self.options = options if options is not None else Options()
-        functions = self.options.jmespath_functions or PowertoolsFunctions()
-        self._key_selector = Selector(
-            compile_expression(self.options.event_key_jmespath, option="event_key_jmespath"),
-            functions,
-        )
-        validation = compile_expression(
-            self.options.payload_validation_jmespath, option="payload_validation_jmespath"
-        )
-        self._validation_selector = None if validation is None else Selector(validation, functions)
-        self._prefix = self.options.resolved_prefix()
+        self._keys = KeyDeriver(self.options)
+        self._responses = Responses(self.options)
         self._cache = (
             LocalCache(self.options.local_cache_max_items) if self.options.use_local_cache else None
         )
-        self._inflight: dict[str, _Flight] = {}
+        self._inflight: dict[str, Flight] = {}
         # Owner tokens: random per manager, unique per claim, cheap to make.
         self._owner_prefix = secrets.token_hex(12) + "-"
         self._claims = itertools.count()
-        self._hasher = digester(self.options.hash_function)
-        self._strict_integers = self.options.integer_precision == "strict"
         self._cutoffs: Cutoffs | None = None
         self._warned_no_deadline = False
         self._disabled = disabled_by_environment()
@@ -125,18 +95,18 @@ class Manager:
             _log.warning(
                 "idempotency is disabled by POWERTOOLS_IDEMPOTENCY_DISABLED: "
                 "callbacks run on every call",
-                extra={"idempotency_prefix": self._prefix},
+                extra={"idempotency_prefix": self._keys.prefix},
             )
 
     @property
     def key_prefix(self) -> str:
-        return self._prefix
+        return self._keys.prefix
 
     # ------------------------------------------------------------------ public API
 
     def key_for(self, payload: Any) -> str | None:
         """The key :meth:`execute` would use for ``payload``, or None when it selects no key."""
-        keys = self._derive(payload)
+        keys = self._keys.derive(payload)
         return None if keys is None else keys.key
 
     async def execute(
@@ -158,13 +128,11 @@ class Manager:
                 "callback must be a zero-argument callable returning an awaitable, e.g. "
                 f"lambda: charge(order); got {type(callback).__name__}"
             )
-        if self._disabled:
-            return await callback()
-        keys = self._derive(payload)
-        if keys is None:
-            return await callback()
         loop = asyncio.get_running_loop()
         when = effective_deadline(loop, deadline=deadline, timeout=timeout)
+        keys = None if self._disabled else self._keys.derive(payload)
+        if keys is None:
+            return await self._unprotected(callback, when, loop)
         if self._cache is not None:
             entry = self._cache.get(keys.key, self.options.clock())
             if entry is not None:
@@ -173,121 +141,61 @@ class Manager:
             flight = self._inflight.get(keys.key)
             if flight is None:
                 owner = f"{self._owner_prefix}{next(self._claims)}"
-                return await self._own(_Flight(keys, when, owner), callback, loop)
-            self._validate(flight.keys.validation, keys)
-            if not self.options.wait:
-                self._emit("rejected_in_progress", keys.key)
-                raise AlreadyInProgressError(
-                    f"key {keys.key} is being processed by another call in this process: retry "
-                    "later, or set Options(wait=True) to wait for its result",
-                    key=keys.key,
-                    lease_end=flight.lease_end,
-                )
-            outcome = await self._join(flight, keys.key, when, loop)
+                return await self._own(Flight(keys, when, owner), callback, loop)
+            outcome = await self._duplicate(flight, keys, when, loop)
             if outcome is not None:
                 self._emit("joined", keys.key)
                 return self._replay_outcome(outcome)  # type: ignore[no-any-return]
 
-    async def release(self, key: str) -> None:
+    async def force_release(self, key: str) -> Record | None:
         """Delete the record of ``key`` whatever its state (operators: unstick a key).
 
-        Dangerous: if the original call is still running, a retry will run the side
-        effect a second time.
+        Returns the record deleted, if there was one.  Dangerous: if the original call is
+        still running, a retry will run the side effect a second time.  Other processes'
+        local caches keep replaying the key until their entries expire.
         """
         if self._cache is not None:
             self._cache.discard(key)
-        await self.store.release(key, None)
+        deleted = await self.store.force_release(key)
         self._emit("released", key)
+        return deleted
 
     def clear_cache(self) -> None:
         """Forget locally cached responses; the store is left alone."""
         if self._cache is not None:
             self._cache.clear()
 
-    # ------------------------------------------------------------------ keys
-
-    def _derive(self, payload: Any) -> _Keys | None:
-        selected = self._key_selector.select(payload)
-        if is_missing(selected, strict=self.options.strict_missing_key):
-            if self.options.raise_on_no_key:
-                raise KeyMissingError(
-                    f"no idempotency key in the payload (event_key_jmespath="
-                    f"{self.options.event_key_jmespath!r} selected nothing): send the field, or "
-                    "unset raise_on_no_key to run such calls without idempotency"
-                )
-            _log.warning(
-                "no idempotency key in the payload: running without idempotency",
-                extra={"event_key_jmespath": str(self.options.event_key_jmespath)},
-            )
-            return None
-        key = idempotency_key(self._prefix, self._hash(selected))
-        validation = None
-        if self._validation_selector is not None:
-            validation = self._hash(self._validation_selector.select(payload))
-        return _Keys(key, validation)
-
-    def _hash(self, value: Any) -> str:
-        if self.options.serialize_key is not None:
-            text = self.options.serialize_key(value)
-            data = text.encode() if isinstance(text, str) else text
-        else:
-            data = canonical_bytes(
-                value,
-                serializer=self.options.serializer or _model_serializer,
-                strict_integers=self._strict_integers,
-            )
-        return self._hasher(data)
-
-    def _validate(self, stored: str | None, keys: _Keys) -> None:
-        if keys.validation is not None and stored is not None and stored != keys.validation:
-            raise PayloadValidationError(
-                f"key {keys.key} was used before with a different payload "
-                f"(payload_validation_jmespath={self.options.payload_validation_jmespath!r}): "
-                "use a new key for a new request",
-                key=keys.key,
-            )
-
     # ------------------------------------------------------------------ replay
 
-    def _cache_hit(self, entry: CachedResponse, keys: _Keys) -> Any:
-        self._validate(entry.record.validation, keys)
+    def _cache_hit(self, entry: CachedResponse, keys: Keys) -> Any:
+        self._keys.validate(entry.record.validation, keys)
         self._emit("cache_hit", keys.key)
-        return self._replay_outcome(_Outcome(entry.record, entry.encoded))
+        return self._replay_outcome(Outcome(entry.record, entry.encoded))
 
-    def _replay_outcome(self, outcome: _Outcome) -> Any:
-        record = outcome.record
-        if not record.response_stored or outcome.encoded is None:
-            raise _not_stored(record.key)
-        return self._present(decode_json(outcome.encoded), record)
+    def _replay_outcome(self, outcome: Outcome) -> Any:
+        if outcome.encoded is None:
+            raise not_stored_error(outcome.record)
+        return self._responses.present(decode_json(outcome.encoded), outcome.record)
 
-    def _replay_record(self, record: Record, flight: _Flight) -> Any:
+    def _replay_record(self, record: Record, flight: Flight) -> Any:
+        self._keys.validate(record.validation, flight.keys)
         if not record.response_stored:
-            flight.settle(_Outcome(record, None))
-            raise _not_stored(record.key)
-        encoded = None
+            flight.settle(Outcome(record, None))
+            raise not_stored_error(record)
         if flight.waiters or self._cache is not None:
             encoded = encode_json(record.response)
-            flight.settle(_Outcome(record, encoded))
+            flight.settle(Outcome(record, encoded))
             if self._cache is not None:
                 self._cache.put(record.key, CachedResponse(record, encoded))
         self._emit("replayed", record.key)
-        return self._present(record.response, record)
-
-    def _present(self, stored: Any, record: Record) -> Any:
-        codec = self.options.response_codec
-        response = stored if codec is None else codec.decode(stored)
-        hook = self.options.response_hook
-        return response if hook is None else hook(response, record)
+        return self._responses.present(record.response, record)
 
     # ------------------------------------------------------------------ claim and run
 
     async def _own(
-        self,
-        flight: _Flight,
-        callback: Callable[[], Awaitable[T]],
-        loop: asyncio.AbstractEventLoop,
+        self, flight: Flight, callback: Callable[[], Awaitable[T]], loop: asyncio.AbstractEventLoop
     ) -> T:
-        """Hold the key in this process (single flight): claim it, run the callback, record it.
+        """Claim the key, run the callback, record the result.
 
         The uncontended path — claim, callback, completion — awaits from this one frame: with
         thousands of calls in flight, every live coroutine frame is garbage-collector work.
@@ -295,40 +203,39 @@ class Manager:
         key = flight.keys.key
         self._inflight[key] = flight
         try:
-            now = self.options.clock()
-            claim, cutoff = self._claim_for(flight, now, loop)
-            flight.lease_end = claim.lease_end / 1000
-            existing = await self.store.claim(claim, now=now)
-            if existing is not None:
-                if existing.status is Status.COMPLETED and not existing.is_claimable(now):
-                    self._validate(existing.validation, flight.keys)  # the common replay
-                    return self._replay_record(existing, flight)  # type: ignore[no-any-return]
-                claimed = await self._contend(flight, existing, now, loop)
-                if isinstance(claimed, _Replayed):
-                    return claimed.value  # type: ignore[no-any-return]
-                claim, cutoff = claimed
+            lease = self._lease_for(flight, loop)
+            verdict = await self._claim(lease)
+            if verdict is not CLAIMED and verdict.state is not State.CLAIMED:
+                if verdict.state is State.COMPLETED and verdict.record is not None:
+                    return self._replay_record(verdict.record, flight)  # type: ignore[no-any-return]
+                contended = await self._contend(flight, verdict, loop)
+                if isinstance(contended, _Replayed):
+                    return contended.value  # type: ignore[no-any-return]
+                lease = contended
+            claim = lease.claim
+            flight.hold(claim.now + claim.lease - self.options.lease_margin)
             self._emit("claimed", key)
             started = loop.time()
-            timer = None if cutoff is None else self._cutoffs_of(loop).start(cutoff)
+            cutoffs = self._cutoffs_of(loop)
+            timer = cutoffs.start(lease.cutoff_at)
             try:
                 result = await callback()
             except asyncio.CancelledError as exc:
-                if timer is not None and timer.fired():
-                    # Our own deadline: like a cancellation, no store write.  The record
-                    # stays in progress until its lease ends, right at the deadline.
+                cut_off = timer.fired()
+                timer.close()
+                if cut_off:
+                    # Our own cutoff: like a cancellation, no store write.  The record stays
+                    # in progress until its lease ends, a reserve from now.
+                    self._emit("cut_off", key)
                     raise _cut_off(key) from exc
                 raise
             except Exception as exc:
-                await self._release_after_failure(claim, exc)
+                timer.close()  # only the callback runs under the cutoff
+                await self._release_after_failure(lease, exc, loop)
                 raise
-            finally:
-                if timer is not None:
-                    timer.close()
+            timer.close()
             completion = self._completion_for(claim, result)
-            try:
-                written = await self.store.complete(completion)
-            except Exception as exc:
-                raise _completion_failed(claim, result, exc) from exc
+            written = await self._complete(lease, completion, result, loop)
             self._completed(completion, written, result, flight, loop.time() - started)
             return result
         finally:
@@ -336,95 +243,110 @@ class Manager:
                 del self._inflight[key]
             flight.settle(None)
 
-    async def _contend(
-        self, flight: _Flight, existing: Record, now: float, loop: asyncio.AbstractEventLoop
-    ) -> tuple[Claim, float | None] | _Replayed:
-        """The claim met a record: replay it, wait for it, or claim again once it is free.
-
-        Returns the claim written (and the callback's cutoff) or the result to replay.
-        """
-        raced = 0
-        wait_until = 0.0  # set when the first in-progress answer makes us wait
-        while True:
-            if existing.is_claimable(now):
-                raced += 1  # it expired between our clock and the store's answer
-                if raced > _CLAIM_RETRIES:
-                    raise InconsistentStateError(
-                        f"key {flight.keys.key}: the store kept refusing a claim on a record "
-                        "that had expired; check that every worker's clock is synchronised"
-                    )
-            else:
-                if not wait_until and self.options.wait:
-                    wait_until = loop.time() + self.options.wait_timeout
-                    if flight.deadline is not None:
-                        wait_until = min(wait_until, flight.deadline)
-                if self._is_final(existing, flight.keys, wait_until - loop.time()):
-                    return _Replayed(self._replay_record(existing, flight))
-                polled = await self._poll(flight.keys, wait_until, loop)
-                if polled is not None:
-                    return _Replayed(self._replay_record(polled, flight))
-                # the holder failed, or its lease lapsed: claim again
-            now = self.options.clock()
-            claim, cutoff = self._claim_for(flight, now, loop)
-            flight.lease_end = claim.lease_end / 1000
-            found = await self.store.claim(claim, now=now)
-            if found is None:
-                return claim, cutoff
-            existing = found
-
-    async def _poll(
-        self, keys: _Keys, wait_until: float, loop: asyncio.AbstractEventLoop
-    ) -> Record | None:
-        """Read an in-progress record with bounded backoff until it completes (returned) or
-        is gone or claimable (None).  Reads, not claim attempts: in DynamoDB a refused
-        conditional write costs write capacity, a strongly consistent read a fifth of it."""
-        delay = _FIRST_POLL
-        while True:
-            await asyncio.sleep(min(delay, max(wait_until - loop.time(), 0.0)))
-            delay = min(delay * 2, _MAX_POLL)
-            record = await self.store.get(keys.key)
-            if record is None or record.is_claimable(self.options.clock()):
-                return None
-            if self._is_final(record, keys, wait_until - loop.time()):
-                return record
-
-    def _is_final(self, existing: Record, keys: _Keys, wait_left: float) -> bool:
-        """True for a completed record to replay; False to poll an in-progress one again."""
-        self._validate(existing.validation, keys)
-        if existing.status is Status.COMPLETED:
-            return True
-        if not self.options.wait or wait_left <= 0:
-            self._emit("rejected_in_progress", keys.key)
-            raise AlreadyInProgressError(
-                f"key {keys.key} is being processed by another call: retry after its lease "
-                "ends, or set Options(wait=True, wait_timeout=...) to wait for its result",
-                key=keys.key,
-                lease_end=existing.lease_end / 1000 if existing.lease_end is not None else None,
-            )
-        return False
-
-    def _claim_for(
-        self, flight: _Flight, now: float, loop: asyncio.AbstractEventLoop
-    ) -> tuple[Claim, float | None]:
-        """The claim to write at ``now`` and the loop time at which the callback is cut off."""
-        margin = self.options.lease_margin
+    def _lease_for(self, flight: Flight, loop: asyncio.AbstractEventLoop) -> _Lease:
+        """The claim to write now, and the loop times that bound the callback and cleanup."""
+        options = self.options
+        started = loop.time()
         if flight.deadline is None:
             self._diagnose_no_deadline()
-            lease = self.options.lease or self.options.expires_after
-            cutoff = None
+            left = options.lease or options.expires_after
         else:
-            lease = flight.deadline - loop.time()
-            if lease <= 0:
-                raise TimeoutError(
-                    f"the deadline of key {flight.keys.key} passed before it was claimed"
+            left = flight.deadline - started
+            if left <= 0:
+                raise DeadlineExceededError(
+                    f"the deadline of key {flight.keys.key} passed before it was claimed",
+                    key=flight.keys.key,
                 )
-            cutoff = flight.deadline - reserve_for(lease)
-        lease_end_ms = math.ceil((now + lease + margin) * 1000)
-        expiration = max(int(now + self.options.expires_after), math.ceil(lease_end_ms / 1000))
+        reserve = reserve_for(left, options.completion_reserve)
         claim = Claim(
-            flight.keys.key, flight.owner, expiration, lease_end_ms, flight.keys.validation
+            flight.keys.key,
+            flight.owner,
+            options.clock(),
+            left + options.lease_margin,
+            options.expires_after,
+            flight.keys.validation,
         )
-        return claim, cutoff
+        return _Lease(claim, started + left - reserve, started + left, reserve)
+
+    async def _claim(self, lease: _Lease) -> Verdict:
+        """One claim; a claim whose outcome is unknown gets one owner-fenced release."""
+        try:
+            verdict = await self.store.claim(lease.claim)
+        except StoreUnavailableError as exc:
+            # The write may have applied with its answer lost: without this release the key
+            # would stay blocked for the whole lease by a claim nobody holds.
+            await self._release(lease, exc, asyncio.get_running_loop())
+            raise
+        if not isinstance(verdict, Verdict):
+            raise StoreUnavailableError(
+                f"the store answered a claim of key {lease.claim.key} with {verdict!r}, not a "
+                "verdict: the callback was not run"
+            )
+        return verdict
+
+    async def _contend(
+        self, flight: Flight, verdict: Verdict, loop: asyncio.AbstractEventLoop
+    ) -> _Lease | _Replayed:
+        """The claim met a record: replay it, wait for it, or claim again once it is free."""
+        raced = 0
+        wait_until: float | None = None
+        while True:
+            state, record = verdict.state, verdict.record
+            if state is State.COMPLETED and record is not None:
+                return _Replayed(self._replay_record(record, flight))
+            if state is State.IN_PROGRESS and record is not None:
+                self._keys.validate(record.validation, flight.keys)
+                if wait_until is None:
+                    wait_until = self._wait_limit(flight.deadline, loop)
+                verdict = await self._poll(flight.keys, verdict, wait_until, loop)
+                if verdict.state is State.COMPLETED:
+                    continue
+            else:
+                # CLAIMABLE after a refused claim: it expired between the write and the
+                # store's answer.
+                raced += 1
+                if raced > _CLAIM_RETRIES:
+                    raise InconsistentStateError(
+                        f"key {flight.keys.key}: the store kept refusing claims on a record it "
+                        "judged claimable; check that every worker's clock is synchronised"
+                    )
+            lease = self._lease_for(flight, loop)
+            verdict = await self._claim(lease)
+            if verdict.state is State.CLAIMED:
+                return lease
+
+    async def _poll(
+        self, keys: Keys, verdict: Verdict, wait_until: float, loop: asyncio.AbstractEventLoop
+    ) -> Verdict:
+        """Read an in-progress record with bounded backoff until the store judges it
+        completed or claimable.  Reads, not claim attempts: in DynamoDB a refused conditional
+        write costs write capacity, a strongly consistent read a fifth of it."""
+        delay = _FIRST_POLL
+        while True:
+            left = wait_until - loop.time()
+            if not self.options.wait or left <= 0:
+                self._reject(keys.key, verdict.retry_after)
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 2, _MAX_POLL)
+            verdict = await self.store.get(keys.key, now=self.options.clock())
+            if verdict.state is not State.IN_PROGRESS:
+                return verdict
+            if verdict.record is not None:
+                self._keys.validate(verdict.record.validation, keys)
+
+    def _wait_limit(self, deadline: float | None, loop: asyncio.AbstractEventLoop) -> float:
+        limit = loop.time() + self.options.wait_timeout
+        return limit if deadline is None else min(limit, deadline)
+
+    def _reject(self, key: str, retry_after: float | None) -> None:
+        self._emit("rejected_in_progress", key)
+        raise AlreadyInProgressError(
+            f"key {key} is being processed by another call: retry after its lease ends, or "
+            "set Options(wait=True, wait_timeout=...) to wait for its result",
+            key=key,
+            lease_end=None if retry_after is None else self.options.clock() + retry_after,
+            retry_after=retry_after,
+        )
 
     def _cutoffs_of(self, loop: asyncio.AbstractEventLoop) -> Cutoffs:
         cutoffs = self._cutoffs
@@ -432,23 +354,56 @@ class Manager:
             cutoffs = self._cutoffs = Cutoffs(loop)
         return cutoffs
 
+    # ------------------------------------------------------------------ completion
+
     def _completion_for(self, claim: Claim, result: Any) -> Completion:
-        stored, encoded = self._encode_result(claim.key, result)
+        encoded = self._responses.encode(result, self.store.max_response_bytes)
+        reason = None
+        if encoded.reason is not None:
+            reason = not_stored_reason(encoded.reason)
+            log_not_stored(claim.key, encoded.reason)
+            self._emit("response_not_stored", claim.key, error=encoded.reason)
         return Completion(
-            key=claim.key,
-            owner=claim.owner,
-            expiration=int(self.options.clock() + self.options.expires_after),
-            validation=claim.validation,
-            response=stored if encoded is not None else None,
-            response_stored=encoded is not None,
-            encoded=encoded,
+            claim.key,
+            claim.owner,
+            self.options.clock(),
+            self.options.expires_after,
+            claim.validation,
+            encoded.encoded,
+            encoded.value,
+            reason,
         )
 
+    async def _complete(
+        self, lease: _Lease, completion: Completion, result: Any, loop: asyncio.AbstractEventLoop
+    ) -> Written:
+        """The completion write, abandoned at the lease end (or a reserve from now when the
+        callback overran it): after that another worker may hold the key."""
+        timer = self._cutoffs_of(loop).start(max(lease.ends_at, loop.time() + lease.reserve))
+        try:
+            return await self.store.complete(completion)
+        except asyncio.CancelledError as exc:
+            if timer.fired():
+                abandoned = TimeoutError("abandoned at the lease end")
+                raise _completion_failed(completion.key, result, abandoned, unknown=True) from exc
+            raise
+        except Exception as exc:
+            # A lost answer (StoreUnavailableError) may hide a write that applied.
+            unknown = isinstance(exc, StoreUnavailableError)
+            raise _completion_failed(completion.key, result, exc, unknown=unknown) from exc
+        finally:
+            timer.close()
+
     def _completed(
-        self, completion: Completion, written: bool, result: Any, flight: _Flight, duration: float
+        self,
+        completion: Completion,
+        written: Written,
+        result: Any,
+        flight: Flight,
+        duration: float,
     ) -> None:
         key = completion.key
-        if not written:
+        if written is Written.NOTHING:
             error = LeaseLostError(
                 f"the lease of key {key} ended before the call finished and another worker "
                 "claimed the key; its record was left intact. Give calls a deadline that covers "
@@ -458,84 +413,151 @@ class Manager:
             )
             self._emit("lease_lost", key, error=error)
             raise error
+        encoded = completion.encoded
+        if written is Written.WITHOUT_RESPONSE and encoded is not None:
+            # The store could not fit what the manager encoded: every caller, here and in
+            # other processes, now gets ResponseNotStoredError — one key, one answer.
+            too_large = ResponseTooLargeError(
+                f"the store could not fit the response ({len(encoded)} bytes of JSON) even "
+                "compressed",
+                size=len(encoded),
+                limit=self.store.max_response_bytes,
+            )
+            log_not_stored(key, too_large)
+            self._emit("response_not_stored", key, error=too_large)
+            completion = completion._replace(
+                encoded=None, response=None, not_stored=not_stored_reason(too_large)
+            )
+            encoded = None
         if flight.waiters or self._cache is not None:
-            record = completion.to_record()._replace(response=None)
-            flight.settle(_Outcome(record, completion.encoded))
-            if self._cache is not None and completion.encoded is not None:
-                self._cache.put(key, CachedResponse(record, completion.encoded))
+            record = completion.to_record(completion.now)
+            flight.settle(Outcome(record, encoded))
+            if self._cache is not None and encoded is not None:
+                self._cache.put(key, CachedResponse(record, encoded))
         self._emit("completed", key, duration=duration)
 
-    def _encode_result(self, key: str, result: Any) -> tuple[Any, bytes | None]:
-        """The JSON value to store and its encoding; no encoding means "response not stored"."""
-        try:
-            codec = self.options.response_codec
-            stored = result if codec is None else codec.encode(result)
-            encoded = encode_json(stored)
-        except Exception as exc:  # a failing codec too: the side effect happened all the same
-            self._not_stored(key, exc)
-            return None, None
-        limit = self.store.max_response_bytes
-        if len(encoded) > limit:
-            too_large = ResponseTooLargeError(
-                f"the response is {len(encoded)} bytes, over the store's limit of {limit}",
-                size=len(encoded),
-                limit=limit,
-            )
-            self._not_stored(key, too_large)
-            return None, None
-        return stored, encoded
+    async def _release_after_failure(
+        self, lease: _Lease, exc: BaseException, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        released = await self._release(lease, exc, loop)
+        if released is True:
+            self._emit("released", lease.claim.key)
+        elif released is False:
+            self._emit("lease_lost", lease.claim.key, error=exc)
 
-    def _not_stored(self, key: str, reason: Exception) -> None:
-        # The side effect happened, so the record is completed (never deleted): replays
-        # raise ResponseNotStoredError instead of running the callback again.  The event
-        # carries why (ResponseTooLargeError, ResponseEncodingError, a codec's error).
-        _log.warning(
-            "response not stored: %s; duplicates of this key will get ResponseNotStoredError",
-            reason,
-            extra={"idempotency_key": key},
+    async def _release(
+        self, lease: _Lease, exc: BaseException, loop: asyncio.AbstractEventLoop
+    ) -> bool | None:
+        """Owner-fenced release, abandoned at the lease end; a failure becomes a note on
+        ``exc`` (None returned), never the caller's outcome."""
+        key = lease.claim.key
+        timer = self._cutoffs_of(loop).start(max(lease.ends_at, loop.time() + lease.reserve))
+        try:
+            return await self.store.release(key, lease.claim.owner)
+        except asyncio.CancelledError as cancelled:
+            if not timer.fired():
+                raise
+            failure: BaseException = cancelled
+            why = "was abandoned at the lease end"
+        except Exception as error:
+            failure = error
+            why = f"failed ({error!r})"
+        finally:
+            timer.close()
+        exc.add_note(
+            f"idempotency-async: releasing key {key} {why}; the key stays in progress until "
+            "its lease ends"
         )
-        self._emit("response_not_stored", key, error=reason)
+        self._emit("release_failed", key, error=failure)
+        return None
 
-    async def _release_after_failure(self, claim: Claim, exc: BaseException) -> None:
-        try:
-            released = await self.store.release(claim.key, claim.owner)
-        except Exception as release_exc:
-            exc.add_note(
-                f"idempotency-async: releasing key {claim.key} failed ({release_exc!r}); the key "
-                "stays in progress until its lease ends"
-            )
-            self._emit("release_failed", claim.key, error=release_exc)
-            return
-        if released:
-            self._emit("released", claim.key)
+    # ------------------------------------------------------------------ duplicates
+
+    async def _duplicate(
+        self, flight: Flight, keys: Keys, deadline: float | None, loop: asyncio.AbstractEventLoop
+    ) -> Outcome | None:
+        """A call for a key another call of this process claims or holds.
+
+        Returns the outcome to replay, or None to look again (the other call failed).
+        """
+        if not flight.holding:
+            # Its claim is unanswered, and may turn out to be a replay: wait for the answer.
+            if flight.answered is None:
+                flight.answered = loop.create_future()
+            await self._wait_on(flight, flight.answered, keys.key, deadline, loop)
+            outcome = flight.result
+            if flight.settled or not flight.holding:
+                return outcome
+        self._keys.validate(flight.keys.validation, keys)
+        if not self.options.wait:
+            retry_after = None
+            if flight.lease_end is not None:
+                retry_after = max(flight.lease_end - self.options.clock(), 0.0)
+            self._reject(keys.key, retry_after)
+        if flight.finished is None:
+            flight.finished = loop.create_future()
+        await self._wait_on(flight, flight.finished, keys.key, deadline, loop)
+        return flight.result
+
+    async def _wait_on(
+        self,
+        flight: Flight,
+        future: asyncio.Future[Any],
+        key: str,
+        deadline: float | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        """Wait for ``future`` at most min(wait_timeout, own deadline) — own deadline only
+        while the other call's claim is unanswered and waiting is off."""
+        if self.options.wait or flight.holding:
+            limit = self._wait_limit(deadline, loop)
         else:
-            self._emit("lease_lost", claim.key, error=exc)
-
-    async def _join(
-        self, flight: _Flight, key: str, deadline: float | None, loop: asyncio.AbstractEventLoop
-    ) -> _Outcome | None:
-        """Wait for the in-process holder of ``key``; None when it failed (claim again)."""
-        limit = loop.time() + self.options.wait_timeout
-        own_deadline_first = deadline is not None and deadline <= limit
-        if deadline is not None:
-            limit = min(limit, deadline)
-        if flight.future is None:
-            flight.future = loop.create_future()
+            limit = float("inf") if deadline is None else deadline
         flight.waiters += 1
         try:
-            async with asyncio.timeout_at(limit):
-                # shield: one waiter giving up must not cancel the holder's future.
-                return await asyncio.shield(flight.future)
+            await wait_for(future, limit)
         except TimeoutError:
-            if own_deadline_first:
-                raise
+            if deadline is not None and loop.time() >= deadline:
+                raise DeadlineExceededError(
+                    f"the deadline of key {key} passed while waiting for another call of this "
+                    "process holding it",
+                    key=key,
+                ) from None
+            retry_after = None
+            if flight.lease_end is not None:
+                retry_after = max(flight.lease_end - self.options.clock(), 0.0)
+            self._emit("rejected_in_progress", key)
             raise AlreadyInProgressError(
                 f"key {key} was still in progress after waiting {self.options.wait_timeout} s",
                 key=key,
                 lease_end=flight.lease_end,
+                retry_after=retry_after,
             ) from None
         finally:
             flight.waiters -= 1
+
+    # ------------------------------------------------------------------ no key
+
+    async def _unprotected(
+        self,
+        callback: Callable[[], Awaitable[T]],
+        deadline: float | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> T:
+        """Run a call without idempotency (no key, or disabled), still bounded by its deadline."""
+        if deadline is None:
+            return await callback()
+        timer = self._cutoffs_of(loop).start(deadline)
+        try:
+            return await callback()
+        except asyncio.CancelledError as exc:
+            if timer.fired():
+                raise DeadlineExceededError(
+                    "the call (run without idempotency: no key) passed its deadline"
+                ) from exc
+            raise
+        finally:
+            timer.close()
 
     # ------------------------------------------------------------------ diagnostics
 
@@ -544,11 +566,11 @@ class Manager:
             return
         self._warned_no_deadline = True
         _log.warning(
-            "idempotent calls of this manager run without a deadline: a crash leaves the key in "
-            "progress for the whole lease (%s s). Pass timeout=, use `async with deadline(...)`, "
-            "or set Options(lease=...)",
+            "idempotent calls of this manager run without a deadline: each callback is cut off "
+            "before its lease of %s s ends, and a crash leaves the key in progress that long. "
+            "Pass timeout=, use `async with deadline(...)`, or set Options(lease=...)",
             self.options.lease or self.options.expires_after,
-            extra={"idempotency_prefix": self._prefix},
+            extra={"idempotency_prefix": self._keys.prefix},
         )
 
     def _emit(
@@ -573,36 +595,26 @@ class Manager:
             _log.exception("on_event hook failed", extra={"idempotency_event": kind})
 
 
-def _cut_off(key: str) -> TimeoutError:
-    return TimeoutError(
-        f"the call for key {key} was cut off before its deadline, leaving time to record it; "
-        "the key is claimable again once the deadline passes"
-    )
-
-
-def _completion_failed(claim: Claim, result: Any, exc: Exception) -> CompletionError:
-    return CompletionError(
-        f"the call for key {claim.key} succeeded but recording its result failed ({exc}); the "
-        "result is on this error, and the key stays in progress until its lease ends",
-        key=claim.key,
-        result=result,
-    )
-
-
-def _not_stored(key: str) -> ResponseNotStoredError:
-    return ResponseNotStoredError(
-        f"the first call for key {key} succeeded, but its response was not stored (too large "
-        "or not JSON), so it cannot be replayed: use a new key to run the request again",
+def _cut_off(key: str) -> DeadlineExceededError:
+    return DeadlineExceededError(
+        f"the call for key {key} was cut off before its lease ended, leaving time to record "
+        "it; nothing was recorded, and the key is claimable again once the lease ends",
         key=key,
     )
 
 
-def _model_serializer(value: Any) -> Any:
-    """Default hook for payload objects: pydantic models dump to JSON values (imported lazily)."""
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump(mode="json")
-    raise PayloadError(
-        f"{type(value).__name__} in the payload is not JSON: convert it first, or pass "
-        "Options(serializer=...) that turns it into JSON values"
+def _completion_failed(
+    key: str, result: Any, exc: BaseException, *, unknown: bool
+) -> CompletionError:
+    if unknown:
+        what = f"did not get an answer ({exc!r}), so its outcome is unknown: the record may be "
+        what += "completed, or stay in progress until its lease ends"
+    else:
+        what = f"failed ({exc}); the key stays in progress until its lease ends"
+    return CompletionError(
+        f"the call for key {key} succeeded but recording its result {what}. The result is on "
+        "this error",
+        key=key,
+        result=result,
+        outcome_unknown=unknown,
     )

@@ -63,6 +63,9 @@ class Options:
     """Lease in seconds when a call has no deadline at all (default: ``expires_after``)."""
     lease_margin: float = 0.0
     """Seconds added to every lease for clock skew between workers."""
+    completion_reserve: float | None = None
+    """Seconds kept between the callback's cutoff and the lease end for the completion write
+    (default: min(0.5 s, 20 % of the time left at the claim))."""
     wait: bool = False
     """Wait for an in-progress duplicate to finish and replay its result, instead of raising."""
     wait_timeout: float = 10.0
@@ -102,6 +105,10 @@ class Options:
             raise ConfigError(f"lease must be a positive number of seconds, got {self.lease!r}")
         if not _non_negative(self.lease_margin):
             raise ConfigError(f"lease_margin must be >= 0 seconds, got {self.lease_margin!r}")
+        if self.completion_reserve is not None and not _non_negative(self.completion_reserve):
+            raise ConfigError(
+                f"completion_reserve must be None or >= 0 seconds, got {self.completion_reserve!r}"
+            )
         if not _positive(self.wait_timeout):
             raise ConfigError(
                 f"wait_timeout must be a positive number of seconds, got {self.wait_timeout!r}"

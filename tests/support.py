@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from idempotency_async.record import Claim, Completion, Record
-from idempotency_async.stores.base import Store
+from idempotency_async.stores.base import Store, Verdict, Written
 
 
 @dataclass
@@ -42,25 +42,35 @@ class RecordingStore:
         if error is not None:
             raise error
 
-    async def claim(self, claim: Claim, *, now: float) -> Record | None:
+    async def claim(self, claim: Claim) -> Verdict:
         self._enter("claim")
         self.claims.append(claim)
-        return await self.inner.claim(claim, now=now)
+        return await self.inner.claim(claim)
 
-    async def get(self, key: str) -> Record | None:
+    async def get(self, key: str, *, now: float) -> Verdict:
         self._enter("get")
-        return await self.inner.get(key)
+        return await self.inner.get(key, now=now)
 
-    async def complete(self, completion: Completion) -> bool:
+    async def complete(self, completion: Completion) -> Written:
         self._enter("complete")
         return await self.inner.complete(completion)
 
-    async def release(self, key: str, owner: str | None) -> bool:
+    async def release(self, key: str, owner: str) -> bool:
         self._enter("release")
         return await self.inner.release(key, owner)
 
+    async def force_release(self, key: str) -> Record | None:
+        self._enter("force_release")
+        return await self.inner.force_release(key)
+
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+async def record_of(store: Store, key: str | None, now: float = 1_700_000_000.0) -> Record | None:
+    """The record of ``key`` as the store holds it (judged at ``now``; any state)."""
+    assert key is not None
+    return (await store.get(key, now=now)).record
 
 
 async def run(value: Any) -> Any:

@@ -472,9 +472,8 @@ class HttpIdempotency:
         return self.replay(stored)
 
     def _in_progress(self, exc: AlreadyInProgressError) -> HttpResponse:
-        now = self.manager.options.clock()
         # Leases are kept to the millisecond; rounding first keeps a lease of 5.0004 s at 5.
-        left = None if exc.lease_end is None else round(exc.lease_end - now, 3)
+        left = None if exc.retry_after is None else round(exc.retry_after, 3)
         seconds = 1 if left is None else max(1, math.ceil(left))
         return problem(
             409,

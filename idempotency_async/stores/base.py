@@ -1,18 +1,77 @@
-"""The async protocol every record store implements.
+"""The async protocol every record store implements (version 2).
 
-A store only stores: it never reads a clock (the manager passes ``now``), never
-hashes, never decides what to replay.  Each method is one atomic operation.
+A store stores and judges: the manager sends durations and its clock's ``now``, and the
+store answers with its *verdict* on the key — claimed, in progress (with the time left on
+the lease), completed, or claimable — by its own clock when it has one (Redis ``TIME``),
+else by ``now``.  The manager acts on the verdict and never re-judges it with its clock.
+Each method is one atomic operation.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import enum
+from typing import NamedTuple, Protocol, runtime_checkable
 
-from idempotency_async.record import Claim, Completion, Record
+from idempotency_async.record import Claim, Completion, Record, Status
 
-__all__ = ["Store", "DEFAULT_MAX_RESPONSE_BYTES"]
+__all__ = [
+    "CLAIMED",
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "State",
+    "Store",
+    "Verdict",
+    "Written",
+    "judge",
+]
 
 DEFAULT_MAX_RESPONSE_BYTES = 350_000
+
+
+class State(enum.Enum):
+    """What a store found when it judged a key."""
+
+    CLAIMED = "claimed"
+    """The claim was written (or was found already written under its own owner token)."""
+    IN_PROGRESS = "in_progress"
+    """Another owner holds a live lease."""
+    COMPLETED = "completed"
+    """An unexpired completed record: replay it."""
+    CLAIMABLE = "claimable"
+    """No live record (absent, expired or lapsed); a claim that gets this raced an expiry."""
+
+
+class Verdict(NamedTuple):
+    """A store's answer about one key: the state, the record it judged, and for
+    ``IN_PROGRESS`` the seconds left until the lease ends (by the store's clock)."""
+
+    state: State
+    record: Record | None = None
+    retry_after: float | None = None
+
+
+CLAIMED = Verdict(State.CLAIMED)
+"""The verdict of a successful claim (shared: building one per call costs time)."""
+
+
+class Written(enum.Enum):
+    """What :meth:`Store.complete` wrote."""
+
+    RESPONSE = "response"
+    """The COMPLETED record with its response."""
+    WITHOUT_RESPONSE = "without_response"
+    """The COMPLETED record without its response (the store could not fit it)."""
+    NOTHING = "nothing"
+    """Nothing: another claim owns the key (the lease was lost)."""
+
+
+def judge(record: Record | None, now: float) -> Verdict:
+    """The verdict on ``record`` at ``now`` (Unix seconds), for stores judging in Python."""
+    if record is None or record.is_claimable(now):
+        return Verdict(State.CLAIMABLE, record)
+    if record.status is Status.COMPLETED:
+        return Verdict(State.COMPLETED, record)
+    end = record.expiration if record.lease_end is None else record.lease_end
+    return Verdict(State.IN_PROGRESS, record, max(end - now, 0.0))
 
 
 @runtime_checkable
@@ -20,31 +79,45 @@ class Store(Protocol):
     max_response_bytes: int
     """Largest encoded (JSON, UTF-8) response this store accepts."""
 
-    async def claim(self, claim: Claim, *, now: float) -> Record | None:
-        """Write ``claim`` atomically if the key is free at ``now`` (Unix seconds).
+    async def claim(self, claim: Claim) -> Verdict:
+        """Write ``claim`` atomically if the key is free, and say what happened.
 
-        Free means: no record, an expired record, or an INPROGRESS record whose lease
-        ended.  Returns ``None`` when the claim was written, otherwise the record that
-        blocked it — read in the same round trip, never by a second request.
+        Free means: no record, an expired record, an INPROGRESS record whose lease ended,
+        or an INPROGRESS record carrying ``claim.owner`` (this claim, sent again after its
+        answer was lost).  Returns :data:`CLAIMED` when written; otherwise the verdict on
+        the record that blocked it — read in the same atomic step, never by a second
+        request.  A store returns ``CLAIMED`` only on the backend's explicit confirmation;
+        an answer it does not recognise raises ``StoreUnavailableError``.
         """
         ...
 
-    async def get(self, key: str) -> Record | None:
-        """Read the record of ``key`` with strong consistency (expired records included)."""
-        ...
+    async def get(self, key: str, *, now: float) -> Verdict:
+        """Read the record of ``key`` with strong consistency and judge it at ``now``.
 
-    async def complete(self, completion: Completion) -> bool:
-        """Store the response if ``completion.owner`` still owns the key.
-
-        Returns ``False`` (writing nothing) when another claim replaced the record.
+        ``CLAIMABLE`` with ``record=None`` when there is no record; expired records are
+        returned (``CLAIMABLE``) so operators can see them.
         """
         ...
 
-    async def release(self, key: str, owner: str | None) -> bool:
-        """Delete the record if ``owner`` still owns it (any record when ``owner`` is None).
+    async def complete(self, completion: Completion) -> Written:
+        """Write the COMPLETED record if ``completion.owner`` still owns the key.
 
-        Returns ``False`` when the record belongs to another claim (nothing deleted).
+        Owning means the record carries the owner token, whatever its status: a completion
+        sent again after a lost answer, or sent later to attach a response to a record this
+        owner completed without one, succeeds.  Returns :attr:`Written.NOTHING` (writing
+        nothing) when another claim replaced the record or it is gone.
         """
+        ...
+
+    async def release(self, key: str, owner: str) -> bool:
+        """Delete the record if ``owner`` still owns it; ``False`` when another claim does.
+
+        A record already gone counts as released (``True``).
+        """
+        ...
+
+    async def force_release(self, key: str) -> Record | None:
+        """Delete the record of ``key`` whatever its state; return what was deleted."""
         ...
 
     async def aclose(self) -> None:

@@ -22,9 +22,8 @@ from decimal import Decimal
 from types import TracebackType
 from typing import Any, Final, Self
 
-from idempotency_async._codec import encode_json
-from idempotency_async.errors import ConfigError, ResponseEncodingError, StoreValidationError
-from idempotency_async.record import Claim, Completion, Record, Status
+from idempotency_async.errors import ConfigError, StoreUnavailableError, StoreValidationError
+from idempotency_async.record import Claim, Completion, Record, Status, expiration_for
 from idempotency_async.stores._dynamodb_errors import (
     ConditionFailed,
     is_item_too_large,
@@ -38,6 +37,7 @@ from idempotency_async.stores._dynamodb_values import (
     number_text,
     to_native,
 )
+from idempotency_async.stores.base import CLAIMED, Verdict, Written, judge
 
 __all__ = ["DEFAULT_DYNAMODB_MAX_RESPONSE_BYTES", "DynamoDBStore", "create_table"]
 
@@ -52,12 +52,15 @@ DEFAULT_DYNAMODB_MAX_RESPONSE_BYTES: Final = 2_000_000
 _ITEM_BUDGET: Final = 400_000
 
 # Free means: no record, an expired record, or an INPROGRESS record whose lease ended
-# (see the timeline in idempotency_async.record).  The TypeScript port's condition, word
-# for word, so both ports claim a key under one rule.
+# (see the timeline in idempotency_async.record) — the TypeScript port's condition, word
+# for word, so both ports claim a key under one rule — or an INPROGRESS record carrying
+# this claim's owner token: the SDK resent a claim whose answer was lost, and the record
+# it meets is its own.
 _CLAIM_CONDITION: Final = (
     "attribute_not_exists(#id) OR #expiry < :now OR "
     "(#status = :inprogress AND attribute_exists(#in_progress_expiry) "
-    "AND #in_progress_expiry < :now_in_millis)"
+    "AND #in_progress_expiry < :now_in_millis) OR "
+    "(#status = :inprogress AND #owner = :owner)"
 )
 
 
@@ -186,19 +189,20 @@ class DynamoDBStore:
 
     # -- Store protocol -------------------------------------------------------------
 
-    async def claim(self, claim: Claim, *, now: float) -> Record | None:
+    async def claim(self, claim: Claim) -> Verdict:
+        now = claim.now
         item = {
             **self._key(claim.key),
             self._status_attr: {"S": Status.INPROGRESS.value},
-            self._expiry_attr: {"N": str(claim.expiration)},
-            self._in_progress_expiry_attr: {"N": str(claim.lease_end)},
+            self._expiry_attr: {"N": str(expiration_for(now, claim.ttl, claim.lease))},
+            self._in_progress_expiry_attr: {"N": str(math.ceil((now + claim.lease) * 1000))},
             self._owner_attr: {"S": claim.owner},
         }
         if claim.validation is not None:
             item[self._validation_attr] = {"S": claim.validation}
         try:
             async with self._call("claim") as client:
-                await client.put_item(
+                answer = await client.put_item(
                     TableName=self.table_name,
                     Item=item,
                     ConditionExpression=_CLAIM_CONDITION,
@@ -207,62 +211,90 @@ class DynamoDBStore:
                         "#expiry": self._expiry_attr,
                         "#status": self._status_attr,
                         "#in_progress_expiry": self._in_progress_expiry_attr,
+                        "#owner": self._owner_attr,
                     },
                     ExpressionAttributeValues={
                         ":now": {"N": number_text(now)},
                         ":now_in_millis": {"N": number_text(now * 1000)},
                         ":inprogress": {"S": Status.INPROGRESS.value},
+                        ":owner": {"S": claim.owner},
                     },
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                    # DynamoDB's report of the capacity the write consumed is the explicit
+                    # confirmation that it applied: an answer without it is not trusted.
+                    ReturnConsumedCapacity="TOTAL",
                 )
         except ConditionFailed as failed:
             if failed.item is None:
-                return _vanished(claim.key)
-            return self._decode(failed.item)
-        return None
+                return judge(None, now)  # raced with a delete: claimable
+            return judge(self._decode(failed.item), now)
+        if not isinstance(answer, Mapping) or "ConsumedCapacity" not in answer:
+            raise StoreUnavailableError(
+                f"the endpoint answered a claim on table {self.table_name!r} without "
+                "DynamoDB's confirmation (no ConsumedCapacity): check that endpoint_url points "
+                "at DynamoDB; the callback was not run"
+            )
+        return CLAIMED
 
-    async def get(self, key: str) -> Record | None:
+    async def get(self, key: str, *, now: float) -> Verdict:
         async with self._call("get") as client:
             response = await client.get_item(
                 TableName=self.table_name, Key=self._key(key), ConsistentRead=True
             )
         item = response.get("Item")
-        return None if item is None else self._decode(item)
+        return judge(None if item is None else self._decode(item), now)
 
-    async def complete(self, completion: Completion) -> bool:
+    async def complete(self, completion: Completion) -> Written:
         data = await self._prepare_data(completion)
         while True:
             try:
-                return await self._write_completion(completion, data)
+                written = await self._write_completion(completion, data)
             except StoreValidationError as exc:
-                if data.format == FORMAT_NOT_STORED or not is_item_too_large(exc):
+                if data.format is not None and data.format.startswith(FORMAT_NOT_STORED):
+                    raise
+                if not is_item_too_large(exc):
                     raise
                 # DynamoDB counted more bytes than the estimate.  The side effect has
                 # happened, so try a smaller form, down to no response at all.
                 data = await self._smaller_data(completion, data)
+                continue
+            if not written:
+                return Written.NOTHING
+            if data.value is None:
+                return Written.WITHOUT_RESPONSE
+            return Written.RESPONSE
 
-    async def release(self, key: str, owner: str | None) -> bool:
-        request: dict[str, Any] = {"TableName": self.table_name, "Key": self._key(key)}
-        if owner is not None:
-            request["ConditionExpression"] = "attribute_not_exists(#id) OR #owner = :owner"
-            request["ExpressionAttributeNames"] = {
-                "#id": self._key_attr,
-                "#owner": self._owner_attr,
-            }
-            request["ExpressionAttributeValues"] = {":owner": {"S": owner}}
+    async def release(self, key: str, owner: str) -> bool:
         try:
             async with self._call("release") as client:
-                await client.delete_item(**request)
+                await client.delete_item(
+                    TableName=self.table_name,
+                    Key=self._key(key),
+                    ConditionExpression="attribute_not_exists(#id) OR #owner = :owner",
+                    ExpressionAttributeNames={"#id": self._key_attr, "#owner": self._owner_attr},
+                    ExpressionAttributeValues={":owner": {"S": owner}},
+                )
         except ConditionFailed:
             return False
         return True
+
+    async def force_release(self, key: str) -> Record | None:
+        async with self._call("force release") as client:
+            answer = await client.delete_item(
+                TableName=self.table_name, Key=self._key(key), ReturnValues="ALL_OLD"
+            )
+        item = answer.get("Attributes")
+        return None if not item else self._decode(item)
 
     # -- completion -----------------------------------------------------------------
 
     async def _write_completion(self, completion: Completion, data: _Data) -> bool:
         fields: dict[str, tuple[str, dict[str, Any]]] = {
             "status": (self._status_attr, {"S": Status.COMPLETED.value}),
-            "expiry": (self._expiry_attr, {"N": str(completion.expiration)}),
+            "expiry": (
+                self._expiry_attr,
+                {"N": str(expiration_for(completion.now, completion.ttl, 0.0))},
+            ),
         }
         if data.value is not None:
             fields["data"] = (self._data_attr, data.value)
@@ -270,13 +302,20 @@ class DynamoDBStore:
             fields["format"] = (self._data_format_attr, {"S": data.format})
         if completion.validation is not None:
             fields["validation"] = (self._validation_attr, {"S": completion.validation})
+        # A completion may follow an earlier one of the same owner (a retried write, or a
+        # response attached later): remove what this one does not set.
+        removed = {"lease": self._in_progress_expiry_attr}
+        if data.value is None:
+            removed["data"] = self._data_attr
+        if data.format is None:
+            removed["format"] = self._data_format_attr
         names = {f"#{name}": attribute for name, (attribute, _) in fields.items()}
-        names.update({"#lease": self._in_progress_expiry_attr, "#owner": self._owner_attr})
+        names.update({f"#{name}": attribute for name, attribute in removed.items()})
+        names["#owner"] = self._owner_attr
         values = {f":{name}": value for name, (_, value) in fields.items()}
         values[":owner"] = {"S": completion.owner}
-        # The owner's claim was a PutItem that replaced the whole item, so no response or
-        # format of an earlier record is left to remove; only the lease goes.
-        expression = "SET " + ", ".join(f"#{name} = :{name}" for name in fields) + " REMOVE #lease"
+        expression = "SET " + ", ".join(f"#{name} = :{name}" for name in fields)
+        expression += " REMOVE " + ", ".join(f"#{name}" for name in removed)
         try:
             async with self._call("complete") as client:
                 await client.update_item(
@@ -293,42 +332,28 @@ class DynamoDBStore:
 
     async def _prepare_data(self, completion: Completion) -> _Data:
         """Choose how the response is written: native, JSON text, compressed, or not at all."""
-        if not completion.response_stored:
-            return _NOT_STORED
+        encoded = completion.encoded
+        if encoded is None:
+            return _not_stored(completion.not_stored)
         budget = self._response_budget(completion)
         native = to_native(completion.response)
-        if native is not None and native.size <= min(budget, self.max_response_bytes):
+        if native is not None and native.size <= budget:
             return _Data(None, native.value)
-        encoded = self._encoded_or_none(completion)
-        if encoded is None:
-            return _NOT_STORED
         if native is None and len(encoded) <= budget:
             return _Data(FORMAT_JSON, {"S": encoded.decode()})
         return await self._compressed(completion, encoded)
 
     async def _smaller_data(self, completion: Completion, rejected: _Data) -> _Data:
-        if rejected.format == FORMAT_JSON_ZLIB:
-            return self._not_stored(completion.key)
-        encoded = self._encoded_or_none(completion)
-        return _NOT_STORED if encoded is None else await self._compressed(completion, encoded)
+        if rejected.format == FORMAT_JSON_ZLIB or completion.encoded is None:
+            return self._too_large(completion)
+        return await self._compressed(completion, completion.encoded)
 
     async def _compressed(self, completion: Completion, encoded: bytes) -> _Data:
         # Off the event loop: a multi-megabyte response takes tens of milliseconds.
         compressed = await asyncio.to_thread(zlib.compress, encoded)
         if len(compressed) <= self._response_budget(completion):
             return _Data(FORMAT_JSON_ZLIB, {"B": compressed})
-        return self._not_stored(completion.key, len(encoded))
-
-    def _encoded_or_none(self, completion: Completion) -> bytes | None:
-        try:
-            encoded = encode_json(completion.response)
-        except ResponseEncodingError as exc:
-            logger.warning("response for %r not stored: %s", completion.key, exc)
-            return None
-        if len(encoded) > self.max_response_bytes:
-            self._not_stored(completion.key, len(encoded))
-            return None
-        return encoded
+        return self._too_large(completion)
 
     def _response_budget(self, completion: Completion) -> int:
         # The item limit less everything but the response, counted generously: names,
@@ -347,16 +372,16 @@ class DynamoDBStore:
         overhead = self._fixed_bytes + sum(len(text.encode()) for text in strings) + 3 * 21 + 64
         return _ITEM_BUDGET - overhead
 
-    def _not_stored(self, key: str, size: int | None = None) -> _Data:
+    def _too_large(self, completion: Completion) -> _Data:
+        size = 0 if completion.encoded is None else len(completion.encoded)
         logger.warning(
-            "the response for %r (%s bytes of JSON) exceeds max_response_bytes (%d) or does "
-            "not fit in a DynamoDB item even compressed; the record is completed without "
-            "it, and replays will raise ResponseNotStoredError",
-            key,
-            "?" if size is None else size,
-            self.max_response_bytes,
+            "the response for %r (%d bytes of JSON) does not fit in a DynamoDB item even "
+            "compressed; the record is completed without it, and replays will raise "
+            "ResponseNotStoredError",
+            completion.key,
+            size,
         )
-        return _NOT_STORED
+        return _not_stored(f"too large for a DynamoDB item even compressed ({size} bytes of JSON)")
 
     # -- items ----------------------------------------------------------------------
 
@@ -378,6 +403,11 @@ class DynamoDBStore:
     def _decode_item(self, item: Mapping[str, Any]) -> Record:
         key_attr = self._sort_key_attr or self._key_attr
         data_format = _string_or_none(item.get(self._data_format_attr))
+        not_stored = None
+        if data_format is not None and data_format.startswith(FORMAT_NOT_STORED):
+            # "not-stored" or "not-stored: <why>"
+            not_stored = data_format[len(FORMAT_NOT_STORED) :].lstrip(": ")
+            data_format = FORMAT_NOT_STORED
         expiration = item.get(self._expiry_attr)
         lease_end = item.get(self._in_progress_expiry_attr)
         return Record(
@@ -385,11 +415,12 @@ class DynamoDBStore:
             status=Status(item[self._status_attr]["S"]),
             # No expiration: the claim condition never passes for it, so it never expires.
             expiration=_NEVER if expiration is None else _ceil(expiration["N"]),
-            lease_end=None if lease_end is None else _ceil(lease_end["N"]),
+            lease_end=None if lease_end is None else _ceil(lease_end["N"]) / 1000,
             validation=_string_or_none(item.get(self._validation_attr)),
             owner=_string_or_none(item.get(self._owner_attr)),
             response=decode_response(item.get(self._data_attr), data_format),
-            response_stored=data_format != FORMAT_NOT_STORED,
+            response_stored=not_stored is None,
+            not_stored=not_stored or None,
         )
 
 
@@ -402,7 +433,10 @@ class _Data:
     value: dict[str, Any] | None
 
 
-_NOT_STORED: Final = _Data(FORMAT_NOT_STORED, None)
+def _not_stored(reason: str | None) -> _Data:
+    # The reason rides in the format marker: readers that do not know it (the TypeScript
+    # port) ignore data_format, and no attribute is added to the item.
+    return _Data(FORMAT_NOT_STORED if not reason else f"{FORMAT_NOT_STORED}: {reason}", None)
 
 
 # -- item decoding ------------------------------------------------------------------
@@ -418,16 +452,6 @@ def _ceil(text: str) -> int:
 
 def _string_or_none(attribute: Mapping[str, Any] | None) -> str | None:
     return None if attribute is None else str(attribute["S"])
-
-
-def _vanished(key: str) -> Record:
-    """A record the failed claim saw but DynamoDB did not return.
-
-    The condition only fails when an item exists, so this is a race with a delete or an
-    emulator without ALL_OLD support.  An expired INPROGRESS record is claimable, so the
-    manager retries the claim (and gives up with InconsistentStateError after two more).
-    """
-    return Record(key=key, status=Status.INPROGRESS, expiration=0, lease_end=0)
 
 
 # -- configuration ------------------------------------------------------------------
@@ -479,8 +503,7 @@ async def create_table(
             TableName=table_name,
             KeySchema=schema,
             AttributeDefinitions=[
-                {"AttributeName": entry["AttributeName"], "AttributeType": "S"}
-                for entry in schema
+                {"AttributeName": entry["AttributeName"], "AttributeType": "S"} for entry in schema
             ],
             BillingMode="PAY_PER_REQUEST",
         )

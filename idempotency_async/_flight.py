@@ -1,0 +1,73 @@
+"""Single flight: the calls of one manager that are claiming or holding a key right now.
+
+A call counts as the key's holder only once the store confirmed its claim.  Until then a
+duplicate in the same process waits for that answer — it may well be a replay of a
+completed record, which every duplicate must get (never "in progress") — and then either
+replays the same outcome, treats the call as a holder, or claims for itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from idempotency_async._keys import Keys
+from idempotency_async.record import Record
+
+__all__ = ["Flight", "Outcome", "wait_for"]
+
+
+class Outcome(NamedTuple):
+    """What a finished call leaves for in-process duplicates waiting on it."""
+
+    record: Record
+    encoded: bytes | None
+
+
+@dataclass(slots=True)
+class Flight:
+    """One call that claims or holds a key in this process.
+
+    ``answered`` resolves when its claim is answered for good (claimed, replayed, or the
+    call gave up); ``finished`` when the call ends.  ``result`` is then the outcome
+    duplicates replay (None: it failed, so they claim for themselves).  The futures are
+    created by the first duplicate that waits, so an uncontended call pays nothing for them.
+    """
+
+    keys: Keys
+    deadline: float | None
+    owner: str
+    holding: bool = False
+    lease_end: float | None = None
+    """Unix time (seconds, this process's clock) at which the held lease ends."""
+    answered: asyncio.Future[None] | None = None
+    finished: asyncio.Future[None] | None = None
+    waiters: int = 0
+    settled: bool = False
+    result: Outcome | None = None
+
+    def hold(self, lease_end: float) -> None:
+        self.holding = True
+        self.lease_end = lease_end
+        if self.answered is not None and not self.answered.done():
+            self.answered.set_result(None)
+
+    def settle(self, outcome: Outcome | None) -> None:
+        """Record how the call ended (first settlement wins) and wake its duplicates."""
+        if self.settled:
+            return
+        self.settled = True
+        self.result = outcome
+        for future in (self.answered, self.finished):
+            if future is not None and not future.done():
+                future.set_result(None)
+
+
+async def wait_for(future: asyncio.Future[object], limit: float) -> None:
+    """Wait for ``future`` until loop time ``limit``; TimeoutError when it has not resolved.
+
+    Shielded: a waiter that gives up (or is cancelled) must not cancel the holder's future.
+    """
+    async with asyncio.timeout_at(limit):
+        await asyncio.shield(future)
