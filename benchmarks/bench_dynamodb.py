@@ -54,7 +54,9 @@ import botocore.exceptions
 from _stats import interleaved, parse_args
 
 from idempotency_async import Manager, Options
+from idempotency_async._codec import encode_json
 from idempotency_async.record import Claim, Completion
+from idempotency_async.stores.base import State, Written
 from idempotency_async.stores.dynamodb import DynamoDBStore, create_table
 
 BUDGET = 1.10
@@ -110,19 +112,23 @@ def claim_request(table: str, key: str, now: float) -> dict[str, Any]:
         },
         "ConditionExpression": (
             "attribute_not_exists(#id) OR #expiry < :now OR (#status = :inprogress AND "
-            "attribute_exists(#in_progress_expiry) AND #in_progress_expiry < :now_in_millis)"
+            "attribute_exists(#in_progress_expiry) AND #in_progress_expiry < :now_in_millis) "
+            "OR (#status = :inprogress AND #owner = :owner)"
         ),
         "ExpressionAttributeNames": {
             "#id": "id",
             "#expiry": "expiration",
             "#status": "status",
             "#in_progress_expiry": "in_progress_expiration",
+            "#owner": "owner",
         },
         "ExpressionAttributeValues": {
             ":now": {"N": repr(now)},
             ":now_in_millis": {"N": repr(now * 1000)},
             ":inprogress": {"S": "INPROGRESS"},
+            ":owner": {"S": "raw"},
         },
+        "ReturnConsumedCapacity": "TOTAL",
         "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
     }
 
@@ -190,9 +196,10 @@ def raw_boto3_replay(client: Any, table: str, key: str) -> None:
 
 async def store_first_call(store: DynamoDBStore, key: str, now: float) -> None:
     owner = uuid.uuid4().hex
-    claim = Claim(key, owner, int(now) + 3600, int(now * 1000) + 30_000)
-    assert await store.claim(claim, now=now) is None
-    assert await store.complete(Completion(key, owner, int(now) + 3600, None, RESPONSE))
+    claim = Claim(key, owner, now, 30.0, 3600.0)
+    assert (await store.claim(claim)).state is State.CLAIMED
+    done = Completion(key, owner, now, 3600.0, None, encode_json(RESPONSE), RESPONSE)
+    assert await store.complete(done) is Written.RESPONSE
 
 
 def order(order_id: str) -> dict[str, Any]:
@@ -437,7 +444,7 @@ class StubClient:
         if self.existing is not None:
             error = {"Error": {"Code": "ConditionalCheckFailedException"}, "Item": self.existing}
             raise botocore.exceptions.ClientError(error, "PutItem")
-        return {}
+        return {"ConsumedCapacity": {"TableName": "t", "CapacityUnits": 1.0}}
 
     async def update_item(self, **request: Any) -> dict[str, Any]:
         return {}

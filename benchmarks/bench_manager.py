@@ -27,6 +27,7 @@ from _stats import interleaved, parse_args
 
 from idempotency_async import Manager, MemoryStore, Options
 from idempotency_async.record import Claim, Completion, Record
+from idempotency_async.stores.base import Verdict, Written
 
 LATENCY = 0.005
 TIMEOUT = 10.0  # every call has a deadline, as the anchor's do through its Lambda context
@@ -39,21 +40,25 @@ class SlowStore:
         self.inner = MemoryStore()
         self.max_response_bytes = self.inner.max_response_bytes
 
-    async def claim(self, claim: Claim, *, now: float) -> Record | None:
+    async def claim(self, claim: Claim) -> Verdict:
         await asyncio.sleep(LATENCY)
-        return await self.inner.claim(claim, now=now)
+        return await self.inner.claim(claim)
 
-    async def get(self, key: str) -> Record | None:
+    async def get(self, key: str, *, now: float) -> Verdict:
         await asyncio.sleep(LATENCY)
-        return await self.inner.get(key)
+        return await self.inner.get(key, now=now)
 
-    async def complete(self, completion: Completion) -> bool:
+    async def complete(self, completion: Completion) -> Written:
         await asyncio.sleep(LATENCY)
         return await self.inner.complete(completion)
 
-    async def release(self, key: str, owner: str | None) -> bool:
+    async def release(self, key: str, owner: str) -> bool:
         await asyncio.sleep(LATENCY)
         return await self.inner.release(key, owner)
+
+    async def force_release(self, key: str) -> Record | None:
+        await asyncio.sleep(LATENCY)
+        return await self.inner.force_release(key)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -14,6 +14,7 @@ import pytest
 from _moto import fresh_store, new_session
 from aiobotocore.config import AioConfig
 
+from idempotency_async._codec import encode_json
 from idempotency_async.errors import (
     ConfigError,
     PersistenceError,
@@ -23,7 +24,7 @@ from idempotency_async.errors import (
     StoreValidationError,
 )
 from idempotency_async.record import Claim, Completion, Record, Status
-from idempotency_async.stores.base import Store
+from idempotency_async.stores.base import State, Store, Written
 from idempotency_async.stores.dynamodb import DynamoDBStore, create_table
 
 pytestmark = pytest.mark.dynamodb
@@ -36,26 +37,30 @@ LEASE = 30
 def claim_for(
     key: str, owner: str, *, now: float = NOW, lease: float = LEASE, validation: str | None = None
 ) -> Claim:
-    return Claim(
-        key=key,
-        owner=owner,
-        expiration=int(now) + TTL,
-        lease_end=int((now + lease) * 1000),
-        validation=validation,
-    )
+    return Claim(key, owner, now, lease, TTL, validation)
 
 
 def completion_for(
     key: str, owner: str, response: Any, *, stored: bool = True, now: float = NOW
 ) -> Completion:
-    return Completion(
-        key=key,
-        owner=owner,
-        expiration=int(now) + TTL,
-        validation=None,
-        response=response,
-        response_stored=stored,
-    )
+    encoded = encode_json(response) if stored else None
+    return Completion(key, owner, now, TTL, None, encoded, response if stored else None)
+
+
+async def try_claim(store: Store, claim: Claim, now: float) -> Record | None:
+    """Claim at ``now`` (the lease still ends where ``claim`` says): None when claimed,
+    else the record that blocked it."""
+    shifted = claim._replace(now=now, lease=claim.lease - (now - claim.now))
+    verdict = await store.claim(shifted)
+    return None if verdict.state is State.CLAIMED else verdict.record
+
+
+async def get_record(store: Store, key: str, now: float = NOW) -> Record | None:
+    return (await store.get(key, now=now)).record
+
+
+async def complete_ok(store: Store, completion: Completion) -> bool:
+    return await store.complete(completion) is not Written.NOTHING
 
 
 def typed(value: Any) -> Any:
@@ -92,9 +97,9 @@ async def raw_item(store: DynamoDBStore, client: Any, key: dict[str, Any]) -> di
 
 async def complete_and_read(store: DynamoDBStore, response: Any) -> Record:
     key = f"k#{uuid.uuid4().hex}"
-    assert await store.claim(claim_for(key, "A"), now=NOW) is None
-    assert await store.complete(completion_for(key, "A", response))
-    record = await store.get(key)
+    assert await try_claim(store, claim_for(key, "A"), NOW) is None
+    assert await complete_ok(store, completion_for(key, "A", response))
+    record = await get_record(store, key)
     assert record is not None
     return record
 
@@ -115,24 +120,24 @@ async def test_claim_writes_an_inprogress_record_with_owner_and_validation(
     store: DynamoDBStore,
 ) -> None:
     claim = claim_for("k#1", "owner-a", validation="hash==")
-    assert await store.claim(claim, now=NOW) is None
-    assert await store.get("k#1") == claim.to_record()
+    assert await try_claim(store, claim, NOW) is None
+    assert await get_record(store, "k#1") == claim.to_record(claim.now)
 
 
 async def test_conflicting_claim_returns_the_holder_in_one_request(
     store: DynamoDBStore, dynamodb_client: Any
 ) -> None:
-    await store.claim(claim_for("k#1", "A", validation="v"), now=NOW)
+    await try_claim(store, claim_for("k#1", "A", validation="v"), NOW)
     with sent_requests(dynamodb_client) as sent:
-        blocking = await store.claim(claim_for("k#1", "B"), now=NOW + 1)
+        blocking = await try_claim(store, claim_for("k#1", "B"), NOW + 1)
     assert sent == ["PutItem"]
-    assert blocking == claim_for("k#1", "A", validation="v").to_record()
+    assert blocking == claim_for("k#1", "A", validation="v").to_record(NOW)
 
 
 async def test_conflict_on_a_completed_record_carries_its_response(store: DynamoDBStore) -> None:
-    await store.claim(claim_for("k#1", "A"), now=NOW)
-    await store.complete(completion_for("k#1", "A", {"order": 7}))
-    blocking = await store.claim(claim_for("k#1", "B"), now=NOW + 1)
+    await try_claim(store, claim_for("k#1", "A"), NOW)
+    await complete_ok(store, completion_for("k#1", "A", {"order": 7}))
+    blocking = await try_claim(store, claim_for("k#1", "B"), NOW + 1)
     assert blocking is not None
     assert (blocking.status, blocking.owner, blocking.response) == (
         Status.COMPLETED,
@@ -142,39 +147,39 @@ async def test_conflict_on_a_completed_record_carries_its_response(store: Dynamo
 
 
 async def test_record_is_claimable_only_after_it_expires(store: DynamoDBStore) -> None:
-    await store.claim(claim_for("k#1", "A", lease=TTL * 2), now=NOW)
+    await try_claim(store, claim_for("k#1", "A", lease=TTL), NOW)
     expiration = int(NOW) + TTL
-    assert await store.claim(claim_for("k#1", "B", now=expiration), now=expiration) is not None
+    assert await try_claim(store, claim_for("k#1", "B", now=expiration), expiration) is not None
     later = expiration + 1
-    assert await store.claim(claim_for("k#1", "B", now=later), now=later) is None
-    record = await store.get("k#1")
+    assert await try_claim(store, claim_for("k#1", "B", now=later), later) is None
+    record = await get_record(store, "k#1")
     assert record is not None and record.owner == "B"
 
 
 async def test_inprogress_record_is_claimable_only_after_its_lease_lapses(
     store: DynamoDBStore,
 ) -> None:
-    await store.claim(claim_for("k#1", "A", lease=5), now=NOW)
-    assert await store.claim(claim_for("k#1", "B"), now=NOW + 4.999) is not None
-    assert await store.claim(claim_for("k#1", "B"), now=NOW + 5.001) is None
+    await try_claim(store, claim_for("k#1", "A", lease=5), NOW)
+    assert await try_claim(store, claim_for("k#1", "B"), NOW + 4.999) is not None
+    assert await try_claim(store, claim_for("k#1", "B"), NOW + 5.001) is None
 
 
 async def test_completed_record_is_not_reclaimable_after_the_lease(store: DynamoDBStore) -> None:
-    await store.claim(claim_for("k#1", "A", lease=5), now=NOW)
-    await store.complete(completion_for("k#1", "A", "done"))
-    blocking = await store.claim(claim_for("k#1", "B"), now=NOW + 60)
+    await try_claim(store, claim_for("k#1", "A", lease=5), NOW)
+    await complete_ok(store, completion_for("k#1", "A", "done"))
+    blocking = await try_claim(store, claim_for("k#1", "B"), NOW + 60)
     assert blocking is not None and blocking.response == "done"
 
 
 async def test_twenty_concurrent_claims_of_one_key_have_one_winner(store: DynamoDBStore) -> None:
     results = await asyncio.gather(
-        *(store.claim(claim_for("k#race", f"owner-{n}"), now=NOW) for n in range(20))
+        *(try_claim(store, claim_for("k#race", f"owner-{n}"), NOW) for n in range(20))
     )
     winners = [n for n, result in enumerate(results) if result is None]
     assert len(winners) == 1
     winner = f"owner-{winners[0]}"
     assert {result.owner for result in results if result is not None} == {winner}
-    record = await store.get("k#race")
+    record = await get_record(store, "k#race")
     assert record is not None and record.owner == winner
 
 
@@ -182,43 +187,43 @@ async def test_twenty_concurrent_claims_of_one_key_have_one_winner(store: Dynamo
 
 
 async def test_stale_owner_cannot_complete_or_release_the_new_claim(store: DynamoDBStore) -> None:
-    await store.claim(claim_for("k#1", "A", lease=5), now=NOW)
-    assert await store.claim(claim_for("k#1", "B", now=NOW + 6), now=NOW + 6) is None
+    await try_claim(store, claim_for("k#1", "A", lease=5), NOW)
+    assert await try_claim(store, claim_for("k#1", "B", now=NOW + 6), NOW + 6) is None
 
-    assert await store.complete(completion_for("k#1", "A", "zombie")) is False
+    assert await complete_ok(store, completion_for("k#1", "A", "zombie")) is False
     assert await store.release("k#1", "A") is False
-    assert await store.get("k#1") == claim_for("k#1", "B", now=NOW + 6).to_record()
+    assert await get_record(store, "k#1") == claim_for("k#1", "B", now=NOW + 6).to_record(NOW + 6)
 
-    assert await store.complete(completion_for("k#1", "B", "fresh"))
-    record = await store.get("k#1")
+    assert await complete_ok(store, completion_for("k#1", "B", "fresh"))
+    record = await get_record(store, "k#1")
     assert record is not None and (record.owner, record.response) == ("B", "fresh")
 
 
 async def test_complete_does_not_create_a_missing_record(store: DynamoDBStore) -> None:
-    assert await store.complete(completion_for("k#gone", "A", 1)) is False
-    assert await store.get("k#gone") is None
+    assert await complete_ok(store, completion_for("k#gone", "A", 1)) is False
+    assert await get_record(store, "k#gone") is None
 
 
 async def test_release_deletes_only_the_owners_record(store: DynamoDBStore) -> None:
-    await store.claim(claim_for("k#1", "A"), now=NOW)
+    await try_claim(store, claim_for("k#1", "A"), NOW)
     assert await store.release("k#1", "A")
-    assert await store.get("k#1") is None
+    assert await get_record(store, "k#1") is None
     assert await store.release("k#1", "A")  # nothing left: still released
 
 
 async def test_release_without_owner_deletes_any_record(store: DynamoDBStore) -> None:
-    await store.claim(claim_for("k#1", "A"), now=NOW)
-    assert await store.release("k#1", None)
-    assert await store.get("k#1") is None
+    await try_claim(store, claim_for("k#1", "A"), NOW)
+    assert await store.force_release("k#1")
+    assert await get_record(store, "k#1") is None
 
 
 async def test_completed_record_keeps_owner_and_validation_and_drops_the_lease(
     store: DynamoDBStore,
 ) -> None:
-    await store.claim(claim_for("k#1", "A", validation="v1"), now=NOW)
-    completion = Completion("k#1", "A", int(NOW) + 99, "v1", [1, "two"])
-    await store.complete(completion)
-    assert await store.get("k#1") == completion.to_record()
+    await try_claim(store, claim_for("k#1", "A", validation="v1"), NOW)
+    completion = Completion("k#1", "A", NOW + 5, 99, "v1", encode_json([1, "two"]), [1, "two"])
+    await complete_ok(store, completion)
+    assert await get_record(store, "k#1") == completion.to_record(NOW + 5)
 
 
 # -- layout and interoperability -----------------------------------------------------
@@ -226,16 +231,16 @@ async def test_completed_record_keeps_owner_and_validation_and_drops_the_lease(
 
 async def test_sort_key_mode_keeps_the_logical_key(dynamodb_client: Any) -> None:
     store = await fresh_store(dynamodb_client, sort_key_attr="sk", static_pk_value="idem#fn")
-    await store.claim(claim_for("fn#abc", "A"), now=NOW)
-    await store.complete(completion_for("fn#abc", "A", {"ok": True}))
+    await try_claim(store, claim_for("fn#abc", "A"), NOW)
+    await complete_ok(store, completion_for("fn#abc", "A", {"ok": True}))
     item = await raw_item(
         store, dynamodb_client, {"id": {"S": "idem#fn"}, "sk": {"S": "fn#abc"}}
     )
     assert item["data"] == {"M": {"ok": {"BOOL": True}}}
-    record = await store.get("fn#abc")
+    record = await get_record(store, "fn#abc")
     assert record is not None and (record.key, record.response) == ("fn#abc", {"ok": True})
     assert await store.release("fn#abc", "A")
-    assert await store.get("fn#abc") is None
+    assert await get_record(store, "fn#abc") is None
 
 
 async def test_sort_key_mode_defaults_the_partition_to_the_function_name(
@@ -243,7 +248,7 @@ async def test_sort_key_mode_defaults_the_partition_to_the_function_name(
 ) -> None:
     monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "checkout")
     store = await fresh_store(dynamodb_client, sort_key_attr="sk")
-    await store.claim(claim_for("checkout#h", "A"), now=NOW)
+    await try_claim(store, claim_for("checkout#h", "A"), NOW)
     key = {"id": {"S": "idempotency#checkout"}, "sk": {"S": "checkout#h"}}
     assert (await raw_item(store, dynamodb_client, key))["owner"] == {"S": "A"}
 
@@ -260,14 +265,14 @@ async def test_renamed_attributes_are_used_for_every_field(dynamodb_client: Any)
         "data_format_attr": "fmt",
     }
     store = await fresh_store(dynamodb_client, **names)
-    await store.claim(claim_for("k#1", "A", validation="v"), now=NOW)
+    await try_claim(store, claim_for("k#1", "A", validation="v"), NOW)
     item = await raw_item(store, dynamodb_client, {"pk": {"S": "k#1"}})
     assert set(item) == {"pk", "st", "ttl", "lease", "fp", "tok"}
-    assert await store.claim(claim_for("k#1", "B"), now=NOW + 1) is not None
-    await store.complete(completion_for("k#1", "A", 1.0))
+    assert await try_claim(store, claim_for("k#1", "B"), NOW + 1) is not None
+    await complete_ok(store, completion_for("k#1", "A", 1.0))
     item = await raw_item(store, dynamodb_client, {"pk": {"S": "k#1"}})
     assert set(item) == {"pk", "st", "ttl", "body", "fmt", "fp", "tok"}
-    record = await store.get("k#1")
+    record = await get_record(store, "k#1")
     assert record is not None and typed(record.response) == typed(1.0)
 
 
@@ -291,7 +296,7 @@ async def test_typescript_record_is_replayed(store: DynamoDBStore, dynamodb_clie
             },
         },
     )
-    blocking = await store.claim(claim_for("fn#ts", "B"), now=NOW + 10)
+    blocking = await try_claim(store, claim_for("fn#ts", "B"), NOW + 10)
     assert blocking is not None
     assert (blocking.status, blocking.owner, blocking.validation) == (
         Status.COMPLETED,
@@ -314,7 +319,7 @@ async def test_typescript_record_without_data_replays_none(
             "expiration": {"N": f"{NOW + TTL:.3f}"},  # older TS versions wrote fractions
         },
     )
-    record = await store.get("fn#void")
+    record = await get_record(store, "fn#void")
     assert record is not None
     assert (record.response, record.response_stored, record.expiration) == (
         None,
@@ -335,8 +340,8 @@ async def test_typescript_inprogress_record_blocks_until_its_lease_lapses(
             "in_progress_expiration": {"N": str(int(NOW * 1000) + 2000)},
         },
     )
-    assert await store.claim(claim_for("fn#busy", "B"), now=NOW + 1) is not None
-    assert await store.claim(claim_for("fn#busy", "B"), now=NOW + 3) is None
+    assert await try_claim(store, claim_for("fn#busy", "B"), NOW + 1) is not None
+    assert await try_claim(store, claim_for("fn#busy", "B"), NOW + 3) is None
 
 
 async def test_native_response_has_the_typescript_layout(
@@ -361,7 +366,7 @@ async def test_unknown_status_is_a_validation_error(
         Item={"id": {"S": "k#odd"}, "status": {"S": "EXPIRED"}, "expiration": {"N": "1"}},
     )
     with pytest.raises(StoreValidationError, match="cannot be read"):
-        await store.get("k#odd")
+        await get_record(store, "k#odd")
 
 
 # -- exact responses -------------------------------------------------------------------
@@ -432,16 +437,16 @@ async def test_number_text_decodes_by_its_form(
             "data": {"N": text},
         },
     )
-    record = await store.get("k#n")
+    record = await get_record(store, "k#n")
     assert record is not None and typed(record.response) == typed(expected)
 
 
 async def test_response_not_stored_marker_round_trips(
     store: DynamoDBStore, dynamodb_client: Any
 ) -> None:
-    await store.claim(claim_for("k#1", "A"), now=NOW)
-    assert await store.complete(completion_for("k#1", "A", {"secret": 1}, stored=False))
-    record = await store.get("k#1")
+    await try_claim(store, claim_for("k#1", "A"), NOW)
+    assert await complete_ok(store, completion_for("k#1", "A", {"secret": 1}, stored=False))
+    record = await get_record(store, "k#1")
     assert record is not None
     assert (record.status, record.response_stored, record.response) == (
         Status.COMPLETED,
@@ -486,22 +491,24 @@ async def test_item_rejected_as_too_large_is_retried_compressed(
     # number text in full (540 KB) and refuses the item, standing in for any item that
     # DynamoDB finds larger than estimated.
     response = [123456789012345678] * 30_000
-    await store.claim(claim_for("k#1", "A"), now=NOW)
+    await try_claim(store, claim_for("k#1", "A"), NOW)
     with sent_requests(dynamodb_client) as sent:
-        assert await store.complete(completion_for("k#1", "A", response))
+        assert await complete_ok(store, completion_for("k#1", "A", response))
     assert sent == ["UpdateItem", "UpdateItem"]
-    record = await store.get("k#1")
+    record = await get_record(store, "k#1")
     assert record is not None and record.response == response
     item = await raw_item(store, dynamodb_client, {"id": {"S": "k#1"}})
     assert item["data_format"] == {"S": "json+zlib"}
 
 
-async def test_response_over_max_response_bytes_is_not_stored(dynamodb_client: Any) -> None:
-    store = await fresh_store(dynamodb_client, max_response_bytes=1_000)
-    record = await complete_and_read(store, "x" * 5_000)
+async def test_response_that_does_not_fit_even_compressed_is_not_stored(
+    dynamodb_client: Any,
+) -> None:
+    store = await fresh_store(dynamodb_client)
+    noise = base64.b64encode(os.urandom(450_000)).decode()  # incompressible, over 400 KB
+    record = await complete_and_read(store, noise)
     assert (record.response_stored, record.response) == (False, None)
-    small = await complete_and_read(store, "x" * 500)
-    assert small.response == "x" * 500
+    assert record.not_stored is not None and "even compressed" in record.not_stored
 
 
 # -- configuration and client ownership -----------------------------------------------
@@ -554,12 +561,12 @@ async def test_factory_client_is_opened_once_under_concurrency_and_closed(
     factory = _Factory(moto_endpoint)
     store = DynamoDBStore(table_name=table, client_factory=factory)
     assert factory.opened == 0
-    await asyncio.gather(*(store.get(f"k#{n}") for n in range(10)))
+    await asyncio.gather(*(store.get(f"k#{n}", now=NOW) for n in range(10)))
     assert (factory.opened, factory.closed) == (1, 0)
     await store.aclose()
     assert factory.closed == 1
     with pytest.raises(RuntimeError, match="closed"):
-        await store.get("k#1")
+        await get_record(store, "k#1")
 
 
 async def test_async_with_opens_the_factory_client_and_closes_it(
@@ -569,7 +576,7 @@ async def test_async_with_opens_the_factory_client_and_closes_it(
     factory = _Factory(moto_endpoint)
     async with DynamoDBStore(table_name=table, client_factory=factory) as store:
         assert factory.opened == 1
-        assert await store.claim(claim_for("k#1", "A"), now=NOW) is None
+        assert await try_claim(store, claim_for("k#1", "A"), NOW) is None
     assert factory.closed == 1
     with pytest.raises(RuntimeError):
         await store.__aenter__()
@@ -579,7 +586,7 @@ async def test_aclose_leaves_an_injected_client_open(dynamodb_client: Any) -> No
     store = await fresh_store(dynamodb_client)
     await store.aclose()
     with pytest.raises(RuntimeError):
-        await store.get("k#1")
+        await get_record(store, "k#1")
     assert store.table_name in (await dynamodb_client.list_tables())["TableNames"]
 
 
@@ -606,7 +613,7 @@ FAST_FAIL = AioConfig(
 async def test_missing_table_is_a_validation_error(dynamodb_client: Any) -> None:
     store = DynamoDBStore(dynamodb_client, table_name="no-such-table")
     with pytest.raises(StoreValidationError, match="ResourceNotFoundException") as caught:
-        await store.claim(claim_for("k#1", "A"), now=NOW)
+        await try_claim(store, claim_for("k#1", "A"), NOW)
     assert caught.value.__cause__ is not None
 
 
@@ -679,13 +686,13 @@ async def test_dropped_connection_is_unavailable_and_recovers(
     proxied_store: tuple[DynamoDBStore, _Proxy],
 ) -> None:
     store, proxy = proxied_store
-    assert await store.claim(claim_for("k#1", "A"), now=NOW) is None
+    assert await try_claim(store, claim_for("k#1", "A"), NOW) is None
     proxy.mode = "drop"
     with pytest.raises(StoreUnavailableError, match="could not be reached") as caught:
-        await store.get("k#1")
+        await get_record(store, "k#1")
     assert caught.value.__cause__ is not None
     proxy.mode = "forward"
-    record = await store.get("k#1")
+    record = await get_record(store, "k#1")
     assert record is not None and record.owner == "A"
 
 
@@ -695,7 +702,7 @@ async def test_unanswered_request_times_out_as_unavailable(
     store, proxy = proxied_store
     proxy.mode = "stall"
     with pytest.raises(StoreUnavailableError):
-        await store.claim(claim_for("k#1", "A"), now=NOW)
+        await try_claim(store, claim_for("k#1", "A"), NOW)
 
 
 async def test_refused_connection_is_unavailable() -> None:
@@ -703,7 +710,7 @@ async def test_refused_connection_is_unavailable() -> None:
         endpoint = f"http://127.0.0.1:{port}"
     async with new_session().client("dynamodb", endpoint_url=endpoint, config=FAST_FAIL) as c:
         with pytest.raises(StoreUnavailableError):
-            await DynamoDBStore(c, table_name="t").get("k#1")
+            await DynamoDBStore(c, table_name="t").get("k#1", now=NOW)
 
 
 @contextlib.contextmanager
@@ -756,7 +763,7 @@ async def test_service_errors_map_to_typed_errors(code: str, error: type[Excepti
         ) as client:
             store = DynamoDBStore(client, table_name="t")
             with pytest.raises(error, match=code) as caught:
-                await store.complete(completion_for("k#1", "A", 1))
+                await complete_ok(store, completion_for("k#1", "A", 1))
     finally:
         server.close()
         await server.wait_closed()

@@ -9,11 +9,11 @@ import time
 from typing import Any
 
 import pytest
-from support import Clock, RecordingStore, start_holding
+from support import Clock, RecordingStore, record_of, start_holding
 
 from idempotency_async import Event, Manager, MemoryStore, Options, errors
 from idempotency_async.record import Status
-from idempotency_async.stores.base import Store
+from idempotency_async.stores.base import State, Store, Verdict
 
 
 def make(store: Store, clock: Clock | None = None, **options: Any) -> Manager:
@@ -114,7 +114,7 @@ async def test_callback_exception_releases_the_key_and_propagates(store: Store) 
 
     with pytest.raises(PaymentDeclinedError, match="card declined"):
         await manager.execute({"id": 1}, declined, timeout=5)
-    assert await store.get(manager.key_for({"id": 1}) or "") is None
+    assert await record_of(store, manager.key_for({"id": 1}) or "") is None
     work = Counter("retried")
     assert await manager.execute({"id": 1}, work, timeout=5) == "retried"
     assert work.runs == 1
@@ -199,7 +199,7 @@ async def test_unencodable_result_completes_as_not_stored(store: Store) -> None:
     with pytest.raises(errors.ResponseNotStoredError):
         await manager.execute({"id": 1}, work, timeout=5)
     assert work.runs == 1
-    record = await store.get(manager.key_for({"id": 1}) or "")
+    record = await record_of(store, manager.key_for({"id": 1}) or "")
     assert record is not None and record.status is Status.COMPLETED
 
 
@@ -220,7 +220,7 @@ async def test_completion_failure_carries_the_result(store: Store) -> None:
         await manager.execute({"id": 1}, Counter({"charged": True}), timeout=5)
     assert info.value.result == {"charged": True}
     assert isinstance(info.value.__cause__, errors.StoreThrottledError)
-    record = await store.get(manager.key_for({"id": 1}) or "")
+    record = await record_of(store, manager.key_for({"id": 1}) or "")
     assert record is not None and record.status is Status.INPROGRESS
 
 
@@ -245,7 +245,7 @@ async def test_zombie_worker_gets_lease_lost_and_cannot_touch_new_owner(
     with pytest.raises(errors.LeaseLostError) as info:
         await task_a
     assert info.value.result == "a"
-    record = await store.get(worker_b.key_for({"id": 1}) or "")
+    record = await record_of(store, worker_b.key_for({"id": 1}) or "")
     assert record is not None and record.response == "b"
 
 
@@ -267,17 +267,15 @@ async def test_zombie_failure_does_not_delete_new_owners_record(store: Store, cl
     a_may_fail.set()
     with pytest.raises(RuntimeError):
         await task_a
-    record = await store.get(worker_b.key_for({"id": 1}) or "")
+    record = await record_of(store, worker_b.key_for({"id": 1}) or "")
     assert record is not None and record.status is Status.COMPLETED
 
 
 async def test_record_that_stays_claimable_ends_in_inconsistent_state(store: Store) -> None:
     class StaleStore(RecordingStore):
-        async def claim(self, claim: Any, *, now: float) -> Any:
+        async def claim(self, claim: Any) -> Any:
             self.calls.append("claim")
-            from idempotency_async.record import Record
-
-            return Record(key=claim.key, status=Status.COMPLETED, expiration=int(now) - 10)
+            return Verdict(State.CLAIMABLE)
 
     stale = StaleStore(store)
     manager = make(stale)
@@ -424,9 +422,8 @@ async def test_earliest_deadline_wins_and_becomes_the_lease(store: Store, clock:
         await manager.execute({"id": 1}, Counter(), timeout=30)
         await manager.execute({"id": 2}, Counter(), timeout=1)
     first, second = recording.claims
-    assert first.lease_end == pytest.approx((clock.now + 2.0) * 1000, abs=50)
-    assert second.lease_end == pytest.approx((clock.now + 1.0) * 1000, abs=50)
-    assert first.expiration >= first.lease_end / 1000
+    assert first.lease == pytest.approx(2.0, abs=0.05)
+    assert second.lease == pytest.approx(1.0, abs=0.05)
 
 
 async def test_no_deadline_uses_lease_option_and_warns_once(
@@ -438,7 +435,7 @@ async def test_no_deadline_uses_lease_option_and_warns_once(
         await manager.execute({"id": 1}, Counter())
         await manager.execute({"id": 2}, Counter())
     assert caplog.text.count("without a deadline") == 1
-    assert recording.claims[0].lease_end == int((clock.now + 120) * 1000)
+    assert recording.claims[0].lease == 120
 
 
 async def test_expired_deadline_raises_before_any_store_call(store: Store) -> None:
@@ -461,7 +458,7 @@ async def test_cancellation_propagates_with_no_store_call_after_it(store: Store)
     await asyncio.sleep(0.01)
     assert recording.calls == calls_before_cancel == ["claim"]
     assert asyncio.all_tasks() == {asyncio.current_task()}
-    record = await store.get(manager.key_for({"id": 1}) or "")
+    record = await record_of(store, manager.key_for({"id": 1}) or "")
     assert record is not None and record.status is Status.INPROGRESS
 
 
@@ -534,7 +531,7 @@ async def test_operator_release_unsticks_a_key(store: Store) -> None:
         await manager.execute({"id": 1}, hang, timeout=0.05)
     key = manager.key_for({"id": 1})
     assert key is not None
-    await manager.release(key)
+    await manager.force_release(key)
     work = Counter("again")
     assert await manager.execute({"id": 1}, work, timeout=5) == "again"
 
@@ -595,14 +592,13 @@ def test_key_uses_the_configured_hash() -> None:
 
 
 async def test_raced_expiry_is_retried_and_then_claimed(store: Store) -> None:
-    from idempotency_async.record import Record
 
     class RacyStore(RecordingStore):
-        async def claim(self, claim: Any, *, now: float) -> Any:
+        async def claim(self, claim: Any) -> Any:
             if not self.calls:
                 self.calls.append("stale")
-                return Record(key=claim.key, status=Status.COMPLETED, expiration=int(now) - 10)
-            return await super().claim(claim, now=now)
+                return Verdict(State.CLAIMABLE)
+            return await super().claim(claim)
 
     racy = RacyStore(store)
     manager = make(racy)
@@ -657,7 +653,7 @@ async def test_callback_mutating_its_payload_completes_the_original_key(store: S
 
     key = manager.key_for(payload)
     assert await manager.execute(payload, mutate, timeout=5) == "done"
-    record = await store.get(key or "")
+    record = await record_of(store, key or "")
     assert record is not None and record.status is Status.COMPLETED
 
 
@@ -806,7 +802,7 @@ async def test_lease_margin_extends_every_lease(store: Store, clock: Clock) -> N
     recording = RecordingStore(store)
     manager = make(recording, clock, lease_margin=2.5)
     await manager.execute({"id": 1}, Counter(), timeout=10)
-    assert recording.claims[0].lease_end == pytest.approx((clock.now + 12.5) * 1000, abs=50)
+    assert recording.claims[0].lease == pytest.approx(12.5, abs=0.05)
 
 
 async def test_custom_jmespath_functions_select_the_key(store: Store) -> None:
