@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from idempotency_async.errors import StoreUnavailableError
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores.base import Store, Verdict, Written
+
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -25,43 +30,55 @@ class Clock:
 
 @dataclass
 class RecordingStore:
-    """Wraps a real store: records each call, and can raise on chosen calls."""
+    """Wraps a real store: records each call, and injects faults into chosen operations.
+
+    ``fail_on``: raise before the operation applies.  ``delay``: sleep before it.
+    ``lose_answer``: apply it, then raise ``StoreUnavailableError`` (the answer was lost).
+    ``resend``: apply it, lose the answer, and send it again as an SDK retry would,
+    returning the second answer.
+    """
 
     inner: Store
     calls: list[str] = field(default_factory=list)
     fail_on: dict[str, BaseException] = field(default_factory=dict)
+    delay: dict[str, float] = field(default_factory=dict)
+    lose_answer: set[str] = field(default_factory=set)
+    resend: set[str] = field(default_factory=set)
     claims: list[Claim] = field(default_factory=list)
 
     @property
     def max_response_bytes(self) -> int:
         return self.inner.max_response_bytes
 
-    def _enter(self, name: str) -> None:
+    async def _call(self, name: str, operation: Callable[[], Awaitable[T]]) -> T:
         self.calls.append(name)
         error = self.fail_on.get(name)
         if error is not None:
             raise error
+        if name in self.delay:
+            await asyncio.sleep(self.delay[name])
+        answer = await operation()
+        if name in self.resend:
+            return await operation()
+        if name in self.lose_answer:
+            raise StoreUnavailableError(f"{name}: the answer was lost (injected)")
+        return answer
 
     async def claim(self, claim: Claim) -> Verdict:
-        self._enter("claim")
         self.claims.append(claim)
-        return await self.inner.claim(claim)
+        return await self._call("claim", lambda: self.inner.claim(claim))
 
     async def get(self, key: str, *, now: float) -> Verdict:
-        self._enter("get")
-        return await self.inner.get(key, now=now)
+        return await self._call("get", lambda: self.inner.get(key, now=now))
 
     async def complete(self, completion: Completion) -> Written:
-        self._enter("complete")
-        return await self.inner.complete(completion)
+        return await self._call("complete", lambda: self.inner.complete(completion))
 
     async def release(self, key: str, owner: str) -> bool:
-        self._enter("release")
-        return await self.inner.release(key, owner)
+        return await self._call("release", lambda: self.inner.release(key, owner))
 
     async def force_release(self, key: str) -> Record | None:
-        self._enter("force_release")
-        return await self.inner.force_release(key)
+        return await self._call("force_release", lambda: self.inner.force_release(key))
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -624,6 +624,8 @@ class _Proxy:
         host, port = upstream.removeprefix("http://").split(":")
         self.upstream = (host, int(port))
         self.mode = "forward"
+        self.lose_answers = 0
+        """How many of the next answers to drop after the request reached the server."""
         self.url = ""
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -656,10 +658,23 @@ class _Proxy:
         up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         self._writers.add(up_writer)
         try:
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            await asyncio.gather(_pipe(reader, up_writer), self._answer(up_reader, writer))
         finally:
             self._writers.discard(up_writer)
             up_writer.close()
+
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                if self.lose_answers > 0:
+                    # The server applied the request; its answer dies with the connection.
+                    self.lose_answers -= 1
+                    writer.close()
+                    return
+                writer.write(data)
+                await writer.drain()
+            writer.write_eof()
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -1,0 +1,395 @@
+"""Regression tests for the lifecycle's edge cases, on every store (the ``store`` fixture).
+
+Each test names the fault it pins: a side effect run twice, a key blocked by nothing, a
+completed key answered with "in progress", one key with two answers, or an outcome the
+caller did not ask for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from _moto import fresh_store, new_session
+from aiobotocore.config import AioConfig
+from aiohttp import web
+from support import Clock, RecordingStore, record_of, start_holding
+from test_dynamodb_store import _Proxy
+
+from idempotency_async import Event, Manager, MemoryStore, Options, errors
+from idempotency_async.record import Status
+from idempotency_async.stores.base import Store
+from idempotency_async.stores.dynamodb import DynamoDBStore
+
+
+def make(store: Store, **options: Any) -> Manager:
+    options.setdefault("key_prefix", "edge")
+    return Manager(store, Options(**options))
+
+
+class Runs:
+    """A callback that counts its starts, then sleeps and returns (or raises)."""
+
+    def __init__(self, result: Any = "done", *, sleep: float = 0.0, error: Exception | None = None):
+        self.starts = 0
+        self.result = result
+        self.sleep = sleep
+        self.error = error
+
+    async def __call__(self) -> Any:
+        self.starts += 1
+        if self.sleep:
+            await asyncio.sleep(self.sleep)
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+# -- 1. a lease without a deadline bounds the callback --------------------------------
+
+
+async def test_lease_option_cuts_the_callback_off_before_the_lease_ends(store: Store) -> None:
+    events: list[Event] = []
+    manager = make(store, lease=0.6, on_event=events.append)
+    other = make(store)
+    slow = Runs(sleep=30)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(errors.DeadlineExceededError) as caught:
+        await manager.execute({"id": 1}, slow)
+    elapsed = loop.time() - started
+    assert isinstance(caught.value, TimeoutError)
+    assert elapsed < 0.6  # cut off a reserve before the lease ends: nobody can claim yet
+    assert [event.kind for event in events] == ["claimed", "cut_off"]
+    await asyncio.sleep(0.7 - elapsed)
+    second = Runs("second")
+    assert await other.execute({"id": 1}, second, timeout=5) == "second"
+    assert slow.starts == 1 and second.starts == 1
+
+
+async def test_without_deadline_or_lease_the_ttl_bounds_the_callback(store: Store) -> None:
+    manager = make(store, expires_after=0.5)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(errors.DeadlineExceededError):
+        await manager.execute({"id": 1}, Runs(sleep=30))
+    assert loop.time() - started < 0.5
+
+
+# -- 2. only the callback runs under the cutoff ----------------------------------------
+
+
+async def test_slow_release_after_a_failure_keeps_the_callers_exception(store: Store) -> None:
+    # The callback fails just before its cutoff; the release outlasts the cutoff.
+    recording = RecordingStore(store, delay={"release": 0.25})
+    manager = make(recording)
+    failing = Runs(sleep=0.7, error=ValueError("card declined"))
+    with pytest.raises(ValueError, match="card declined") as caught:
+        await manager.execute({"id": 1}, failing, timeout=1.0)
+    assert not getattr(caught.value, "__notes__", None)  # the release succeeded
+    assert await record_of(store, manager.key_for({"id": 1})) is None
+
+
+async def test_release_past_the_lease_end_is_abandoned_with_a_note(store: Store) -> None:
+    recording = RecordingStore(store, delay={"release": 5})
+    manager = make(recording)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(ValueError, match="declined") as caught:
+        await manager.execute({"id": 1}, Runs(error=ValueError("declined")), timeout=0.5)
+    assert loop.time() - started < 1.5
+    assert any("abandoned at the lease end" in note for note in caught.value.__notes__)
+
+
+async def test_a_failure_inside_a_task_group_reaches_the_group(store: Store) -> None:
+    recording = RecordingStore(store, delay={"release": 0.3})
+    manager = make(recording)
+    with pytest.raises(ExceptionGroup) as caught:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(
+                manager.execute({"id": 1}, Runs(sleep=0.35, error=KeyError("x")), timeout=0.5)
+            )
+    assert caught.value.subgroup(KeyError) is not None
+
+
+# -- 3. a claim sent again after its answer was lost meets itself -----------------------
+
+
+async def test_a_resent_claim_recognises_its_own_record(store: Store) -> None:
+    recording = RecordingStore(store, resend={"claim"})
+    manager = make(recording)
+    work = Runs("once")
+    assert await manager.execute({"id": 1}, work, timeout=5) == "once"
+    assert work.starts == 1
+    record = await record_of(store, manager.key_for({"id": 1}))
+    assert record is not None and record.status is Status.COMPLETED
+
+
+async def test_a_claim_with_an_unknown_outcome_is_released_before_the_error(
+    store: Store,
+) -> None:
+    recording = RecordingStore(store, lose_answer={"claim"})
+    manager = make(recording)
+    work = Runs()
+    with pytest.raises(errors.StoreUnavailableError):
+        await manager.execute({"id": 1}, work, timeout=60)
+    assert work.starts == 0
+    assert recording.calls == ["claim", "release"]
+    # The key is not blocked for the 60 s lease by a claim nobody holds.
+    retry = make(store)
+    assert await retry.execute({"id": 1}, Runs("retried"), timeout=5) == "retried"
+
+
+async def test_wait_does_not_wait_on_its_own_resent_claim(store: Store) -> None:
+    recording = RecordingStore(store, resend={"claim"})
+    manager = make(recording, wait=True, wait_timeout=30)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await manager.execute({"id": 1}, Runs("fast"), timeout=60) == "fast"
+    assert loop.time() - started < 1
+
+
+# -- 4. in-process duplicates wait for the claim's answer -------------------------------
+
+
+async def test_concurrent_duplicates_of_a_completed_key_all_replay(store: Store) -> None:
+    await make(store).execute({"id": 1}, Runs({"order": 1}), timeout=5)
+    slow = RecordingStore(store, delay={"claim": 0.1})
+    manager = make(slow)
+    work = Runs("must not run")
+    results = await asyncio.gather(
+        *(manager.execute({"id": 1}, work, timeout=5) for _ in range(10)),
+        return_exceptions=True,
+    )
+    assert results == [{"order": 1}] * 10
+    assert work.starts == 0
+    assert slow.calls == ["claim"]  # duplicates replayed the first claim's answer
+
+
+async def test_bogus_reuse_in_flight_does_not_fail_a_genuine_retry(store: Store) -> None:
+    options = {"event_key_jmespath": "id", "payload_validation_jmespath": "amount"}
+    await make(store, **options).execute({"id": 1, "amount": 10}, Runs("paid"), timeout=5)
+    manager = make(RecordingStore(store, delay={"claim": 0.1}), **options)
+    bogus = asyncio.create_task(manager.execute({"id": 1, "amount": 99}, Runs(), timeout=5))
+    await asyncio.sleep(0.01)  # the bogus call's claim is unanswered
+    genuine = await manager.execute({"id": 1, "amount": 10}, Runs(), timeout=5)
+    assert genuine == "paid"
+    with pytest.raises(errors.PayloadValidationError):
+        await bogus
+
+
+async def test_duplicate_of_a_confirmed_holder_is_rejected_without_a_store_call(
+    store: Store,
+) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording)
+    holder = await start_holding(manager, {"id": 1}, seconds=0.3, result="r")
+    calls = len(recording.calls)
+    with pytest.raises(errors.AlreadyInProgressError) as caught:
+        await manager.execute({"id": 1}, Runs(), timeout=5)
+    assert len(recording.calls) == calls
+    assert caught.value.retry_after is not None and 0 < caught.value.retry_after <= 5
+    assert await holder == "r"
+
+
+# -- 5. timeout= bounds calls without a key --------------------------------------------
+
+
+async def test_timeout_bounds_a_call_without_a_key(store: Store) -> None:
+    manager = make(store, event_key_jmespath="id")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(errors.DeadlineExceededError):
+        await manager.execute({"no-id": 1}, Runs(sleep=30), timeout=0.2)
+    assert loop.time() - started < 1
+
+
+async def test_timeout_bounds_a_call_when_idempotency_is_disabled(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POWERTOOLS_IDEMPOTENCY_DISABLED", "1")
+    manager = make(store)
+    with pytest.raises(errors.DeadlineExceededError):
+        await manager.execute({"id": 1}, Runs(sleep=30), timeout=0.2)
+
+
+# -- 6. sub-second expires_after --------------------------------------------------------
+
+
+async def test_sub_second_expiry_is_not_born_expired(store: Store) -> None:
+    clock = Clock(1_700_000_000.2)
+    manager = make(store, expires_after=0.5, clock=clock)
+    work = Runs("once")
+    await manager.execute({"id": 1}, work, timeout=5)
+    clock.advance(0.1)
+    assert await make(store, expires_after=0.5, clock=clock).execute(
+        {"id": 1}, work, timeout=5
+    ) == "once"
+    assert work.starts == 1
+
+
+# -- 7. one key, one answer ------------------------------------------------------------
+
+
+async def test_a_response_the_store_cannot_keep_gives_one_answer_everywhere(
+    store: Store,
+) -> None:
+    events: list[Event] = []
+    local = make(store, use_local_cache=True, on_event=events.append)
+    if isinstance(store, MemoryStore):
+        big = "x" * (store.max_response_bytes + 1)
+    else:  # under max_response_bytes, but no DynamoDB item holds it even compressed
+        big = base64.b64encode(os.urandom(450_000)).decode()
+    assert await local.execute({"id": 1}, Runs(big), timeout=30) == big
+    assert "response_not_stored" in [event.kind for event in events]
+    with pytest.raises(errors.ResponseNotStoredError):
+        await local.execute({"id": 1}, Runs(), timeout=5)
+    with pytest.raises(errors.ResponseNotStoredError, match="too large"):
+        await make(store).execute({"id": 1}, Runs(), timeout=5)
+
+
+# -- 8. the completion write is bounded at the lease end --------------------------------
+
+
+async def test_a_completion_slower_than_the_lease_is_abandoned_as_unknown(store: Store) -> None:
+    recording = RecordingStore(store, delay={"complete": 30})
+    manager = make(recording)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(errors.CompletionError) as caught:
+        await manager.execute({"id": 1}, Runs("charged"), timeout=0.5)
+    assert loop.time() - started < 1.0
+    assert caught.value.outcome_unknown is True
+    assert caught.value.result == "charged"
+    assert "unknown" in str(caught.value)
+
+
+async def test_completion_reserve_is_configurable(store: Store) -> None:
+    manager = make(store, completion_reserve=0.4)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(errors.DeadlineExceededError):
+        await manager.execute({"id": 1}, Runs(sleep=5), timeout=1.0)
+    assert 0.5 < loop.time() - started < 0.7
+
+
+# -- 9. only a confirmed claim runs the callback ----------------------------------------
+
+
+async def test_an_unrecognised_claim_answer_does_not_run_the_callback(store: Store) -> None:
+    class Confused(RecordingStore):
+        async def claim(self, claim: Any) -> Any:
+            await self.inner.claim(claim)
+            return None  # the version-1 answer for "claimed"
+
+    manager = make(Confused(store))
+    work = Runs()
+    with pytest.raises(errors.StoreUnavailableError, match="not a verdict"):
+        await manager.execute({"id": 1}, work, timeout=5)
+    assert work.starts == 0
+
+
+# -- DynamoDB: the same faults on the wire ----------------------------------------------
+
+@pytest.fixture
+async def proxied(dynamodb_client: Any, moto_endpoint: str) -> AsyncIterator[tuple[Any, _Proxy]]:
+    store = await fresh_store(dynamodb_client)
+    proxy = _Proxy(moto_endpoint)
+    await proxy.start()
+    config = AioConfig(
+        retries={"mode": "standard", "total_max_attempts": 3},
+        connect_timeout=1,
+        read_timeout=2,
+    )
+    async with new_session().client("dynamodb", endpoint_url=proxy.url, config=config) as client:
+        yield DynamoDBStore(client, table_name=store.table_name), proxy
+    await proxy.aclose()
+
+
+@pytest.mark.dynamodb
+async def test_dynamodb_claim_retried_by_the_sdk_after_a_lost_answer_runs_once(
+    proxied: tuple[DynamoDBStore, _Proxy],
+) -> None:
+    store, proxy = proxied
+    manager = make(store)
+    proxy.lose_answers = 1  # the PutItem applies; botocore sends it again
+    work = Runs("once")
+    assert await manager.execute({"id": 1}, work, timeout=10) == "once"
+    assert work.starts == 1
+    assert await make(store).execute({"id": 1}, Runs("twice"), timeout=10) == "once"
+
+
+@pytest.mark.dynamodb
+async def test_dynamodb_claim_lost_after_every_retry_is_released(
+    proxied: tuple[DynamoDBStore, _Proxy], dynamodb_client: Any
+) -> None:
+    store, proxy = proxied
+    manager = make(store)
+    proxy.lose_answers = 3  # every attempt of the claim applies and loses its answer
+    work = Runs()
+    with pytest.raises(errors.StoreUnavailableError):
+        await manager.execute({"id": 1}, work, timeout=60)
+    assert work.starts == 0
+    direct = DynamoDBStore(dynamodb_client, table_name=store.table_name)
+    assert (await direct.get(manager.key_for({"id": 1}) or "", now=time.time())).record is None
+
+
+@pytest.mark.dynamodb
+async def test_dynamodb_endpoint_that_is_not_dynamodb_does_not_run_the_callback() -> None:
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({})  # 200, but not DynamoDB's answer
+
+    app = web.Application()
+    app.router.add_post("/", ok)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with new_session().client(
+            "dynamodb", endpoint_url=f"http://127.0.0.1:{port}"
+        ) as client:
+            manager = make(DynamoDBStore(client, table_name="t"))
+            work = Runs()
+            with pytest.raises(errors.StoreUnavailableError, match="confirmation"):
+                await manager.execute({"id": 1}, work, timeout=5)
+            assert work.starts == 0
+    finally:
+        await runner.cleanup()
+
+
+# -- the error model -------------------------------------------------------------------
+
+
+def test_error_model() -> None:
+    assert issubclass(errors.KeyMissingError, errors.PayloadError)
+    assert not issubclass(errors.PayloadValidationError, errors.PayloadError)
+    assert issubclass(errors.DeadlineExceededError, errors.IdempotencyError)
+    assert issubclass(errors.DeadlineExceededError, TimeoutError)
+
+
+async def test_force_release_returns_what_it_deleted(store: Store) -> None:
+    manager = make(store)
+    await manager.execute({"id": 1}, Runs("r"), timeout=5)
+    key = manager.key_for({"id": 1}) or ""
+    deleted = await manager.force_release(key)
+    assert deleted is not None and deleted.response == "r"
+    assert await manager.force_release(key) is None
+
+
+async def test_in_progress_rejection_reports_seconds(store: Store) -> None:
+    clock = Clock()
+    holder_manager = make(store, clock=clock)
+    holder = await start_holding(holder_manager, {"id": 1}, seconds=0.2, timeout=20)
+    with pytest.raises(errors.AlreadyInProgressError) as caught:
+        await make(store, clock=clock).execute({"id": 1}, Runs(), timeout=5)
+    assert caught.value.retry_after is not None and 19 < caught.value.retry_after <= 20.01
+    assert caught.value.lease_end is not None
+    assert abs(caught.value.lease_end - (clock.now + caught.value.retry_after)) < 0.01
+    await holder
