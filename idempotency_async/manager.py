@@ -204,11 +204,16 @@ class Manager:
         self._inflight[key] = flight
         try:
             lease = self._lease_for(flight, loop)
-            verdict = await self._claim(lease)
-            if verdict is not CLAIMED and verdict.state is not State.CLAIMED:
-                if verdict.state is State.COMPLETED and verdict.record is not None:
-                    return self._replay_record(verdict.record, flight)  # type: ignore[no-any-return]
-                contended = await self._contend(flight, verdict, loop)
+            try:
+                verdict = await self.store.claim(lease.claim)
+            except StoreUnavailableError as exc:
+                await self._release_unknown_claim(lease, exc, loop)
+                raise
+            if verdict is not CLAIMED:
+                record = verdict.record if verdict.__class__ is Verdict else None
+                if record is not None and verdict.state is State.COMPLETED:
+                    return self._replay_record(record, flight)  # type: ignore[no-any-return]
+                contended = await self._contend(flight, lease, verdict, loop)
                 if isinstance(contended, _Replayed):
                     return contended.value  # type: ignore[no-any-return]
                 lease = contended
@@ -235,7 +240,22 @@ class Manager:
                 raise
             timer.close()
             completion = self._completion_for(claim, result)
-            written = await self._complete(lease, completion, result, loop)
+            # The completion write is abandoned at the lease end (or a reserve from now when
+            # the callback overran it): after that another worker may hold the key.
+            timer = cutoffs.start(max(lease.ends_at, loop.time() + lease.reserve))
+            try:
+                written = await self.store.complete(completion)
+            except asyncio.CancelledError as exc:
+                if timer.fired():
+                    abandoned = TimeoutError("abandoned at the lease end")
+                    raise _completion_failed(key, result, abandoned, unknown=True) from exc
+                raise
+            except Exception as exc:
+                # A lost answer (StoreUnavailableError) may hide a write that applied.
+                unknown = isinstance(exc, StoreUnavailableError)
+                raise _completion_failed(key, result, exc, unknown=unknown) from exc
+            finally:
+                timer.close()
             self._completed(completion, written, result, flight, loop.time() - started)
             return result
         finally:
@@ -268,30 +288,39 @@ class Manager:
         )
         return _Lease(claim, started + left - reserve, started + left, reserve)
 
-    async def _claim(self, lease: _Lease) -> Verdict:
-        """One claim; a claim whose outcome is unknown gets one owner-fenced release."""
+    async def _claim(self, lease: _Lease, loop: asyncio.AbstractEventLoop) -> Verdict:
         try:
-            verdict = await self.store.claim(lease.claim)
+            return await self.store.claim(lease.claim)
         except StoreUnavailableError as exc:
-            # The write may have applied with its answer lost: without this release the key
-            # would stay blocked for the whole lease by a claim nobody holds.
-            await self._release(lease, exc, asyncio.get_running_loop())
+            await self._release_unknown_claim(lease, exc, loop)
             raise
-        if not isinstance(verdict, Verdict):
-            raise StoreUnavailableError(
-                f"the store answered a claim of key {lease.claim.key} with {verdict!r}, not a "
-                "verdict: the callback was not run"
-            )
-        return verdict
+
+    async def _release_unknown_claim(
+        self, lease: _Lease, exc: StoreUnavailableError, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        # The write may have applied with its answer lost: without this release the key
+        # would stay blocked for the whole lease by a claim nobody holds.
+        await self._release(lease, exc, loop)
 
     async def _contend(
-        self, flight: Flight, verdict: Verdict, loop: asyncio.AbstractEventLoop
+        self,
+        flight: Flight,
+        lease: _Lease,
+        verdict: Verdict,
+        loop: asyncio.AbstractEventLoop,
     ) -> _Lease | _Replayed:
         """The claim met a record: replay it, wait for it, or claim again once it is free."""
         raced = 0
         wait_until: float | None = None
         while True:
+            if not isinstance(verdict, Verdict):
+                raise StoreUnavailableError(
+                    f"the store answered a claim of key {flight.keys.key} with {verdict!r}, "
+                    "not a verdict: the callback was not run"
+                )
             state, record = verdict.state, verdict.record
+            if state is State.CLAIMED:
+                return lease
             if state is State.COMPLETED and record is not None:
                 return _Replayed(self._replay_record(record, flight))
             if state is State.IN_PROGRESS and record is not None:
@@ -311,9 +340,7 @@ class Manager:
                         "judged claimable; check that every worker's clock is synchronised"
                     )
             lease = self._lease_for(flight, loop)
-            verdict = await self._claim(lease)
-            if verdict.state is State.CLAIMED:
-                return lease
+            verdict = await self._claim(lease, loop)
 
     async def _poll(
         self, keys: Keys, verdict: Verdict, wait_until: float, loop: asyncio.AbstractEventLoop
@@ -373,26 +400,6 @@ class Manager:
             encoded.value,
             reason,
         )
-
-    async def _complete(
-        self, lease: _Lease, completion: Completion, result: Any, loop: asyncio.AbstractEventLoop
-    ) -> Written:
-        """The completion write, abandoned at the lease end (or a reserve from now when the
-        callback overran it): after that another worker may hold the key."""
-        timer = self._cutoffs_of(loop).start(max(lease.ends_at, loop.time() + lease.reserve))
-        try:
-            return await self.store.complete(completion)
-        except asyncio.CancelledError as exc:
-            if timer.fired():
-                abandoned = TimeoutError("abandoned at the lease end")
-                raise _completion_failed(completion.key, result, abandoned, unknown=True) from exc
-            raise
-        except Exception as exc:
-            # A lost answer (StoreUnavailableError) may hide a write that applied.
-            unknown = isinstance(exc, StoreUnavailableError)
-            raise _completion_failed(completion.key, result, exc, unknown=unknown) from exc
-        finally:
-            timer.close()
 
     def _completed(
         self,

@@ -66,12 +66,16 @@ class Written(enum.Enum):
 
 def judge(record: Record | None, now: float) -> Verdict:
     """The verdict on ``record`` at ``now`` (Unix seconds), for stores judging in Python."""
-    if record is None or record.is_claimable(now):
+    if record is None or record.expiration < now:
         return Verdict(State.CLAIMABLE, record)
     if record.status is Status.COMPLETED:
         return Verdict(State.COMPLETED, record)
-    end = record.expiration if record.lease_end is None else record.lease_end
-    return Verdict(State.IN_PROGRESS, record, max(end - now, 0.0))
+    end = record.lease_end
+    if end is None:  # a foreign writer without a lease: held until the record expires
+        end = record.expiration
+    elif end < now:
+        return Verdict(State.CLAIMABLE, record)
+    return Verdict(State.IN_PROGRESS, record, end - now)
 
 
 @runtime_checkable

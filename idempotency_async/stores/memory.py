@@ -21,41 +21,14 @@ __all__ = ["DEFAULT_MAX_RECORDS", "MemoryStore"]
 
 DEFAULT_MAX_RECORDS = 100_000
 
+# What was written last for a key, as a plain tuple (the cheapest object to build):
+#   (status, owner, expiration, lease_end, validation, encoded, not_stored, seq)
+# The response is kept encoded only: every read decodes an independent copy, and the
+# caller's result object is not kept alive.
+_Entry = tuple[Status, str, int, float | None, str | None, bytes | None, str | None, int]
 
-class _Entry:
-    """What was written last for a key.  The response is kept encoded only: every read
-    decodes an independent copy, and the caller's result object is not kept alive."""
-
-    __slots__ = (
-        "encoded",
-        "expiration",
-        "lease_end",
-        "not_stored",
-        "owner",
-        "seq",
-        "status",
-        "validation",
-    )
-
-    def __init__(
-        self,
-        status: Status,
-        owner: str,
-        expiration: int,
-        lease_end: float | None,
-        encoded: bytes | None,
-        not_stored: str | None,
-        validation: str | None,
-        seq: int,
-    ) -> None:
-        self.status = status
-        self.owner = owner
-        self.expiration = expiration
-        self.lease_end = lease_end
-        self.encoded = encoded
-        self.not_stored = not_stored
-        self.validation = validation
-        self.seq = seq
+_INPROGRESS = Status.INPROGRESS
+_COMPLETED = Status.COMPLETED
 
 
 class MemoryStore:
@@ -89,60 +62,47 @@ class MemoryStore:
         return len(self._entries)
 
     async def claim(self, claim: Claim) -> Verdict:
-        now = claim.now
-        current = self._entries.get(claim.key)
-        if current is not None and not (
-            current.status is Status.INPROGRESS and current.owner == claim.owner
-        ):
-            verdict = judge(self._record(claim.key, current), now)
+        key, now = claim.key, claim.now
+        current = self._entries.get(key)
+        if current is not None and not (current[0] is _INPROGRESS and current[1] == claim.owner):
+            verdict = judge(_record(key, current), now)
             if verdict.state is not State.CLAIMABLE:
                 return verdict
-        self._drop_expired(now)
-        if claim.key not in self._entries and len(self._entries) >= self.max_records:
+        if self._expiry and self._expiry[0][0] < now:
+            self._drop_expired(now)
+        if key not in self._entries and len(self._entries) >= self.max_records:
             raise StoreUnavailableError(
                 f"MemoryStore is full: {self.max_records} live records (max_records). Raise "
                 "max_records, shorten expires_after, or use a shared store"
             )
-        self._write(
-            claim.key,
-            _Entry(
-                Status.INPROGRESS,
-                claim.owner,
-                expiration_for(now, claim.ttl, claim.lease),
-                now + claim.lease,
-                None,
-                None,
-                claim.validation,
-                next(self._seq),
-            ),
-        )
+        expiration = expiration_for(now, claim.ttl, claim.lease)
+        self._write(key, _INPROGRESS, claim.owner, expiration, now + claim.lease, claim.validation)
         return CLAIMED
 
     async def get(self, key: str, *, now: float) -> Verdict:
         current = self._entries.get(key)
-        return judge(None if current is None else self._record(key, current), now)
+        return judge(None if current is None else _record(key, current), now)
 
     async def complete(self, completion: Completion) -> Written:
-        current = self._entries.get(completion.key)
-        if current is None or current.owner != completion.owner:
+        key = completion.key
+        current = self._entries.get(key)
+        if current is None or current[1] != completion.owner:
             return Written.NOTHING
         encoded = completion.encoded
         if encoded is not None:
             # orjson's bytes keep their whole output buffer (4 KB and up): an exact-size
             # copy keeps a record near the size of its response.
             encoded = bytes(memoryview(encoded))
+        expiration = expiration_for(completion.now, completion.ttl, 0.0)
         self._write(
-            completion.key,
-            _Entry(
-                Status.COMPLETED,
-                completion.owner,
-                expiration_for(completion.now, completion.ttl, 0.0),
-                None,
-                encoded,
-                completion.not_stored,
-                completion.validation,
-                next(self._seq),
-            ),
+            key,
+            _COMPLETED,
+            completion.owner,
+            expiration,
+            None,
+            completion.validation,
+            encoded,
+            completion.not_stored,
         )
         return Written.WITHOUT_RESPONSE if encoded is None else Written.RESPONSE
 
@@ -150,18 +110,14 @@ class MemoryStore:
         current = self._entries.get(key)
         if current is None:
             return True
-        if current.owner != owner:
+        if current[1] != owner:
             return False
-        self._delete(key)
+        del self._entries[key]
         return True
 
     async def force_release(self, key: str) -> Record | None:
-        current = self._entries.get(key)
-        if current is None:
-            return None
-        record = self._record(key, current)
-        self._delete(key)
-        return record
+        current = self._entries.pop(key, None)
+        return None if current is None else _record(key, current)
 
     def purge(self, now: float) -> int:
         """Drop records that expired before ``now``; returns how many were dropped."""
@@ -173,37 +129,52 @@ class MemoryStore:
         self._entries.clear()
         self._expiry.clear()
 
-    # -- internals ------------------------------------------------------------------
-
-    def _write(self, key: str, entry: _Entry) -> None:
-        self._entries[key] = entry
-        heapq.heappush(self._expiry, (entry.expiration, entry.seq, key))
+    def _write(
+        self,
+        key: str,
+        status: Status,
+        owner: str,
+        expiration: int,
+        lease_end: float | None,
+        validation: str | None,
+        encoded: bytes | None = None,
+        not_stored: str | None = None,
+    ) -> None:
+        seq = next(self._seq)
+        self._entries[key] = (
+            status,
+            owner,
+            expiration,
+            lease_end,
+            validation,
+            encoded,
+            not_stored,
+            seq,
+        )
+        heapq.heappush(self._expiry, (expiration, seq, key))
         if len(self._expiry) > 2 * len(self._entries) + 64:
-            self._expiry = [
-                (entry.expiration, entry.seq, key) for key, entry in self._entries.items()
-            ]
+            self._expiry = [(entry[2], entry[7], key) for key, entry in self._entries.items()]
             heapq.heapify(self._expiry)
-
-    def _delete(self, key: str) -> None:
-        del self._entries[key]
 
     def _drop_expired(self, now: float) -> None:
         heap, entries = self._expiry, self._entries
         while heap and heap[0][0] < now:
             _, seq, key = heapq.heappop(heap)
             current = entries.get(key)
-            if current is not None and current.seq == seq:
-                self._delete(key)
+            if current is not None and current[7] == seq:
+                del entries[key]
 
-    def _record(self, key: str, entry: _Entry) -> Record:
-        return Record(
-            key=key,
-            status=entry.status,
-            expiration=entry.expiration,
-            lease_end=entry.lease_end,
-            validation=entry.validation,
-            owner=entry.owner,
-            response=None if entry.encoded is None else decode_json(entry.encoded),
-            response_stored=entry.status is Status.INPROGRESS or entry.encoded is not None,
-            not_stored=entry.not_stored,
-        )
+
+def _record(key: str, entry: _Entry) -> Record:
+    status, owner, expiration, lease_end, validation, encoded, not_stored, _ = entry
+    return Record(
+        key,
+        status,
+        expiration,
+        lease_end,
+        validation,
+        owner,
+        None if encoded is None else decode_json(encoded),
+        status is _INPROGRESS or encoded is not None,
+        not_stored,
+    )
