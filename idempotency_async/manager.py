@@ -144,6 +144,7 @@ class Manager:
                 return await self._own(Flight(keys, when, owner), callback, loop)
             outcome = await self._duplicate(flight, keys, when, loop)
             if outcome is not None:
+                self._keys.validate(outcome.record.validation, keys)
                 self._emit("joined", keys.key)
                 return self._replay_outcome(outcome)  # type: ignore[no-any-return]
 

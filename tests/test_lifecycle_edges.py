@@ -183,6 +183,19 @@ async def test_bogus_reuse_in_flight_does_not_fail_a_genuine_retry(store: Store)
         await bogus
 
 
+async def test_a_duplicate_replaying_an_unanswered_claims_result_is_validated(
+    store: Store,
+) -> None:
+    options = {"event_key_jmespath": "id", "payload_validation_jmespath": "amount"}
+    await make(store, **options).execute({"id": 1, "amount": 10}, Runs("paid"), timeout=5)
+    manager = make(RecordingStore(store, delay={"claim": 0.1}), **options)
+    genuine = asyncio.create_task(manager.execute({"id": 1, "amount": 10}, Runs(), timeout=5))
+    await asyncio.sleep(0.01)
+    with pytest.raises(errors.PayloadValidationError):
+        await manager.execute({"id": 1, "amount": 99}, Runs(), timeout=5)
+    assert await genuine == "paid"
+
+
 async def test_duplicate_of_a_confirmed_holder_is_rejected_without_a_store_call(
     store: Store,
 ) -> None:
