@@ -9,10 +9,10 @@ appended to the "More" section, so a new page is never unreachable.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 from typing import Any
 
+import griffe
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 
@@ -61,28 +61,42 @@ def on_files(files: Files, config: MkDocsConfig, **kwargs: Any) -> Files:
 
 
 def _overview() -> str:
-    """The top-level names with links to where each is documented, then every module."""
-    tree = ast.parse((_ROOT / PACKAGE / "__init__.py").read_text())
-    origin: dict[str, str] = {}
-    exported: list[str] = []
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.module:
-            for alias in node.names:
-                origin[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
-        ):
-            exported = list(ast.literal_eval(node.value))
+    """The top-level names and every module, each with its docstring's first line."""
+    rest = griffe.load_extensions(f"{Path(__file__).parent / 'rest_docstrings.py'}:ReSTDocstrings")
+    package = griffe.load(
+        PACKAGE, search_paths=[str(_ROOT)], resolve_aliases=False, extensions=rest
+    )
     lines = [f"# API reference\n\n::: {PACKAGE}\n    options:\n      members: false\n"]
-    lines.append(f"## `from {PACKAGE} import ...`\n")
-    for name in exported:
-        target = origin.get(name, f"{PACKAGE}.{name}")
-        lines.append(f"- [`{name}`][{target}]")
-    lines.append("\n## Modules\n")
+    lines += [f"## `from {PACKAGE} import ...`\n", "| name | what it is |", "| --- | --- |"]
+    for export in package.exports or ():
+        name = str(export)  # an ExprName when __all__ is built from other lists
+        target = _target(package[name])
+        link = f'<autoref identifier="{target.path}" optional><code>{name}</code></autoref>'
+        lines.append(f"| {link} | {_summary(target)} |")
+    lines += ["\n## Modules\n", "| module | what it holds |", "| --- | --- |"]
     for name in public_modules():
         if name != PACKAGE:
-            lines.append(f"- [`{name}`]({Path(_page(name)).name})")
+            module = package[name.removeprefix(PACKAGE + ".")]
+            lines.append(f"| [`{name}`]({Path(_page(name)).name}) | {_summary(module)} |")
     return "\n".join(lines) + "\n"
+
+
+def _target(obj: Any) -> Any:
+    try:
+        return obj.final_target if obj.is_alias else obj
+    except griffe.AliasResolutionError:  # re-exported from outside the package
+        return obj
+
+
+def _summary(obj: Any) -> str:
+    try:
+        docstring = obj.docstring
+    except griffe.AliasResolutionError:
+        return ""
+    if docstring is None:
+        return ""
+    first = docstring.value.strip().split("\n\n", 1)[0]
+    return " ".join(first.split()).replace("|", "\\|")
 
 
 def _page(module: str) -> str:
