@@ -70,11 +70,15 @@ def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
 
 def _fresh_venv_with(tmp_path: Path, install_args: list[str]) -> Path:
     venv = tmp_path / "venv"
-    made = _run([sys.executable, "-m", "venv", str(venv)], tmp_path, timeout=60)
+    # Without pip of its own (bootstrapping pip takes longer than the rest of the test):
+    # this environment's pip installs into it through --python.
+    made = _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, timeout=60)
     assert made.returncode == 0, made.stderr
     python = venv / "bin" / "python"
     installed = _run(
-        [str(python), "-m", "pip", "install", "--quiet", *install_args], tmp_path, timeout=120
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", *install_args],
+        tmp_path,
+        timeout=120,
     )
     assert installed.returncode == 0, installed.stdout + installed.stderr
     return python
@@ -108,6 +112,11 @@ def test_mypy_sees_the_installed_package_and_its_types(
 ) -> None:
     install_args = ["-e", str(project_copy)] if mode == "editable" else [str(project_copy)]
     python = _fresh_venv_with(tmp_path, install_args)
+    where = _run(
+        [str(python), "-c", "import idempotency_async as m; print(m.__file__)"], tmp_path, 60
+    )
+    installed_from = project_copy if mode == "editable" else tmp_path / "venv"
+    assert Path(where.stdout.strip()).is_relative_to(installed_from), where.stdout + where.stderr
 
     output = _mypy_on_user_file(tmp_path, python)
 
