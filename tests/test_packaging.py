@@ -105,7 +105,7 @@ def _mypy_on_user_file(tmp_path: Path, python: Path) -> str:
     return checked.stdout + checked.stderr
 
 
-@pytest.mark.packaging
+@pytest.mark.slow  # ~10-15 s per install mode; runs in CI like every test
 @pytest.mark.parametrize("mode", ["editable", "wheel"])
 def test_mypy_sees_the_installed_package_and_its_types(
     mode: str, project_copy: Path, tmp_path: Path
