@@ -1,8 +1,8 @@
 """Pytest fixtures for DynamoDB tests: a real moto server over HTTP, no in-process mocks.
 
 The server runs single-threaded in a subprocess: moto's threaded server does not make a
-conditional write atomic (see DESIGN.md, "Testing notes"), so a correct store would look
-broken under concurrency.  Import the fixtures with ``from _moto import *``.
+conditional write atomic (see docs/dynamodb.md, "Running DynamoDB locally"), so a correct
+store would look broken under concurrency.  Import the fixtures with ``from _moto import *``.
 """
 
 from __future__ import annotations
