@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import httpx
 import pytest
@@ -298,3 +301,69 @@ async def test_other_methods_and_unknown_routes_pass_through(client: httpx.Async
 
     assert unknown.status_code == 404
     assert not_allowed.status_code == 405
+
+
+# ---------------------------------------------------------------------- limits
+
+
+async def _raw_chunked_post(port: int, path: str, total: int) -> tuple[bytes, int]:
+    """POST ``total`` bytes chunked, stopping once the server answers; (answer, bytes sent)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: localhost\r\nIdempotency-Key: big\r\n"
+        "Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+    )
+    answer = asyncio.create_task(reader.read(4096))
+    chunk = b"x" * (1 << 20)
+    sent = 0
+    try:
+        while sent < total and not answer.done():
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            drained = asyncio.ensure_future(writer.drain())
+            await asyncio.wait({drained, answer}, return_when=asyncio.FIRST_COMPLETED)
+            if not drained.done():
+                drained.cancel()
+                break
+            drained.result()
+            sent += len(chunk)
+        if not answer.done():
+            writer.write(b"0\r\n\r\n")
+        return await asyncio.wait_for(answer, 30), sent
+    except ConnectionError:
+        return await asyncio.wait_for(answer, 30), sent
+    finally:
+        writer.close()
+
+
+def _this_checkout_first() -> dict[str, str]:
+    """The environment for a child process that imports this checkout of the library."""
+    root = str(Path(__file__).parents[1])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root if not path else os.pathsep.join((root, path))}
+
+
+async def test_aiohttp_stops_reading_a_chunked_body_at_the_limit() -> None:
+    """A 100 MB chunked body under a 1 GiB client_max_size: 413 without buffering it."""
+    server = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(Path(__file__).parent / "_big_body_server.py"),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env=_this_checkout_first(),
+    )
+    assert server.stdin is not None and server.stdout is not None
+    try:
+        port = int(await asyncio.wait_for(server.stdout.readline(), 30))
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            small = await client.post("/upload", content=b"ok", headers=_key("small"))
+            before = int((await client.get("/rss")).text)
+            answer, _ = await _raw_chunked_post(port, "/upload", 100 << 20)
+            after = int((await client.get("/rss")).text)
+    finally:
+        server.stdin.close()
+        await asyncio.wait_for(server.wait(), 30)
+
+    assert small.status_code == 200 and small.text == "2"
+    assert answer.startswith(b"HTTP/1.1 413")
+    # ru_maxrss is in KiB: reading the body whole would add over 100 MB.
+    assert after - before < 20 * 1024, f"peak RSS grew by {(after - before) // 1024} MB"

@@ -172,13 +172,26 @@ class _Exchange:
         return self.response
 
     async def _read_body(self) -> bytes:
-        try:
-            body = await self.request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise Rejection(self.rules.too_large()) from None
-        if len(body) > self.rules.settings.max_body_bytes:
-            raise Rejection(self.rules.too_large())
-        return body
+        """The whole body, read chunk by chunk so that reading stops at the limit.
+
+        ``request.read()`` would buffer up to the app's ``client_max_size`` before the
+        limit could be checked.  The body is handed back to aiohttp's cache, so the
+        handler's ``read()``/``json()`` get it without reading the stream again.
+        """
+        limit = self.rules.settings.max_body_bytes
+        # The application's own limit (web.Application(client_max_size=...)) still holds.
+        app_limit = getattr(self.request, "_client_max_size", 0)
+        if app_limit:
+            limit = min(limit, app_limit)
+        body = bytearray()
+        content = self.request.content
+        while chunk := await content.readany():
+            body += chunk
+            if len(body) > limit:
+                raise Rejection(self.rules.too_large())
+        data = bytes(body)
+        self.request._read_bytes = data
+        return data
 
     async def _run_handler(self) -> None:
         request = self.request
