@@ -3,15 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from _http_apps import BIG, MAX_BODY, MAX_RESPONSE, REQUEST_TIMEOUT, SERVERS, Served, _chunk
+from aiohttp import web
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
+from _http_apps import (
+    BIG,
+    MAX_BODY,
+    MAX_RESPONSE,
+    REQUEST_TIMEOUT,
+    SERVERS,
+    Served,
+    _chunk,
+    serve_aio,
+    serve_asgi,
+)
+from support import RecordingStore
+
+from idempotency_async import MemoryStore, errors
+from idempotency_async.integrations.aiohttp import idempotent_endpoint
+from idempotency_async.integrations.fastapi import IdempotencyKey
 
 Start = Callable[..., Awaitable[Served]]
 
@@ -21,8 +41,8 @@ async def start(request: pytest.FixtureRequest) -> AsyncIterator[Start]:
     """Starts the parametrized server (``wait=`` seconds for duplicates, or None)."""
     async with AsyncExitStack() as stack:
 
-        async def _start(wait: float | None = None) -> Served:
-            return await stack.enter_async_context(SERVERS[request.param](wait))
+        async def _start(wait: float | None = None, store: Any = None) -> Served:
+            return await stack.enter_async_context(SERVERS[request.param](wait, store))
 
         yield _start
 
@@ -367,3 +387,69 @@ async def test_aiohttp_stops_reading_a_chunked_body_at_the_limit() -> None:
     assert answer.startswith(b"HTTP/1.1 413")
     # ru_maxrss is in KiB: reading the body whole would add over 100 MB.
     assert after - before < 20 * 1024, f"peak RSS grew by {(after - before) // 1024} MB"
+
+
+async def test_store_failure_is_a_generic_503_and_the_details_go_to_the_log(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    internals = (
+        "DynamoDB could not be reached at https://dynamodb.internal.example:8000 "
+        "(table idem-orders-prod): check the endpoint and the VPC endpoint policy"
+    )
+    store = RecordingStore(MemoryStore(), fail_on={"claim": errors.StoreUnavailableError(internals)})
+    served = await start(store=store)
+    with caplog.at_level(logging.ERROR, logger="idempotency_async"):
+        async with _client(served) as client:
+            response = await client.post("/orders/o-1", json={"sku": "A"}, headers=_key("x"))
+
+    assert response.status_code == 503 and _is_problem(response)
+    assert response.headers["retry-after"] == "1"
+    for secret in ("dynamodb", "idem-orders", "endpoint", "8000", "VPC"):
+        assert secret.lower() not in response.text.lower()
+    assert set(response.json()) == {"type", "title", "status", "detail"}
+    assert any(
+        record.exc_info and "idem-orders-prod" in str(record.exc_info[1])
+        for record in caplog.records
+    )
+    assert not served.calls
+
+
+async def test_route_marker_without_the_middleware_fails_loudly() -> None:
+    runs = 0
+
+    def report(exc: Exception) -> str:
+        return f"{type(exc).__name__}: {exc}"
+
+    @web.middleware
+    async def reporter(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except errors.ConfigError as exc:
+            return web.Response(status=500, text=report(exc))
+
+    @idempotent_endpoint
+    async def aiohttp_create(request: web.Request) -> web.Response:
+        nonlocal runs
+        runs += 1
+        return web.Response(status=201)
+
+    aio = web.Application(middlewares=[reporter])
+    aio.router.add_post("/orders", aiohttp_create)
+    api = FastAPI()
+    api.add_exception_handler(
+        errors.ConfigError, lambda request, exc: PlainTextResponse(report(exc), status_code=500)
+    )
+
+    @api.post("/orders", status_code=201)
+    async def fastapi_create(key: IdempotencyKey) -> None:
+        nonlocal runs
+        runs += 1
+
+    answers = []
+    for serve in (serve_aio(aio), serve_asgi(api)):
+        async with serve as base_url, httpx.AsyncClient(base_url=base_url) as client:
+            answers.append(await client.post("/orders", json={}, headers=_key("k")))
+    for answer in answers:
+        assert answer.status_code == 500
+        assert answer.text.startswith("ConfigError:") and "middleware" in answer.text
+    assert runs == 0

@@ -446,14 +446,7 @@ class HttpIdempotency:
         except (PersistenceError, InconsistentStateError) as exc:
             if ran:
                 raise
-            raise Rejection(
-                problem(
-                    503,
-                    "Idempotency store unavailable",
-                    f"the request was not processed: {exc}",
-                    headers=(("retry-after", "1"),),
-                )
-            ) from exc
+            raise Rejection(_store_unavailable(exc)) from exc
         except TimeoutError:
             spent = loop.time() - started
             if capture.started or spent < self.settings.request_timeout * 0.8:
@@ -524,6 +517,18 @@ class HttpIdempotency:
             (*headers, (REPLAYED_HEADER, "true")),
             base64.b64decode(stored["body_b64"]),
         )
+
+
+def _store_unavailable(exc: Exception) -> HttpResponse:
+    # The store's message names endpoints, tables and SDK advice: for the operator's log,
+    # never for the client.
+    _log.error("idempotency store failed before the request ran; answered 503", exc_info=exc)
+    return problem(
+        503,
+        "Service unavailable",
+        "the request was not processed: retry it with the same Idempotency-Key",
+        headers=(("retry-after", "1"),),
+    )
 
 
 def _not_available(status: int) -> HttpResponse:

@@ -38,6 +38,7 @@ from idempotency_async.integrations._http import (
     RequestState,
     parse_key,
 )
+from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
 
 __all__ = ["RequestState", "idempotency_middleware", "idempotent_endpoint", "request_state"]
@@ -58,15 +59,24 @@ def idempotent_endpoint(handler: _H) -> _H:
     """Opt a handler in to Idempotency-Key handling, whatever its method or path.
 
     The response is stored only when the handler *returns* it: a raised
-    ``web.HTTPException`` (or any exception) releases the key and is not stored.
+    ``web.HTTPException`` (or any exception) releases the key and is not stored.  A
+    request reaching the handler without :func:`idempotency_middleware` on the
+    application raises :class:`~idempotency_async.errors.ConfigError` (a 500) before the
+    handler runs.
     """
 
     @functools.wraps(handler)
     async def endpoint(request: web.Request) -> web.StreamResponse:
-        response = await handler(request)
         state = request_state(request)
-        if state is not None:
-            state.endpoint_returned = True
+        if state is None:
+            # Without the middleware every duplicate would run the handler again, silently.
+            raise ConfigError(
+                f"{handler.__qualname__} is an @idempotent_endpoint, but the application has "
+                "no idempotency middleware: add it, e.g. web.Application(middlewares="
+                "[idempotency_middleware(manager)])"
+            )
+        response = await handler(request)
+        state.endpoint_returned = True
         return response
 
     _MARKED.add(endpoint)

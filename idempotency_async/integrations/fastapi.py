@@ -24,6 +24,7 @@ from typing import Annotated, TypeAlias
 
 from fastapi import Depends, Request
 
+from idempotency_async.errors import ConfigError
 from idempotency_async.integrations.starlette import _ROUTE_MARKERS, request_state
 
 __all__ = ["IdempotencyKey", "idempotency_dependency"]
@@ -39,7 +40,7 @@ async def idempotency_dependency(request: Request) -> AsyncIterator[str | None]:
     """
     state = request_state(request.scope)
     if state is None:
-        raise RuntimeError(
+        raise ConfigError(
             "idempotency_dependency needs IdempotencyMiddleware on the application: "
             "app.add_middleware(IdempotencyMiddleware, manager=...)"
         )
