@@ -13,9 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-from aiohttp import web
-from fastapi import FastAPI
-from fastapi.responses import PlainTextResponse
 from _http_apps import (
     BIG,
     MAX_BODY,
@@ -27,6 +24,9 @@ from _http_apps import (
     serve_aio,
     serve_asgi,
 )
+from aiohttp import web
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
 from support import RecordingStore
 
 from idempotency_async import MemoryStore, errors
@@ -396,7 +396,9 @@ async def test_store_failure_is_a_generic_503_and_the_details_go_to_the_log(
         "DynamoDB could not be reached at https://dynamodb.internal.example:8000 "
         "(table idem-orders-prod): check the endpoint and the VPC endpoint policy"
     )
-    store = RecordingStore(MemoryStore(), fail_on={"claim": errors.StoreUnavailableError(internals)})
+    store = RecordingStore(
+        MemoryStore(), fail_on={"claim": errors.StoreUnavailableError(internals)}
+    )
     served = await start(store=store)
     with caplog.at_level(logging.ERROR, logger="idempotency_async"):
         async with _client(served) as client:

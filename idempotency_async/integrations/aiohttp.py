@@ -24,6 +24,7 @@ from aiohttp.payload import Payload
 from aiohttp.typedefs import Handler, Middleware
 from multidict import CIMultiDict
 
+from idempotency_async.errors import ConfigError
 from idempotency_async.integrations._http import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_METHODS,
@@ -38,7 +39,6 @@ from idempotency_async.integrations._http import (
     RequestState,
     parse_key,
 )
-from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
 
 __all__ = ["RequestState", "idempotency_middleware", "idempotent_endpoint", "request_state"]

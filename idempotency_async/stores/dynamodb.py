@@ -479,8 +479,7 @@ async def create_table(
             TableName=table_name,
             KeySchema=schema,
             AttributeDefinitions=[
-                {"AttributeName": entry["AttributeName"], "AttributeType": "S"}
-                for entry in schema
+                {"AttributeName": entry["AttributeName"], "AttributeType": "S"} for entry in schema
             ],
             BillingMode="PAY_PER_REQUEST",
         )
