@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -29,9 +31,12 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from support import RecordingStore
 
-from idempotency_async import MemoryStore, errors
-from idempotency_async.integrations.aiohttp import idempotent_endpoint
+from idempotency_async import Manager, MemoryStore, errors
+from idempotency_async.canonical import canonical_bytes
+from idempotency_async.integrations._http import HttpIdempotency, _sliced
+from idempotency_async.integrations.aiohttp import idempotency_middleware, idempotent_endpoint
 from idempotency_async.integrations.fastapi import IdempotencyKey
+from idempotency_async.integrations.starlette import IdempotencyMiddleware
 
 Start = Callable[..., Awaitable[Served]]
 
@@ -455,3 +460,99 @@ async def test_route_marker_without_the_middleware_fails_loudly() -> None:
         assert answer.status_code == 500
         assert answer.text.startswith("ConfigError:") and "middleware" in answer.text
     assert runs == 0
+
+
+def _nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+async def test_json_body_nested_past_the_limit_is_400(
+    client: httpx.AsyncClient, served: Served
+) -> None:
+    json_headers = {**_key("deep"), "content-type": "application/json"}
+    # 2,000 levels fit the test apps' 4 KiB body limit and used to escape as RecursionError.
+    far = await client.post("/legacy", content=_nested(2000), headers=json_headers)
+    just_over = await client.post("/legacy", content=_nested(401), headers=json_headers)
+    at_limit = await client.post("/legacy", content=_nested(400), headers=json_headers)
+
+    for response in (far, just_over):
+        assert response.status_code == 400 and _is_problem(response)
+        assert "nested" in response.json()["title"] and "400" in response.json()["detail"]
+    assert at_limit.status_code == 201
+    assert served.calls == {"legacy": 1}
+
+
+def test_body_depth_limit_is_validated() -> None:
+    for bad in (0, 513, True, "400"):
+        with pytest.raises(errors.ConfigError, match="max_body_depth"):
+            idempotency_middleware(
+                Manager(MemoryStore()), caller_scope=_tenant_of, max_body_depth=bad
+            )
+    idempotency_middleware(Manager(MemoryStore()), caller_scope=_tenant_of, max_body_depth=512)
+
+
+def _tenant_of(request: Any) -> str:
+    return "t"
+
+
+def _fingerprint_cpu_seconds(rules: HttpIdempotency, body: bytes) -> float:
+    best = float("inf")
+    for _ in range(3):
+        started = time.process_time()
+        rules.payload(
+            method="POST",
+            route="/",
+            caller=None,
+            key="k",
+            path="/",
+            query="",
+            content_type="application/json",
+            body=body,
+        )
+        best = min(best, time.process_time() - started)
+    return best
+
+
+def test_fingerprint_cost_does_not_grow_with_nesting() -> None:
+    """256 KB of 399-deep arrays cost about what 256 KB of 20-deep arrays do (was ~3x)."""
+
+    def quarter_megabyte(depth: int) -> bytes:
+        one = b"[" * depth + b"1" + b"]" * depth
+        return b"[" + b",".join([one] * ((1 << 18) // (len(one) + 1))) + b"]"
+
+    rules = idempotency_middleware_rules(max_body_bytes=1 << 20)
+    shallow = _fingerprint_cpu_seconds(rules, quarter_megabyte(20))
+    deep = _fingerprint_cpu_seconds(rules, quarter_megabyte(399))
+
+    assert deep < 2.2 * shallow, f"{deep:.3f} s deep vs {shallow:.3f} s shallow"
+
+
+def idempotency_middleware_rules(**options: Any) -> HttpIdempotency:
+    middleware = IdempotencyMiddleware(
+        _no_app, manager=Manager(MemoryStore()), caller_scope=_tenant_of, **options
+    )
+    return middleware.rules
+
+
+async def _no_app(scope: Any, receive: Any, send: Any) -> None:
+    raise AssertionError("not called")
+
+
+def _deep_value(rng: random.Random, depth: int) -> Any:
+    """A chain ``depth`` containers deep, with scalars and small siblings that test key order."""
+    scalars = [1, 1.5, 1e21, 132.0, -0.0, "x\u2028", None, True, 2**60]
+    node: Any = rng.choice(scalars)
+    for _ in range(depth):
+        if rng.random() < 0.5:
+            node = [rng.choice(scalars), node] if rng.random() < 0.5 else [node]
+        else:
+            keys = rng.sample(["b", "A", "a", "10", "2", "__proto__", "é", "Z"], 3)
+            node = {keys[0]: node, keys[1]: rng.choice(scalars), keys[2]: {"k": [1, 2]}}
+    return node
+
+
+@pytest.mark.parametrize("depth", [127, 128, 129, 300, 510])
+def test_sliced_fingerprint_equals_the_canonical_json(depth: int) -> None:
+    for seed in range(5):
+        expected = canonical_bytes(_deep_value(random.Random(seed), depth))
+        assert _sliced(_deep_value(random.Random(seed), depth)) == expected

@@ -27,6 +27,7 @@ from multidict import CIMultiDict
 from idempotency_async.errors import ConfigError
 from idempotency_async.integrations._http import (
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_BODY_DEPTH,
     DEFAULT_METHODS,
     KEY_HEADER,
     STORED_HEADER,
@@ -92,6 +93,7 @@ def idempotency_middleware(
     caller_scope: CallerScope | None = None,
     request_timeout: float = 30.0,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_body_depth: int = DEFAULT_MAX_BODY_DEPTH,
     max_response_bytes: int | None = None,
     store_server_errors: bool = False,
     replay_headers: Iterable[str] = (),
@@ -112,6 +114,7 @@ def idempotency_middleware(
         caller_scope=caller_scope,
         request_timeout=request_timeout,
         max_body_bytes=max_body_bytes,
+        max_body_depth=max_body_depth,
         max_response_bytes=max_response_bytes,
         store_server_errors=store_server_errors,
         replay_headers=replay_headers,

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from idempotency_async.integrations._http import (
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_BODY_DEPTH,
     DEFAULT_METHODS,
     KEY_HEADER,
     STORED_HEADER,
@@ -64,7 +65,10 @@ class IdempotencyMiddleware:
         caller (tenant, principal); without it the middleware is single-tenant.
     :param request_timeout: the deadline of each idempotent request, and so the longest
         a crashed or cancelled request blocks its key.
-    :param max_body_bytes: larger request bodies are answered with 413.
+    :param max_body_bytes: larger request bodies are answered with 413 (reading stops
+        at the limit).
+    :param max_body_depth: JSON request bodies nesting arrays and objects deeper are
+        answered with 400 (at most 512).
     :param max_response_bytes: larger response bodies are delivered but not stored
         (default: what fits in the store).
     :param store_server_errors: store and replay 5xx responses instead of releasing the key.
@@ -85,6 +89,7 @@ class IdempotencyMiddleware:
         caller_scope: CallerScope | None = None,
         request_timeout: float = 30.0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_body_depth: int = DEFAULT_MAX_BODY_DEPTH,
         max_response_bytes: int | None = None,
         store_server_errors: bool = False,
         replay_headers: Iterable[str] = (),
@@ -99,6 +104,7 @@ class IdempotencyMiddleware:
             caller_scope=caller_scope,
             request_timeout=request_timeout,
             max_body_bytes=max_body_bytes,
+            max_body_depth=max_body_depth,
             max_response_bytes=max_response_bytes,
             store_server_errors=store_server_errors,
             replay_headers=replay_headers,
