@@ -8,7 +8,10 @@ import importlib.util
 import itertools
 import json
 import logging
+import os
+import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator
@@ -621,3 +624,107 @@ def test_example_sqs_handler_ships_each_order_once(example_env: str) -> None:
         assert sorted(example.shipped) == ["ord-1001", "ord-1003"]
     finally:
         example.handler.close()
+
+
+# ---------------------------------------------------------------------- entry points in a process
+
+
+def run_module(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``source`` as a handler module in a fresh interpreter (this checkout first)."""
+    module = tmp_path / "handler_module.py"
+    module.write_text(textwrap.dedent(source))
+    root = str(Path(__file__).parents[1])
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": root if not path else os.pathsep.join((root, path))}
+    return subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", str(module), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+@pytest.mark.dynamodb
+def test_two_entry_points_in_one_module_share_one_store(example_env: str, tmp_path: Path) -> None:
+    completed = run_module(
+        tmp_path,
+        """
+        import json, os, sys
+        import aioboto3
+        from idempotency_async import Manager, Options
+        from idempotency_async.integrations.aws_lambda import (
+            idempotent_handler, lambda_entrypoint, process_batch,
+        )
+        from idempotency_async.stores.dynamodb import DynamoDBStore
+
+        session = aioboto3.Session()
+        store = DynamoDBStore(
+            table_name=os.environ["IDEMPOTENCY_TABLE"],
+            client_factory=lambda: session.client("dynamodb"),
+        )
+        orders = Manager(store, Options(key_prefix="api", event_key_jmespath="order_id"))
+        shipments = Manager(store, Options(key_prefix="ship"))
+
+        @idempotent_handler(orders)
+        async def create(event, context):
+            return {"created": event["order_id"]}
+
+        async def ship(record):
+            return record["body"]["order_id"]
+
+        async def consume(event, context):
+            return await process_batch(shipments, event, ship)
+
+        api = lambda_entrypoint(create, shutdown=store.aclose)
+        sqs = lambda_entrypoint(consume)
+        batch = json.loads(open(sys.argv[1]).read())
+        answers = [api({"order_id": "a"}, None), sqs(batch, None), api({"order_id": "a"}, None)]
+        print(json.dumps(answers))
+        print(api.loop is sqs.loop)
+        """,
+        str(EVENTS / "sqs.json"),
+    )
+
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    answers, same_loop = completed.stdout.splitlines()
+    created = {"created": "a"}
+    assert json.loads(answers)[0] == json.loads(answers)[2] == created
+    assert json.loads(answers)[1] == {"batchItemFailures": []}
+    assert same_loop == "True"
+
+
+def test_entry_point_called_inside_a_running_loop_says_what_to_do(tmp_path: Path) -> None:
+    completed = run_module(
+        tmp_path,
+        """
+        import asyncio, gc
+        from idempotency_async.integrations.aws_lambda import lambda_entrypoint
+
+        async def init():
+            pass
+
+        async def handle(event, context):
+            return "ran"
+
+        handler = lambda_entrypoint(handle, init=init)
+
+        async def main():
+            try:
+                handler({}, None)
+            except RuntimeError as exc:
+                print(f"refused: {exc}")
+
+        asyncio.run(main())
+        gc.collect()
+        print(handler({}, None))
+        handler.close()
+        """,
+    )
+
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    refused, ran = completed.stdout.splitlines()
+    assert "running event loop" in refused and "await the async handler" in refused
+    assert ran == "ran"
+    assert "never awaited" not in completed.stderr
+    assert completed.stderr == ""

@@ -120,11 +120,43 @@ def invocation_deadline(context: object) -> float | None:
 # ---------------------------------------------------------------------- entry point
 
 
+class _ProcessLoop:
+    """The one event loop every entry point of the process runs on.
+
+    A client opened on one loop (aioboto3, aiohttp, redis) cannot be used from another,
+    so two entry points sharing a store must share a loop.  It opens with the first entry
+    point that is invoked and closes when the last open one closes.
+    """
+
+    def __init__(self) -> None:
+        self._runner: asyncio.Runner | None = None
+        self._users = 0
+
+    @property
+    def runner(self) -> asyncio.Runner | None:
+        return self._runner
+
+    def acquire(self) -> asyncio.Runner:
+        if self._runner is None:
+            self._runner = asyncio.Runner()
+        self._users += 1
+        return self._runner
+
+    def release(self) -> None:
+        self._users -= 1
+        if self._users == 0 and self._runner is not None:
+            runner, self._runner = self._runner, None
+            runner.close()
+
+
+_process_loop = _ProcessLoop()
+
+
 class LambdaEntrypoint(Generic[E, C, T]):
     """The synchronous ``handler(event, context)`` Lambda calls; see :func:`lambda_entrypoint`.
 
-    States: unstarted (no loop yet), running (loop open, ``init`` done once it succeeded)
-    and closed.  A closed entry point refuses further invocations.
+    States: unstarted (no loop yet), running (on the process's loop, ``init`` done once it
+    succeeded) and closed.  A closed entry point refuses further invocations.
     """
 
     def __init__(
@@ -145,25 +177,30 @@ class LambdaEntrypoint(Generic[E, C, T]):
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
-        """The event loop kept across invocations (``None`` before the first one)."""
+        """The event loop kept across invocations (``None`` before the first one).
+
+        Every entry point of the process runs on the same loop, so they can share stores
+        and clients.
+        """
         return None if self._runner is None else self._runner.get_loop()
 
     def __call__(self, event: E, context: C) -> T:
+        _refuse_inside_a_loop()
         runner, base = self._start()
         if not self._initialized:
             assert self._init is not None
             # init runs in the base context: context variables it sets stay visible to
             # every invocation.  A failed init is retried by the next invocation.
-            runner.run(_awaited(self._init()), context=base)
+            runner.run(_awaited(self._init), context=base)
             self._initialized = True
         # Each invocation gets its own copy, so one cannot leak context into the next.
-        return runner.run(_awaited(self._handler(event, context)), context=base.copy())
+        return runner.run(_awaited(self._handler, event, context), context=base.copy())
 
     def close(self) -> None:
-        """Run ``shutdown`` (when ``init`` ran or nothing needed it) and close the loop.
+        """Run ``shutdown`` (when ``init`` ran or nothing needed it) and leave the loop.
 
-        Idempotent.  Registered with :mod:`atexit`, so it also runs when the interpreter
-        exits normally.
+        The loop closes with the last open entry point of the process.  Idempotent.
+        Registered with :mod:`atexit`, so it also runs when the interpreter exits normally.
         """
         if self._closed:
             return
@@ -174,17 +211,31 @@ class LambdaEntrypoint(Generic[E, C, T]):
             return
         try:
             if self._shutdown is not None and self._context is not None:
-                runner.run(_awaited(self._shutdown()), context=self._context)
+                _refuse_inside_a_loop()
+                runner.run(_awaited(self._shutdown), context=self._context)
         finally:
-            runner.close()
+            _process_loop.release()
 
     def _start(self) -> tuple[asyncio.Runner, contextvars.Context]:
         if self._closed:
             raise RuntimeError("this Lambda entry point was closed; build a new one")
         if self._runner is None or self._context is None:
-            self._runner = asyncio.Runner()
+            self._runner = _process_loop.acquire()
             self._context = contextvars.copy_context()
         return self._runner, self._context
+
+
+def _refuse_inside_a_loop() -> None:
+    # Checked before any coroutine is created, so none is left un-awaited.
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        "a Lambda entry point was called from inside a running event loop: it is the "
+        "synchronous function for Lambda's runtime. In async code (tests included), await "
+        "the async handler you passed to lambda_entrypoint instead"
+    )
 
 
 def lambda_entrypoint(
@@ -213,8 +264,9 @@ def lambda_entrypoint(
     return LambdaEntrypoint(async_handler, init, shutdown)
 
 
-async def _awaited(awaitable: Awaitable[T]) -> T:
-    return await awaitable
+async def _awaited(function: Callable[..., Awaitable[T]], *args: Any) -> T:
+    # The handler's coroutine is created inside the loop's task, never before it runs.
+    return await function(*args)
 
 
 def _close_at_exit(ref: weakref.ref[LambdaEntrypoint[Any, Any, Any]]) -> None:
