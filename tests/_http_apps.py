@@ -61,7 +61,7 @@ def _options(wait: float | None) -> dict[str, Any]:
         "request_timeout": REQUEST_TIMEOUT,
         "max_body_bytes": MAX_BODY,
         "max_response_bytes": MAX_RESPONSE,
-        "wait": wait,
+        **({"wait": True, "wait_timeout": wait} if wait else {}),
     }
 
 

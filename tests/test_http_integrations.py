@@ -31,11 +31,15 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from support import RecordingStore
 
-from idempotency_async import Manager, MemoryStore, errors
+from idempotency_async import Manager, MemoryStore, Options, errors
 from idempotency_async.canonical import canonical_bytes
 from idempotency_async.integrations._http import HttpIdempotency, _sliced
 from idempotency_async.integrations.aiohttp import idempotency_middleware, idempotent_endpoint
-from idempotency_async.integrations.fastapi import IdempotencyKey
+from idempotency_async.integrations.fastapi import (
+    IdempotencyKey,
+    OptionalIdempotencyKey,
+    idempotency_openapi,
+)
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
 
 Start = Callable[..., Awaitable[Served]]
@@ -556,3 +560,71 @@ def test_sliced_fingerprint_equals_the_canonical_json(depth: int) -> None:
     for seed in range(5):
         expected = canonical_bytes(_deep_value(random.Random(seed), depth))
         assert _sliced(_deep_value(random.Random(seed), depth)) == expected
+
+
+# ---------------------------------------------------------------------- FastAPI ergonomics
+
+
+def _ergonomics_app(runs: list[str | None]) -> FastAPI:
+    api = FastAPI()
+    api.add_middleware(
+        IdempotencyMiddleware, manager=Manager(MemoryStore()), paths=(), caller_scope=_tenant_of
+    )
+
+    @api.post("/required", status_code=201, openapi_extra=idempotency_openapi())
+    async def required(order: dict[str, int], key: IdempotencyKey) -> None:
+        runs.append(key)
+
+    @api.post("/optional", status_code=201)
+    async def optional(key: OptionalIdempotencyKey) -> None:
+        runs.append(key)
+
+    return api
+
+
+async def test_fastapi_openapi_documents_the_header_and_its_answers() -> None:
+    async with (
+        serve_asgi(_ergonomics_app([])) as base_url,
+        httpx.AsyncClient(base_url=base_url) as client,
+    ):
+        schema = (await client.get("/openapi.json")).json()
+
+    required = schema["paths"]["/required"]["post"]
+    optional = schema["paths"]["/optional"]["post"]
+    (req_param,) = [p for p in required["parameters"] if p["name"] == "Idempotency-Key"]
+    (opt_param,) = [p for p in optional["parameters"] if p["name"] == "Idempotency-Key"]
+    assert req_param["in"] == opt_param["in"] == "header"
+    assert req_param["required"] is True and opt_param.get("required", False) is False
+    assert "retry" in req_param["description"]
+    for status in ("400", "409", "422"):
+        assert "application/problem+json" in required["responses"][status]["content"]
+    # Request validation's own 422 stays documented beside the middleware's.
+    assert "application/json" in required["responses"]["422"]["content"]
+
+
+async def test_fastapi_required_key_type_is_enforced_per_route() -> None:
+    runs: list[str | None] = []
+    async with (
+        serve_asgi(_ergonomics_app(runs)) as base_url,
+        httpx.AsyncClient(base_url=base_url) as client,
+    ):
+        missing = await client.post("/required", json={"n": 1})
+        keyed = await client.post("/required", json={"n": 1}, headers=_key('"q"'))
+        optional = await client.post("/optional")
+
+    assert missing.status_code == 400 and _is_problem(missing)
+    assert "Idempotency-Key" in missing.json()["detail"]
+    assert keyed.status_code == optional.status_code == 201
+    assert runs == ["q", None]
+
+
+def test_wait_options_match_the_manager_options() -> None:
+    with pytest.raises(errors.ConfigError, match="wait_timeout"):
+        IdempotencyMiddleware(_no_app, manager=Manager(MemoryStore()), wait=5.0)  # type: ignore[arg-type]
+    with pytest.raises(errors.ConfigError, match="wait_timeout"):
+        idempotency_middleware(Manager(MemoryStore()), wait=True, wait_timeout=0)
+    rules = idempotency_middleware_rules(wait=True, wait_timeout=2.5)
+    assert (rules.manager.options.wait, rules.manager.options.wait_timeout) == (True, 2.5)
+    waiting = Manager(MemoryStore(), Options(wait=True, wait_timeout=7.0))
+    inherited = IdempotencyMiddleware(_no_app, manager=waiting, caller_scope=_tenant_of).rules
+    assert (inherited.manager.options.wait, inherited.manager.options.wait_timeout) == (True, 7.0)

@@ -299,7 +299,8 @@ class HttpIdempotency:
         max_response_bytes: int | None,
         store_server_errors: bool,
         replay_headers: Iterable[str],
-        wait: float | None,
+        wait: bool | None,
+        wait_timeout: float | None,
     ) -> None:
         if not isinstance(manager, Manager):
             raise ConfigError("manager must be an idempotency_async.Manager")
@@ -322,8 +323,13 @@ class HttpIdempotency:
             raise ConfigError(
                 f"max_response_bytes must be an integer >= 0, got {max_response_bytes!r}"
             )
-        if wait is not None and (not isinstance(wait, int | float) or wait < 0):
-            raise ConfigError(f"wait must be None or seconds >= 0, got {wait!r}")
+        if wait is not None and not isinstance(wait, bool):
+            raise ConfigError(
+                f"wait must be True, False or None (as the manager's options), got {wait!r}; "
+                "the seconds to wait go in wait_timeout"
+            )
+        if wait_timeout is not None and not _positive(wait_timeout):
+            raise ConfigError(f"wait_timeout must be positive seconds, got {wait_timeout!r}")
         self.caller_scope = caller_scope
         self.settings = _Settings(
             methods=frozenset(method.upper() for method in methods),
@@ -337,7 +343,7 @@ class HttpIdempotency:
             replay_headers=frozenset(DEFAULT_REPLAY_HEADERS)
             | {name.lower() for name in replay_headers} - _NEVER_REPLAYED,
         )
-        self.manager = Manager(manager.store, _http_options(manager, wait))
+        self.manager = Manager(manager.store, _http_options(manager, wait, wait_timeout))
         if caller_scope is None:
             _log.warning(
                 "Idempotency-Key middleware without caller_scope is single-tenant: two clients "
@@ -585,7 +591,7 @@ def _not_available(status: int) -> HttpResponse:
     )
 
 
-def _http_options(manager: Manager, wait: float | None) -> Any:
+def _http_options(manager: Manager, wait: bool | None, wait_timeout: float | None) -> Any:
     options = manager.options
     overrides: dict[str, Any] = {
         "event_key_jmespath": "scope",
@@ -598,9 +604,9 @@ def _http_options(manager: Manager, wait: float | None) -> Any:
         "response_hook": None,
     }
     if wait is not None:
-        overrides["wait"] = wait > 0
-        if wait > 0:
-            overrides["wait_timeout"] = float(wait)
+        overrides["wait"] = wait
+    if wait_timeout is not None:
+        overrides["wait_timeout"] = float(wait_timeout)
     return dataclasses.replace(options, **overrides)
 
 

@@ -97,7 +97,8 @@ def idempotency_middleware(
     max_response_bytes: int | None = None,
     store_server_errors: bool = False,
     replay_headers: Iterable[str] = (),
-    wait: float | None = None,
+    wait: bool | None = None,
+    wait_timeout: float | None = None,
 ) -> Middleware:
     """A middleware running each idempotent request once per ``Idempotency-Key``.
 
@@ -119,6 +120,7 @@ def idempotency_middleware(
         store_server_errors=store_server_errors,
         replay_headers=replay_headers,
         wait=wait,
+        wait_timeout=wait_timeout,
     )
 
     @web.middleware
