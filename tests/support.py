@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from idempotency_async.record import Claim, Completion, Record
@@ -90,3 +92,15 @@ async def start_holding(
     task = asyncio.create_task(manager.execute(payload, hold, timeout=timeout))
     await started.wait()
     return task
+
+
+def checkout_env(**extra: str) -> dict[str, str]:
+    """The environment for a child process that imports this checkout of the library
+    (not whatever an editable install elsewhere points at)."""
+    root = str(Path(__file__).parents[1])
+    path = os.environ.get("PYTHONPATH")
+    return {
+        **os.environ,
+        "PYTHONPATH": root if not path else os.pathsep.join((root, path)),
+        **extra,
+    }

@@ -8,7 +8,6 @@ import importlib.util
 import itertools
 import json
 import logging
-import os
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 from _moto import new_session
-from support import Clock
+from support import Clock, checkout_env
 
 from idempotency_async import Manager, MemoryStore, Options, current_deadline, errors
 from idempotency_async.integrations.aws_lambda import (
@@ -755,15 +754,12 @@ def run_module(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedP
     """Run ``source`` as a handler module in a fresh interpreter (this checkout first)."""
     module = tmp_path / "handler_module.py"
     module.write_text(textwrap.dedent(source))
-    root = str(Path(__file__).parents[1])
-    path = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": root if not path else os.pathsep.join((root, path))}
     return subprocess.run(
         [sys.executable, "-W", "error::RuntimeWarning", str(module), *args],
         capture_output=True,
         text=True,
         timeout=120,
-        env=env,
+        env=checkout_env(),
     )
 
 

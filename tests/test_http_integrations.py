@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 import sys
 import time
@@ -29,7 +28,7 @@ from _http_apps import (
 from aiohttp import web
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
-from support import RecordingStore
+from support import RecordingStore, checkout_env
 
 from idempotency_async import Manager, MemoryStore, Options, errors
 from idempotency_async.canonical import canonical_bytes
@@ -364,13 +363,6 @@ async def _raw_chunked_post(port: int, path: str, total: int) -> tuple[bytes, in
         writer.close()
 
 
-def _this_checkout_first() -> dict[str, str]:
-    """The environment for a child process that imports this checkout of the library."""
-    root = str(Path(__file__).parents[1])
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": root if not path else os.pathsep.join((root, path))}
-
-
 async def test_aiohttp_stops_reading_a_chunked_body_at_the_limit() -> None:
     """A 100 MB chunked body under a 1 GiB client_max_size: 413 without buffering it."""
     server = await asyncio.create_subprocess_exec(
@@ -378,7 +370,7 @@ async def test_aiohttp_stops_reading_a_chunked_body_at_the_limit() -> None:
         str(Path(__file__).parent / "_big_body_server.py"),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
-        env=_this_checkout_first(),
+        env=checkout_env(),
     )
     assert server.stdin is not None and server.stdout is not None
     try:
