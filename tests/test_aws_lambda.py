@@ -846,3 +846,26 @@ def test_entry_point_called_inside_a_running_loop_says_what_to_do(tmp_path: Path
     assert ran == "ran"
     assert "never awaited" not in completed.stderr
     assert completed.stderr == ""
+
+
+def test_the_process_loop_outlives_each_entry_point_but_the_last() -> None:
+    async def handle(event: dict[str, Any], context: Any) -> int:
+        return id(asyncio.get_running_loop())
+
+    first, second = lambda_entrypoint(handle), lambda_entrypoint(handle)
+    try:
+        loop = first({}, None)
+        assert second({}, None) == loop and first.loop is second.loop
+        first.close()
+        assert second({}, None) == loop and second.loop is not None
+        shared = second.loop
+    finally:
+        first.close()
+        second.close()
+    assert shared.is_closed()
+    third = lambda_entrypoint(handle)
+    try:
+        third({}, None)
+        assert third.loop is not shared
+    finally:
+        third.close()

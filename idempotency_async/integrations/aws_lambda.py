@@ -3,8 +3,8 @@
 * :func:`idempotent_handler` makes ``async def handler(event, context)`` run once per key
   and replay its return value; the Lambda deadline becomes the record's lease.
 * :func:`lambda_entrypoint` turns an async handler into the synchronous function Lambda
-  calls, keeping one event loop (and so one set of aioboto3 clients) for the life of the
-  execution environment.
+  calls, keeping one event loop per process (and so one set of aioboto3 clients) for the
+  life of the execution environment.
 * :func:`process_batch` processes SQS (standard and FIFO), Kinesis and DynamoDB stream
   batches record by record and returns ``{"batchItemFailures": [...]}``.
 """
@@ -251,11 +251,14 @@ def lambda_entrypoint(
 
     Lambda calls handlers synchronously; running each invocation with ``asyncio.run``
     would make a new event loop every time and break (or rebuild) every aioboto3 client
-    created before.  The returned callable instead creates one event loop on the first
-    invocation and keeps it for the life of the execution environment.  ``init`` (async,
-    optional) runs once on that loop before the first invocation — open clients, build
-    stores — and is retried by the next invocation if it raised.  ``shutdown`` (async,
-    optional) runs on the loop in :meth:`LambdaEntrypoint.close`, e.g. ``store.aclose``::
+    created before.  The returned callable instead runs on one event loop, created on the
+    first invocation and kept for the life of the execution environment; every entry point
+    of the process shares it, so they can share stores and clients.  Calling it inside a
+    running event loop raises ``RuntimeError`` (await ``async_handler`` there instead).
+    ``init`` (async, optional) runs once on that loop before the first invocation — open
+    clients, build stores — and is retried by the next invocation if it raised.
+    ``shutdown`` (async, optional) runs on the loop in :meth:`LambdaEntrypoint.close`,
+    e.g. ``store.aclose``::
 
         handler = lambda_entrypoint(handle, init=open_clients, shutdown=store.aclose)
     """
