@@ -641,14 +641,14 @@ class _Slicer:
         """Replace, in place, the containers at ``_SLICE_DEPTH`` with placeholders."""
         level = [value]
         for _ in range(_SLICE_DEPTH - 1):
-            below = []
-            for node in level:
-                for child in node.values() if type(node) is dict else node:
-                    if type(child) is dict or type(child) is list:
-                        below.append(child)
-            if not below:
+            level = [
+                child
+                for node in level
+                for child in (node.values() if type(node) is dict else node)
+                if type(child) is dict or type(child) is list
+            ]
+            if not level:
                 return
-            level = below
         for node in level:
             slots = node.items() if type(node) is dict else enumerate(node)
             deep = [(slot, child) for slot, child in slots if type(child) in (dict, list)]
