@@ -479,7 +479,8 @@ async def create_table(
             TableName=table_name,
             KeySchema=schema,
             AttributeDefinitions=[
-                {"AttributeName": entry["AttributeName"], "AttributeType": "S"} for entry in schema
+                {"AttributeName": entry["AttributeName"], "AttributeType": "S"}
+                for entry in schema
             ],
             BillingMode="PAY_PER_REQUEST",
         )
