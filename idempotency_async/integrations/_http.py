@@ -407,7 +407,9 @@ class HttpIdempotency:
         body_material, depth = self._body_material(media_type, body)
         material = {
             "path": path,
-            "query": sorted(parse_qsl(query, keep_blank_values=True)),
+            # Lists, not tuples: same canonical JSON, but they keep the canonicalizer on
+            # its fast path.
+            "query": [list(pair) for pair in sorted(parse_qsl(query, keep_blank_values=True))],
             "media_type": media_type,
             "body": body_material,
         }
