@@ -832,6 +832,10 @@ def test_entry_point_called_inside_a_running_loop_says_what_to_do(tmp_path: Path
                 handler({}, None)
             except RuntimeError as exc:
                 print(f"refused: {exc}")
+            try:
+                handler.close()
+            except RuntimeError as exc:
+                print(f"close refused: {exc}")
 
         asyncio.run(main())
         gc.collect()
@@ -841,8 +845,9 @@ def test_entry_point_called_inside_a_running_loop_says_what_to_do(tmp_path: Path
     )
 
     assert completed.returncode == 0, completed.stderr[-3000:]
-    refused, ran = completed.stdout.splitlines()
+    refused, close_refused, ran = completed.stdout.splitlines()
     assert "running event loop" in refused and "await the async handler" in refused
+    assert "synchronous code" in close_refused
     assert ran == "ran"
     assert "never awaited" not in completed.stderr
     assert completed.stderr == ""

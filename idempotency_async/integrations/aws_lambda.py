@@ -135,10 +135,6 @@ class _ProcessLoop:
         self._runner: asyncio.Runner | None = None
         self._users = 0
 
-    @property
-    def runner(self) -> asyncio.Runner | None:
-        return self._runner
-
     def acquire(self) -> asyncio.Runner:
         if self._runner is None:
             self._runner = asyncio.Runner()
@@ -188,7 +184,11 @@ class LambdaEntrypoint(Generic[E, C, T]):
         return None if self._runner is None else self._runner.get_loop()
 
     def __call__(self, event: E, context: C) -> T:
-        _refuse_inside_a_loop()
+        _refuse_inside_a_loop(
+            "a Lambda entry point was called from inside a running event loop: it is the "
+            "synchronous function for Lambda's runtime. In async code (tests included), "
+            "await the async handler you passed to lambda_entrypoint instead"
+        )
         runner, base = self._start()
         if not self._initialized:
             assert self._init is not None
@@ -207,6 +207,10 @@ class LambdaEntrypoint(Generic[E, C, T]):
         """
         if self._closed:
             return
+        _refuse_inside_a_loop(
+            "LambdaEntrypoint.close() was called from inside a running event loop: it runs "
+            "shutdown on the entry point's own loop, so call it from synchronous code"
+        )
         self._closed = True
         atexit.unregister(self._at_exit)
         runner, self._runner = self._runner, None
@@ -214,7 +218,6 @@ class LambdaEntrypoint(Generic[E, C, T]):
             return
         try:
             if self._shutdown is not None and self._context is not None:
-                _refuse_inside_a_loop()
                 runner.run(_awaited(self._shutdown), context=self._context)
         finally:
             _process_loop.release()
@@ -228,17 +231,13 @@ class LambdaEntrypoint(Generic[E, C, T]):
         return self._runner, self._context
 
 
-def _refuse_inside_a_loop() -> None:
+def _refuse_inside_a_loop(message: str) -> None:
     # Checked before any coroutine is created, so none is left un-awaited.
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return
-    raise RuntimeError(
-        "a Lambda entry point was called from inside a running event loop: it is the "
-        "synchronous function for Lambda's runtime. In async code (tests included), await "
-        "the async handler you passed to lambda_entrypoint instead"
-    )
+    raise RuntimeError(message)
 
 
 def lambda_entrypoint(

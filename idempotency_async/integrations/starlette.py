@@ -131,9 +131,8 @@ class IdempotencyMiddleware:
         if not self.rules.applies(scope["method"], scope["path"], marked=marked):
             await self.app(scope, receive, send)
             return
-        exchange = _Exchange(self, scope, receive, send, template, marked)
-        exchange.key_required = key_required or self.rules.settings.required
-        await exchange.run()
+        required = key_required or self.rules.settings.required
+        await _Exchange(self, scope, receive, send, template, marked, required).run()
 
     def _marks(self, route: BaseRoute) -> tuple[bool, bool]:
         """Whether a route is opted in, and whether its marker requires the key."""
@@ -155,6 +154,7 @@ class _Exchange:
         send: Send,
         template: str,
         marked: bool,
+        key_required: bool,
     ) -> None:
         self.app = middleware.app
         self.rules = middleware.rules
@@ -163,7 +163,7 @@ class _Exchange:
         self.send = send
         self.template = template
         self.marked = marked
-        self.key_required = self.rules.settings.required
+        self.key_required = key_required
         self.capture = Capture(self.rules.settings.max_response_bytes)
         self.client_gone = False
         # The last body message is held back until the record is completed, so a client
