@@ -32,7 +32,7 @@ from support import RecordingStore, checkout_env
 
 from idempotency_async import Manager, MemoryStore, Options, errors
 from idempotency_async.canonical import canonical_bytes
-from idempotency_async.integrations._http import HttpIdempotency, _sliced
+from idempotency_async.integrations._http import HttpIdempotency, Rejection, _sliced
 from idempotency_async.integrations.aiohttp import idempotency_middleware, idempotent_endpoint
 from idempotency_async.integrations.fastapi import (
     IdempotencyKey,
@@ -476,6 +476,15 @@ async def test_json_body_nested_past_the_limit_is_400(
         assert "nested" in response.json()["title"] and "400" in response.json()["detail"]
     assert at_limit.status_code == 201
     assert served.calls == {"legacy": 1}
+
+
+def test_ten_thousand_levels_are_a_400_not_a_recursion_error() -> None:
+    rules = idempotency_middleware_rules(max_body_bytes=1 << 20)
+    for body in (_nested(10_000), b'{"a":' * 10_000 + b"1" + b"}" * 10_000):
+        with pytest.raises(Rejection) as rejected:
+            _fingerprint(rules, body)
+        assert rejected.value.response.status == 400
+        assert b"at most 400 levels" in rejected.value.response.body
 
 
 def test_body_depth_limit_is_validated() -> None:
