@@ -31,7 +31,11 @@ async def rss(request: web.Request) -> web.Response:
 async def main() -> None:
     app = web.Application(
         client_max_size=1 << 30,
-        middlewares=[idempotency_middleware(Manager(MemoryStore()), max_body_bytes=MAX_BODY)],
+        middlewares=[
+            idempotency_middleware(
+                Manager(MemoryStore()), max_body_bytes=MAX_BODY, caller_scope=lambda r: "t"
+            )
+        ],
     )
     app.router.add_post("/upload", upload)
     app.router.add_get("/rss", rss)
