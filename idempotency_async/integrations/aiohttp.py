@@ -206,6 +206,8 @@ class _Exchange:
                 raise Rejection(self.rules.too_large())
         data = bytes(body)
         self.request._read_bytes = data
+        if await self.request.read() is not data:  # never silently hand the handler b""
+            raise RuntimeError("this aiohttp version does not cache request bodies as expected")
         return data
 
     async def _run_handler(self) -> None:
