@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+import re
+from itertools import accumulate
+from typing import Any, Final
 
 import orjson
 
+from idempotency_async.canonical import MAX_DEPTH
 from idempotency_async.errors import PayloadError, ResponseEncodingError
 
-__all__ = ["decode_json", "encode_json", "loads_strict"]
+__all__ = ["decode_json", "encode_json", "loads_strict", "nesting_depth"]
 
 _ENCODE_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 # Integers beyond 64 bits are outside orjson's range.  Such responses are written by
@@ -40,18 +43,60 @@ def decode_json(data: bytes) -> Any:
     return orjson.loads(data)
 
 
-def loads_strict(text: str | bytes) -> Any:
+def loads_strict(text: str | bytes, *, max_depth: int | None = MAX_DEPTH) -> Any:
     """Parse JSON text, rejecting duplicate object members and non-finite numbers.
 
     Used wherever a payload arrives as raw text (``powertools_json``, HTTP bodies):
     ``{"a":1,"a":2}`` means different things to different parsers, so it cannot be hashed.
+    Text nested deeper than ``max_depth`` is refused before it is parsed (the parser
+    recurses; ``None``: the caller checked :func:`nesting_depth` already).
     """
+    if max_depth is not None and _openers(text) > max_depth:
+        depth = nesting_depth(text)
+        if depth > max_depth:
+            raise PayloadError(
+                f"JSON text is nested {depth} levels deep, more than the {max_depth} accepted: "
+                "flatten it"
+            )
     try:
         return json.loads(text, object_pairs_hook=_unique_members, parse_constant=_no_constant)
+    except RecursionError:
+        # Only reachable with max_depth=None, or a caller already deep in its own stack.
+        raise PayloadError("JSON text is nested too deeply to parse: flatten it") from None
     except ValueError as exc:
         if isinstance(exc, PayloadError):
             raise
         raise PayloadError(f"invalid JSON text: {exc}") from exc
+
+
+# Escapes first (so an escaped quote cannot end a string), then whole strings, go before
+# the brackets are counted; all three passes run in C, so counting stays linear and cheap.
+_ESCAPE: Final = re.compile(rb"\\.", re.DOTALL)
+_STRING: Final = re.compile(rb'"[^"]*"')
+_NOT_BRACKET: Final = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_STEP: Final = tuple(1 if byte in b"[{" else -1 if byte in b"]}" else 0 for byte in range(256))
+
+
+def nesting_depth(text: str | bytes) -> int:
+    """How deeply JSON text nests arrays and objects (0 for a scalar), without parsing it.
+
+    Exact for valid JSON; for invalid text, exact up to the point a parser would reject it.
+    """
+    if _openers(text) <= 1:
+        return _openers(text)
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if b"\\" in data:
+        data = _ESCAPE.sub(b"", data)
+    if b'"' in data:
+        data = _STRING.sub(b"", data)
+    brackets = data.translate(None, _NOT_BRACKET)
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def _openers(text: str | bytes) -> int:
+    if isinstance(text, str):
+        return text.count("[") + text.count("{")
+    return text.count(b"[") + text.count(b"{")
 
 
 def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

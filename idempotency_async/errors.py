@@ -12,6 +12,7 @@ __all__ = [
     "IdempotencyError",
     "ConfigError",
     "PayloadError",
+    "BatchEventError",
     "KeyMissingError",
     "PayloadValidationError",
     "AlreadyInProgressError",
@@ -48,6 +49,14 @@ class PayloadError(IdempotencyError, ValueError):
     def __init__(self, message: str, *, path: str | None = None) -> None:
         super().__init__(message)
         self.path = path
+
+
+class BatchEventError(PayloadError):
+    """An event given to batch processing is not a batch of the expected kind.
+
+    Also raised for a record too broken to be reported on its own (not an object, or
+    without the identifier ``batchItemFailures`` names records by), before any record runs.
+    """
 
 
 class KeyMissingError(PayloadError):

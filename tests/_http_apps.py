@@ -61,7 +61,7 @@ def _options(wait: float | None) -> dict[str, Any]:
         "request_timeout": REQUEST_TIMEOUT,
         "max_body_bytes": MAX_BODY,
         "max_response_bytes": MAX_RESPONSE,
-        "wait": wait,
+        **({"wait": True, "wait_timeout": wait} if wait else {}),
     }
 
 
@@ -82,9 +82,11 @@ def _order_result(calls: Counter[str], name: str, order_id: str, sku: str) -> di
 # ---------------------------------------------------------------------- FastAPI
 
 
-def fastapi_app(calls: Counter[str], *, wait: float | None) -> FastAPI:
+def fastapi_app(calls: Counter[str], *, wait: float | None, store: Any = None) -> FastAPI:
     app = FastAPI()
-    app.add_middleware(IdempotencyMiddleware, manager=Manager(MemoryStore()), **_options(wait))
+    app.add_middleware(
+        IdempotencyMiddleware, manager=Manager(store or MemoryStore()), **_options(wait)
+    )
 
     def name(route: str, request: Request, key: str | None) -> str:
         return f"{route}:{_tenant(request)}:{key}"
@@ -137,13 +139,19 @@ def fastapi_app(calls: Counter[str], *, wait: float | None) -> FastAPI:
 
 
 @asynccontextmanager
-async def serve_fastapi(wait: float | None) -> AsyncIterator[Served]:
+async def serve_fastapi(wait: float | None, store: Any = None) -> AsyncIterator[Served]:
     served = Served("")
+    async with serve_asgi(fastapi_app(served.calls, wait=wait, store=store)) as base_url:
+        served.base_url = base_url
+        yield served
+
+
+@asynccontextmanager
+async def serve_asgi(app: Any) -> AsyncIterator[str]:
+    """Serve an ASGI app with uvicorn on a free loopback port; yields its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        fastapi_app(served.calls, wait=wait), log_level="critical", lifespan="off", ws="none"
-    )
+    config = uvicorn.Config(app, log_level="critical", lifespan="off", ws="none")
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
@@ -152,8 +160,7 @@ async def serve_fastapi(wait: float | None) -> AsyncIterator[Served]:
                 task.result()
                 raise RuntimeError("uvicorn stopped before it started")
             await asyncio.sleep(0.005)
-        served.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        yield served
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         await task
@@ -163,9 +170,9 @@ async def serve_fastapi(wait: float | None) -> AsyncIterator[Served]:
 # ---------------------------------------------------------------------- aiohttp
 
 
-def aiohttp_app(calls: Counter[str], *, wait: float | None) -> web.Application:
+def aiohttp_app(calls: Counter[str], *, wait: float | None, store: Any = None) -> web.Application:
     app = web.Application(
-        middlewares=[idempotency_middleware(Manager(MemoryStore()), **_options(wait))]
+        middlewares=[idempotency_middleware(Manager(store or MemoryStore()), **_options(wait))]
     )
 
     def name(route: str, request: web.Request) -> str:
@@ -227,13 +234,20 @@ def aiohttp_app(calls: Counter[str], *, wait: float | None) -> web.Application:
 
 
 @asynccontextmanager
-async def serve_aiohttp(wait: float | None) -> AsyncIterator[Served]:
+async def serve_aiohttp(wait: float | None, store: Any = None) -> AsyncIterator[Served]:
     served = Served("")
-    server = TestServer(aiohttp_app(served.calls, wait=wait), host="127.0.0.1")
+    async with serve_aio(aiohttp_app(served.calls, wait=wait, store=store)) as base_url:
+        served.base_url = base_url
+        yield served
+
+
+@asynccontextmanager
+async def serve_aio(app: web.Application) -> AsyncIterator[str]:
+    """Serve an aiohttp app on a free loopback port; yields its base URL."""
+    server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
-        served.base_url = str(server.make_url("")).rstrip("/")
-        yield served
+        yield str(server.make_url("")).rstrip("/")
     finally:
         await server.close()
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from idempotency_async.errors import StoreUnavailableError
@@ -117,3 +119,15 @@ async def start_holding(
     task = asyncio.create_task(manager.execute(payload, hold, timeout=timeout))
     await started.wait()
     return task
+
+
+def checkout_env(**extra: str) -> dict[str, str]:
+    """The environment for a child process that imports this checkout of the library
+    (not whatever an editable install elsewhere points at)."""
+    root = str(Path(__file__).parents[1])
+    path = os.environ.get("PYTHONPATH")
+    return {
+        **os.environ,
+        "PYTHONPATH": root if not path else os.pathsep.join((root, path)),
+        **extra,
+    }

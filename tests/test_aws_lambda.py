@@ -8,7 +8,9 @@ import importlib.util
 import itertools
 import json
 import logging
+import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,10 +20,12 @@ from typing import Any
 
 import pytest
 from _moto import new_session
-from support import Clock
+from support import Clock, checkout_env
 
 from idempotency_async import Manager, MemoryStore, Options, current_deadline, errors
 from idempotency_async.integrations.aws_lambda import (
+    EventType,
+    LambdaEntrypoint,
     idempotent_handler,
     lambda_entrypoint,
     process_batch,
@@ -450,6 +454,124 @@ async def test_batch_rejects_unknown_sources_and_accepts_empty_batches() -> None
         await process_batch(manager, load("sqs.json"), handle, concurrency=0)
 
 
+def batch_entrypoint(
+    handle: Any, **options: Any
+) -> LambdaEntrypoint[dict[str, Any], Any, dict[str, Any]]:
+    """The Lambda entry point of a batch function running ``handle`` on each record."""
+    manager = Manager(MemoryStore(), Options(key_prefix="batch"))
+
+    async def consume(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        return await process_batch(manager, event, handle, context=context, **options)
+
+    return lambda_entrypoint(consume)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        load("api_gateway_rest_v1.json"),
+        {},
+        {"Records": "not a list"},
+        {"Records": None},
+        [load("sqs.json")],
+        {"Records": [*load("sqs.json")["Records"], "not a record"]},
+        {
+            "Records": [
+                {k: v for k, v in load("sqs.json")["Records"][0].items() if k != "messageId"}
+            ]
+        },
+        {"Records": [{**load("sqs.json")["Records"][0], "messageId": ""}]},
+        {"Records": [{**r, "kinesis": {"data": "e30="}} for r in load("kinesis.json")["Records"]]},
+    ],
+    ids=[
+        "api-gateway",
+        "empty-object",
+        "records-not-a-list",
+        "records-null",
+        "list",
+        "non-object-record",
+        "no-message-id",
+        "empty-message-id",
+        "no-sequence-number",
+    ],
+)
+def test_a_misrouted_or_unnameable_batch_raises_before_any_record_runs(
+    event: Any,
+) -> None:
+    ran: list[Any] = []
+
+    async def handle(record: dict[str, Any]) -> None:
+        ran.append(record)
+
+    handler = batch_entrypoint(handle)
+    try:
+        with pytest.raises(errors.BatchEventError) as raised:
+            handler(event, FakeContext())
+    finally:
+        handler.close()
+    assert isinstance(raised.value, errors.PayloadError)
+    assert ran == []
+
+
+def test_event_type_pins_the_kind_of_batch() -> None:
+    ran: list[str] = []
+
+    async def handle(record: dict[str, Any]) -> None:
+        ran.append(record["messageId"])
+
+    sqs = batch_entrypoint(handle, event_type=EventType.SQS)
+    kinesis = batch_entrypoint(handle, event_type="KinesisDataStreams")
+    try:
+        assert sqs(load("sqs_fifo.json"), FakeContext()) == {"batchItemFailures": []}
+        with pytest.raises(errors.BatchEventError, match="KinesisDataStreams"):
+            kinesis(load("sqs.json"), FakeContext())
+        assert kinesis({"Records": []}, FakeContext()) == {"batchItemFailures": []}
+    finally:
+        sqs.close()
+        kinesis.close()
+    assert len(ran) == len(load("sqs_fifo.json")["Records"])
+    with pytest.raises(errors.ConfigError, match="event_type"):
+        asyncio.run(process_batch(Manager(MemoryStore()), {"Records": []}, handle, event_type="S3"))
+
+
+def test_broken_records_with_an_id_fail_alone_and_other_partitions_run() -> None:
+    ran: list[str] = []
+
+    async def handle(record: dict[str, Any]) -> None:
+        ran.append(record.get("messageId") or record["eventID"])
+
+    sqs = load("sqs.json")
+    del sqs["Records"][1]["body"]
+    kinesis = load("kinesis.json")
+    del kinesis["Records"][1]["kinesis"]["partitionKey"]  # user-2's first record
+    dynamodb = load("dynamodb_stream.json")
+    dynamodb["Records"][0]["dynamodb"]["Keys"] = "not keys"  # order#1's first record
+    fifo = load("sqs_fifo.json")
+    fifo["Records"][0]["attributes"] = None
+
+    handler = batch_entrypoint(handle)
+    try:
+        answers = [handler(event, FakeContext()) for event in (sqs, kinesis, dynamodb, fifo)]
+    finally:
+        handler.close()
+
+    def ids(event: dict[str, Any], *indexes: int) -> list[str]:
+        return [
+            event["Records"][i].get("messageId") or event["Records"][i]["eventID"] for i in indexes
+        ]
+
+    assert failures(answers[0]) == [sqs["Records"][1]["messageId"]]
+    assert failures(answers[1]) == [kinesis["Records"][1]["kinesis"]["sequenceNumber"]]
+    assert failures(answers[2]) == [dynamodb["Records"][0]["dynamodb"]["SequenceNumber"]]
+    assert failures(answers[3]) == [fifo["Records"][0]["messageId"]]
+    assert sorted(ran) == sorted(
+        ids(sqs, 0, 2)
+        + ids(kinesis, 0, 2, 3, 4)
+        + ids(dynamodb, 1, 2, 3, 4)
+        + ids(fifo, *range(1, len(fifo["Records"])))
+    )
+
+
 # ---------------------------------------------------------------------- entry point
 
 
@@ -602,6 +724,8 @@ def test_example_api_handler_creates_each_order_once(example_env: str) -> None:
         }
         assert example.handler(changed, FakeContext())["statusCode"] == 422
         assert example.handler({**v1, "body": "{}"}, FakeContext())["statusCode"] == 400
+        deep = "[" * 10_000 + "]" * 10_000  # used to escape as RecursionError (a 502)
+        assert example.handler({**v1, "body": deep}, FakeContext())["statusCode"] == 400
         other = {**v1, "body": json.dumps({"order_id": "ord-2", "amount": 1, "currency": "EUR"})}
         second = example.handler(other, FakeContext())
         assert second["statusCode"] == 201 and second["body"] != first["body"]
@@ -621,3 +745,132 @@ def test_example_sqs_handler_ships_each_order_once(example_env: str) -> None:
         assert sorted(example.shipped) == ["ord-1001", "ord-1003"]
     finally:
         example.handler.close()
+
+
+# ---------------------------------------------------------------------- entry points in a process
+
+
+def run_module(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``source`` as a handler module in a fresh interpreter (this checkout first)."""
+    module = tmp_path / "handler_module.py"
+    module.write_text(textwrap.dedent(source))
+    return subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", str(module), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=checkout_env(),
+    )
+
+
+@pytest.mark.dynamodb
+def test_two_entry_points_in_one_module_share_one_store(example_env: str, tmp_path: Path) -> None:
+    completed = run_module(
+        tmp_path,
+        """
+        import json, os, sys
+        import aioboto3
+        from idempotency_async import Manager, Options
+        from idempotency_async.integrations.aws_lambda import (
+            idempotent_handler, lambda_entrypoint, process_batch,
+        )
+        from idempotency_async.stores.dynamodb import DynamoDBStore
+
+        session = aioboto3.Session()
+        store = DynamoDBStore(
+            table_name=os.environ["IDEMPOTENCY_TABLE"],
+            client_factory=lambda: session.client("dynamodb"),
+        )
+        orders = Manager(store, Options(key_prefix="api", event_key_jmespath="order_id"))
+        shipments = Manager(store, Options(key_prefix="ship"))
+
+        @idempotent_handler(orders)
+        async def create(event, context):
+            return {"created": event["order_id"]}
+
+        async def ship(record):
+            return record["body"]["order_id"]
+
+        async def consume(event, context):
+            return await process_batch(shipments, event, ship)
+
+        api = lambda_entrypoint(create, shutdown=store.aclose)
+        sqs = lambda_entrypoint(consume)
+        batch = json.loads(open(sys.argv[1]).read())
+        answers = [api({"order_id": "a"}, None), sqs(batch, None), api({"order_id": "a"}, None)]
+        print(json.dumps(answers))
+        print(api.loop is sqs.loop)
+        """,
+        str(EVENTS / "sqs.json"),
+    )
+
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    answers, same_loop = completed.stdout.splitlines()
+    created = {"created": "a"}
+    assert json.loads(answers)[0] == json.loads(answers)[2] == created
+    assert json.loads(answers)[1] == {"batchItemFailures": []}
+    assert same_loop == "True"
+
+
+def test_entry_point_called_inside_a_running_loop_says_what_to_do(tmp_path: Path) -> None:
+    completed = run_module(
+        tmp_path,
+        """
+        import asyncio, gc
+        from idempotency_async.integrations.aws_lambda import lambda_entrypoint
+
+        async def init():
+            pass
+
+        async def handle(event, context):
+            return "ran"
+
+        handler = lambda_entrypoint(handle, init=init)
+
+        async def main():
+            try:
+                handler({}, None)
+            except RuntimeError as exc:
+                print(f"refused: {exc}")
+            try:
+                handler.close()
+            except RuntimeError as exc:
+                print(f"close refused: {exc}")
+
+        asyncio.run(main())
+        gc.collect()
+        print(handler({}, None))
+        handler.close()
+        """,
+    )
+
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    refused, close_refused, ran = completed.stdout.splitlines()
+    assert "running event loop" in refused and "await the async handler" in refused
+    assert "synchronous code" in close_refused
+    assert ran == "ran"
+    assert "never awaited" not in completed.stderr
+    assert completed.stderr == ""
+
+
+def test_the_process_loop_outlives_each_entry_point_but_the_last() -> None:
+    async def handle(event: dict[str, Any], context: Any) -> int:
+        return id(asyncio.get_running_loop())
+
+    first, second = lambda_entrypoint(handle), lambda_entrypoint(handle)
+    try:
+        loop = first({}, None)
+        assert second({}, None) == loop and first.loop is second.loop
+        first.close()
+        assert second({}, None) == loop and second.loop is not None
+        shared = second.loop
+    finally:
+        first.close()
+        second.close()
+    assert shared.is_closed()
+    third = lambda_entrypoint(handle)
+    try:
+        third({}, None)
+        assert third.loop is not shared
+    finally:
+        third.close()

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support import checkout_env
+
 ROOT = Path(__file__).parents[1]
 
 
@@ -16,6 +18,7 @@ def test_quickstart_charges_each_order_once_and_recovers_after_the_lease() -> No
         text=True,
         timeout=60,
         check=True,
+        env=checkout_env(),
     )
     out = completed.stdout
     # ord-1 once (replayed, then rejected), ord-2 once for five callers, ord-3 once after the lease.
@@ -33,6 +36,7 @@ def test_dynamodb_example_runs_against_its_own_moto_server() -> None:
         text=True,
         timeout=120,
         check=True,
+        env=checkout_env(),
     )
     out = completed.stdout
     assert out.count("payment API called") == 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -14,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from _moto import fresh_table, new_session, open_client
+from support import checkout_env
 
 ROOT = Path(__file__).parents[1]
 EXAMPLES = ["fastapi_app.py", "aiohttp_app.py"]
@@ -32,7 +32,7 @@ async def running(example: str, env: dict[str, str]) -> AsyncIterator[str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         str(ROOT / "examples" / example),
-        env={**os.environ, **env, "PORT": str(port)},
+        env=checkout_env(**env, PORT=str(port)),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )

@@ -22,6 +22,7 @@ import fnmatch
 import logging
 import math
 import re
+import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -29,8 +30,8 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from idempotency_async._codec import loads_strict
-from idempotency_async.canonical import canonical_bytes, digest_bytes
+from idempotency_async._codec import loads_strict, nesting_depth
+from idempotency_async.canonical import MAX_DEPTH, canonical_bytes, digest_bytes
 from idempotency_async.errors import (
     AlreadyInProgressError,
     CompletionError,
@@ -45,6 +46,7 @@ from idempotency_async.manager import Manager
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_BODY_DEPTH",
     "DEFAULT_METHODS",
     "DEFAULT_REPLAY_HEADERS",
     "KEY_HEADER",
@@ -66,6 +68,7 @@ STORED_HEADER: Final = "idempotency-response-stored"
 DEFAULT_METHODS: Final = ("POST", "PATCH")
 DEFAULT_REPLAY_HEADERS: Final = ("cache-control", "content-type", "etag", "link", "location")
 DEFAULT_MAX_BODY_BYTES: Final = 1024 * 1024
+DEFAULT_MAX_BODY_DEPTH: Final = 400
 MAX_KEY_LENGTH: Final = 255
 # Never stored or replayed, even when configured: cookies are per client and session, the
 # others describe one transfer of the body, not the response.
@@ -89,6 +92,10 @@ _FORMAT: Final = 1
 _MAX_SAFE_INTEGER: Final = 2**53 - 1
 # Room for the JSON envelope around the Base64 body when deriving the default body limit.
 _ENVELOPE_BYTES: Final = 4096
+# JSON bodies nested deeper than this are canonicalized in slices of this depth, so every
+# slice stays on the canonicalizer's fast path (it hands deeper values to a slower one).
+_SLICE_DEPTH: Final = 128
+_LONG_NUMBER: Final = re.compile(rb"[0-9]{16}")
 
 _log = logging.getLogger("idempotency_async.http")
 
@@ -269,6 +276,7 @@ class _Settings:
     required: bool
     request_timeout: float
     max_body_bytes: int
+    max_body_depth: int
     max_response_bytes: int
     store_server_errors: bool
     replay_headers: frozenset[str] = field(default_factory=frozenset)
@@ -287,10 +295,12 @@ class HttpIdempotency:
         caller_scope: CallerScope | None,
         request_timeout: float,
         max_body_bytes: int,
+        max_body_depth: int,
         max_response_bytes: int | None,
         store_server_errors: bool,
         replay_headers: Iterable[str],
-        wait: float | None,
+        wait: bool | None,
+        wait_timeout: float | None,
     ) -> None:
         if not isinstance(manager, Manager):
             raise ConfigError("manager must be an idempotency_async.Manager")
@@ -298,6 +308,14 @@ class HttpIdempotency:
             raise ConfigError(f"request_timeout must be positive seconds, got {request_timeout!r}")
         if not isinstance(max_body_bytes, int) or max_body_bytes < 0:
             raise ConfigError(f"max_body_bytes must be an integer >= 0, got {max_body_bytes!r}")
+        if (
+            isinstance(max_body_depth, bool)
+            or not isinstance(max_body_depth, int)
+            or not 1 <= max_body_depth <= MAX_DEPTH
+        ):
+            raise ConfigError(
+                f"max_body_depth must be an integer from 1 to {MAX_DEPTH}, got {max_body_depth!r}"
+            )
         fits = (manager.store.max_response_bytes - _ENVELOPE_BYTES) * 3 // 4
         if max_response_bytes is None:
             max_response_bytes = max(fits, 0)
@@ -305,8 +323,13 @@ class HttpIdempotency:
             raise ConfigError(
                 f"max_response_bytes must be an integer >= 0, got {max_response_bytes!r}"
             )
-        if wait is not None and (not isinstance(wait, int | float) or wait < 0):
-            raise ConfigError(f"wait must be None or seconds >= 0, got {wait!r}")
+        if wait is not None and not isinstance(wait, bool):
+            raise ConfigError(
+                f"wait must be True, False or None (as the manager's options), got {wait!r}; "
+                "the seconds to wait go in wait_timeout"
+            )
+        if wait_timeout is not None and not _positive(wait_timeout):
+            raise ConfigError(f"wait_timeout must be positive seconds, got {wait_timeout!r}")
         self.caller_scope = caller_scope
         self.settings = _Settings(
             methods=frozenset(method.upper() for method in methods),
@@ -314,12 +337,13 @@ class HttpIdempotency:
             required=required,
             request_timeout=float(request_timeout),
             max_body_bytes=max_body_bytes,
+            max_body_depth=max_body_depth,
             max_response_bytes=max_response_bytes,
             store_server_errors=store_server_errors,
             replay_headers=frozenset(DEFAULT_REPLAY_HEADERS)
             | {name.lower() for name in replay_headers} - _NEVER_REPLAYED,
         )
-        self.manager = Manager(manager.store, _http_options(manager, wait))
+        self.manager = Manager(manager.store, _http_options(manager, wait, wait_timeout))
         if caller_scope is None:
             _log.warning(
                 "Idempotency-Key middleware without caller_scope is single-tenant: two clients "
@@ -380,20 +404,48 @@ class HttpIdempotency:
     ) -> dict[str, Any]:
         """What the manager hashes: ``scope`` becomes the key, ``fingerprint`` the validation."""
         media_type = (content_type or "").split(";", 1)[0].strip().lower()
+        body_material, depth = self._body_material(media_type, body)
         material = {
             "path": path,
-            "query": sorted(parse_qsl(query, keep_blank_values=True)),
+            # Lists, not tuples: same canonical JSON, but they keep the canonicalizer on
+            # its fast path.
+            "query": [list(pair) for pair in sorted(parse_qsl(query, keep_blank_values=True))],
             "media_type": media_type,
-            "body": _body_material(media_type, body),
+            "body": body_material,
         }
         try:
-            fingerprint = digest_bytes(
-                canonical_bytes(material), self.manager.options.hash_function
-            )
+            text = canonical_bytes(material) if depth < _SLICE_DEPTH else _sliced(material)
+            fingerprint = digest_bytes(text, self.manager.options.hash_function)
         except PayloadError as exc:
             raise Rejection(problem(400, "Unreadable request body", str(exc))) from exc
         scope = {"method": method.upper(), "route": route, "caller": caller, "key": key}
         return {"scope": scope, "fingerprint": fingerprint}
+
+    def _body_material(self, media_type: str, body: bytes) -> tuple[dict[str, Any], int]:
+        """What of the body is fingerprinted, and how deeply it nests."""
+        if not body or not (media_type == "application/json" or media_type.endswith("+json")):
+            return {"base64": base64.b64encode(body).decode("ascii")}, 0
+        limit = self.settings.max_body_depth
+        depth = nesting_depth(body)
+        if depth > limit:
+            raise Rejection(
+                problem(
+                    400,
+                    "Request body nested too deeply",
+                    f"JSON request bodies may nest arrays and objects at most {limit} levels "
+                    f"deep; this one nests {depth}",
+                )
+            )
+        try:
+            value = loads_strict(body, max_depth=None)
+        except PayloadError as exc:
+            raise Rejection(problem(400, "Invalid JSON body", str(exc))) from exc
+        except UnicodeDecodeError as exc:
+            raise Rejection(problem(400, "Invalid JSON body", f"not UTF-8: {exc}")) from exc
+        if _exact_as_double(value, body):
+            return {"json": value}, depth
+        # JSON holding integers a double cannot tell apart hashes as bytes.
+        return {"base64": base64.b64encode(body).decode("ascii")}, 0
 
     # ------------------------------------------------------------------ run
 
@@ -446,14 +498,7 @@ class HttpIdempotency:
         except (PersistenceError, InconsistentStateError) as exc:
             if ran:
                 raise
-            raise Rejection(
-                problem(
-                    503,
-                    "Idempotency store unavailable",
-                    f"the request was not processed: {exc}",
-                    headers=(("retry-after", "1"),),
-                )
-            ) from exc
+            raise Rejection(_store_unavailable(exc)) from exc
         except TimeoutError:
             spent = loop.time() - started
             if capture.started or spent < self.settings.request_timeout * 0.8:
@@ -525,6 +570,18 @@ class HttpIdempotency:
         )
 
 
+def _store_unavailable(exc: Exception) -> HttpResponse:
+    # The store's message names endpoints, tables and SDK advice: for the operator's log,
+    # never for the client.
+    _log.error("idempotency store failed before the request ran; answered 503", exc_info=exc)
+    return problem(
+        503,
+        "Service unavailable",
+        "the request was not processed: retry it with the same Idempotency-Key",
+        headers=(("retry-after", "1"),),
+    )
+
+
 def _not_available(status: int) -> HttpResponse:
     return problem(
         status,
@@ -535,7 +592,7 @@ def _not_available(status: int) -> HttpResponse:
     )
 
 
-def _http_options(manager: Manager, wait: float | None) -> Any:
+def _http_options(manager: Manager, wait: bool | None, wait_timeout: float | None) -> Any:
     options = manager.options
     overrides: dict[str, Any] = {
         "event_key_jmespath": "scope",
@@ -548,27 +605,62 @@ def _http_options(manager: Manager, wait: float | None) -> Any:
         "response_hook": None,
     }
     if wait is not None:
-        overrides["wait"] = wait > 0
-        if wait > 0:
-            overrides["wait_timeout"] = float(wait)
+        overrides["wait"] = wait
+    if wait_timeout is not None:
+        overrides["wait_timeout"] = float(wait_timeout)
     return dataclasses.replace(options, **overrides)
 
 
-def _body_material(media_type: str, body: bytes) -> dict[str, Any]:
-    if body and (media_type == "application/json" or media_type.endswith("+json")):
-        try:
-            value = loads_strict(body)
-        except PayloadError as exc:
-            raise Rejection(problem(400, "Invalid JSON body", str(exc))) from exc
-        except UnicodeDecodeError as exc:
-            raise Rejection(problem(400, "Invalid JSON body", f"not UTF-8: {exc}")) from exc
-        if _exact_as_double(value):
-            return {"json": value}
-    # Non-JSON bodies, and JSON holding integers a double cannot tell apart, hash as bytes.
-    return {"base64": base64.b64encode(body).decode("ascii")}
+def _sliced(value: Any) -> bytes:
+    """``canonical_bytes(value)`` for parsed JSON of any depth, in time linear in its size.
+
+    ``value`` is changed: only pass a value parsed for this purpose.
+
+    Containers at ``_SLICE_DEPTH`` are canonicalized on their own (sliced again when they
+    are deeper still) and stand in the rest as placeholder strings carrying a random
+    nonce, which the request cannot contain; the placeholders' canonical text is then
+    replaced by the slices' (canonical JSON of a value is the same wherever it sits).
+    """
+    nonce = secrets.token_hex(16)
+    return _Slicer(nonce, re.compile(b'"%s:([0-9]+)"' % nonce.encode())).canonical(value)
 
 
-def _exact_as_double(value: Any) -> bool:
+@dataclass(frozen=True, slots=True)
+class _Slicer:
+    nonce: str
+    placeholder: re.Pattern[bytes]
+
+    def canonical(self, value: Any) -> bytes:
+        slices: list[bytes] = []
+        self.cut(value, slices)
+        text = canonical_bytes(value)
+        if not slices:
+            return text
+        return self.placeholder.sub(lambda match: slices[int(match[1])], text)
+
+    def cut(self, value: Any, slices: list[bytes]) -> None:
+        """Replace, in place, the containers at ``_SLICE_DEPTH`` with placeholders."""
+        level = [value]
+        for _ in range(_SLICE_DEPTH - 1):
+            level = [
+                child
+                for node in level
+                for child in (node.values() if type(node) is dict else node)
+                if type(child) is dict or type(child) is list
+            ]
+            if not level:
+                return
+        for node in level:
+            slots = node.items() if type(node) is dict else enumerate(node)
+            deep = [(slot, child) for slot, child in slots if type(child) in (dict, list)]
+            for slot, child in deep:
+                node[slot] = f"{self.nonce}:{len(slices)}"
+                slices.append(self.canonical(child))
+
+
+def _exact_as_double(value: Any, text: bytes) -> bool:
+    if _LONG_NUMBER.search(text) is None:
+        return True  # every integer has at most 15 digits
     stack = [value]
     while stack:
         node = stack.pop()

@@ -24,8 +24,10 @@ from aiohttp.payload import Payload
 from aiohttp.typedefs import Handler, Middleware
 from multidict import CIMultiDict
 
+from idempotency_async.errors import ConfigError
 from idempotency_async.integrations._http import (
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_BODY_DEPTH,
     DEFAULT_METHODS,
     KEY_HEADER,
     STORED_HEADER,
@@ -58,15 +60,24 @@ def idempotent_endpoint(handler: _H) -> _H:
     """Opt a handler in to Idempotency-Key handling, whatever its method or path.
 
     The response is stored only when the handler *returns* it: a raised
-    ``web.HTTPException`` (or any exception) releases the key and is not stored.
+    ``web.HTTPException`` (or any exception) releases the key and is not stored.  A
+    request reaching the handler without :func:`idempotency_middleware` on the
+    application raises :class:`~idempotency_async.errors.ConfigError` (a 500) before the
+    handler runs.
     """
 
     @functools.wraps(handler)
     async def endpoint(request: web.Request) -> web.StreamResponse:
-        response = await handler(request)
         state = request_state(request)
-        if state is not None:
-            state.endpoint_returned = True
+        if state is None:
+            # Without the middleware every duplicate would run the handler again, silently.
+            raise ConfigError(
+                f"{handler.__qualname__} is an @idempotent_endpoint, but the application has "
+                "no idempotency middleware: add it, e.g. web.Application(middlewares="
+                "[idempotency_middleware(manager)])"
+            )
+        response = await handler(request)
+        state.endpoint_returned = True
         return response
 
     _MARKED.add(endpoint)
@@ -82,10 +93,12 @@ def idempotency_middleware(
     caller_scope: CallerScope | None = None,
     request_timeout: float = 30.0,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_body_depth: int = DEFAULT_MAX_BODY_DEPTH,
     max_response_bytes: int | None = None,
     store_server_errors: bool = False,
     replay_headers: Iterable[str] = (),
-    wait: float | None = None,
+    wait: bool | None = None,
+    wait_timeout: float | None = None,
 ) -> Middleware:
     """A middleware running each idempotent request once per ``Idempotency-Key``.
 
@@ -102,10 +115,12 @@ def idempotency_middleware(
         caller_scope=caller_scope,
         request_timeout=request_timeout,
         max_body_bytes=max_body_bytes,
+        max_body_depth=max_body_depth,
         max_response_bytes=max_response_bytes,
         store_server_errors=store_server_errors,
         replay_headers=replay_headers,
         wait=wait,
+        wait_timeout=wait_timeout,
     )
 
     @web.middleware
@@ -172,13 +187,28 @@ class _Exchange:
         return self.response
 
     async def _read_body(self) -> bytes:
-        try:
-            body = await self.request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise Rejection(self.rules.too_large()) from None
-        if len(body) > self.rules.settings.max_body_bytes:
-            raise Rejection(self.rules.too_large())
-        return body
+        """The whole body, read chunk by chunk so that reading stops at the limit.
+
+        ``request.read()`` would buffer up to the app's ``client_max_size`` before the
+        limit could be checked.  The body is handed back to aiohttp's cache, so the
+        handler's ``read()``/``json()`` get it without reading the stream again.
+        """
+        limit = self.rules.settings.max_body_bytes
+        # The application's own limit (web.Application(client_max_size=...)) still holds.
+        app_limit = getattr(self.request, "_client_max_size", 0)
+        if app_limit:
+            limit = min(limit, app_limit)
+        body = bytearray()
+        content = self.request.content
+        while chunk := await content.readany():
+            body += chunk
+            if len(body) > limit:
+                raise Rejection(self.rules.too_large())
+        data = bytes(body)
+        self.request._read_bytes = data
+        if await self.request.read() is not data:  # never silently hand the handler b""
+            raise RuntimeError("this aiohttp version does not cache request bodies as expected")
+        return data
 
     async def _run_handler(self) -> None:
         request = self.request

@@ -3,8 +3,8 @@
 * :func:`idempotent_handler` makes ``async def handler(event, context)`` run once per key
   and replay its return value; the Lambda deadline becomes the record's lease.
 * :func:`lambda_entrypoint` turns an async handler into the synchronous function Lambda
-  calls, keeping one event loop (and so one set of aioboto3 clients) for the life of the
-  execution environment.
+  calls, keeping one event loop per process (and so one set of aioboto3 clients) for the
+  life of the execution environment.
 * :func:`process_batch` processes SQS (standard and FIFO), Kinesis and DynamoDB stream
   batches record by record and returns ``{"batchItemFailures": [...]}``.
 """
@@ -17,6 +17,7 @@ import base64
 import binascii
 import contextvars
 import dataclasses
+import enum
 import functools
 import inspect
 import json
@@ -30,6 +31,7 @@ from idempotency_async._codec import loads_strict
 from idempotency_async.canonical import canonical_json
 from idempotency_async.deadlines import deadline as ambient_deadline
 from idempotency_async.errors import (
+    BatchEventError,
     CompletionError,
     ConfigError,
     PayloadError,
@@ -39,6 +41,7 @@ from idempotency_async.manager import Manager
 
 __all__ = [
     "BatchResponse",
+    "EventType",
     "LambdaEntrypoint",
     "idempotent_handler",
     "lambda_entrypoint",
@@ -120,11 +123,39 @@ def invocation_deadline(context: object) -> float | None:
 # ---------------------------------------------------------------------- entry point
 
 
+class _ProcessLoop:
+    """The one event loop every entry point of the process runs on.
+
+    A client opened on one loop (aioboto3, aiohttp, redis) cannot be used from another,
+    so two entry points sharing a store must share a loop.  It opens with the first entry
+    point that is invoked and closes when the last open one closes.
+    """
+
+    def __init__(self) -> None:
+        self._runner: asyncio.Runner | None = None
+        self._users = 0
+
+    def acquire(self) -> asyncio.Runner:
+        if self._runner is None:
+            self._runner = asyncio.Runner()
+        self._users += 1
+        return self._runner
+
+    def release(self) -> None:
+        self._users -= 1
+        if self._users == 0 and self._runner is not None:
+            runner, self._runner = self._runner, None
+            runner.close()
+
+
+_process_loop = _ProcessLoop()
+
+
 class LambdaEntrypoint(Generic[E, C, T]):
     """The synchronous ``handler(event, context)`` Lambda calls; see :func:`lambda_entrypoint`.
 
-    States: unstarted (no loop yet), running (loop open, ``init`` done once it succeeded)
-    and closed.  A closed entry point refuses further invocations.
+    States: unstarted (no loop yet), running (on the process's loop, ``init`` done once it
+    succeeded) and closed.  A closed entry point refuses further invocations.
     """
 
     def __init__(
@@ -145,28 +176,41 @@ class LambdaEntrypoint(Generic[E, C, T]):
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
-        """The event loop kept across invocations (``None`` before the first one)."""
+        """The event loop kept across invocations (``None`` before the first one).
+
+        Every entry point of the process runs on the same loop, so they can share stores
+        and clients.
+        """
         return None if self._runner is None else self._runner.get_loop()
 
     def __call__(self, event: E, context: C) -> T:
+        _refuse_inside_a_loop(
+            "a Lambda entry point was called from inside a running event loop: it is the "
+            "synchronous function for Lambda's runtime. In async code (tests included), "
+            "await the async handler you passed to lambda_entrypoint instead"
+        )
         runner, base = self._start()
         if not self._initialized:
             assert self._init is not None
             # init runs in the base context: context variables it sets stay visible to
             # every invocation.  A failed init is retried by the next invocation.
-            runner.run(_awaited(self._init()), context=base)
+            runner.run(_awaited(self._init), context=base)
             self._initialized = True
         # Each invocation gets its own copy, so one cannot leak context into the next.
-        return runner.run(_awaited(self._handler(event, context)), context=base.copy())
+        return runner.run(_awaited(self._handler, event, context), context=base.copy())
 
     def close(self) -> None:
-        """Run ``shutdown`` (when ``init`` ran or nothing needed it) and close the loop.
+        """Run ``shutdown`` (when ``init`` ran or nothing needed it) and leave the loop.
 
-        Idempotent.  Registered with :mod:`atexit`, so it also runs when the interpreter
-        exits normally.
+        The loop closes with the last open entry point of the process.  Idempotent.
+        Registered with :mod:`atexit`, so it also runs when the interpreter exits normally.
         """
         if self._closed:
             return
+        _refuse_inside_a_loop(
+            "LambdaEntrypoint.close() was called from inside a running event loop: it runs "
+            "shutdown on the entry point's own loop, so call it from synchronous code"
+        )
         self._closed = True
         atexit.unregister(self._at_exit)
         runner, self._runner = self._runner, None
@@ -174,17 +218,26 @@ class LambdaEntrypoint(Generic[E, C, T]):
             return
         try:
             if self._shutdown is not None and self._context is not None:
-                runner.run(_awaited(self._shutdown()), context=self._context)
+                runner.run(_awaited(self._shutdown), context=self._context)
         finally:
-            runner.close()
+            _process_loop.release()
 
     def _start(self) -> tuple[asyncio.Runner, contextvars.Context]:
         if self._closed:
             raise RuntimeError("this Lambda entry point was closed; build a new one")
         if self._runner is None or self._context is None:
-            self._runner = asyncio.Runner()
+            self._runner = _process_loop.acquire()
             self._context = contextvars.copy_context()
         return self._runner, self._context
+
+
+def _refuse_inside_a_loop(message: str) -> None:
+    # Checked before any coroutine is created, so none is left un-awaited.
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(message)
 
 
 def lambda_entrypoint(
@@ -197,11 +250,14 @@ def lambda_entrypoint(
 
     Lambda calls handlers synchronously; running each invocation with ``asyncio.run``
     would make a new event loop every time and break (or rebuild) every aioboto3 client
-    created before.  The returned callable instead creates one event loop on the first
-    invocation and keeps it for the life of the execution environment.  ``init`` (async,
-    optional) runs once on that loop before the first invocation — open clients, build
-    stores — and is retried by the next invocation if it raised.  ``shutdown`` (async,
-    optional) runs on the loop in :meth:`LambdaEntrypoint.close`, e.g. ``store.aclose``::
+    created before.  The returned callable instead runs on one event loop, created on the
+    first invocation and kept for the life of the execution environment; every entry point
+    of the process shares it, so they can share stores and clients.  Calling it inside a
+    running event loop raises ``RuntimeError`` (await ``async_handler`` there instead).
+    ``init`` (async, optional) runs once on that loop before the first invocation — open
+    clients, build stores — and is retried by the next invocation if it raised.
+    ``shutdown`` (async, optional) runs on the loop in :meth:`LambdaEntrypoint.close`,
+    e.g. ``store.aclose``::
 
         handler = lambda_entrypoint(handle, init=open_clients, shutdown=store.aclose)
     """
@@ -213,8 +269,9 @@ def lambda_entrypoint(
     return LambdaEntrypoint(async_handler, init, shutdown)
 
 
-async def _awaited(awaitable: Awaitable[T]) -> T:
-    return await awaitable
+async def _awaited(function: Callable[..., Awaitable[T]], *args: Any) -> T:
+    # The handler's coroutine is created inside the loop's task, never before it runs.
+    return await function(*args)
 
 
 def _close_at_exit(ref: weakref.ref[LambdaEntrypoint[Any, Any, Any]]) -> None:
@@ -230,17 +287,43 @@ def _close_at_exit(ref: weakref.ref[LambdaEntrypoint[Any, Any, Any]]) -> None:
 # ---------------------------------------------------------------------- batches
 
 
+class EventType(enum.StrEnum):
+    """The kind of batch :func:`process_batch` expects (the names of Powertools' ``EventType``)."""
+
+    SQS = "SQS"
+    KinesisDataStreams = "KinesisDataStreams"
+    DynamoDBStreams = "DynamoDBStreams"
+
+
 @dataclass(frozen=True, slots=True)
 class _Source:
     """How one event source names, decodes and orders its records."""
 
     name: str
+    event_source: str
     stable_id: str
     """JMESPath of the field that stays the same on every redelivery (the default key)."""
-    identifier: Callable[[Mapping[str, Any]], str]
+    id_path: tuple[str, ...]
+    """Where the identifier ``batchItemFailures`` names the record by is."""
     decode: Callable[[Mapping[str, Any]], dict[str, Any]]
-    ordering: Callable[[Mapping[str, Any]], str] | None
-    """The ordering group of a record; ``None`` when records are independent."""
+    ordering: Callable[[Mapping[str, Any]], str | None] | None
+    """The ordering group of a record (``None``: unknown, the record fails on its own);
+    ``ordering`` itself is ``None`` when records are independent."""
+    group_field: str = ""
+
+    def identifier(self, record: Mapping[str, Any]) -> str | None:
+        value = _dig(record, *self.id_path)
+        return value if isinstance(value, str) and value else None
+
+
+def _dig(record: Mapping[str, Any], *path: str) -> Any:
+    """The value at ``path`` in nested objects, or None where anything is missing."""
+    value: Any = record
+    for name in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(name)
+    return value
 
 
 def _sqs_decode(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -264,46 +347,89 @@ def _json_or_text(text: str) -> Any:
     except PayloadError as exc:
         if isinstance(exc.__cause__, json.JSONDecodeError):
             return text  # not JSON at all
-        raise  # JSON with duplicate members (or NaN): the record fails
+        raise  # JSON with duplicate members (or NaN), or nested too deeply: the record fails
 
 
+def _text_at(*path: str) -> Callable[[Mapping[str, Any]], str | None]:
+    def group(record: Mapping[str, Any]) -> str | None:
+        value = _dig(record, *path)
+        return value if isinstance(value, str) else None
 
-def _dynamodb_partition(record: Mapping[str, Any]) -> str:
-    return canonical_json(record["dynamodb"]["Keys"])
+    return group
 
 
-_SQS = _Source(
-    "SQS",
-    "messageId",
-    lambda record: str(record["messageId"]),
-    _sqs_decode,
-    None,
-)
+def _dynamodb_partition(record: Mapping[str, Any]) -> str | None:
+    keys = _dig(record, "dynamodb", "Keys")
+    return canonical_json(keys) if isinstance(keys, Mapping) and keys else None
+
+
+_SQS = _Source("SQS", "aws:sqs", "messageId", ("messageId",), _sqs_decode, None)
 _SQS_FIFO = dataclasses.replace(
     _SQS,
     name="SQS FIFO",
-    ordering=lambda record: str(record.get("attributes", {}).get("MessageGroupId", "")),
+    ordering=_text_at("attributes", "MessageGroupId"),
+    group_field="attributes.MessageGroupId",
 )
 _KINESIS = _Source(
     "Kinesis",
+    "aws:kinesis",
     "eventID",
-    lambda record: str(record["kinesis"]["sequenceNumber"]),
+    ("kinesis", "sequenceNumber"),
     _kinesis_decode,
-    lambda record: str(record["kinesis"]["partitionKey"]),
+    _text_at("kinesis", "partitionKey"),
+    "kinesis.partitionKey",
 )
 _DYNAMODB = _Source(
     "DynamoDB stream",
+    "aws:dynamodb",
     "eventID",
-    lambda record: str(record["dynamodb"]["SequenceNumber"]),
+    ("dynamodb", "SequenceNumber"),
     dict,
     _dynamodb_partition,
+    "dynamodb.Keys",
 )
+_BY_TYPE = {
+    EventType.SQS: _SQS,
+    EventType.KinesisDataStreams: _KINESIS,
+    EventType.DynamoDBStreams: _DYNAMODB,
+}
 
 
-def _source_of(records: list[Mapping[str, Any]]) -> _Source:
+def _records_of(event: object) -> list[Mapping[str, Any]]:
+    records = event.get("Records") if isinstance(event, Mapping) else None
+    if not isinstance(records, list):
+        what = (
+            f"an object with the keys {sorted(map(str, event))[:8]}"
+            if isinstance(event, Mapping)
+            else f"a {type(event).__name__}"
+        )
+        raise BatchEventError(
+            "process_batch needs an SQS, Kinesis or DynamoDB stream event, an object whose "
+            f"'Records' is a list; it got {what}. Check the function's trigger, and pass "
+            "the event Lambda gave the handler unchanged"
+        )
+    for index, record in enumerate(records):
+        if not isinstance(record, Mapping):
+            raise BatchEventError(
+                f"record {index} of the batch is a {type(record).__name__}, not an object: "
+                "the batch is not one Lambda delivered, and the broken record cannot be "
+                "reported on its own"
+            )
+    return records
+
+
+def _source_of(records: list[Mapping[str, Any]], event_type: EventType | None) -> _Source:
     sources = {record.get("eventSource") for record in records}
+    if event_type is not None:
+        expected = _BY_TYPE[event_type]
+        if sources != {expected.event_source}:
+            raise BatchEventError(
+                f"process_batch(event_type={event_type.value!r}) expects records whose "
+                f"eventSource is {expected.event_source!r}, got {sorted(map(str, sources))}: "
+                "check the function's trigger"
+            )
     if len(sources) != 1:
-        raise PayloadError(
+        raise BatchEventError(
             f"a batch holds records of one event source, got {sorted(map(str, sources))}"
         )
     (event_source,) = sources
@@ -314,9 +440,29 @@ def _source_of(records: list[Mapping[str, Any]]) -> _Source:
         return _KINESIS
     if event_source == "aws:dynamodb":
         return _DYNAMODB
-    raise PayloadError(
+    raise BatchEventError(
         f"process_batch handles SQS, Kinesis and DynamoDB stream events, not {event_source!r}"
     )
+
+
+def _identified(records: list[Mapping[str, Any]], source: _Source) -> list[_Item]:
+    items = []
+    for index, record in enumerate(records):
+        identifier = source.identifier(record)
+        if identifier is None:
+            raise BatchEventError(
+                f"{source.name} record {index} has no {'.'.join(source.id_path)}: "
+                "batchItemFailures names records by it, so the record cannot fail on its own "
+                "and the whole batch fails"
+            )
+        items.append(_Item(identifier, record))
+    return items
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    identifier: str
+    record: Mapping[str, Any]
 
 
 _derived: weakref.WeakKeyDictionary[Manager, dict[str, Manager]] = weakref.WeakKeyDictionary()
@@ -343,6 +489,7 @@ async def process_batch(
     *,
     context: object = None,
     concurrency: int = DEFAULT_CONCURRENCY,
+    event_type: EventType | str | None = None,
 ) -> BatchResponse:
     """Process an SQS, Kinesis or DynamoDB stream batch, each record idempotent on its own.
 
@@ -361,66 +508,85 @@ async def process_batch(
     Returns ``{"batchItemFailures": [...]}`` naming the failed records by ``messageId``,
     Kinesis ``sequenceNumber`` or DynamoDB ``SequenceNumber`` (enable
     ``ReportBatchItemFailures`` on the event source mapping).  A record fails when its
-    handler raised or its key is still in progress elsewhere (so it is redelivered later);
-    a duplicate of a completed record succeeds without running the handler.
+    handler raised, its key is still in progress elsewhere (so it is redelivered later),
+    or it is broken in a way that still lets it be named (e.g. an SQS record without a
+    ``body``, a Kinesis record without a ``partitionKey``); a duplicate of a completed
+    record succeeds without running the handler.
+
+    ``event_type`` (:class:`EventType` or its value) makes the expected kind explicit.
+    :class:`~idempotency_async.errors.BatchEventError` is raised, before any record
+    runs, for an event that is not a batch (no ``Records`` list), of another kind than
+    ``event_type``, or holding a record that cannot be named (not an object, no id).
     """
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(f"concurrency must be an integer >= 1, got {concurrency!r}")
-    records: list[Mapping[str, Any]] = list(event.get("Records") or [])
+    expected = _event_type(event_type)
+    records = _records_of(event)
     if not records:
         return {"batchItemFailures": []}
-    source = _source_of(records)
+    source = _source_of(records, expected)
+    items = _identified(records, source)
     run = _RecordRunner(_batch_manager(manager, source), source, record_handler)
     when = invocation_deadline(context)
     if when is None:
-        failed = await _process(run, records, concurrency)
+        failed = await _process(run, items, concurrency)
     else:
         async with ambient_deadline(at=when):
             run.deadline = when
-            failed = await _process(run, records, concurrency)
+            failed = await _process(run, items, concurrency)
     return {"batchItemFailures": [{"itemIdentifier": identifier} for identifier in failed]}
 
 
-async def _process(
-    run: _RecordRunner, records: list[Mapping[str, Any]], concurrency: int
-) -> list[str]:
+def _event_type(value: EventType | str | None) -> EventType | None:
+    if value is None or isinstance(value, EventType):
+        return value
+    try:
+        return EventType(value)
+    except ValueError:
+        names = ", ".join(repr(member.value) for member in EventType)
+        raise ConfigError(f"event_type must be one of {names}, got {value!r}") from None
+
+
+async def _process(run: _RecordRunner, items: list[_Item], concurrency: int) -> list[str]:
     if run.source.ordering is None:
-        return await _unordered(run, records, concurrency)
-    return await _in_order(run, records, run.source.ordering)
+        return await _unordered(run, items, concurrency)
+    return await _in_order(run, items, run.source.ordering)
 
 
-async def _unordered(
-    run: _RecordRunner, records: list[Mapping[str, Any]], concurrency: int
-) -> list[str]:
+async def _unordered(run: _RecordRunner, items: list[_Item], concurrency: int) -> list[str]:
     slots = asyncio.Semaphore(concurrency)
 
-    async def one(record: Mapping[str, Any]) -> bool:
+    async def one(item: _Item) -> bool:
         async with slots:
-            return await run(record)
+            return await run(item)
 
-    outcomes = await asyncio.gather(*(one(record) for record in records))
-    return [
-        run.source.identifier(record)
-        for record, ok in zip(records, outcomes, strict=True)
-        if not ok
-    ]
+    outcomes = await asyncio.gather(*(one(item) for item in items))
+    return [item.identifier for item, ok in zip(items, outcomes, strict=True) if not ok]
 
 
 async def _in_order(
     run: _RecordRunner,
-    records: list[Mapping[str, Any]],
-    group_of: Callable[[Mapping[str, Any]], str],
+    items: list[_Item],
+    group_of: Callable[[Mapping[str, Any]], str | None],
 ) -> list[str]:
     stopped: set[str] = set()
     failed: list[str] = []
-    for record in records:
-        group = group_of(record)
-        if group in stopped:
-            failed.append(run.source.identifier(record))
-            continue
-        if not await run(record):
+    for item in items:
+        group = group_of(item.record)
+        if group is None:
+            # Its group is unknown, so it cannot stop one: it fails on its own.
+            _log.error(
+                "%s record %s has no %s: failed without running it",
+                run.source.name,
+                item.identifier,
+                run.source.group_field,
+            )
+            failed.append(item.identifier)
+        elif group in stopped:
+            failed.append(item.identifier)
+        elif not await run(item):
             stopped.add(group)
-            failed.append(run.source.identifier(record))
+            failed.append(item.identifier)
     return failed
 
 
@@ -431,20 +597,21 @@ class _RecordRunner:
     handler: Callable[[dict[str, Any]], Awaitable[object]]
     deadline: float | None = None
 
-    async def __call__(self, record: Mapping[str, Any]) -> bool:
+    async def __call__(self, item: _Item) -> bool:
         """Run one record; True when it needs no redelivery."""
-        identifier = self.source.identifier(record)
         try:
-            payload = self.source.decode(record)
+            payload = self.source.decode(item.record)
             await self.manager.execute(
                 payload, lambda: self.handler(payload), deadline=self.deadline
             )
         except (ResponseNotStoredError, CompletionError) as exc:
             # The handler ran to completion; only its result was not recorded.
             # Redelivering the record could only run the side effect twice.
-            _log.warning("%s record %s was processed, but: %s", self.source.name, identifier, exc)
+            _log.warning(
+                "%s record %s was processed, but: %s", self.source.name, item.identifier, exc
+            )
             return True
         except Exception:
-            _log.exception("%s record %s failed", self.source.name, identifier)
+            _log.exception("%s record %s failed", self.source.name, item.identifier)
             return False
         return True

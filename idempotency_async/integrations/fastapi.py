@@ -1,54 +1,132 @@
 """Per-route Idempotency-Key opt-in for FastAPI.
 
-A dependency cannot see the response, so :func:`idempotency_dependency` only marks the
-route and tells the middleware that the endpoint ran; the claim, the response capture and
-the replay happen in :class:`~idempotency_async.integrations.starlette.IdempotencyMiddleware`,
-which must be installed on the app:
+A dependency cannot see the response, so the dependencies here only mark the route, name
+the ``Idempotency-Key`` header in the OpenAPI schema and tell the middleware that the
+endpoint ran; the claim, the response capture and the replay happen in
+:class:`~idempotency_async.integrations.starlette.IdempotencyMiddleware`, which must be
+installed on the app:
 
 .. code-block:: python
 
     app = FastAPI()
     app.add_middleware(IdempotencyMiddleware, manager=manager, paths=())
 
-    @app.post("/orders", status_code=201)
+    @app.post("/orders", status_code=201, openapi_extra=idempotency_openapi())
     async def create_order(order: Order, key: IdempotencyKey) -> dict[str, str]:
         ...
 
-(``paths=()``: only routes carrying the dependency are idempotent.)
+(``paths=()``: only routes carrying a dependency are idempotent.)
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated, TypeAlias
+from typing import Annotated, Any, Final, TypeAlias
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 
+from idempotency_async.errors import ConfigError
+from idempotency_async.integrations._http import RequestState
 from idempotency_async.integrations.starlette import _ROUTE_MARKERS, request_state
 
-__all__ = ["IdempotencyKey", "idempotency_dependency"]
+__all__ = [
+    "IdempotencyKey",
+    "OptionalIdempotencyKey",
+    "idempotency_dependency",
+    "idempotency_openapi",
+    "required_idempotency_dependency",
+]
+
+_HEADER: Final = "Idempotency-Key"
+_DESCRIPTION: Final = (
+    "A unique value per operation (e.g. a UUID), sent again unchanged when retrying it: "
+    "the operation runs once and every retry gets its response. 1 to 255 printable ASCII "
+    'characters, bare or as a quoted string ("abc").'
+)
 
 
-async def idempotency_dependency(request: Request) -> AsyncIterator[str | None]:
+async def idempotency_dependency(
+    request: Request,
+    idempotency_key: Annotated[str | None, Header(alias=_HEADER, description=_DESCRIPTION)] = None,
+) -> AsyncIterator[str | None]:
     """Opt a route in to Idempotency-Key handling; yields the request's key (or None).
 
     Use as ``Depends(idempotency_dependency)`` in the endpoint's parameters or the route's
-    ``dependencies=[...]``.  The response is stored only when the endpoint *returned*: when
-    request validation, another dependency or the endpoint raised (``HTTPException``
-    included), the key is released and the response is not stored.
+    ``dependencies=[...]``.  A request without the header runs without idempotency unless
+    the middleware has ``required=True``.  The response is stored only when the endpoint
+    *returned*: when request validation, another dependency or the endpoint raised
+    (``HTTPException`` included), the key is released and the response is not stored.
     """
-    state = request_state(request.scope)
-    if state is None:
-        raise RuntimeError(
-            "idempotency_dependency needs IdempotencyMiddleware on the application: "
-            "app.add_middleware(IdempotencyMiddleware, manager=...)"
-        )
+    state = _state(request)
     yield state.key
     # Reached only when nothing raised between here and the end of the endpoint.
     state.endpoint_returned = True
 
 
-_ROUTE_MARKERS.add(idempotency_dependency)
+async def required_idempotency_dependency(
+    request: Request,
+    idempotency_key: Annotated[str, Header(alias=_HEADER, description=_DESCRIPTION)],
+) -> AsyncIterator[str]:
+    """As :func:`idempotency_dependency`, but the route requires the key, whatever the
+    middleware's ``required``: a request without it is answered 400 before the endpoint
+    runs, so the endpoint always receives a ``str``."""
+    state = _state(request)
+    if state.key is None:  # the middleware answers 400 first; never reached
+        raise ConfigError("the Idempotency-Key is missing although the route requires it")
+    yield state.key
+    state.endpoint_returned = True
 
-IdempotencyKey: TypeAlias = Annotated[str | None, Depends(idempotency_dependency)]
-"""Endpoint parameter type that opts the route in and receives the key."""
+
+def _state(request: Request) -> RequestState:
+    state = request_state(request.scope)
+    if state is None:
+        raise ConfigError(
+            "this route's Idempotency-Key dependency needs IdempotencyMiddleware on the "
+            "application: app.add_middleware(IdempotencyMiddleware, manager=...)"
+        )
+    return state
+
+
+_ROUTE_MARKERS[idempotency_dependency] = False
+_ROUTE_MARKERS[required_idempotency_dependency] = True
+
+IdempotencyKey: TypeAlias = Annotated[str, Depends(required_idempotency_dependency)]
+"""Endpoint parameter type that opts the route in, requires the key and receives it."""
+
+OptionalIdempotencyKey: TypeAlias = Annotated[str | None, Depends(idempotency_dependency)]
+"""Endpoint parameter type that opts the route in and receives the key, or None when the
+request sent none (it then runs without idempotency unless the middleware requires keys)."""
+
+
+def _problem(description: str) -> dict[str, Any]:
+    schema = {
+        "type": "object",
+        "properties": {
+            "type": {"type": "string"},
+            "title": {"type": "string"},
+            "status": {"type": "integer"},
+            "detail": {"type": "string"},
+        },
+    }
+    return {"description": description, "content": {"application/problem+json": {"schema": schema}}}
+
+
+def idempotency_openapi() -> dict[str, Any]:
+    """The answers the middleware adds to a route, for the route's ``openapi_extra``.
+
+    FastAPI merges it into the operation after its own responses, so the 422 of request
+    validation stays documented beside the middleware's.  A new dict on every call.
+    """
+    return {
+        "responses": {
+            "400": _problem("The Idempotency-Key is invalid, or missing where it is required."),
+            "409": _problem(
+                "A request with this Idempotency-Key is still being processed: retry after "
+                "the Retry-After header's seconds."
+            ),
+            "422": _problem(
+                "Validation error, or this Idempotency-Key was already used with a different "
+                "request (method, path, query or body)."
+            ),
+        }
+    }

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from idempotency_async.integrations._http import (
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_BODY_DEPTH,
     DEFAULT_METHODS,
     KEY_HEADER,
     STORED_HEADER,
@@ -38,8 +39,9 @@ from idempotency_async.manager import Manager
 __all__ = ["IdempotencyMiddleware", "RequestState", "request_state"]
 
 _STATE_KEY: Final = "idempotency_async"
-# Dependencies that opt a FastAPI route in (the fastapi module registers its own).
-_ROUTE_MARKERS: set[Callable[..., Any]] = set()
+# Dependencies that opt a FastAPI route in, each with whether it requires the key (the
+# fastapi module registers its own).
+_ROUTE_MARKERS: dict[Callable[..., Any], bool] = {}
 
 
 def request_state(scope: Scope) -> RequestState | None:
@@ -64,14 +66,20 @@ class IdempotencyMiddleware:
         caller (tenant, principal); without it the middleware is single-tenant.
     :param request_timeout: the deadline of each idempotent request, and so the longest
         a crashed or cancelled request blocks its key.
-    :param max_body_bytes: larger request bodies are answered with 413.
+    :param max_body_bytes: larger request bodies are answered with 413 (reading stops
+        at the limit).
+    :param max_body_depth: JSON request bodies nesting arrays and objects deeper are
+        answered with 400 (at most 512).
     :param max_response_bytes: larger response bodies are delivered but not stored
         (default: what fits in the store).
     :param store_server_errors: store and replay 5xx responses instead of releasing the key.
     :param replay_headers: response headers replayed besides content-type, location,
         etag, cache-control and link (``Set-Cookie`` never is).
-    :param wait: seconds a duplicate waits for the first request to finish and replays
-        its response (0: answer 409 at once; None: as the manager's options say).
+    :param wait: whether a duplicate that finds the key in progress waits for the first
+        request to finish and replays its response (False: answer 409 at once); None:
+        as the manager's ``Options.wait``.
+    :param wait_timeout: the longest such a wait lasts, in seconds (then 409); None: as
+        the manager's ``Options.wait_timeout``.
     """
 
     def __init__(
@@ -85,10 +93,12 @@ class IdempotencyMiddleware:
         caller_scope: CallerScope | None = None,
         request_timeout: float = 30.0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_body_depth: int = DEFAULT_MAX_BODY_DEPTH,
         max_response_bytes: int | None = None,
         store_server_errors: bool = False,
         replay_headers: Iterable[str] = (),
-        wait: float | None = None,
+        wait: bool | None = None,
+        wait_timeout: float | None = None,
     ) -> None:
         self.app = app
         self.rules = HttpIdempotency(
@@ -99,12 +109,14 @@ class IdempotencyMiddleware:
             caller_scope=caller_scope,
             request_timeout=request_timeout,
             max_body_bytes=max_body_bytes,
+            max_body_depth=max_body_depth,
             max_response_bytes=max_response_bytes,
             store_server_errors=store_server_errors,
             replay_headers=replay_headers,
             wait=wait,
+            wait_timeout=wait_timeout,
         )
-        self._marked: dict[int, bool] = {}
+        self._marked: dict[int, tuple[bool, bool]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -115,16 +127,18 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         template, matched = route
-        marked = matched is not None and self._is_marked(matched)
+        marked, key_required = (False, False) if matched is None else self._marks(matched)
         if not self.rules.applies(scope["method"], scope["path"], marked=marked):
             await self.app(scope, receive, send)
             return
-        await _Exchange(self, scope, receive, send, template, marked).run()
+        required = key_required or self.rules.settings.required
+        await _Exchange(self, scope, receive, send, template, marked, required).run()
 
-    def _is_marked(self, route: BaseRoute) -> bool:
+    def _marks(self, route: BaseRoute) -> tuple[bool, bool]:
+        """Whether a route is opted in, and whether its marker requires the key."""
         known = self._marked.get(id(route))
         if known is None:
-            known = _depends_on_marker(getattr(route, "dependant", None))
+            known = _route_marks(getattr(route, "dependant", None))
             self._marked[id(route)] = known
         return known
 
@@ -140,6 +154,7 @@ class _Exchange:
         send: Send,
         template: str,
         marked: bool,
+        key_required: bool,
     ) -> None:
         self.app = middleware.app
         self.rules = middleware.rules
@@ -148,6 +163,7 @@ class _Exchange:
         self.send = send
         self.template = template
         self.marked = marked
+        self.key_required = key_required
         self.capture = Capture(self.rules.settings.max_response_bytes)
         self.client_gone = False
         # The last body message is held back until the record is completed, so a client
@@ -157,7 +173,7 @@ class _Exchange:
     async def run(self) -> None:
         headers = Request(self.scope).headers
         try:
-            key = parse_key(headers.getlist(KEY_HEADER), required=self.rules.settings.required)
+            key = parse_key(headers.getlist(KEY_HEADER), required=self.key_required)
             self.scope[_STATE_KEY] = RequestState(key)
             if key is None:
                 await self.app(self.scope, self.receive, self.send)
@@ -178,9 +194,7 @@ class _Exchange:
             )
             self.capture.endpoint_ran = not self.marked
             try:
-                replay = await self.rules.handle(
-                    payload, lambda: self._run_app(body), self.capture
-                )
+                replay = await self.rules.handle(payload, lambda: self._run_app(body), self.capture)
             finally:
                 await self._send_final()
         except Rejection as rejection:
@@ -289,14 +303,18 @@ def _match(
     return None
 
 
-def _depends_on_marker(dependant: Any) -> bool:
+def _route_marks(dependant: Any) -> tuple[bool, bool]:
+    """(opted in, key required) from the markers among a route's dependencies."""
+    marked = required = False
     stack = [dependant]
     while stack:
         node = stack.pop()
         if node is None:
             continue
         call = getattr(node, "call", None)
-        if any(call is marker for marker in _ROUTE_MARKERS):
-            return True
+        for marker, requires_key in _ROUTE_MARKERS.items():
+            if call is marker:
+                marked = True
+                required = required or requires_key
         stack.extend(getattr(node, "dependencies", ()))
-    return False
+    return marked, required

@@ -27,3 +27,28 @@ async def uses() -> None:
 
     assert_type(await manager.execute({"id": 1}, work, timeout=5), int)
     assert_type(manager.key_for({"id": 1}), str | None)
+
+
+# ---------------------------------------------------------------------- HTTP integrations
+
+from fastapi import FastAPI  # noqa: E402
+
+from idempotency_async.integrations.fastapi import (  # noqa: E402
+    IdempotencyKey,
+    OptionalIdempotencyKey,
+)
+from idempotency_async.integrations.starlette import IdempotencyMiddleware  # noqa: E402
+
+api = FastAPI()
+
+
+async def required_key(key: IdempotencyKey) -> None:
+    assert_type(key, str)
+
+
+async def optional_key(key: OptionalIdempotencyKey) -> None:
+    assert_type(key, str | None)
+
+
+IdempotencyMiddleware(api, manager=manager, wait=True, wait_timeout=5.0)
+IdempotencyMiddleware(api, manager=manager, wait=5.0)  # type: ignore[arg-type]
