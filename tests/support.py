@@ -13,7 +13,6 @@ from idempotency_async.errors import StoreUnavailableError
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores.base import Store, Verdict, Written
 
-
 T = TypeVar("T")
 
 
