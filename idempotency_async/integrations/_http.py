@@ -57,6 +57,7 @@ __all__ = [
     "RequestState",
     "parse_key",
     "problem",
+    "request_scope",
 ]
 
 KEY_HEADER: Final = "idempotency-key"
@@ -392,8 +393,7 @@ class HttpIdempotency:
             )
         except PayloadError as exc:
             raise Rejection(problem(400, "Unreadable request body", str(exc))) from exc
-        scope = {"method": method.upper(), "route": route, "caller": caller, "key": key}
-        return {"scope": scope, "fingerprint": fingerprint}
+        return {"scope": request_scope(method, route, caller, key), "fingerprint": fingerprint}
 
     # ------------------------------------------------------------------ run
 
@@ -523,6 +523,12 @@ class HttpIdempotency:
             (*headers, (REPLAYED_HEADER, "true")),
             base64.b64decode(stored["body_b64"]),
         )
+
+
+def request_scope(method: str, route: str, caller: str | None, key: str) -> dict[str, Any]:
+    """What the key is derived from: the request's method, route template, caller and key
+    (also used by the command-line tool's ``key --http``)."""
+    return {"method": method.upper(), "route": route, "caller": caller, "key": key}
 
 
 def _not_available(status: int) -> HttpResponse:
