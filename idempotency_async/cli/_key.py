@@ -19,6 +19,7 @@ from idempotency_async._codec import loads_strict
 from idempotency_async._keys import KeyDeriver
 from idempotency_async.cli._errors import CliError
 from idempotency_async.decorators import _manager_for
+from idempotency_async.errors import KeyMissingError
 from idempotency_async.integrations._http import Rejection, _http_options, parse_key, request_scope
 from idempotency_async.manager import Manager
 from idempotency_async.options import Options
@@ -34,6 +35,7 @@ def run_key(args: argparse.Namespace) -> int:
         payload_validation_jmespath=args.validation_jmespath,
         hash_function=args.hash,
         integer_precision=args.integer_precision,
+        raise_on_no_key=True,  # only decides whether a missing key raises or logs
     )
     manager = Manager(MemoryStore(), options)
     if args.http is not None:
@@ -42,12 +44,14 @@ def run_key(args: argparse.Namespace) -> int:
         payload = _read_payload(args.payload)
         if args.function is not None:
             manager = _manager_for(manager, _named(args.function))
-        found = manager.key_for(payload)
-        if found is None:
+        try:
+            found = manager.key_for(payload)
+        except KeyMissingError as exc:
             raise CliError(
                 f"the payload has no idempotency key: --jmespath {args.jmespath!r} selected "
                 "nothing (the service runs such calls without idempotency)"
-            )
+            ) from exc
+        assert found is not None  # raise_on_no_key
         key = found
         validation = None
         if args.validation_jmespath is not None:

@@ -92,10 +92,12 @@ async def run_list(args: argparse.Namespace) -> int:
     progress = _Progress(sys.stderr, forced=args.progress)
     shown = scanned = 0
     now = time.time()
-    if not args.json:
-        print(ROW_HEADER)
+    header = not args.json
     async with aclosing(store):
         async for page in store.pages(status=status, page_size=args.page_size):
+            if header:  # after the first answer: an error is then the only output
+                print(ROW_HEADER)
+                header = False
             scanned += page.scanned
             for record in page.records:
                 if args.limit is not None and shown >= args.limit:
@@ -136,7 +138,7 @@ def _no_record(key: str) -> CliError:
 
 
 class _Progress:
-    """``read N items, M records…`` on stderr during long scans.
+    """``N items read, M listed…`` on stderr during long scans.
 
     Shown when stderr is a terminal and the scan takes over a second (redrawn in place), or
     on every page with ``--progress`` (one line per page when stderr is not a terminal).
@@ -154,7 +156,7 @@ class _Progress:
         if not self._enabled or time.monotonic() < self._next:
             return
         end = "\r" if self._tty else "\n"
-        print(f"read {scanned} items, {matched} records…", end=end, file=self._stream, flush=True)
+        print(f"{scanned} items read, {matched} listed…", end=end, file=self._stream, flush=True)
         self._drawn = True
         self._next = time.monotonic() + self._every
 
