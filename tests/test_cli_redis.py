@@ -8,22 +8,22 @@ import uuid
 from typing import Any
 
 import pytest
+from _cli import cli
 
-pytest.importorskip(
+from idempotency_async import Manager, Options
+
+redis_store = pytest.importorskip(
     "idempotency_async.stores.redis",
     reason="the Redis store is not part of this build (test_cli.py checks the error instead)",
 )
 
-from _cli import cli  # noqa: E402
+# Only once the store is known to exist: the harness imports redis-py.
 from _redis import redis_server  # noqa: E402, F401  (fixture)
-
-from idempotency_async import Manager, Options  # noqa: E402
-from idempotency_async.stores.redis import RedisStore  # noqa: E402
 
 
 async def test_get_and_release_on_redis(redis_server: Any) -> None:  # noqa: F811
     prefix = f"cli{uuid.uuid4().hex[:8]}:"
-    store = RedisStore.from_url(redis_server.url, key_prefix=prefix)
+    store = redis_store.RedisStore.from_url(redis_server.url, key_prefix=prefix)
     try:
         manager = Manager(store, Options(key_prefix="shop", event_key_jmespath="order_id"))
         await manager.execute({"order_id": 9}, lambda: asyncio.sleep(0, {"ok": 1}), timeout=30)
