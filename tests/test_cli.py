@@ -354,9 +354,10 @@ async def test_store_mistakes_are_one_line_errors(moto_endpoint: str) -> None:
         cli("create-table", "--store", "redis://127.0.0.1:1/0"),
         cli("list", "--store", missing, "--limit", "0"),
         cli("list", env=cli_env(IDEMPOTENCY_ASYNC_STORE=missing)),
+        cli("get", "--store", _url("http://127.0.0.1:9", "some-table"), "k"),
     )
     unknown, scheme, param, name, no_store, no_credentials, region, profile = runs[:8]
-    redis_table, zero, from_environment = runs[8:]
+    redis_table, zero, from_environment, unreachable = runs[8:]
     assert "ResourceNotFoundException" in unknown.error() and "no-such-table" in unknown.err
     assert "scheme must be one of dynamodb://" in scheme.error()
     assert "unknown parameter 'colour'" in param.error()
@@ -368,6 +369,9 @@ async def test_store_mistakes_are_one_line_errors(moto_endpoint: str) -> None:
     assert "create-table is for dynamodb://" in redis_table.error()
     assert zero.code == 2 and "must be at least 1" in zero.err
     assert "ResourceNotFoundException" in from_environment.error()
+    assert unreachable.error().endswith(
+        "check the endpoint and region in the store URL, and the network"
+    )
 
 
 @pytest.mark.skipif(

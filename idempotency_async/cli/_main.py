@@ -12,12 +12,16 @@ from typing import Any
 
 from idempotency_async.canonical import HASH_ALGORITHMS
 from idempotency_async.cli._errors import EXIT_ERROR, CliError, one_line
-from idempotency_async.errors import IdempotencyError, PersistenceError
+from idempotency_async.errors import IdempotencyError, PersistenceError, StoreUnavailableError
 from idempotency_async.record import Status
 
 __all__ = ["build_parser", "main"]
 
 STORE_ENV = "IDEMPOTENCY_ASYNC_STORE"
+# botocore's connection failures, reported without the library's client-tuning advice.
+_UNREACHABLE = frozenset(
+    {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError"}
+)
 _PROG = "idempotency-async"
 
 
@@ -70,6 +74,8 @@ def _explain(exc: IdempotencyError) -> str:
             f"no AWS credentials ({cause}): pass --profile, set AWS_PROFILE, or set "
             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
         )
+    if isinstance(exc, StoreUnavailableError) and type(cause).__name__ in _UNREACHABLE:
+        return f"{cause}: check the endpoint and region in the store URL, and the network"
     return str(exc)
 
 

@@ -79,6 +79,8 @@ def _confirm(record: Record, now: float) -> None:
         )
     print("Delete this record? [y/N] ", end="", file=err, flush=True)
     answer = sys.stdin.readline().strip().lower()
+    if not sys.stdin.isatty():
+        print(answer, file=err)  # a terminal echoes it; keep piped transcripts readable
     if answer not in ("y", "yes"):
         raise CliError("not released (answer y to confirm, or pass --yes)")
 

@@ -14,7 +14,7 @@ __all__ = ["record_json", "record_lines", "record_row", "relative", "state_of"]
 _NEVER: Final = 2**62
 
 _EXPLANATIONS: Final = {
-    "in_progress": "a call holds the key: duplicates are refused (HTTP 409) until the lease ends",
+    "in_progress": "duplicates are refused (HTTP 409) until the lease ends",
     "lapsed": "the lease ended (the call crashed or ran out of time): the next call runs again",
     "completed": "duplicates get the stored response",
     "completed_not_stored": (
@@ -73,6 +73,7 @@ def _iso(instant: float | None) -> str | None:
 def record_json(record: Record, now: float, *, show_response: bool = False) -> dict[str, Any]:
     """The record for scripts: Unix seconds and ISO local times side by side."""
     state = state_of(record, now)
+    completed = record.status is Status.COMPLETED
     result: dict[str, Any] = {
         "key": record.key,
         "status": record.status.value,
@@ -82,13 +83,13 @@ def record_json(record: Record, now: float, *, show_response: bool = False) -> d
         "lease_end": record.lease_end,
         "lease_ends_at": _iso(record.lease_end),
         "retry_after": (
-            max(record.lease_end - now, 0.0)
+            round(max(record.lease_end - now, 0.0), 3)
             if state == "in_progress" and record.lease_end is not None
             else None
         ),
         "owner": record.owner,
         "validation": record.validation,
-        "response_stored": record.response_stored,
+        "response_stored": record.response_stored if completed else None,
         "not_stored": record.not_stored,
     }
     if show_response:
