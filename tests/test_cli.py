@@ -354,7 +354,13 @@ async def test_store_mistakes_are_one_line_errors(moto_endpoint: str) -> None:
         cli("create-table", "--store", "redis://127.0.0.1:1/0"),
         cli("list", "--store", missing, "--limit", "0"),
         cli("list", env=cli_env(IDEMPOTENCY_ASYNC_STORE=missing)),
-        cli("get", "--store", _url("http://127.0.0.1:9", "some-table"), "k"),
+        cli(
+            "get",
+            "--store",
+            _url("http://127.0.0.1:9", "some-table"),
+            "k",
+            env=cli_env(AWS_MAX_ATTEMPTS="1"),
+        ),
     )
     unknown, scheme, param, name, no_store, no_credentials, region, profile = runs[:8]
     redis_table, zero, from_environment, unreachable = runs[8:]

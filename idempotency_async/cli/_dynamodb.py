@@ -3,6 +3,7 @@ command loads itself (stores never load it)."""
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -82,11 +83,10 @@ class DynamoDBTarget:
             raise CliError(
                 "no AWS region: add ?region=… to the store URL, pass --region, or set AWS_REGION"
             )
-        config = AioConfig(
-            connect_timeout=5,
-            read_timeout=30,
-            retries={"mode": "standard", "total_max_attempts": 3},
-        )
+        retries = {"mode": "standard", "total_max_attempts": 3}
+        if os.environ.get("AWS_MAX_ATTEMPTS") or os.environ.get("AWS_RETRY_MODE"):
+            retries = {}  # the operator's own retry settings win
+        config = AioConfig(connect_timeout=5, read_timeout=30, retries=retries)
 
         def open_client() -> Any:
             return session.client("dynamodb", endpoint_url=self.endpoint, config=config)
