@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any, Protocol, TextIO, runtime_checkable
 
@@ -22,7 +22,7 @@ __all__ = ["run_create_table", "run_get", "run_list", "run_release"]
 class _Pages(Protocol):
     def pages(
         self, *, status: Status | None = None, page_size: int | None = None
-    ) -> AsyncIterator[Any]: ...
+    ) -> AsyncGenerator[Any, None]: ...
 
 
 def _aws(args: argparse.Namespace) -> AwsSettings:
@@ -95,8 +95,11 @@ async def run_list(args: argparse.Namespace) -> int:
     shown = scanned = 0
     now = time.time()
     header = not args.json
-    async with aclosing(store):
-        async for page in store.pages(status=status, page_size=args.page_size):
+    async with (
+        aclosing(store),
+        aclosing(store.pages(status=status, page_size=args.page_size)) as pages,
+    ):
+        async for page in pages:
             if header:  # after the first answer: an error is then the only output
                 print(ROW_HEADER)
                 header = False

@@ -8,7 +8,15 @@ from typing import Any, Final
 
 from idempotency_async.record import Record, Status
 
-__all__ = ["record_json", "record_lines", "record_row", "relative", "state_of"]
+__all__ = [
+    "ROW_HEADER",
+    "local_time",
+    "record_json",
+    "record_lines",
+    "record_row",
+    "relative",
+    "state_of",
+]
 
 # DynamoDB records without an expiration never expire (the store reads them as 2**63).
 _NEVER: Final = 2**62

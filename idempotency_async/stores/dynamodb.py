@@ -15,7 +15,7 @@ import logging
 import math
 import os
 import zlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
 from decimal import Decimal
@@ -297,7 +297,7 @@ class DynamoDBStore:
 
     async def pages(
         self, *, status: Status | None = None, page_size: int | None = None
-    ) -> AsyncIterator[RecordPage]:
+    ) -> AsyncGenerator[RecordPage, None]:
         """The table's records page by page, optionally only those with ``status``.
 
         A ``Query`` on the static partition in sort-key mode, a ``Scan`` of the whole table
