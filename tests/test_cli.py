@@ -231,7 +231,7 @@ async def test_get_list_and_release_on_a_table(moto_endpoint: str) -> None:
         cli("get", *s, keys["not_stored"], "--json"),
         cli("get", *s, keys["lapsed"]),
         cli("list", *s),
-        cli("list", *s, "--status", "INPROGRESS", "--json"),
+        cli("list", *s, "--status", "INPROGRESS", "--json", "--page-size", "2"),
         cli("list", *s, "--limit", "2", "--page-size", "1", "--progress"),
         cli("create-table", *s),
     )
@@ -272,6 +272,7 @@ async def test_get_list_and_release_on_a_table(moto_endpoint: str) -> None:
     assert listed.err == "5 records (read 5 items)\n"
     in_progress_keys = {json.loads(line)["key"] for line in listed_in_progress.ok().splitlines()}
     assert in_progress_keys == {keys["in_progress"], keys["lapsed"], keys["expired"]}
+    assert listed_in_progress.err == "3 records (read 5 items)\n"  # three pages, filtered
     assert len(limited.ok().splitlines()) == 1 + 2
     progress = limited.err.splitlines()
     assert progress == ["1 items read, 1 listed…", "2 records (read 2 items)"]
