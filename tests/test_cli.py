@@ -136,8 +136,10 @@ async def test_key_mistakes_are_one_line_errors(tmp_path: Path) -> None:
         cli("key", "--http", "POST", "/orders", "k", "--jmespath", "a"),
         cli("key", stdin=json.dumps({"id": 2**60})),
         cli("key", "--hash", "crc32", stdin="{}"),
+        cli("key", "--caller", "t1", stdin="{}"),
     )
-    bad_json, duplicate, missing, function, http_key, http_options, wide, bad_hash = runs
+    bad_json, duplicate, missing, function, http_key, http_options, wide, bad_hash = runs[:8]
+    assert "use it with --http" in runs[8].error()
     assert "not valid JSON" in bad_json.error()
     assert "'a' twice" in duplicate.error()
     assert "No such file" in missing.error() and "missing.json" in missing.error()

@@ -41,22 +41,7 @@ def run_key(args: argparse.Namespace) -> int:
     if args.http is not None:
         key, validation = _http_key(manager, args), None
     else:
-        payload = _read_payload(args.payload)
-        if args.function is not None:
-            manager = _manager_for(manager, _named(args.function))
-        try:
-            found = manager.key_for(payload)
-        except KeyMissingError as exc:
-            raise CliError(
-                f"the payload has no idempotency key: --jmespath {args.jmespath!r} selected "
-                "nothing (the service runs such calls without idempotency)"
-            ) from exc
-        assert found is not None  # raise_on_no_key
-        key = found
-        validation = None
-        if args.validation_jmespath is not None:
-            keys = KeyDeriver(manager.options).derive(payload)
-            validation = None if keys is None else keys.validation
+        key, validation = _payload_keys(manager, args)
     if args.json:
         print(json.dumps({"key": key, "validation": validation}, ensure_ascii=False))
     else:
@@ -64,6 +49,27 @@ def run_key(args: argparse.Namespace) -> int:
         if validation is not None:
             print(validation)
     return 0
+
+
+def _payload_keys(manager: Manager, args: argparse.Namespace) -> tuple[str, str | None]:
+    if args.caller is not None:
+        raise CliError("--caller is the HTTP middleware's caller scope: use it with --http")
+    payload = _read_payload(args.payload)
+    if args.function is not None:
+        manager = _manager_for(manager, _named(args.function))
+    try:
+        key = manager.key_for(payload)
+    except KeyMissingError as exc:
+        raise CliError(
+            f"the payload has no idempotency key: --jmespath {args.jmespath!r} selected "
+            "nothing (the service runs such calls without idempotency)"
+        ) from exc
+    assert key is not None  # raise_on_no_key
+    validation = None
+    if args.validation_jmespath is not None:
+        keys = KeyDeriver(manager.options).derive(payload)
+        validation = None if keys is None else keys.validation
+    return key, validation
 
 
 def _http_key(manager: Manager, args: argparse.Namespace) -> str:
