@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import time
 import tomllib
 import uuid
@@ -342,8 +343,12 @@ async def test_sort_key_mode_with_renamed_attributes(moto_endpoint: str) -> None
 # ------------------------------------------------------------------------------ errors
 
 
-async def test_store_mistakes_are_one_line_errors(moto_endpoint: str) -> None:
+async def test_store_mistakes_are_one_line_errors(moto_endpoint: str, tmp_path: Path) -> None:
     missing = _url(moto_endpoint, "no-such-table")
+    # An environment without the dynamodb extra: aioboto3 fails to import.
+    (tmp_path / "aioboto3").mkdir()
+    (tmp_path / "aioboto3" / "__init__.py").write_text("raise ImportError('no aioboto3')")
+    no_extra = cli_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
     no_region = f"dynamodb://some-table?endpoint={quote(moto_endpoint, safe='')}"
     runs = await asyncio.gather(
         cli("get", "--store", missing, "k"),
@@ -364,9 +369,10 @@ async def test_store_mistakes_are_one_line_errors(moto_endpoint: str) -> None:
             "k",
             env=cli_env(AWS_MAX_ATTEMPTS="1"),
         ),
+        cli("get", "--store", missing, "k", env=no_extra),
     )
     unknown, scheme, param, name, no_store, no_credentials, region, profile = runs[:8]
-    redis_table, zero, from_environment, unreachable = runs[8:]
+    redis_table, zero, from_environment, unreachable, without_extra = runs[8:]
     assert "ResourceNotFoundException" in unknown.error() and "no-such-table" in unknown.err
     assert "scheme must be one of dynamodb://" in scheme.error()
     assert "unknown parameter 'colour'" in param.error()
@@ -378,6 +384,7 @@ async def test_store_mistakes_are_one_line_errors(moto_endpoint: str) -> None:
     assert "create-table is for dynamodb://" in redis_table.error()
     assert zero.code == 2 and "must be at least 1" in zero.err
     assert "ResourceNotFoundException" in from_environment.error()
+    assert "pip install 'idempotency-async[dynamodb]'" in without_extra.error()
     assert unreachable.error().endswith(
         "check the endpoint and region in the store URL, and the network"
     )

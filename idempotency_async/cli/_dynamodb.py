@@ -40,15 +40,13 @@ class DynamoDBTarget:
     options: dict[str, Any] = field(default_factory=dict)
 
     def store(self, aws: AwsSettings) -> Any:
-        from idempotency_async.stores.dynamodb import DynamoDBStore
-
         factory = self._client_factory(aws)
-        return DynamoDBStore(client_factory=factory, table_name=self.table, **self.options)
+        dynamodb = _dynamodb_module()
+        return dynamodb.DynamoDBStore(client_factory=factory, table_name=self.table, **self.options)
 
     async def create_table(self, aws: AwsSettings) -> None:
         """Create the table the URL names, in sort-key mode when it sets ``sort_key_attr``."""
-        from idempotency_async.stores.dynamodb import create_table
-
+        create_table = _dynamodb_module().create_table
         schema = {
             name: self.options[name]
             for name in ("key_attr", "sort_key_attr", "expiry_attr")
@@ -65,14 +63,11 @@ class DynamoDBTarget:
                 raise
 
     def _client_factory(self, aws: AwsSettings) -> Any:
-        try:
-            import aioboto3
-            import botocore.exceptions
-            from aiobotocore.config import AioConfig
-        except ImportError as exc:
-            raise CliError(
-                "DynamoDB support is not installed: pip install 'idempotency-async[dynamodb]'"
-            ) from exc
+        _dynamodb_module()  # the extra is installed
+        import aioboto3
+        import botocore.exceptions
+        from aiobotocore.config import AioConfig
+
         try:
             session = aioboto3.Session(
                 profile_name=aws.profile, region_name=self.region or aws.region
@@ -92,6 +87,18 @@ class DynamoDBTarget:
             return session.client("dynamodb", endpoint_url=self.endpoint, config=config)
 
         return open_client
+
+
+def _dynamodb_module() -> Any:
+    try:
+        import aioboto3  # noqa: F401  (the store's clients come from it here)
+
+        from idempotency_async.stores import dynamodb
+    except ImportError as exc:
+        raise CliError(
+            f"DynamoDB support is not installed ({exc}): pip install 'idempotency-async[dynamodb]'"
+        ) from exc
+    return dynamodb
 
 
 def parse(parts: SplitResult) -> DynamoDBTarget:
