@@ -113,10 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="list records, optionally by status",
         description="List records: a Query in sort-key mode, a Scan of the table otherwise.",
     )
-    listing.add_argument("--status", choices=[status.value for status in Status])
-    listing.add_argument("--limit", type=_positive_int, help="stop after N records")
     listing.add_argument(
-        "--page-size", type=_positive_int, help="items read per request (default: 1 MB pages)"
+        "--status", choices=[status.value for status in Status], help="only records in it"
+    )
+    listing.add_argument("--limit", metavar="N", type=_positive_int, help="stop after N records")
+    listing.add_argument(
+        "--page-size",
+        metavar="N",
+        type=_positive_int,
+        help="items read per request (default: 1 MB pages)",
     )
     listing.add_argument(
         "--progress",
@@ -158,14 +163,24 @@ def _add_key(commands: Any) -> None:
         ),
     )
     key.add_argument("payload", nargs="?", metavar="PAYLOAD", help="JSON file ('-': stdin)")
-    key.add_argument("--prefix", help="the manager's key_prefix (default: as the service)")
-    key.add_argument("--jmespath", help="event_key_jmespath: the part of the payload hashed")
+    key.add_argument("--prefix", metavar="P", help="key_prefix (default: as the service)")
+    key.add_argument(
+        "--jmespath", metavar="E", help="event_key_jmespath (default: the whole payload)"
+    )
     key.add_argument(
         "--validation-jmespath",
+        metavar="E",
         help="payload_validation_jmespath: also print the validation hash",
     )
-    key.add_argument("--hash", default="md5", choices=sorted(HASH_ALGORITHMS))
-    key.add_argument("--integer-precision", default="strict", choices=("strict", "float64"))
+    key.add_argument(
+        "--hash", default="md5", choices=sorted(HASH_ALGORITHMS), help="hash_function (md5)"
+    )
+    key.add_argument(
+        "--integer-precision",
+        default="strict",
+        choices=("strict", "float64"),
+        help="integer_precision (strict)",
+    )
     key.add_argument(
         "--function",
         metavar="MODULE:QUALNAME",
@@ -177,7 +192,9 @@ def _add_key(commands: Any) -> None:
         metavar=("METHOD", "ROUTE", "KEY"),
         help="the key of an HTTP request: method, route template, Idempotency-Key value",
     )
-    key.add_argument("--caller", help="with --http: the caller scope the app computes")
+    key.add_argument(
+        "--caller", metavar="SCOPE", help="with --http: what the app's caller_scope returned"
+    )
     key.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
