@@ -104,6 +104,8 @@ async def run_list(args: argparse.Namespace) -> int:
                 print(ROW_HEADER)
                 header = False
             scanned += page.scanned
+            if page.records:
+                progress.clear()
             for record in page.records:
                 if args.limit is not None and shown >= args.limit:
                     break
@@ -164,6 +166,12 @@ class _Progress:
         print(f"{scanned} items read, {matched} listed…", end=end, file=self._stream, flush=True)
         self._drawn = True
         self._next = time.monotonic() + self._every
+
+    def clear(self) -> None:
+        """Erase the progress line before rows go to the same terminal."""
+        if self._drawn and self._tty:
+            print("\r\x1b[K", end="", file=self._stream, flush=True)
+            self._drawn = False
 
     def done(self) -> None:
         if self._drawn and self._tty:
