@@ -305,7 +305,9 @@ class DynamoDBStore:
         DynamoDB's TTL has not deleted yet are included.  ``page_size`` caps the items read
         per request (DynamoDB's ``Limit``; default: 1 MB pages).
         """
-        request: dict[str, Any] = {"TableName": self.table_name, "ConsistentRead": True}
+        # Eventually consistent: half the read capacity of a strongly consistent scan, and
+        # a listing is a snapshot anyway (``get`` reads one record strongly).
+        request: dict[str, Any] = {"TableName": self.table_name}
         names: dict[str, str] = {}
         values: dict[str, Any] = {}
         if self._sort_key_attr is not None:
