@@ -186,13 +186,19 @@ async def test_http_key_finds_the_record_the_middleware_wrote(moto_endpoint: str
         cli(*http, '"abc-1"', "--caller", "t1"), cli(*http, "abc-1", "--caller", "t2")
     )
     key = key_run.ok().strip()
-    found, missing = await asyncio.gather(
+    found, shown, missing = await asyncio.gather(
         cli("get", "--store", store_url, key, "--json", "--show-response"),
+        cli("get", "--store", store_url, key, "--show-response"),
         cli("get", "--store", store_url, other_caller.ok().strip()),
     )
     record = found.json()
     assert record["status"] == "COMPLETED" and record["key"] == key
     assert record["response"]["status"] == 201
+    # People see the response as the client got it: status, replayed headers, body.
+    assert shown.ok().endswith(
+        "response    stored:\nHTTP 201\ncontent-type: application/json; charset=utf-8\n\n"
+        '{"order": "42"}\n'
+    )
     assert "no record for key" in missing.error(code=3)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime
 import json
 from typing import Any, Final
@@ -130,8 +132,35 @@ def record_lines(record: Record, now: float, *, show_response: bool = False) -> 
         rows.append(("response", _response_summary(record, show_response)))
     lines = [f"{label:<11} {value}" for label, value in rows]
     if show_response and record.response_stored and record.status is Status.COMPLETED:
-        lines += json.dumps(record.response, indent=2, ensure_ascii=False).splitlines()
+        lines += (
+            _http_lines(record.response)
+            or json.dumps(record.response, indent=2, ensure_ascii=False).splitlines()
+        )
     return lines
+
+
+def _http_lines(response: Any) -> list[str] | None:
+    """A response the HTTP middleware stored, as the client received it; None otherwise."""
+    if not (
+        isinstance(response, dict)
+        and response.get("v") == 1
+        and isinstance(response.get("status"), int)
+        and isinstance(response.get("headers", []), list)
+    ):
+        return None
+    try:
+        headers = [f"{name}: {value}" for name, value in response.get("headers", [])]
+    except (TypeError, ValueError):
+        return None
+    lines = [f"HTTP {response['status']}", *headers]
+    body = response.get("body_b64")
+    if not isinstance(body, str):
+        return [*lines, "", "(body not stored)"]
+    try:
+        data = base64.b64decode(body, validate=True)
+        return [*lines, "", data.decode()]
+    except (binascii.Error, UnicodeDecodeError):
+        return [*lines, "", f"({len(body) * 3 // 4} bytes, not UTF-8 text)"]
 
 
 def _response_summary(record: Record, show_response: bool) -> str:
