@@ -59,6 +59,7 @@ __all__ = [
     "RequestState",
     "parse_key",
     "problem",
+    "request_scope",
 ]
 
 KEY_HEADER: Final = "idempotency-key"
@@ -418,8 +419,7 @@ class HttpIdempotency:
             fingerprint = digest_bytes(text, self.manager.options.hash_function)
         except PayloadError as exc:
             raise Rejection(problem(400, "Unreadable request body", str(exc))) from exc
-        scope = {"method": method.upper(), "route": route, "caller": caller, "key": key}
-        return {"scope": scope, "fingerprint": fingerprint}
+        return {"scope": request_scope(method, route, caller, key), "fingerprint": fingerprint}
 
     def _body_material(self, media_type: str, body: bytes) -> tuple[dict[str, Any], int]:
         """What of the body is fingerprinted, and how deeply it nests."""
@@ -580,6 +580,12 @@ def _store_unavailable(exc: Exception) -> HttpResponse:
         "the request was not processed: retry it with the same Idempotency-Key",
         headers=(("retry-after", "1"),),
     )
+
+
+def request_scope(method: str, route: str, caller: str | None, key: str) -> dict[str, Any]:
+    """What the key is derived from: the request's method, route template, caller and key
+    (also used by the command-line tool's ``key --http``)."""
+    return {"method": method.upper(), "route": route, "caller": caller, "key": key}
 
 
 def _not_available(status: int) -> HttpResponse:

@@ -15,12 +15,12 @@ import logging
 import math
 import os
 import zlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
 from decimal import Decimal
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, NamedTuple, Self
 
 from idempotency_async.errors import ConfigError, StoreUnavailableError, StoreValidationError
 from idempotency_async.record import Claim, Completion, Record, Status, expiration_for
@@ -39,7 +39,7 @@ from idempotency_async.stores._dynamodb_values import (
 )
 from idempotency_async.stores.base import CLAIMED, Verdict, Written, judge
 
-__all__ = ["DEFAULT_DYNAMODB_MAX_RESPONSE_BYTES", "DynamoDBStore", "create_table"]
+__all__ = ["DEFAULT_DYNAMODB_MAX_RESPONSE_BYTES", "DynamoDBStore", "RecordPage", "create_table"]
 
 logger = logging.getLogger("idempotency_async.dynamodb")
 
@@ -62,6 +62,13 @@ _CLAIM_CONDITION: Final = (
     "AND #in_progress_expiry < :now_in_millis) OR "
     "(#status = :inprogress AND #owner = :owner)"
 )
+
+
+class RecordPage(NamedTuple):
+    """One page of :meth:`DynamoDBStore.pages`: the records it matched, the items it read."""
+
+    records: list[Record]
+    scanned: int
 
 
 class DynamoDBStore:
@@ -285,6 +292,47 @@ class DynamoDBStore:
             )
         item = answer.get("Attributes")
         return None if not item else self._decode(item)
+
+    # -- operators ------------------------------------------------------------------
+
+    async def pages(
+        self, *, status: Status | None = None, page_size: int | None = None
+    ) -> AsyncGenerator[RecordPage, None]:
+        """The table's records page by page, optionally only those with ``status``.
+
+        A ``Query`` on the static partition in sort-key mode, a ``Scan`` of the whole table
+        otherwise: meant for operators, not for the request path.  Expired records that
+        DynamoDB's TTL has not deleted yet are included.  ``page_size`` caps the items read
+        per request (DynamoDB's ``Limit``; default: 1 MB pages).
+        """
+        # Eventually consistent: half the read capacity of a strongly consistent scan, and
+        # a listing is a snapshot anyway (``get`` reads one record strongly).
+        request: dict[str, Any] = {"TableName": self.table_name}
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        if self._sort_key_attr is not None:
+            request["KeyConditionExpression"] = "#pk = :pk"
+            names["#pk"] = self._key_attr
+            values[":pk"] = {"S": self._static_pk_value}
+        if status is not None:
+            request["FilterExpression"] = "#status = :status"
+            names["#status"] = self._status_attr
+            values[":status"] = {"S": Status(status).value}
+        if names:
+            request["ExpressionAttributeNames"] = names
+            request["ExpressionAttributeValues"] = values
+        if page_size is not None:
+            request["Limit"] = page_size
+        operation = "scan" if self._sort_key_attr is None else "query"
+        while True:
+            async with self._call(operation) as client:
+                answer = await getattr(client, operation)(**request)
+            records = [self._decode(item) for item in answer.get("Items", [])]
+            yield RecordPage(records, int(answer.get("ScannedCount", len(records))))
+            last = answer.get("LastEvaluatedKey")
+            if not last:
+                return
+            request["ExclusiveStartKey"] = last
 
     # -- completion -----------------------------------------------------------------
 
