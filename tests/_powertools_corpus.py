@@ -93,7 +93,7 @@ NESTED = {
     "": "empty key",
 }
 UNICODE = {
-    "id": "ü😀\u2028\t\x01\"\\/",
+    "id": 'ü😀\u2028\t\x01"\\/',
     "Zürich": "grün",
     "лат": "кир",
     "lone": "\ud800",
@@ -154,7 +154,7 @@ CASES = [
         {
             "color": Color.RED,
             "day": dt.date(2026, 11, 30),
-            "at": dt.datetime(2026, 11, 30, 12, 0, 5, 123, tzinfo=dt.timezone.utc),
+            "at": dt.datetime(2026, 11, 30, 12, 0, 5, 123, tzinfo=dt.UTC),
             "time": dt.time(23, 59),
             "id": uuid.UUID("12345678-1234-5678-1234-567812345678"),
             "path": PurePosixPath("/tmp/x"),
@@ -246,9 +246,7 @@ def powertools_keys(case: Case) -> tuple[str, str] | None:
 
 
 def _main(version: tuple[int, int]) -> None:
-    keys = {
-        case.name: powertools_keys(case) for case in CASES if case.since <= version
-    }
+    keys = {case.name: powertools_keys(case) for case in CASES if case.since <= version}
     json.dump(keys, sys.stdout)
 
 
