@@ -266,3 +266,45 @@ def test_manager_refuses_a_store_of_the_other_record_format() -> None:
     with pytest.raises(ConfigError, match="record_format='typescript'"):
         Manager(PowertoolsFormatStore(), Options())
     Manager(PowertoolsFormatStore(), Options(key_format="powertools-python"))
+
+
+async def test_http_integration_with_a_powertools_only_hash() -> None:
+    # The request fingerprint is hashed with the manager's algorithm when this library
+    # knows it, with sha256 otherwise: sha3_256 works end to end.
+    from aiohttp import ClientSession, web
+    from aiohttp.test_utils import TestServer
+
+    from idempotency_async.integrations.aiohttp import (
+        idempotency_middleware,
+        idempotent_endpoint,
+    )
+
+    options = Options(key_format="powertools-python", hash_function="sha3_256", key_prefix="api")
+    manager = Manager(MemoryStore(), options)
+    app = web.Application(middlewares=[idempotency_middleware(manager, required=True)])
+    runs = 0
+
+    @idempotent_endpoint
+    async def create(request: web.Request) -> web.Response:
+        nonlocal runs
+        runs += 1
+        return web.json_response({"run": runs}, status=201)
+
+    app.router.add_post("/orders", create)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with ClientSession() as session:
+            for _ in range(2):
+                async with session.post(
+                    server.make_url("/orders"), json={"sku": "A"}, headers={"Idempotency-Key": "k1"}
+                ) as response:
+                    assert response.status == 201
+                    assert await response.json() == {"run": 1}
+            async with session.post(
+                server.make_url("/orders"), json={"sku": "B"}, headers={"Idempotency-Key": "k1"}
+            ) as response:
+                assert response.status == 422  # the fingerprint differs
+    finally:
+        await server.close()
+    assert runs == 1

@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl
 import orjson
 
 from idempotency_async._codec import loads_strict
-from idempotency_async.canonical import canonical_bytes, digest_bytes
+from idempotency_async.canonical import HASH_ALGORITHMS, canonical_bytes, digest_bytes
 from idempotency_async.errors import (
     AlreadyInProgressError,
     CompletionError,
@@ -386,10 +386,13 @@ class HttpIdempotency:
             "media_type": media_type,
             "body": _body_material(media_type, body),
         }
+        algorithm = self.manager.options.hash_function
+        if algorithm not in HASH_ALGORITHMS:
+            # A Powertools (Python) hash such as sha3_256: the fingerprint is only hashed
+            # again into the validation hash, so any digest serves.
+            algorithm = "sha256"
         try:
-            fingerprint = digest_bytes(
-                canonical_bytes(material), self.manager.options.hash_function
-            )
+            fingerprint = digest_bytes(canonical_bytes(material), algorithm)
         except PayloadError as exc:
             raise Rejection(problem(400, "Unreadable request body", str(exc))) from exc
         scope = {"method": method.upper(), "route": route, "caller": caller, "key": key}
