@@ -20,6 +20,7 @@ from idempotency_async.errors import KeyMissingError, PayloadError, PayloadValid
 from idempotency_async.options import Options
 from idempotency_async.selection import (
     PowertoolsFunctions,
+    PowertoolsPythonFunctions,
     Selector,
     compile_expression,
     is_missing,
@@ -139,7 +140,7 @@ class PowertoolsPythonKeyDeriver(KeyDeriver):
         self._encode = python_rules.key_encoder(options.serializer)
 
     def _default_functions(self) -> Functions:
-        return python_rules.PowertoolsPythonFunctions()
+        return PowertoolsPythonFunctions()
 
     def _make_hasher(self, algorithm: str) -> Callable[[bytes], str]:
         return python_rules.hex_digester(algorithm)

@@ -24,11 +24,8 @@ installed package and against 3.0.0.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import datetime as dt
-import gzip
 import hashlib
 import json
 import math
@@ -41,18 +38,14 @@ from pathlib import PurePath
 from typing import Any, Final
 from uuid import UUID
 
-from jmespath.functions import signature
-
 from idempotency_async.canonical import HASH_ALGORITHMS
 from idempotency_async.errors import ConfigError, PayloadError
-from idempotency_async.selection import PowertoolsFunctions
 
 __all__ = [
     "HASH_ALGORITHMS_PYTHON",
     "KEY_FORMATS",
     "LATEST",
     "POWERTOOLS_PYTHON",
-    "PowertoolsPythonFunctions",
     "Rules",
     "hex_digester",
     "key_encoder",
@@ -185,45 +178,3 @@ def key_encoder(serializer: Callable[[Any], Any] | None) -> Callable[[Any], str]
             ) from exc
 
     return encode_key
-
-
-class PowertoolsPythonFunctions(PowertoolsFunctions):
-    """The JMESPath functions as Powertools (Python) defines them.
-
-    ``powertools_json`` is ``json.loads`` (a repeated member: the last one wins) and the
-    Base64 functions skip characters outside the alphabet, so selections match
-    Powertools' on any payload it accepts.  Subclass it to add functions in this mode.
-    """
-
-    @signature({"types": ["string"]})
-    def _func_powertools_json(self, value: str) -> Any:
-        try:
-            return json.loads(value)
-        except ValueError as exc:
-            raise PayloadError(f"powertools_json: invalid JSON text ({exc})") from exc
-
-    @signature({"types": ["string"]})
-    def _func_powertools_base64(self, value: str) -> str:
-        return _text(_b64(value), "powertools_base64")
-
-    @signature({"types": ["string"]})
-    def _func_powertools_base64_gzip(self, value: str) -> str:
-        try:
-            data = gzip.decompress(_b64(value))
-        except (OSError, EOFError) as exc:
-            raise PayloadError(f"powertools_base64_gzip: not gzip data ({exc})") from exc
-        return _text(data, "powertools_base64_gzip")
-
-
-def _b64(value: str) -> bytes:
-    try:
-        return base64.b64decode(value)
-    except (binascii.Error, ValueError) as exc:
-        raise PayloadError(f"not valid Base64 ({exc}): check the field's encoding") from exc
-
-
-def _text(data: bytes, function: str) -> str:
-    try:
-        return data.decode()
-    except UnicodeDecodeError as exc:
-        raise PayloadError(f"{function}: the decoded bytes are not UTF-8 ({exc})") from exc

@@ -113,6 +113,11 @@ API_EVENT = {
     "headers": {"Idempotency-Key": "k-1"},
     "requestContext": {"requestId": "differs-per-delivery"},
 }
+ENCODED_EVENT = {
+    # A line break inside Base64 is skipped by Powertools (base64.b64decode).
+    "body": "eyJvcmRl\ncl9pZCI6ICJvLTEiLCAiYW1vdW50IjogM30=",
+    "zipped": "H4sIAAAAAAACA6tWyi9KSS2Kz0xRslJQytc1UqoFALeG7MATAAAA",
+}
 
 CASES = [
     Case("nested-whole-payload", NESTED),
@@ -123,6 +128,13 @@ CASES = [
     Case("multi-select-list", {"id": "o-1", "customer": {"name": "Ada"}}, "[id, customer.name]"),
     Case("multi-select-hash", {"id": "o-1", "n": 3}, "{id: id, n: n}"),
     Case("powertools-json-last-member-wins", API_EVENT, "powertools_json(body).order_id"),
+    Case("base64", ENCODED_EVENT, "powertools_json(powertools_base64(body)).order_id"),
+    Case(
+        "base64-gzip",
+        ENCODED_EVENT,
+        "powertools_json(powertools_base64_gzip(zipped))",
+        "powertools_base64(body)",
+    ),
     Case("string", {"id": "order-1001"}, "id"),
     Case("integer", {"id": 42}, "id"),
     Case("zero-is-a-key", {"id": 0}, "id"),
