@@ -27,3 +27,7 @@ async def uses() -> None:
 
     assert_type(await manager.execute({"id": 1}, work, timeout=5), int)
     assert_type(manager.key_for({"id": 1}), str | None)
+
+
+powertools = Options(key_format="powertools-python", powertools_version="3.0")
+Options(key_format="powertools")  # type: ignore[arg-type]
