@@ -171,7 +171,7 @@ def key_encoder(serializer: Callable[[Any], Any] | None) -> Callable[[Any], str]
     def encode_key(value: Any) -> str:
         try:
             return encode(value)
-        except (TypeError, ValueError, RecursionError) as exc:
+        except (TypeError, ValueError, AttributeError, RecursionError) as exc:
             raise PayloadError(
                 f"the payload cannot be written as Powertools (Python) writes keys: {exc}. "
                 "Convert the value first, or pass Options(serializer=...)"

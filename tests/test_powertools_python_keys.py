@@ -28,7 +28,12 @@ from support import RecordingStore
 from idempotency_async import Manager, MemoryStore, Options, idempotent_function
 from idempotency_async._keys import key_deriver
 from idempotency_async.canonical import digest
-from idempotency_async.errors import ConfigError, KeyMissingError, PayloadValidationError
+from idempotency_async.errors import (
+    ConfigError,
+    KeyMissingError,
+    PayloadError,
+    PayloadValidationError,
+)
 from idempotency_async.integrations.aws_lambda import idempotent_handler
 
 OLDEST = "3.0.0"
@@ -308,3 +313,21 @@ async def test_http_integration_with_a_powertools_only_hash() -> None:
     finally:
         await server.close()
     assert runs == 1
+
+
+def test_values_powertools_cannot_write_are_payload_errors() -> None:
+    class Opaque:
+        pass
+
+    class JsonLike:
+        json = True  # Powertools takes this for a pydantic model
+
+    deriver = key_deriver(Options(key_format="powertools-python"))
+    for value in ({"x": Opaque()}, {"x": JsonLike()}, {"x": {1, 2}}, {1: "a", "b": 2}):
+        with pytest.raises(PayloadError, match="Powertools"):
+            deriver.derive(value)
+    # Options.serializer handles what Powertools cannot write, and nothing else.
+    serialized = key_deriver(
+        Options(key_format="powertools-python", serializer=lambda value: sorted(value))
+    )
+    assert serialized.derive({"x": {2, 1}}) == deriver.derive({"x": [1, 2]})
