@@ -86,7 +86,7 @@ async def shared_table(moto_endpoint: str) -> AsyncIterator[tuple[Any, str]]:
         yield client, await fresh_table(client)
 
 
-def powertools_layer(endpoint: str, table: str) -> DynamoDBPersistenceLayer:
+def powertools_layer(endpoint: str, table: str, **options: Any) -> DynamoDBPersistenceLayer:
     client = boto3.client(
         "dynamodb",
         endpoint_url=endpoint,
@@ -95,7 +95,7 @@ def powertools_layer(endpoint: str, table: str) -> DynamoDBPersistenceLayer:
         aws_secret_access_key="testing",
         aws_session_token="testing",
     )
-    return DynamoDBPersistenceLayer(table_name=table, boto3_client=client)
+    return DynamoDBPersistenceLayer(table_name=table, boto3_client=client, **options)
 
 
 def powertools_function(
@@ -478,3 +478,28 @@ async def test_a_response_too_large_for_an_item_is_not_compressed(
     item = await only_item(client, table)
     assert "data" not in item  # Powertools cannot read compressed data: not stored
     assert "as JSON text" in item["data_format"]["S"]
+
+
+async def test_composite_key_tables_are_shared(
+    moto_endpoint: str, shared_table: tuple[Any, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Sort-key mode: the partition key holds idempotency#<function name>, untrimmed as
+    # Powertools leaves it.
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", " orders-fn ")
+    client, _ = shared_table
+    table = await fresh_table(client, sort_key=True)
+    config = IdempotencyConfig(event_key_jmespath="id")
+    run = idempotent_function(
+        returning(RESPONSE),
+        data_keyword_argument="order",
+        persistence_store=powertools_layer(moto_endpoint, table, sort_key_attr="sk"),
+        config=config,
+        key_prefix=PREFIX,
+    )
+    assert await asyncio.to_thread(lambda: run(order=ORDER)) == RESPONSE
+    item = await only_item(client, table)
+    assert item["id"] == {"S": "idempotency# orders-fn "}
+
+    ours = manager(client, table, sort_key_attr="sk")
+    assert item["sk"]["S"] == ours.key_for(ORDER)
+    assert_same_json(await ours.execute(ORDER, must_not_run, timeout=TIMEOUT), RESPONSE)
