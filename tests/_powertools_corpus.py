@@ -1,9 +1,10 @@
 """Key corpus for ``key_format="powertools-python"``, and the keys the real package derives.
 
 Imported by the tests and, in a subprocess, with an older aws-lambda-powertools first on
-``sys.path`` (``python _powertools_corpus.py`` prints the keys that version derives as
-JSON).  It uses only what Powertools 3.0 already had, and nothing of idempotency_async,
-so the same code drives every version.
+``sys.path`` (``_cli(["keys", "3.0"])`` prints the keys that version derives as JSON,
+``_cli(["dynamodb", ...])`` calls a function with its DynamoDB layer).  It uses only what
+Powertools 3.0 already had, and nothing of idempotency_async, so the same code drives
+every version.
 
 Keys are taken from the real decorators (``idempotent_function`` and ``@idempotent``)
 through a persistence layer that keeps records in a dict: the package's whole path —
@@ -258,11 +259,60 @@ def powertools_keys(case: Case) -> tuple[str, str] | None:
     return key, record.payload_hash
 
 
-def _main(version: tuple[int, int]) -> None:
-    keys = {case.name: powertools_keys(case) for case in CASES if case.since <= version}
-    json.dump(keys, sys.stdout)
+def dynamodb_call(
+    endpoint: str, table: str, order: Any, response: Any, *, may_run: bool
+) -> dict[str, Any]:
+    """Call an ``idempotent_function`` keyed on ``id`` with Powertools' DynamoDB layer, as
+    ``process_order`` (key prefix ``test-func._powertools_corpus.process_order``)."""
+    import functools
+
+    import boto3
+    from aws_lambda_powertools.utilities.idempotency import (
+        DynamoDBPersistenceLayer,
+        IdempotencyConfig,
+        idempotent_function,
+    )
+
+    client = boto3.client(
+        "dynamodb",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        aws_session_token="testing",
+    )
+    ran = []
+
+    def body(order: Any) -> Any:
+        ran.append(True)
+        if not may_run:
+            raise AssertionError("the Powertools function ran: the record was not replayed")
+        return response
+
+    functools.update_wrapper(body, process_order)
+    decorated = idempotent_function(
+        body,
+        data_keyword_argument="order",
+        persistence_store=DynamoDBPersistenceLayer(table_name=table, boto3_client=client),
+        config=IdempotencyConfig(event_key_jmespath="id"),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = decorated(order=order)
+    return {"result": result, "ran": bool(ran)}
 
 
-if __name__ == "__main__":
-    major, minor = sys.argv[1].split(".")[:2]
-    _main((int(major), int(minor)))
+def _cli(argv: list[str]) -> None:
+    """``keys <major.minor>`` or ``dynamodb <endpoint> <table> <order> <response> <may_run>``
+    (JSON arguments); prints JSON."""
+    if argv[0] == "keys":
+        major, minor = argv[1].split(".")[:2]
+        version = (int(major), int(minor))
+        keys = {case.name: powertools_keys(case) for case in CASES if case.since <= version}
+        json.dump(keys, sys.stdout)
+    else:
+        endpoint, table, order, response, may_run = argv[1:]
+        outcome = dynamodb_call(
+            endpoint, table, json.loads(order), json.loads(response), may_run=may_run == "yes"
+        )
+        json.dump(outcome, sys.stdout)

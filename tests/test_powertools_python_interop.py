@@ -7,12 +7,15 @@ a ``Manager`` with ``key_format="powertools-python"`` on
 completes → we replay; we complete → Powertools replays; each side refuses the other's
 live claim and takes over a lapsed one; validation mismatches are reported on both sides;
 and the mixed-fleet limits of fencing are pinned (see docs/migrate-from-powertools.md).
+The last test replays records both ways with the oldest supported release, 3.0.0, run in a
+subprocess (see test_powertools_python_keys.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +34,7 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
     IdempotencyAlreadyInProgressError,
     IdempotencyValidationError,
 )
+from test_powertools_python_keys import run_oldest
 from test_typescript_interop import assert_same_json, must_not_run, only_item
 
 from idempotency_async import Manager, Options
@@ -443,6 +447,15 @@ async def test_falsy_responses(moto_endpoint: str, shared_table: tuple[Any, str]
     assert (await only_item(client, table))["data"] == {"S": "{}"}
     assert await asyncio.to_thread(run, ORDER) is None
     assert await manager(client, table).execute(ORDER, must_not_run, timeout=TIMEOUT) == {}
+    # The documented hook replays as Powertools does.
+    store = DynamoDBStore(client, table_name=table, record_format="powertools-python")
+    options = Options(
+        key_format="powertools-python",
+        key_prefix=PREFIX,
+        event_key_jmespath="id",
+        response_hook=lambda response, record: response or None,
+    )
+    assert await Manager(store, options).execute(ORDER, must_not_run, timeout=TIMEOUT) is None
 
 
 async def test_a_response_that_was_not_stored(
@@ -503,3 +516,40 @@ async def test_composite_key_tables_are_shared(
     ours = manager(client, table, sort_key_attr="sk")
     assert item["sk"]["S"] == ours.key_for(ORDER)
     assert_same_json(await ours.execute(ORDER, must_not_run, timeout=TIMEOUT), RESPONSE)
+
+
+# -- the oldest supported release, 3.0.0 --------------------------------------------------
+
+OLDEST_PREFIX = "test-func._powertools_corpus.process_order"  # no key_prefix before 3.5
+
+
+async def test_powertools_3_0_records_replay_both_ways(
+    moto_endpoint: str, shared_table: tuple[Any, str]
+) -> None:
+    client, table = shared_table
+    store = DynamoDBStore(client, table_name=table, record_format="powertools-python")
+    ours = Manager(
+        store,
+        Options(key_format="powertools-python", key_prefix=OLDEST_PREFIX, event_key_jmespath="id"),
+    )
+
+    def oldest(order: Any, response: Any, *, may_run: bool) -> Any:
+        arguments = [moto_endpoint, table, json.dumps(order), json.dumps(response)]
+        return run_oldest("dynamodb", *arguments, "yes" if may_run else "no")
+
+    # 3.0.0 completes, we replay.
+    written = await asyncio.to_thread(oldest, ORDER, RESPONSE, may_run=True)
+    assert written["ran"]
+    assert (await only_item(client, table))["id"]["S"] == ours.key_for(ORDER)
+    assert_same_json(await ours.execute(ORDER, must_not_run, timeout=TIMEOUT), RESPONSE)
+
+    # We complete, 3.0.0 replays.
+    other = {**ORDER, "id": "o-3003"}
+
+    async def work() -> dict[str, Any]:
+        return RESPONSE
+
+    await ours.execute(other, work, timeout=TIMEOUT)
+    replayed = await asyncio.to_thread(oldest, other, None, may_run=False)
+    assert not replayed["ran"]
+    assert_same_json(replayed["result"], RESPONSE)

@@ -140,26 +140,31 @@ def _oldest_package() -> Path:
     return target
 
 
-@pytest.fixture(scope="module")
-def oldest_keys() -> dict[str, Any]:
+def run_oldest(*args: str) -> Any:
+    """Run ``_powertools_corpus._cli(args)`` with Powertools 3.0.0; return its JSON output."""
     package = _oldest_package()
     script = (
         "import sys; sys.path.insert(0, sys.argv[1]); "
         "from aws_lambda_powertools.shared.version import VERSION; "
         f"assert VERSION == {OLDEST!r}, VERSION; "
-        "import _powertools_corpus; _powertools_corpus._main((3, 0))"
+        "import _powertools_corpus; _powertools_corpus._cli(sys.argv[2:])"
     )
     env = {**os.environ, "PYTHONPATH": str(package)}
     env.pop("AWS_LAMBDA_FUNCTION_NAME", None)
     done = subprocess.run(
-        [sys.executable, "-c", script, str(TESTS_DIR)],
+        [sys.executable, "-c", script, str(TESTS_DIR), *args],
         capture_output=True,
         text=True,
         timeout=120,
         env=env,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    keys: dict[str, Any] = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def oldest_keys() -> dict[str, Any]:
+    keys: dict[str, Any] = run_oldest("keys", "3.0")
     return keys
 
 
