@@ -136,7 +136,7 @@ class PowertoolsPythonKeyDeriver(KeyDeriver):
 
     def __init__(self, options: Options) -> None:
         super().__init__(options)
-        self._rules = python_rules.Rules(python_rules.parse_version(options.powertools_version))
+        self._rules = python_rules.Rules.of(python_rules.parse_version(options.powertools_version))
         self._encode = python_rules.key_encoder(options.serializer)
 
     def _default_functions(self) -> Functions:

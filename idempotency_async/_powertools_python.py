@@ -103,17 +103,17 @@ def hex_digester(algorithm: str) -> Callable[[bytes], str]:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Rules:
-    """The rules of one Powertools (Python) version."""
+    """The rules of one Powertools (Python) version (see :meth:`of`)."""
 
-    version: tuple[int, int]
+    pydantic_json_mode: bool
+    missing_by_values: bool
 
-    @property
-    def pydantic_json_mode(self) -> bool:
-        return self.version >= _PYDANTIC_JSON_MODE_SINCE
-
-    @property
-    def missing_by_values(self) -> bool:
-        return self.version >= _MISSING_BY_VALUES_SINCE
+    @classmethod
+    def of(cls, version: tuple[int, int]) -> Rules:
+        return cls(
+            pydantic_json_mode=version >= _PYDANTIC_JSON_MODE_SINCE,
+            missing_by_values=version >= _MISSING_BY_VALUES_SINCE,
+        )
 
     def prepare(self, data: Any) -> Any:
         """The payload as Powertools' ``_prepare_data`` leaves it."""
