@@ -1,25 +1,32 @@
 """Key derivation: from a payload to its idempotency key and validation hash.
 
 One derivation for every entry point — ``Manager.execute``, ``Manager.key_for`` and the
-integrations — so a key printed by one is the key stored by the others.
+integrations — so a key printed by one is the key stored by the others.  The key format
+is chosen once, by :func:`key_deriver`: the TypeScript-compatible :class:`KeyDeriver`,
+or :class:`PowertoolsPythonKeyDeriver` for ``Options(key_format="powertools-python")``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from jmespath.functions import Functions
+
+from idempotency_async import _powertools_python as python_rules
 from idempotency_async.canonical import canonical_bytes, digester, idempotency_key
 from idempotency_async.errors import KeyMissingError, PayloadError, PayloadValidationError
 from idempotency_async.options import Options
 from idempotency_async.selection import (
     PowertoolsFunctions,
+    PowertoolsPythonFunctions,
     Selector,
     compile_expression,
     is_missing,
 )
 
-__all__ = ["KeyDeriver", "Keys"]
+__all__ = ["KeyDeriver", "Keys", "PowertoolsPythonKeyDeriver", "function_prefix", "key_deriver"]
 
 _log = logging.getLogger("idempotency_async")
 
@@ -36,7 +43,7 @@ class KeyDeriver:
 
     def __init__(self, options: Options) -> None:
         self._options = options
-        functions = options.jmespath_functions or PowertoolsFunctions()
+        functions = options.jmespath_functions or self._default_functions()
         self._key_selector = Selector(
             compile_expression(options.event_key_jmespath, option="event_key_jmespath"),
             functions,
@@ -46,24 +53,21 @@ class KeyDeriver:
         )
         self._validation_selector = None if validation is None else Selector(validation, functions)
         self.prefix = options.resolved_prefix()
-        self._hasher = digester(options.hash_function)
+        self._hasher = self._make_hasher(options.hash_function)
         self._strict_integers = options.integer_precision == "strict"
+
+    def _default_functions(self) -> Functions:
+        return PowertoolsFunctions()
+
+    def _make_hasher(self, algorithm: str) -> Callable[[bytes], str]:
+        return digester(algorithm)
 
     def derive(self, payload: Any) -> Keys | None:
         """The keys of ``payload``; None when it selects no key and that is allowed."""
         options = self._options
         selected = self._key_selector.select(payload)
         if is_missing(selected, strict=options.strict_missing_key):
-            if options.raise_on_no_key:
-                raise KeyMissingError(
-                    f"no idempotency key in the payload (event_key_jmespath="
-                    f"{options.event_key_jmespath!r} selected nothing): send the field, or "
-                    "unset raise_on_no_key to run such calls without idempotency"
-                )
-            _log.warning(
-                "no idempotency key in the payload: running without idempotency",
-                extra={"event_key_jmespath": str(options.event_key_jmespath)},
-            )
+            self._no_key()
             return None
         key = idempotency_key(self.prefix, self._hash(selected))
         validation = None
@@ -71,15 +75,32 @@ class KeyDeriver:
             validation = self._hash(self._validation_selector.select(payload))
         return Keys(key, validation)
 
+    def _no_key(self) -> None:
+        """Raise KeyMissingError, or warn that the call runs without idempotency."""
+        options = self._options
+        if options.raise_on_no_key:
+            raise KeyMissingError(
+                f"no idempotency key in the payload (event_key_jmespath="
+                f"{options.event_key_jmespath!r} selected nothing): send the field, or "
+                "unset raise_on_no_key to run such calls without idempotency"
+            )
+        _log.warning(
+            "no idempotency key in the payload: running without idempotency",
+            extra={"event_key_jmespath": str(options.event_key_jmespath)},
+        )
+
     def validate(self, stored: str | None, keys: Keys) -> None:
         """Raise PayloadValidationError when a stored validation hash differs from ours."""
         if keys.validation is not None and stored is not None and stored != keys.validation:
-            raise PayloadValidationError(
-                f"key {keys.key} was used before with a different payload "
-                f"(payload_validation_jmespath={self._options.payload_validation_jmespath!r}): "
-                "use a new key for a new request",
-                key=keys.key,
-            )
+            self._mismatch(keys)
+
+    def _mismatch(self, keys: Keys) -> None:
+        raise PayloadValidationError(
+            f"key {keys.key} was used before with a different payload "
+            f"(payload_validation_jmespath={self._options.payload_validation_jmespath!r}): "
+            "use a new key for a new request",
+            key=keys.key,
+        )
 
     def _hash(self, value: Any) -> str:
         serialize_key = self._options.serialize_key
@@ -104,3 +125,73 @@ def _model_serializer(value: Any) -> Any:
         f"{type(value).__name__} in the payload is not JSON: convert it first, or pass "
         "Options(serializer=...) that turns it into JSON values"
     )
+
+
+class PowertoolsPythonKeyDeriver(KeyDeriver):
+    """The keys and validation hashes aws-lambda-powertools (Python) 3.x derives.
+
+    See :mod:`idempotency_async._powertools_python` for the rules, and
+    ``Options.powertools_version`` for the releases that changed them.
+    """
+
+    def __init__(self, options: Options) -> None:
+        super().__init__(options)
+        self._rules = python_rules.Rules.of(python_rules.parse_version(options.powertools_version))
+        self._encode = python_rules.key_encoder(options.serializer)
+
+    def _default_functions(self) -> Functions:
+        return PowertoolsPythonFunctions()
+
+    def _make_hasher(self, algorithm: str) -> Callable[[bytes], str]:
+        return python_rules.hex_digester(algorithm)
+
+    def derive(self, payload: Any) -> Keys | None:
+        data = self._rules.prepare(payload)
+        selected = self._key_selector.select(data)
+        if self._rules.is_missing(selected):
+            self._no_key()
+            return None
+        key = f"{self.prefix}#{self._hash(selected)}"
+        validation = None
+        if self._validation_selector is not None:
+            validation = self._hash(self._validation_selector.select(data))
+        return Keys(key, validation)
+
+    def validate(self, stored: str | None, keys: Keys) -> None:
+        # Powertools compares whenever validation is configured: a record without a
+        # validation hash does not match one with it.
+        if keys.validation is not None and stored != keys.validation:
+            self._mismatch(keys)
+
+    def _hash(self, value: Any) -> str:
+        serialize_key = self._options.serialize_key
+        if serialize_key is not None:
+            return super()._hash(value)
+        return self._hasher(self._encode(value).encode())
+
+
+def key_deriver(options: Options) -> KeyDeriver:
+    """The derivation ``options.key_format`` names (chosen once, off the hot path)."""
+    if options.key_format == python_rules.POWERTOOLS_PYTHON:
+        return PowertoolsPythonKeyDeriver(options)
+    return KeyDeriver(options)
+
+
+def function_prefix(options: Options, func: Callable[..., object], *, handler: bool) -> str | None:
+    """The key prefix of a decorated function, or None to keep the manager's own.
+
+    An explicit ``key_prefix`` always wins.  Otherwise ``idempotent_function`` appends the
+    function's ``<module>.<qualname>`` to the manager's prefix; with
+    ``key_format="powertools-python"`` both decorators build Powertools' prefix,
+    ``<AWS_LAMBDA_FUNCTION_NAME or "test-func">.<module>.<qualname>`` — the Lambda handler
+    too (``handler=True``), which in the TypeScript format keeps the function's prefix.
+    """
+    if options.has_explicit_prefix():
+        return None
+    name = f"{func.__module__}.{func.__qualname__}"
+    if options.key_format == python_rules.POWERTOOLS_PYTHON:
+        return python_rules.prefix_for(name)
+    if handler:
+        return None
+    base = options.resolved_prefix()
+    return f"{base}.{name}" if base else name

@@ -8,6 +8,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import ParamSpec, TypeVar
 
+from idempotency_async._keys import function_prefix
 from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
 
@@ -24,8 +25,10 @@ def idempotent_function(
 
     When the manager's ``key_prefix`` was not set explicitly, keys get the function's
     ``<module>.<qualname>`` appended, so two functions sharing a manager never replay
-    each other's results.  Dataclass arguments are hashed by their fields, pydantic
-    models by ``model_dump(mode="json")``.  ``timeout`` bounds each call (and its lease).
+    each other's results (with ``key_format="powertools-python"``, Powertools' prefix
+    ``<AWS_LAMBDA_FUNCTION_NAME or "test-func">.<module>.<qualname>``).  Dataclass
+    arguments are hashed by their fields, pydantic models by ``model_dump(mode="json")``.
+    ``timeout`` bounds each call (and its lease).
     """
 
     def decorate(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
@@ -52,9 +55,11 @@ def idempotent_function(
     return decorate
 
 
-def _manager_for(manager: Manager, func: Callable[..., object]) -> Manager:
-    if manager.options.has_explicit_prefix():
+def _manager_for(
+    manager: Manager, func: Callable[..., object], *, handler: bool = False
+) -> Manager:
+    """The manager keying ``func``'s calls: ``manager``, or one with the function's prefix."""
+    prefix = function_prefix(manager.options, func, handler=handler)
+    if prefix is None:
         return manager
-    name = f"{func.__module__}.{func.__qualname__}"
-    prefix = f"{manager.key_prefix}.{name}" if manager.key_prefix else name
     return Manager(manager.store, dataclasses.replace(manager.options, key_prefix=prefix))

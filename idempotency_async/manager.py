@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, TypeVar
 from idempotency_async._codec import decode_json, encode_json
 from idempotency_async._cutoff import Cutoffs
 from idempotency_async._flight import Flight, Outcome, wait_for
-from idempotency_async._keys import KeyDeriver, Keys
+from idempotency_async._keys import Keys, key_deriver
 from idempotency_async._responses import (
     Responses,
     log_not_stored,
@@ -79,7 +79,8 @@ class Manager:
     def __init__(self, store: Store, options: Options | None = None) -> None:
         self.store = store
         self.options = options if options is not None else Options()
-        self._keys = KeyDeriver(self.options)
+        _check_record_format(store, self.options)
+        self._keys = key_deriver(self.options)
         self._responses = Responses(self.options)
         self._cache = (
             LocalCache(self.options.local_cache_max_items) if self.options.use_local_cache else None
@@ -601,6 +602,18 @@ class Manager:
         except Exception:
             # Metrics must never change the outcome of a call.
             _log.exception("on_event hook failed", extra={"idempotency_event": kind})
+
+
+def _check_record_format(store: Store, options: Options) -> None:
+    # Powertools-format keys with TypeScript-format records (or the reverse) would be
+    # records neither port can replay: a silent loss of state, refused up front.
+    record_format = getattr(store, "record_format", None)
+    if record_format is not None and record_format != options.key_format:
+        raise ConfigError(
+            f"the store writes {record_format!r} records but Options(key_format="
+            f"{options.key_format!r}): use the same format on both, e.g. "
+            f"DynamoDBStore(..., record_format={options.key_format!r})"
+        )
 
 
 def _cut_off(key: str) -> DeadlineExceededError:

@@ -10,13 +10,20 @@ from typing import Any, Literal, Protocol
 
 from jmespath.functions import Functions
 
+from idempotency_async._powertools_python import (
+    HASH_ALGORITHMS_PYTHON,
+    KEY_FORMATS,
+    POWERTOOLS_PYTHON,
+    parse_version,
+    prefix_for,
+)
 from idempotency_async.canonical import HASH_ALGORITHMS, Serializer
 from idempotency_async.errors import ConfigError
 from idempotency_async.events import EventHook
 from idempotency_async.record import JSONValue, Record
 from idempotency_async.selection import Expression
 
-__all__ = ["DISABLED_ENV", "Options", "ResponseCodec", "disabled_by_environment"]
+__all__ = ["DISABLED_ENV", "KeyFormat", "Options", "ResponseCodec", "disabled_by_environment"]
 
 DISABLED_ENV = "POWERTOOLS_IDEMPOTENCY_DISABLED"
 _TRUE_WORDS = frozenset({"1", "true", "yes", "on", "y"})
@@ -32,6 +39,8 @@ class ResponseCodec(Protocol):
 
 ResponseHook = Callable[[Any, Record], Any]
 
+KeyFormat = Literal["typescript", "powertools-python"]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Options:
@@ -40,10 +49,19 @@ class Options:
     Validated at construction: invalid values raise :class:`~idempotency_async.errors.ConfigError`.
     """
 
+    key_format: KeyFormat = "typescript"
+    """``"typescript"``: keys and hashes of the TypeScript port (Base64 digests of its
+    canonical JSON).  ``"powertools-python"``: the keys aws-lambda-powertools (Python) 3.x
+    derives (hex digests of ``json.dumps(sort_keys=True)``, per-function prefixes), to take
+    over its records; see ``docs/migrate-from-powertools.md``."""
+    powertools_version: str | None = None
+    """With ``key_format="powertools-python"``: the Powertools 3.x release whose rules to
+    follow where they changed inside 3.x (e.g. ``"3.0"``); ``None`` follows the latest."""
     key_prefix: str | None = None
     """Prefix of every key (``<prefix>#<hash>``), trimmed as TypeScript trims it.  ``None`` or
     blank: the trimmed ``AWS_LAMBDA_FUNCTION_NAME``, or ``""`` outside Lambda (keys
-    ``#<hash>``, as TypeScript)."""
+    ``#<hash>``, as TypeScript).  With ``key_format="powertools-python"`` it is used as
+    given, as Powertools uses its ``key_prefix``."""
     event_key_jmespath: Expression | None = None
     """Selects the part of the payload that identifies the request (whole payload if None)."""
     payload_validation_jmespath: Expression | None = None
@@ -88,11 +106,7 @@ class Options:
             raise ConfigError(
                 f"expires_after must be a positive number of seconds, got {self.expires_after!r}"
             )
-        if self.hash_function not in HASH_ALGORITHMS:
-            raise ConfigError(
-                f"unknown hash_function {self.hash_function!r}: "
-                f"use one of {', '.join(sorted(HASH_ALGORITHMS))}"
-            )
+        self._check_key_format()
         if (
             isinstance(self.local_cache_max_items, bool)
             or not isinstance(self.local_cache_max_items, int)
@@ -120,12 +134,57 @@ class Options:
         if self.key_prefix is not None and not isinstance(self.key_prefix, str):
             raise ConfigError(f"key_prefix must be a string, got {type(self.key_prefix).__name__}")
 
+    def _check_key_format(self) -> None:
+        if self.key_format not in KEY_FORMATS:
+            raise ConfigError(
+                f"key_format must be one of {', '.join(map(repr, KEY_FORMATS))}, "
+                f"got {self.key_format!r}"
+            )
+        python = self.key_format == POWERTOOLS_PYTHON
+        algorithms = HASH_ALGORITHMS_PYTHON if python else HASH_ALGORITHMS
+        if self.hash_function not in algorithms:
+            raise ConfigError(
+                f"unknown hash_function {self.hash_function!r}: "
+                f"use one of {', '.join(sorted(algorithms))}"
+            )
+        if not python:
+            if self.powertools_version is not None:
+                raise ConfigError(
+                    "powertools_version applies only to key_format='powertools-python'"
+                )
+            return
+        parse_version(self.powertools_version)
+        # Powertools' own rules decide these; a setting that would be ignored is an error.
+        if self.integer_precision != "strict":
+            raise ConfigError(
+                "integer_precision applies only to key_format='typescript': Powertools "
+                "(Python) hashes integers exactly"
+            )
+        if self.strict_missing_key:
+            raise ConfigError(
+                "strict_missing_key applies only to key_format='typescript': with "
+                "key_format='powertools-python' a key is missing exactly when Powertools "
+                "says so"
+            )
+
     def has_explicit_prefix(self) -> bool:
-        """Whether ``key_prefix`` was set to something non-blank (blank counts as unset)."""
+        """Whether ``key_prefix`` was set to something non-blank (blank counts as unset).
+
+        With ``key_format="powertools-python"``, any non-empty prefix counts, as in Powertools.
+        """
+        if self.key_format == POWERTOOLS_PYTHON:
+            return bool(self.key_prefix)
         return bool(self.key_prefix and _js_trim(self.key_prefix))
 
     def resolved_prefix(self) -> str:
-        """The prefix keys use, trimmed as the TypeScript port trims it."""
+        """The prefix keys use, trimmed as the TypeScript port trims it.
+
+        With ``key_format="powertools-python"``: ``key_prefix`` as given, else Powertools'
+        ``<AWS_LAMBDA_FUNCTION_NAME or "test-func">.`` — to which the decorators append the
+        function's ``<module>.<qualname>``.
+        """
+        if self.key_format == POWERTOOLS_PYTHON:
+            return self.key_prefix or prefix_for("")
         if self.key_prefix is not None and self.has_explicit_prefix():
             return _js_trim(self.key_prefix)
         return _js_trim(os.environ.get("AWS_LAMBDA_FUNCTION_NAME", ""))

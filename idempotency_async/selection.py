@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import gzip
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,14 @@ from jmespath.parser import ParsedResult
 from idempotency_async._codec import loads_strict
 from idempotency_async.errors import ConfigError, PayloadError
 
-__all__ = ["Expression", "PowertoolsFunctions", "Selector", "compile_expression", "is_missing"]
+__all__ = [
+    "Expression",
+    "PowertoolsFunctions",
+    "PowertoolsPythonFunctions",
+    "Selector",
+    "compile_expression",
+    "is_missing",
+]
 
 Expression = str | ParsedResult
 """A JMESPath expression: its text, or the result of ``jmespath.compile``."""
@@ -50,6 +58,48 @@ def _b64decode(value: str) -> bytes:
         return base64.b64decode(value, validate=True)
     except binascii.Error as exc:
         raise PayloadError(f"not valid Base64 ({exc}): check the field's encoding") from exc
+
+
+class PowertoolsPythonFunctions(PowertoolsFunctions):
+    """The JMESPath functions as Powertools (Python) defines them.
+
+    ``powertools_json`` is ``json.loads`` (a repeated member: the last one wins) and the
+    Base64 functions skip characters outside the alphabet, so selections match
+    Powertools' on any payload it accepts.  Subclass it to add functions in this mode.
+    """
+
+    @signature({"types": ["string"]})
+    def _func_powertools_json(self, value: str) -> Any:
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise PayloadError(f"powertools_json: invalid JSON text ({exc})") from exc
+
+    @signature({"types": ["string"]})
+    def _func_powertools_base64(self, value: str) -> str:
+        return _text(_b64_lenient(value), "powertools_base64")
+
+    @signature({"types": ["string"]})
+    def _func_powertools_base64_gzip(self, value: str) -> str:
+        try:
+            data = gzip.decompress(_b64_lenient(value))
+        except (OSError, EOFError) as exc:
+            raise PayloadError(f"powertools_base64_gzip: not gzip data ({exc})") from exc
+        return _text(data, "powertools_base64_gzip")
+
+
+def _b64_lenient(value: str) -> bytes:
+    try:
+        return base64.b64decode(value)
+    except (binascii.Error, ValueError) as exc:
+        raise PayloadError(f"not valid Base64 ({exc}): check the field's encoding") from exc
+
+
+def _text(data: bytes, function: str) -> str:
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise PayloadError(f"{function}: the decoded bytes are not UTF-8 ({exc})") from exc
 
 
 def compile_expression(expression: Expression | None, *, option: str) -> ParsedResult | None:

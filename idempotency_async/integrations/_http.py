@@ -31,7 +31,12 @@ from urllib.parse import parse_qsl
 import orjson
 
 from idempotency_async._codec import loads_strict, nesting_depth
-from idempotency_async.canonical import MAX_DEPTH, canonical_bytes, digest_bytes
+from idempotency_async.canonical import (
+    HASH_ALGORITHMS,
+    MAX_DEPTH,
+    canonical_bytes,
+    digest_bytes,
+)
 from idempotency_async.errors import (
     AlreadyInProgressError,
     CompletionError,
@@ -414,9 +419,14 @@ class HttpIdempotency:
             "media_type": media_type,
             "body": body_material,
         }
+        algorithm = self.manager.options.hash_function
+        if algorithm not in HASH_ALGORITHMS:
+            # A Powertools (Python) hash such as sha3_256: the fingerprint is only hashed
+            # again into the validation hash, so any digest serves.
+            algorithm = "sha256"
         try:
             text = canonical_bytes(material) if depth < _SLICE_DEPTH else _sliced(material)
-            fingerprint = digest_bytes(text, self.manager.options.hash_function)
+            fingerprint = digest_bytes(text, algorithm)
         except PayloadError as exc:
             raise Rejection(problem(400, "Unreadable request body", str(exc))) from exc
         return {"scope": request_scope(method, route, caller, key), "fingerprint": fingerprint}

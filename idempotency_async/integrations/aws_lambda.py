@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 from idempotency_async._codec import loads_strict
 from idempotency_async.canonical import canonical_json
 from idempotency_async.deadlines import deadline as ambient_deadline
+from idempotency_async.decorators import _manager_for
 from idempotency_async.errors import (
     BatchEventError,
     CompletionError,
@@ -75,6 +76,10 @@ def idempotent_handler(
     responses included — is stored and replayed to duplicates.  A duplicate that arrives
     while the first invocation still runs raises
     :class:`~idempotency_async.errors.AlreadyInProgressError`.
+
+    With ``Options(key_format="powertools-python")`` and no explicit ``key_prefix``, keys
+    carry Powertools' prefix for the handler, ``<AWS_LAMBDA_FUNCTION_NAME>.<module>.<qualname>``,
+    as ``@idempotent`` gives them.
     """
     if manager.options.event_key_jmespath is None:
         _log.warning(
@@ -92,16 +97,17 @@ def idempotent_handler(
                 f"idempotent_handler needs an `async def handler(event, context)`; {handler!r} "
                 "is not one (wrap it with lambda_entrypoint to give Lambda a sync function)"
             )
+        keyed = _manager_for(manager, handler, handler=True)
 
         @functools.wraps(handler)
         async def wrapper(event: E, context: C) -> T:
             when = invocation_deadline(context)
             if when is None:
-                return await manager.execute(event, lambda: handler(event, context))
+                return await keyed.execute(event, lambda: handler(event, context))
             # Registered as the ambient deadline too, so idempotent calls made inside the
             # handler get the same lease.
             async with ambient_deadline(at=when):
-                return await manager.execute(event, lambda: handler(event, context), deadline=when)
+                return await keyed.execute(event, lambda: handler(event, context), deadline=when)
 
         return wrapper
 

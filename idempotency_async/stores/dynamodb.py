@@ -3,8 +3,10 @@
 Items use the TypeScript port's layout (``id``, ``status``, ``expiration``,
 ``in_progress_expiration``, ``data``, ``validation``) plus two attributes of our own:
 ``owner`` (the claim's token, which fences completion and release) and ``data_format``
-(absent when ``data`` holds the response as native AttributeValues). See
-``docs/dynamodb.md`` for the full item layout.
+(absent when ``data`` holds the response as native AttributeValues). With
+``record_format="powertools-python"`` the response is JSON text in ``data``, as
+aws-lambda-powertools (Python) writes and reads it. See ``docs/dynamodb.md`` for the full
+item layout.
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ from idempotency_async.stores._dynamodb_values import (
     decode_response,
     number_text,
     to_native,
+)
+from idempotency_async.stores._record_formats import (
+    POWERTOOLS_PYTHON,
+    RecordFormat,
+    check_record_format,
+    python_response,
+    python_response_text,
 )
 from idempotency_async.stores.base import CLAIMED, Verdict, Written, judge
 
@@ -87,6 +96,11 @@ class DynamoDBStore:
 
     With ``sort_key_attr`` set, the partition key holds ``static_pk_value`` (default
     ``idempotency#<AWS_LAMBDA_FUNCTION_NAME>``) and the sort key holds the record's key.
+
+    ``record_format="powertools-python"`` reads and writes the records of
+    aws-lambda-powertools (Python): the response is JSON text in ``data`` (never
+    compressed: a response that does not fit is not stored).  Use it with
+    ``Options(key_format="powertools-python")``.
     """
 
     def __init__(
@@ -106,6 +120,7 @@ class DynamoDBStore:
         sort_key_attr: str | None = None,
         static_pk_value: str | None = None,
         max_response_bytes: int = DEFAULT_DYNAMODB_MAX_RESPONSE_BYTES,
+        record_format: RecordFormat = "typescript",
     ) -> None:
         if (client is None) == (client_factory is None):
             raise ConfigError(
@@ -127,6 +142,8 @@ class DynamoDBStore:
             owner_attr=owner_attr,
             data_format_attr=data_format_attr,
         )
+        self.record_format = check_record_format(record_format)
+        self._python = self.record_format == POWERTOOLS_PYTHON
         self.max_response_bytes = max_response_bytes
         self.table_name = table_name
         self._client = client
@@ -136,7 +153,7 @@ class DynamoDBStore:
         self._closed = False
         self._key_attr = key_attr
         self._sort_key_attr = sort_key_attr
-        self._static_pk_value = static_pk_value or _default_static_pk()
+        self._static_pk_value = static_pk_value or _default_static_pk(strip=not self._python)
         self._status_attr = status_attr
         self._expiry_attr = expiry_attr
         self._in_progress_expiry_attr = in_progress_expiry_attr
@@ -384,6 +401,10 @@ class DynamoDBStore:
         if encoded is None:
             return _not_stored(completion.not_stored)
         budget = self._response_budget(completion)
+        if self._python:
+            if len(encoded) <= budget:
+                return _Data(None, {"S": python_response_text(encoded)})
+            return self._too_large(completion)
         native = to_native(completion.response)
         if native is not None and native.size <= budget:
             return _Data(None, native.value)
@@ -392,7 +413,7 @@ class DynamoDBStore:
         return await self._compressed(completion, encoded)
 
     async def _smaller_data(self, completion: Completion, rejected: _Data) -> _Data:
-        if rejected.format == FORMAT_JSON_ZLIB or completion.encoded is None:
+        if self._python or rejected.format == FORMAT_JSON_ZLIB or completion.encoded is None:
             return self._too_large(completion)
         return await self._compressed(completion, completion.encoded)
 
@@ -422,14 +443,16 @@ class DynamoDBStore:
 
     def _too_large(self, completion: Completion) -> _Data:
         size = 0 if completion.encoded is None else len(completion.encoded)
+        how = "as JSON text" if self._python else "even compressed"
         logger.warning(
-            "the response for %r (%d bytes of JSON) does not fit in a DynamoDB item even "
-            "compressed; the record is completed without it, and replays will raise "
+            "the response for %r (%d bytes of JSON) does not fit in a DynamoDB item %s; "
+            "the record is completed without it, and replays will raise "
             "ResponseNotStoredError",
             completion.key,
             size,
+            how,
         )
-        return _not_stored(f"too large for a DynamoDB item even compressed ({size} bytes of JSON)")
+        return _not_stored(f"too large for a DynamoDB item {how} ({size} bytes of JSON)")
 
     # -- items ----------------------------------------------------------------------
 
@@ -444,7 +467,7 @@ class DynamoDBStore:
         except (KeyError, ValueError, TypeError, zlib.error) as exc:
             raise StoreValidationError(
                 f"a record in table {self.table_name!r} cannot be read ({exc!r}); it was not "
-                "written by this library or the TypeScript port with this store's attribute "
+                "written by this library or a Powertools port with this store's attribute "
                 "names: check the attribute options, or delete the record"
             ) from exc
 
@@ -458,6 +481,11 @@ class DynamoDBStore:
             data_format = FORMAT_NOT_STORED
         expiration = item.get(self._expiry_attr)
         lease_end = item.get(self._in_progress_expiry_attr)
+        data = item.get(self._data_attr)
+        if self._python and data_format is None and data is not None and "S" in data:
+            response = python_response(data["S"])
+        else:
+            response = decode_response(data, data_format)
         return Record(
             key=item[key_attr]["S"],
             status=Status(item[self._status_attr]["S"]),
@@ -466,7 +494,7 @@ class DynamoDBStore:
             lease_end=None if lease_end is None else _ceil(lease_end["N"]) / 1000,
             validation=_string_or_none(item.get(self._validation_attr)),
             owner=_string_or_none(item.get(self._owner_attr)),
-            response=decode_response(item.get(self._data_attr), data_format),
+            response=response,
             response_stored=not_stored is None,
             not_stored=not_stored or None,
         )
@@ -520,8 +548,10 @@ def _check_attribute_names(**names: str | None) -> None:
         seen[name] = option
 
 
-def _default_static_pk() -> str:
-    return f"idempotency#{os.environ.get('AWS_LAMBDA_FUNCTION_NAME', '').strip()}"
+def _default_static_pk(*, strip: bool) -> str:
+    # The TypeScript port trims the function name; Powertools (Python) does not.
+    name = os.environ.get("AWS_LAMBDA_FUNCTION_NAME", "")
+    return f"idempotency#{name.strip() if strip else name}"
 
 
 # -- tables -------------------------------------------------------------------------

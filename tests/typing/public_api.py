@@ -29,6 +29,9 @@ async def uses() -> None:
     assert_type(manager.key_for({"id": 1}), str | None)
 
 
+powertools = Options(key_format="powertools-python", powertools_version="3.0")
+Options(key_format="powertools")  # type: ignore[arg-type]
+
 # ---------------------------------------------------------------------- HTTP integrations
 
 from fastapi import FastAPI  # noqa: E402
