@@ -86,11 +86,12 @@ async def test_without_deadline_or_lease_the_ttl_bounds_the_callback(store: Stor
 
 async def test_slow_release_after_a_failure_keeps_the_callers_exception(store: Store) -> None:
     # The callback fails just before its cutoff; the release outlasts the cutoff.
-    recording = RecordingStore(store, delay={"release": 0.25})
+    # timeout 2 s: cutoff at 1.6 s, lease end at 2 s; the release runs from 1.2 s to 1.8 s.
+    recording = RecordingStore(store, delay={"release": 0.6})
     manager = make(recording)
-    failing = Runs(sleep=0.7, error=ValueError("card declined"))
+    failing = Runs(sleep=1.2, error=ValueError("card declined"))
     with pytest.raises(ValueError, match="card declined") as caught:
-        await manager.execute({"id": 1}, failing, timeout=1.0)
+        await manager.execute({"id": 1}, failing, timeout=2.0)
     assert not getattr(caught.value, "__notes__", None)  # the release succeeded
     assert await record_of(store, manager.key_for({"id": 1})) is None
 
@@ -107,12 +108,12 @@ async def test_release_past_the_lease_end_is_abandoned_with_a_note(store: Store)
 
 
 async def test_a_failure_inside_a_task_group_reaches_the_group(store: Store) -> None:
-    recording = RecordingStore(store, delay={"release": 0.3})
+    recording = RecordingStore(store, delay={"release": 0.6})
     manager = make(recording)
     with pytest.raises(ExceptionGroup) as caught:
         async with asyncio.TaskGroup() as group:
             group.create_task(
-                manager.execute({"id": 1}, Runs(sleep=0.35, error=KeyError("x")), timeout=0.5)
+                manager.execute({"id": 1}, Runs(sleep=1.2, error=KeyError("x")), timeout=2.0)
             )
     assert caught.value.subgroup(KeyError) is not None
 
