@@ -36,7 +36,7 @@ _AS_GIVEN: Final = orjson.OPT_STRICT_INTEGER
 _MAX_DEPTH: Final = 200
 _NOT_FAST: Final[Any] = object()
 
-_Form = Callable[[Any, int], Any]
+_ChildForm = Callable[[Any, type, int], Any]
 
 
 def fast_bytes(value: Any) -> bytes | None:
@@ -48,12 +48,12 @@ def fast_bytes(value: Any) -> bytes | None:
             if entry is None:
                 return None
             if entry.sortable:
-                form = _walk(value, value.values(), 0, _sorted_form)
+                form = _sorted(value, value.values(), 0)
                 return None if form is _NOT_FAST else orjson.dumps(form, option=_SORTED)
-            form = _as_ordered(value, entry, 0)
+            form = _ordered(value, 0, entry)
             return None if form is _NOT_FAST else orjson.dumps(form, option=_AS_GIVEN)
         if kind is list:
-            form = _walk(value, value, 0, _sorted_form)
+            form = _sorted(value, value, 0)
             return None if form is _NOT_FAST else orjson.dumps(form, option=_SORTED)
         if kind is float:
             form = js_float(value)
@@ -71,87 +71,41 @@ def _order_of(node: dict[Any, Any]) -> KeyOrder | None:
     return entry if entry is not None else learn_order(keys)
 
 
-def _sorted_form(node: dict[Any, Any], depth: int) -> Any:
-    """``node`` (or a patched copy) for orjson to write with sorted keys, or a Fragment."""
-    keys = tuple(node)
-    entry = cached_order(keys)
-    if entry is None:
-        entry = learn_order(keys)
-        if entry is None:
-            return _NOT_FAST
-    if entry.sortable:
-        return _walk(node, node.values(), depth, _sorted_form)
-    ordered = _as_ordered(node, entry, depth)
-    if ordered is _NOT_FAST:
-        return ordered
-    return orjson.Fragment(orjson.dumps(ordered, option=_AS_GIVEN))
+# ------------------------------------------------------------- while orjson sorts keys
 
 
-def _ordered_form(node: dict[Any, Any], depth: int) -> Any:
-    """``node`` (or a copy) with every object's members in TypeScript order."""
-    keys = tuple(node)
-    entry = cached_order(keys)
-    if entry is None:
-        entry = learn_order(keys)
-        if entry is None:
-            return _NOT_FAST
-    return _as_ordered(node, entry, depth)
+def _sorted(node: Any, children: Any, depth: int) -> Any:
+    """``node`` if none of ``children`` changes, else a patched copy; or ``_NOT_FAST``.
 
-
-def _as_ordered(node: dict[Any, Any], entry: KeyOrder, depth: int) -> Any:
-    if entry.in_order:
-        return _walk(node, node.values(), depth, _ordered_form)
-    # A new dict in TypeScript order, built at C speed; it is ours, so patch it in place.
-    out = entry.rebuilt(node)
-    for key, child in out.items():
-        kind = type(child)
-        if kind is str or kind is int or kind is bool or child is None:
-            continue
-        if kind is dict:
-            if depth >= _MAX_DEPTH:
-                return _NOT_FAST
-            new = _ordered_form(child, depth + 1)
-        elif kind is list:
-            if depth >= _MAX_DEPTH:
-                return _NOT_FAST
-            new = _walk(child, child, depth + 1, _ordered_form)
-        elif kind is float:
-            if 1e-5 <= child < 1e16 and child % 1.0:
-                continue
-            new = js_float(child)
-            if new is None:
-                return _NOT_FAST
-        else:
-            return _NOT_FAST
-        if new is _NOT_FAST:
-            return new
-        if new is not child:
-            out[key] = new
-    return out
-
-
-def _walk(node: Any, children: Any, depth: int, form: _Form) -> Any:
-    """``node`` if none of ``children`` changes, else a patched copy; ``_NOT_FAST``.
-
-    ``form`` is what objects below become: :func:`_sorted_form` while orjson sorts keys,
-    :func:`_ordered_form` inside a subtree written in TypeScript order.
+    ``node`` is written by orjson with sorted keys; so are the objects below it, except
+    those whose code-point order is not their TypeScript order: they become Fragments.
     """
     # Recursion keeps the parent chain for free: a container is copied only when
-    # something below it changed (copy on write), so one pass serves both cases.
+    # something below it changed (copy on write), so one pass serves both cases.  This
+    # loop is the hot path: one-child work is inlined rather than left to _sorted_child.
     for child in children:
         kind = type(child)
         if kind is str:
             continue
         if kind is dict:
+            keys = tuple(child)
+            entry = cached_order(keys)
+            if entry is None:
+                entry = learn_order(keys)
+                if entry is None:
+                    return _NOT_FAST
             if depth >= _MAX_DEPTH:
                 return _NOT_FAST
-            new = form(child, depth + 1)
-            if new is child:
-                continue
+            if entry.sortable:
+                new = _sorted(child, child.values(), depth + 1)
+                if new is child:
+                    continue
+            else:
+                new = _fragment(child, depth + 1, entry)
         elif kind is list:
             if depth >= _MAX_DEPTH:
                 return _NOT_FAST
-            new = _walk(child, child, depth + 1, form)
+            new = _sorted(child, child, depth + 1)
             if new is child:
                 continue
         elif kind is int or kind is bool or child is None:
@@ -169,12 +123,16 @@ def _walk(node: Any, children: Any, depth: int, form: _Form) -> Any:
             return _NOT_FAST
         if new is _NOT_FAST:
             return new
-        return _patched(node, child, new, depth, form)
+        return _patched(node, child, new, depth, _sorted_child)
     return node
 
 
-def _patched(node: Any, changed: Any, new: Any, depth: int, form: _Form) -> Any:
-    """A copy of ``node`` from its first changed child on; earlier children were checked."""
+def _patched(node: Any, changed: Any, new: Any, depth: int, child_form: _ChildForm) -> Any:
+    """A copy of ``node`` from its first changed child on; earlier children were checked.
+
+    ``child_form`` is what the remaining children go through: ``_sorted_child`` or
+    ``_ordered_child``, for the mode ``node`` is written in.
+    """
     copy = node.copy()
     slots = iter(node.items() if type(node) is dict else enumerate(node))
     for slot, child in slots:
@@ -185,18 +143,105 @@ def _patched(node: Any, changed: Any, new: Any, depth: int, form: _Form) -> Any:
         kind = type(child)
         if kind is str or kind is int or kind is bool or child is None:
             continue
-        if kind is dict:
-            new = form(child, depth + 1) if depth < _MAX_DEPTH else _NOT_FAST
-        elif kind is list:
-            new = _walk(child, child, depth + 1, form) if depth < _MAX_DEPTH else _NOT_FAST
-        elif kind is float:
-            new = js_float(child)
-            if new is None:
-                return _NOT_FAST
-        else:
-            return _NOT_FAST
+        new = child_form(child, kind, depth)
         if new is _NOT_FAST:
             return new
         if new is not child:
             copy[slot] = new
     return copy
+
+
+def _sorted_child(child: Any, kind: type, depth: int) -> Any:
+    """What a non-string child of a sorted-mode container becomes (``_sorted``'s loop body)."""
+    if kind is float:
+        new = js_float(child)
+        return _NOT_FAST if new is None else new
+    if depth >= _MAX_DEPTH:
+        return _NOT_FAST
+    if kind is list:
+        return _sorted(child, child, depth + 1)
+    if kind is not dict:
+        return _NOT_FAST
+    entry = _order_of(child)
+    if entry is None:
+        return _NOT_FAST
+    if entry.sortable:
+        return _sorted(child, child.values(), depth + 1)
+    return _fragment(child, depth + 1, entry)
+
+
+def _fragment(node: dict[Any, Any], depth: int, entry: KeyOrder) -> Any:
+    """An object whose keys orjson must not sort: its subtree, written in TypeScript order."""
+    ordered = _ordered(node, depth, entry)
+    if ordered is _NOT_FAST:
+        return ordered
+    return orjson.Fragment(orjson.dumps(ordered, option=_AS_GIVEN))
+
+
+# ------------------------------------------------------- while orjson keeps key order
+
+
+def _ordered(node: dict[Any, Any], depth: int, entry: KeyOrder | None = None) -> Any:
+    """``node`` (or a copy) with its members, and every object's below, in TypeScript order."""
+    if entry is None:
+        entry = _order_of(node)
+        if entry is None:
+            return _NOT_FAST
+    if entry.in_order:
+        out, owned = node, False
+    else:
+        # A new dict in TypeScript order, built at C speed; it is ours to patch in place.
+        out, owned = entry.rebuilt(node), True
+    for key, child in out.items():
+        kind = type(child)
+        if kind is str or kind is int or kind is bool or child is None:
+            continue
+        if kind is float:
+            if 1e-5 <= child < 1e16 and child % 1.0:
+                continue
+            new = js_float(child)
+            if new is None:
+                return _NOT_FAST
+        elif depth >= _MAX_DEPTH:
+            return _NOT_FAST
+        elif kind is dict:
+            new = _ordered(child, depth + 1)
+        elif kind is list:
+            new = _ordered_list(child, depth + 1)
+        else:
+            return _NOT_FAST
+        if new is _NOT_FAST:
+            return new
+        if new is not child:
+            if not owned:
+                out, owned = out.copy(), True  # the loop goes on over the original's items
+            out[key] = new
+    return out
+
+
+def _ordered_list(node: list[Any], depth: int) -> Any:
+    for child in node:
+        kind = type(child)
+        if kind is str or kind is int or kind is bool or child is None:
+            continue
+        new = _ordered_child(child, kind, depth)
+        if new is child:
+            continue
+        if new is _NOT_FAST:
+            return new
+        return _patched(node, child, new, depth, _ordered_child)
+    return node
+
+
+def _ordered_child(child: Any, kind: type, depth: int) -> Any:
+    """What a non-string child of an ordered-mode list becomes."""
+    if kind is dict:
+        return _ordered(child, depth + 1) if depth < _MAX_DEPTH else _NOT_FAST
+    if kind is float:
+        if 1e-5 <= child < 1e16 and child % 1.0:
+            return child
+        new = js_float(child)
+        return _NOT_FAST if new is None else new
+    if kind is list:
+        return _ordered_list(child, depth + 1) if depth < _MAX_DEPTH else _NOT_FAST
+    return _NOT_FAST
