@@ -72,7 +72,21 @@ def js_float(value: float) -> Any:
         return value
     if size != size or size == _INFINITY:
         return None
-    return orjson.Fragment(js_number(value))  # 1e-6 ≤ |x| < 1e-5, 1e16 ≤ |x| < 1e21
+    return orjson.Fragment(_positional(value))
+
+
+def _positional(value: float) -> str:
+    """:func:`js_number` for 1e-6 ≤ |x| < 1e-5 and 1e16 ≤ |x| < 1e21, straight from ``repr``.
+
+    ``repr`` writes these with an exponent (``2.5e-06``, ``1.2345e+17``) and the same
+    shortest digits JavaScript uses; JavaScript writes them positionally.
+    """
+    mantissa, _, exponent = repr(value).partition("e")
+    sign = "-" if mantissa[0] == "-" else ""
+    digits = mantissa.lstrip("-").replace(".", "")
+    if exponent[0] == "-":  # always e-06 in this range
+        return f"{sign}0.00000{digits}"
+    return sign + digits + "0" * (int(exponent) + 1 - len(digits))
 
 
 def js_int(value: int) -> Any:

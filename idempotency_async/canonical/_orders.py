@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Final, NamedTuple
 
-CACHE_ENTRIES: Final = 1024
+CACHE_ENTRIES: Final = 512
 CACHE_MAX_KEYS: Final = 64
 CACHE_MAX_CHARS: Final = 1024
 _MAX_ARRAY_INDEX: Final = 2**32 - 2
