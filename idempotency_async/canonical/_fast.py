@@ -37,6 +37,7 @@ _MAX_DEPTH: Final = 200
 _NOT_FAST: Final[Any] = object()
 
 _ChildForm = Callable[[Any, type, int], Any]
+_only_dicts: Final = frozenset({dict}).issuperset
 
 
 def fast_bytes(value: Any) -> bytes | None:
@@ -191,7 +192,10 @@ def _ordered(node: dict[Any, Any], depth: int, entry: KeyOrder | None = None) ->
         out, owned = node, False
     else:
         # A new dict in TypeScript order, built at C speed; it is ours to patch in place.
-        out, owned = entry.rebuilt(node), True
+        out, owned = entry.template.copy(), True
+        out.update(node)
+        if len(out) != len(entry.template):
+            del out["__proto__"]  # update() appended it; JavaScript never writes it
     for key, child in out.items():
         kind = type(child)
         if kind is str or kind is int or kind is bool or child is None:
@@ -220,6 +224,8 @@ def _ordered(node: dict[Any, Any], depth: int, entry: KeyOrder | None = None) ->
 
 
 def _ordered_list(node: list[Any], depth: int) -> Any:
+    if len(node) > 2 and _only_dicts(map(type, node)) and len(set(map(tuple, node))) == 1:
+        return _ordered_records(node, depth)
     for child in node:
         kind = type(child)
         if kind is str or kind is int or kind is bool or child is None:
@@ -231,6 +237,20 @@ def _ordered_list(node: list[Any], depth: int) -> Any:
             return new
         return _patched(node, child, new, depth, _ordered_child)
     return node
+
+
+def _ordered_records(node: list[dict[Any, Any]], depth: int) -> Any:
+    """A list of objects with the same keys (a batch): one key-order lookup for them all."""
+    entry = _order_of(node[0])
+    if entry is None or depth >= _MAX_DEPTH:
+        return _NOT_FAST
+    out = []
+    for child in node:
+        new = _ordered(child, depth + 1, entry)
+        if new is _NOT_FAST:
+            return new
+        out.append(new)
+    return out
 
 
 def _ordered_child(child: Any, kind: type, depth: int) -> Any:

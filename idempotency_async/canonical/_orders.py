@@ -27,7 +27,7 @@ It is the only cache in the canonical package.
 
 from __future__ import annotations
 
-from typing import Any, Final, NamedTuple
+from typing import Final, NamedTuple
 
 CACHE_ENTRIES: Final = 512
 CACHE_MAX_KEYS: Final = 64
@@ -43,16 +43,9 @@ class KeyOrder(NamedTuple):
     in_order: bool
     """The object's own key order already is the TypeScript order (nothing dropped)."""
     template: dict[str, None]
-    """The keys in TypeScript order, ``__proto__`` dropped, as a dict never changed: a
-    ``copy()`` then ``update(node)`` rebuilds a node in that order at C speed."""
-
-    def rebuilt(self, node: dict[str, Any]) -> dict[str, Any]:
-        """A new dict of ``node``'s members in TypeScript order."""
-        out = self.template.copy()
-        out.update(node)
-        if len(out) != len(self.template):
-            del out["__proto__"]  # update() appended it; JavaScript never writes it
-        return out
+    """The keys in TypeScript order, ``__proto__`` dropped, as a dict that is never
+    changed: ``template.copy()`` then ``update(node)`` rebuilds ``node`` in that order at
+    C speed (and appends a ``__proto__`` member, which the caller then deletes)."""
 
 
 _cache: dict[tuple[str, ...], KeyOrder] = {}
