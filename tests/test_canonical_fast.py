@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -167,3 +168,16 @@ def test_threads_share_the_cache_while_it_is_cleared() -> None:
     stop.set()
     clearer.join()
     assert wrong == []
+
+
+def test_deep_value_from_a_deep_caller_falls_back_instead_of_overflowing() -> None:
+    # 190 levels (within the fast path's depth limit) take ~290 Python frames.
+    value: Any = 1.0
+    for depth in range(95):
+        value = {f"K{depth}": [value], "a": 0}
+
+    def call_at_depth(levels: int) -> bytes:
+        return call_at_depth(levels - 1) if levels else canonical_bytes(value)
+
+    assert fast_bytes(value) == general_bytes(value)
+    assert call_at_depth(sys.getrecursionlimit() - 150) == general_bytes(value)

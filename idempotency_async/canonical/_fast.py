@@ -63,6 +63,8 @@ def fast_bytes(value: Any) -> bytes | None:
             return orjson.dumps(value, option=_SORTED)
     except orjson.JSONEncodeError:
         return None  # lone surrogate, integer beyond 2**53: the general path decides
+    except RecursionError:
+        return None  # a deep value met a deep caller; the general path is iterative
     return None
 
 
