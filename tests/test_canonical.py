@@ -61,7 +61,7 @@ def test_vector_matches_typescript_byte_for_byte(case: dict[str, str]) -> None:
     assert general(value) == case["canonical"].encode()
     # The fast path takes every vector but those with integers beyond 2**53.
     assert fast_bytes(value) in (case["canonical"].encode(), None)
-    assert fast_bytes(value) is not None or "\"big1\":" in case["input_json"]
+    assert fast_bytes(value) is not None or '"big1":' in case["input_json"]
 
 
 def test_vector_with_lone_surrogate_is_rejected() -> None:
