@@ -38,6 +38,9 @@ _NOT_FAST: Final[Any] = object()
 
 _ChildForm = Callable[[Any, type, int], Any]
 _only_dicts: Final = frozenset({dict}).issuperset
+# Types whose values orjson writes exactly as JavaScript does (integers beyond 2**53 and
+# lone surrogates make orjson raise, which sends the value to the general path).
+_LEAVES: Final = frozenset({str, int, bool, type(None)})
 
 
 def fast_bytes(value: Any) -> bytes | None:
@@ -105,13 +108,7 @@ def _sorted(node: Any, children: Any, depth: int) -> Any:
                     continue
             else:
                 new = _fragment(child, depth + 1, entry)
-        elif kind is list:
-            if depth >= _MAX_DEPTH:
-                return _NOT_FAST
-            new = _sorted(child, child, depth + 1)
-            if new is child:
-                continue
-        elif kind is int or kind is bool or child is None:
+        elif kind in _LEAVES:
             continue
         elif kind is float:
             # The common float inline: positive, not integral, printed alike by both.
@@ -122,6 +119,12 @@ def _sorted(node: Any, children: Any, depth: int) -> Any:
                 continue
             if new is None:
                 return _NOT_FAST
+        elif kind is list:
+            if depth >= _MAX_DEPTH:
+                return _NOT_FAST
+            new = _sorted(child, child, depth + 1)
+            if new is child:
+                continue
         else:
             return _NOT_FAST
         if new is _NOT_FAST:
@@ -144,7 +147,7 @@ def _patched(node: Any, changed: Any, new: Any, depth: int, child_form: _ChildFo
             break
     for slot, child in slots:
         kind = type(child)
-        if kind is str or kind is int or kind is bool or child is None:
+        if kind in _LEAVES:
             continue
         new = child_form(child, kind, depth)
         if new is _NOT_FAST:
@@ -200,7 +203,7 @@ def _ordered(node: dict[Any, Any], depth: int, entry: KeyOrder | None = None) ->
             del out["__proto__"]  # update() appended it; JavaScript never writes it
     for key, child in out.items():
         kind = type(child)
-        if kind is str or kind is int or kind is bool or child is None:
+        if kind in _LEAVES:
             continue
         if kind is float:
             if 1e-5 <= child < 1e16 and child % 1.0:
@@ -230,7 +233,7 @@ def _ordered_list(node: list[Any], depth: int) -> Any:
         return _ordered_records(node, depth)
     for child in node:
         kind = type(child)
-        if kind is str or kind is int or kind is bool or child is None:
+        if kind in _LEAVES:
             continue
         new = _ordered_child(child, kind, depth)
         if new is child:
