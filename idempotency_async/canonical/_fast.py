@@ -111,8 +111,8 @@ def _sorted(node: Any, children: Any, depth: int) -> Any:
         elif kind in _LEAVES:
             continue
         elif kind is float:
-            # The common float inline: positive, not integral, printed alike by both.
-            if 1e-5 <= child < 1e16 and child % 1.0:
+            # The common float inline: 1e-5 <= |x| < 1e16, not integral: printed alike.
+            if (1e-5 <= child < 1e16 or -1e16 < child <= -1e-5) and child % 1.0:
                 continue
             new = js_float(child)
             if new is child:
@@ -206,7 +206,7 @@ def _ordered(node: dict[Any, Any], depth: int, entry: KeyOrder | None = None) ->
         if kind in _LEAVES:
             continue
         if kind is float:
-            if 1e-5 <= child < 1e16 and child % 1.0:
+            if (1e-5 <= child < 1e16 or -1e16 < child <= -1e-5) and child % 1.0:
                 continue
             new = js_float(child)
             if new is None:
@@ -263,7 +263,7 @@ def _ordered_child(child: Any, kind: type, depth: int) -> Any:
     if kind is dict:
         return _ordered(child, depth + 1) if depth < _MAX_DEPTH else _NOT_FAST
     if kind is float:
-        if 1e-5 <= child < 1e16 and child % 1.0:
+        if (1e-5 <= child < 1e16 or -1e16 < child <= -1e-5) and child % 1.0:
             return child
         new = js_float(child)
         return _NOT_FAST if new is None else new

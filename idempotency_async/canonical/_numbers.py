@@ -57,14 +57,15 @@ def js_float(value: float) -> Any:
 
     ``value`` itself when orjson already does; an ``int`` for integral values that are
     exact as integers (``132.0``, ``-0.0``); an ``orjson.Fragment`` otherwise; ``None``
-    for NaN and ±Infinity, which are not JSON.  The common case (positive, not integral,
-    1e-5 ≤ x < 1e16) is tested inline by the fast path before it calls this.
+    for NaN and ±Infinity, which are not JSON.  The common case (not integral,
+    1e-5 ≤ |x| < 1e16) is tested inline by the fast path before it calls this.
     """
     size = abs(value)
     if 1e-5 <= size < 1e16:
         if value % 1.0:
             return value
-        # Below 2**54 every double is an integer JavaScript prints exactly.
+        # An exact int prints as JavaScript prints the double; past 2**53 the fast path's
+        # strict-integer option would refuse it, so those get their text instead.
         return int(value) if size <= MAX_SAFE_INTEGER else orjson.Fragment(js_number(value))
     if size < 1e-6:
         return value if size else 0
