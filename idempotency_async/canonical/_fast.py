@@ -197,10 +197,9 @@ def _ordered(node: dict[Any, Any], depth: int, entry: KeyOrder | None = None) ->
         out, owned = node, False
     else:
         # A new dict in TypeScript order, built at C speed; it is ours to patch in place.
-        out, owned = entry.template.copy(), True
-        out.update(node)
-        if len(out) != len(entry.template):
-            del out["__proto__"]  # update() appended it; JavaScript never writes it
+        out, owned = entry.template | node, True
+        if entry.has_proto:
+            del out["__proto__"]  # the union appended it; JavaScript never writes it
     for key, child in out.items():
         kind = type(child)
         if kind in _LEAVES:

@@ -45,8 +45,10 @@ class KeyOrder(NamedTuple):
     """The object's own key order already is the TypeScript order (nothing dropped)."""
     template: dict[str, None]
     """The keys in TypeScript order, ``__proto__`` dropped, as a dict that is never
-    changed: ``template.copy()`` then ``update(node)`` rebuilds ``node`` in that order at
-    C speed (and appends a ``__proto__`` member, which the caller then deletes)."""
+    changed: ``template | node`` rebuilds ``node`` in that order at C speed (and appends a
+    ``__proto__`` member, which the caller then deletes)."""
+    has_proto: bool
+    """One of the keys is ``__proto__``."""
 
 
 _cache: dict[tuple[str, ...], KeyOrder] = {}
@@ -108,7 +110,8 @@ def _compute(keys: tuple[str, ...], ascii_only: bool) -> KeyOrder:
             indices.sort(key=int)
             ordered = indices + [key for key in ordered if not is_array_index(key)]
     sortable = ordered == sorted(keys)
-    if "__proto__" in keys:
+    has_proto = "__proto__" in keys
+    if has_proto:
         ordered.remove("__proto__")
         sortable = False
-    return KeyOrder(sortable, tuple(ordered) == keys, dict.fromkeys(ordered))
+    return KeyOrder(sortable, tuple(ordered) == keys, dict.fromkeys(ordered), has_proto)
