@@ -1,0 +1,58 @@
+"""Digests of canonical text: padded standard Base64, as the TypeScript port writes them."""
+
+from __future__ import annotations
+
+import binascii
+import hashlib
+from collections.abc import Callable
+from typing import Any, Final
+
+from idempotency_async.errors import ConfigError
+
+HASH_ALGORITHMS: Final = frozenset({"md5", "sha1", "sha256", "sha384", "sha512"})
+
+
+def _base64_of(new: Callable[[bytes], Any]) -> Callable[[bytes], str]:
+    def digest_of(data: bytes) -> str:
+        return binascii.b2a_base64(new(data).digest(), newline=False).decode("ascii")
+
+    return digest_of
+
+
+# The named constructors are faster than ``hashlib.new``, which matters for small payloads;
+# one function per algorithm, built once, so no call pays for resolving the name.
+_DIGESTERS: Final[dict[str, Callable[[bytes], str]]] = {
+    "md5": _base64_of(hashlib.md5),
+    "sha1": _base64_of(hashlib.sha1),
+    "sha256": _base64_of(hashlib.sha256),
+    "sha384": _base64_of(hashlib.sha384),
+    "sha512": _base64_of(hashlib.sha512),
+}
+
+
+def digester(algorithm: str = "md5") -> Callable[[bytes], str]:
+    """The function :func:`digest_bytes` applies for ``algorithm``, resolved once (hot paths)."""
+    found = _DIGESTERS.get(algorithm)
+    if found is None:
+        raise ConfigError(
+            f"unknown hash algorithm {algorithm!r}: use one of {', '.join(sorted(HASH_ALGORITHMS))}"
+        )
+    return found
+
+
+def digest(text: str | bytes, algorithm: str = "md5") -> str:
+    """Padded standard Base64 of the ``algorithm`` digest of ``text`` (UTF-8)."""
+    data = text.encode() if type(text) is str else text
+    found = _DIGESTERS.get(algorithm)
+    return found(data) if found is not None else digester(algorithm)(data)  # type: ignore[arg-type]
+
+
+def digest_bytes(data: bytes, algorithm: str = "md5") -> str:
+    """:func:`digest` of bytes."""
+    found = _DIGESTERS.get(algorithm)
+    return found(data) if found is not None else digester(algorithm)(data)
+
+
+def idempotency_key(prefix: str, value_digest: str) -> str:
+    """The record key ``<prefix>#<digest>`` (``#<digest>`` with an empty prefix)."""
+    return f"{prefix}#{value_digest}"
