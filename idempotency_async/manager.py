@@ -91,6 +91,15 @@ class Manager:
         self._cutoffs: Cutoffs | None = None
         self._warned_no_deadline = False
         self._disabled = disabled_by_environment()
+        telemetry = self.options.telemetry
+        self._observer = None if telemetry is None else telemetry.bind(self._keys.prefix, store)
+        # The store every round trip goes to: a timing wrapper only when observed.
+        self._store = store if self._observer is None else self._observer.store
+        if self._observer is not None:
+            # Observed calls enter through the observer; unobserved ones keep the plain
+            # method and pay no extra coroutine frame (a frame per call in flight is
+            # garbage-collector work).
+            self.execute = self._observed_execute  # type: ignore[method-assign]
         if self._disabled:
             _log.warning(
                 "idempotency is disabled by POWERTOOLS_IDEMPOTENCY_DISABLED: "
@@ -123,11 +132,7 @@ class Manager:
         the ambient :func:`~idempotency_async.deadline`, the earliest wins and becomes the
         record's lease.  Cancellation propagates and leaves no store write behind.
         """
-        if not callable(callback):
-            raise ConfigError(
-                "callback must be a zero-argument callable returning an awaitable, e.g. "
-                f"lambda: charge(order); got {type(callback).__name__}"
-            )
+        _check_callback(callback)
         loop = asyncio.get_running_loop()
         when = effective_deadline(loop, deadline=deadline, timeout=timeout)
         keys = None if self._disabled else self._keys.derive(payload)
@@ -147,6 +152,22 @@ class Manager:
                 self._emit("joined", keys.key)
                 return self._replay_outcome(outcome)  # type: ignore[no-any-return]
 
+    async def _observed_execute(
+        self,
+        payload: Any,
+        callback: Callable[[], Awaitable[T]],
+        *,
+        deadline: float | None = None,
+        timeout: float | None = None,
+    ) -> T:
+        assert self._observer is not None
+        _check_callback(callback)
+
+        def run(observed: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+            return Manager.execute(self, payload, observed, deadline=deadline, timeout=timeout)
+
+        return await self._observer.call(run, callback)
+
     async def force_release(self, key: str) -> Record | None:
         """Delete the record of ``key`` whatever its state (operators: unstick a key).
 
@@ -156,7 +177,7 @@ class Manager:
         """
         if self._cache is not None:
             self._cache.discard(key)
-        deleted = await self.store.force_release(key)
+        deleted = await self._store.force_release(key)
         self._emit("released", key)
         return deleted
 
@@ -271,7 +292,7 @@ class Manager:
     async def _claim(self, lease: _Lease) -> Verdict:
         """One claim; a claim whose outcome is unknown gets one owner-fenced release."""
         try:
-            verdict = await self.store.claim(lease.claim)
+            verdict = await self._store.claim(lease.claim)
         except StoreUnavailableError as exc:
             # The write may have applied with its answer lost: without this release the key
             # would stay blocked for the whole lease by a claim nobody holds.
@@ -322,17 +343,22 @@ class Manager:
         completed or claimable.  Reads, not claim attempts: in DynamoDB a refused conditional
         write costs write capacity, a strongly consistent read a fifth of it."""
         delay = _FIRST_POLL
-        while True:
-            left = wait_until - loop.time()
-            if not self.options.wait or left <= 0:
-                self._reject(keys.key, verdict.retry_after)
-            await asyncio.sleep(min(delay, left))
-            delay = min(delay * 2, _MAX_POLL)
-            verdict = await self.store.get(keys.key, now=self.options.clock())
-            if verdict.state is not State.IN_PROGRESS:
-                return verdict
-            if verdict.record is not None:
-                self._keys.validate(verdict.record.validation, keys)
+        started = loop.time()
+        try:
+            while True:
+                left = wait_until - loop.time()
+                if not self.options.wait or left <= 0:
+                    self._reject(keys.key, verdict.retry_after)
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, _MAX_POLL)
+                verdict = await self._store.get(keys.key, now=self.options.clock())
+                if verdict.state is not State.IN_PROGRESS:
+                    return verdict
+                if verdict.record is not None:
+                    self._keys.validate(verdict.record.validation, keys)
+        finally:
+            if self._observer is not None:
+                self._observer.waited(loop.time() - started)
 
     def _wait_limit(self, deadline: float | None, loop: asyncio.AbstractEventLoop) -> float:
         limit = loop.time() + self.options.wait_timeout
@@ -381,7 +407,7 @@ class Manager:
         callback overran it): after that another worker may hold the key."""
         timer = self._cutoffs_of(loop).start(max(lease.ends_at, loop.time() + lease.reserve))
         try:
-            return await self.store.complete(completion)
+            return await self._store.complete(completion)
         except asyncio.CancelledError as exc:
             if timer.fired():
                 abandoned = TimeoutError("abandoned at the lease end")
@@ -453,7 +479,7 @@ class Manager:
         key = lease.claim.key
         timer = self._cutoffs_of(loop).start(max(lease.ends_at, loop.time() + lease.reserve))
         try:
-            return await self.store.release(key, lease.claim.owner)
+            return await self._store.release(key, lease.claim.owner)
         except asyncio.CancelledError as cancelled:
             if not timer.fired():
                 raise
@@ -514,6 +540,7 @@ class Manager:
         else:
             limit = float("inf") if deadline is None else deadline
         flight.waiters += 1
+        started = loop.time()
         try:
             await wait_for(future, limit)
         except TimeoutError:
@@ -535,6 +562,8 @@ class Manager:
             ) from None
         finally:
             flight.waiters -= 1
+            if self._observer is not None:
+                self._observer.waited(loop.time() - started)
 
     # ------------------------------------------------------------------ no key
 
@@ -585,6 +614,8 @@ class Manager:
             _log.debug(
                 "idempotency %s", kind, extra={"idempotency_event": kind, "idempotency_key": key}
             )
+        if self._observer is not None:
+            self._observer.event(kind, key, duration, error)
         hook = self.options.on_event
         if hook is None:
             return
@@ -593,6 +624,14 @@ class Manager:
         except Exception:
             # Metrics must never change the outcome of a call.
             _log.exception("on_event hook failed", extra={"idempotency_event": kind})
+
+
+def _check_callback(callback: object) -> None:
+    if not callable(callback):
+        raise ConfigError(
+            "callback must be a zero-argument callable returning an awaitable, e.g. "
+            f"lambda: charge(order); got {type(callback).__name__}"
+        )
 
 
 def _cut_off(key: str) -> DeadlineExceededError:

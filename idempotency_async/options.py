@@ -13,6 +13,7 @@ from jmespath.functions import Functions
 from idempotency_async.canonical import HASH_ALGORITHMS, Serializer
 from idempotency_async.errors import ConfigError
 from idempotency_async.events import EventHook
+from idempotency_async.instrumentation import Instrumentation
 from idempotency_async.record import JSONValue, Record
 from idempotency_async.selection import Expression
 
@@ -80,6 +81,9 @@ class Options:
     response_hook: ResponseHook | None = None
     """Called as ``hook(response, record)`` on every replay; its return value is replayed."""
     on_event: EventHook | None = None
+    telemetry: Instrumentation | None = None
+    """Traces and metrics for every call, e.g. :class:`idempotency_async.otel.Telemetry`
+    (``pip install 'idempotency-async[otel]'``); None: nothing is observed or paid."""
     clock: Callable[[], float] = field(default=time.time)
     """Wall clock in Unix seconds; the only one the manager and stores use."""
 
