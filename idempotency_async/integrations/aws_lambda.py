@@ -35,6 +35,7 @@ from idempotency_async.errors import (
     PayloadError,
     ResponseNotStoredError,
 )
+from idempotency_async.instrumentation import annotate, call_attributes
 from idempotency_async.manager import Manager
 
 __all__ = [
@@ -55,6 +56,11 @@ BatchResponse = dict[str, list[dict[str, str]]]
 """``{"batchItemFailures": [{"itemIdentifier": ...}, ...]}``, as Lambda expects it."""
 
 DEFAULT_CONCURRENCY = 10
+# Telemetry attributes: the item on each record's call span, the counts on the current
+# (invocation) span.
+_ITEM_ID = "idempotency.batch.item.id"
+_BATCH_SIZE = "idempotency.batch.size"
+_BATCH_FAILURES = "idempotency.batch.failures"
 
 
 # ---------------------------------------------------------------------- handlers
@@ -377,6 +383,7 @@ async def process_batch(
         async with ambient_deadline(at=when):
             run.deadline = when
             failed = await _process(run, records, concurrency)
+    annotate(manager, {_BATCH_SIZE: len(records), _BATCH_FAILURES: len(failed)})
     return {"batchItemFailures": [{"itemIdentifier": identifier} for identifier in failed]}
 
 
@@ -435,9 +442,10 @@ class _RecordRunner:
         identifier = self.source.identifier(record)
         try:
             payload = self.source.decode(record)
-            await self.manager.execute(
-                payload, lambda: self.handler(payload), deadline=self.deadline
-            )
+            with call_attributes(self.manager, {_ITEM_ID: identifier}):
+                await self.manager.execute(
+                    payload, lambda: self.handler(payload), deadline=self.deadline
+                )
         except (ResponseNotStoredError, CompletionError) as exc:
             # The handler ran to completion; only its result was not recorded.
             # Redelivering the record could only run the side effect twice.
