@@ -133,7 +133,7 @@ async def test_replay_is_one_claim_round_trip_and_no_callback(store: Store, otel
     await manager.execute(PAYLOAD, lambda: run(1), timeout=5)
     assert await manager.execute(PAYLOAD, lambda: run(2), timeout=5) == 1
 
-    first, replay = otel.calls()
+    _, replay = otel.calls()
     assert replay.attributes is not None
     assert replay.attributes["idempotency.outcome"] == "replayed"
     assert "idempotency.callback.duration" not in replay.attributes
