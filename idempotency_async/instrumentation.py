@@ -38,6 +38,11 @@ class Observer(Protocol):
     store: Store
     """The store the manager calls: the real one, or a wrapper that times each round trip."""
 
+    def active(self) -> bool:
+        """Whether calls are observed now; when not, the manager runs them as if unobserved
+        (the store stays the wrapper, which then passes each round trip straight through)."""
+        ...
+
     async def call(
         self,
         run: Callable[[Callable[[], Awaitable[T]]], Awaitable[T]],

@@ -160,13 +160,16 @@ class Manager:
         deadline: float | None = None,
         timeout: float | None = None,
     ) -> T:
-        assert self._observer is not None
+        observer = self._observer
+        assert observer is not None
         _check_callback(callback)
 
         def run(observed: Callable[[], Awaitable[T]]) -> Awaitable[T]:
             return Manager.execute(self, payload, observed, deadline=deadline, timeout=timeout)
 
-        return await self._observer.call(run, callback)
+        if not observer.active():
+            return await run(callback)
+        return await observer.call(run, callback)
 
     async def force_release(self, key: str) -> Record | None:
         """Delete the record of ``key`` whatever its state (operators: unstick a key).

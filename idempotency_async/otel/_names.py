@@ -74,6 +74,9 @@ TERMINAL_EVENTS: Final = frozenset(
 )
 """Events that decide a call's outcome on their own (the last one wins)."""
 
+SPAN_EVENTS: Final = frozenset({"released", "release_failed", "response_not_stored"})
+"""Lifecycle events added to the call span: those its outcome does not tell."""
+
 
 def error_type(exc: BaseException) -> str:
     """``error.type``: the exception's fully qualified class name (builtins unqualified)."""

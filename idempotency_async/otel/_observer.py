@@ -62,14 +62,15 @@ class BoundTelemetry:
 
     # ------------------------------------------------------------------ the call
 
+    def active(self) -> bool:
+        return self.telemetry.active()
+
     async def call(
         self,
         run: Callable[[Callable[[], Awaitable[T]]], Awaitable[T]],
         callback: Callable[[], Awaitable[T]],
     ) -> T:
         telemetry = self.telemetry
-        if not telemetry.active():
-            return await run(callback)
         extra = take_call_attributes()
         span = None
         tracer = telemetry.tracer
@@ -140,7 +141,9 @@ class BoundTelemetry:
             call.claimed = True
         elif kind in names.TERMINAL_EVENTS:
             call.outcome = kind
-        if call.span is not None:
+        # Events the outcome already tells are not repeated as span events (each costs
+        # the SDK microseconds).
+        if call.span is not None and kind in names.SPAN_EVENTS:
             attributes: dict[str, AttributeValue] = {}
             if error is not None:
                 attributes[names.ERROR_TYPE] = names.error_type(error)
