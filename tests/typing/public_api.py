@@ -27,3 +27,13 @@ async def uses() -> None:
 
     assert_type(await manager.execute({"id": 1}, work, timeout=5), int)
     assert_type(manager.key_for({"id": 1}), str | None)
+
+
+def telemetry_is_an_instrumentation() -> None:
+    from idempotency_async.instrumentation import Instrumentation
+    from idempotency_async.otel import Telemetry
+
+    instrumentation: Instrumentation = Telemetry()
+    Options(telemetry=instrumentation)
+    Options(telemetry=Telemetry())
+    Options(telemetry="otel")  # type: ignore[arg-type]
