@@ -107,35 +107,45 @@ def per_call(calls: int, repeats: int) -> dict[str, float]:
 _CHILD = """
 import json, logging, sys, warnings
 sys.path[:0] = [{tree!r}, {tree!r} + "/benchmarks"]
+import time
 import bench_manager
 bench_manager.REPEATS = {repeats}
+if {cpu!r}:
+    # CPU time of this process: other processes' load on a shared machine does not count.
+    bench_manager.time.perf_counter = time.process_time
 logging.getLogger("idempotency_async").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore", message="Couldn't determine the remaining time left")
 print(json.dumps(bench_manager.per_call_overhead({calls}, deadline=True)))
 """
 
 
-def against_baseline(baseline: Path, rounds: int, calls: int) -> None:
+def against_baseline(baseline: Path, rounds: int, calls: int, *, cpu: bool) -> None:
     """Alternate subprocess runs of each tree's bench_manager per-call overhead."""
     trees = {"baseline": baseline.resolve(), "current": HERE}
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     for _ in range(rounds):
         for name, tree in trees.items():
-            code = _CHILD.format(tree=str(tree), repeats=3, calls=calls)
+            code = _CHILD.format(tree=str(tree), repeats=3, calls=calls, cpu=cpu)
             out = subprocess.run(
                 [sys.executable, "-c", code], check=True, capture_output=True, text=True
             ).stdout
             samples[name].append(json.loads(out.strip().splitlines()[-1]))
-    print(f"bench_manager per-call overhead, {rounds} alternating rounds, medians (µs)")
+    clock = "CPU time" if cpu else "wall time"
+    print(f"bench_manager per-call overhead, {rounds} alternating rounds, medians (µs, {clock})")
     for kind in ("first", "replay"):
         ours = {n: statistics.median(s[f"ours {kind}"] for s in samples[n]) for n in trees}
+        paired = statistics.median(
+            now[f"ours {kind}"] / then[f"ours {kind}"]
+            for then, now in zip(samples["baseline"], samples["current"], strict=True)
+        )
         rel = {
             n: statistics.median(s[f"ours {kind}"] / s[f"anchor {kind}"] for s in samples[n])
             for n in trees
         }
         print(
             f"  {kind:<7} baseline {ours['baseline']:6.2f}  current {ours['current']:6.2f}  "
-            f"current/baseline {ours['current'] / ours['baseline']:.3f}   "
+            f"current/baseline {ours['current'] / ours['baseline']:.3f} "
+            f"(paired {paired:.3f})   "
             f"(ours/anchor {rel['baseline']:.3f} -> {rel['current']:.3f}, "
             f"moved {rel['current'] / rel['baseline']:.3f})"
         )
@@ -147,9 +157,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--baseline", type=Path, help="another checkout to compare against")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--wall", action="store_true", help="--baseline: wall, not CPU, time")
     args = parser.parse_args()
     if args.baseline is not None:
-        against_baseline(args.baseline, args.rounds, 200 if args.smoke else 3000)
+        against_baseline(args.baseline, args.rounds, 200 if args.smoke else 3000, cpu=not args.wall)
         return
     repeats = args.repeats or (1 if args.smoke else 9)
     calls = 200 if args.smoke else 3000
