@@ -36,11 +36,12 @@ class Observer(Protocol):
     """One manager's view of an :class:`Instrumentation` (what ``bind`` returns)."""
 
     store: Store
-    """The store the manager calls: the real one, or a wrapper that times each round trip."""
+    """The store the manager calls once calls are observed (e.g. one that times each
+    round trip); until then it calls its own."""
 
     def active(self) -> bool:
-        """Whether calls are observed now; when not, the manager runs them as if unobserved
-        (the store stays the wrapper, which then passes each round trip straight through)."""
+        """Whether calls are observed now.  While not, the manager runs them exactly as an
+        unobserved manager does; once it is, it stays so."""
         ...
 
     async def call(

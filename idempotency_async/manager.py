@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, NamedTuple, TypeVar
 
 from idempotency_async._codec import decode_json, encode_json
@@ -37,6 +37,7 @@ from idempotency_async.errors import (
     StoreUnavailableError,
 )
 from idempotency_async.events import Event, EventKind
+from idempotency_async.instrumentation import Observer
 from idempotency_async.options import Options, disabled_by_environment
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores.base import CLAIMED, State, Store, Verdict, Written
@@ -93,8 +94,9 @@ class Manager:
         self._disabled = disabled_by_environment()
         telemetry = self.options.telemetry
         self._observer = None if telemetry is None else telemetry.bind(self._keys.prefix, store)
-        # The store every round trip goes to: a timing wrapper only when observed.
-        self._store = store if self._observer is None else self._observer.store
+        # The store every round trip goes to: the observer's timing wrapper once calls
+        # are observed.
+        self._store = store
         if self._observer is not None:
             # Observed calls enter through the observer; unobserved ones keep the plain
             # method and pay no extra coroutine frame (a frame per call in flight is
@@ -152,23 +154,37 @@ class Manager:
                 self._emit("joined", keys.key)
                 return self._replay_outcome(outcome)  # type: ignore[no-any-return]
 
-    async def _observed_execute(
+    def _observed_execute(
         self,
         payload: Any,
         callback: Callable[[], Awaitable[T]],
         *,
         deadline: float | None = None,
         timeout: float | None = None,
-    ) -> T:
+    ) -> Coroutine[Any, Any, T]:
+        """``execute`` of a manager with telemetry: a plain function handing back the
+        coroutine to await, so that while telemetry is inactive (no provider set) a call
+        costs one test and no extra frame."""
         observer = self._observer
-        assert observer is not None
+        if observer is not None and observer.active():
+            return self._observed(observer, payload, callback, deadline, timeout)
+        return Manager.execute(self, payload, callback, deadline=deadline, timeout=timeout)
+
+    async def _observed(
+        self,
+        observer: Observer,
+        payload: Any,
+        callback: Callable[[], Awaitable[T]],
+        deadline: float | None,
+        timeout: float | None,
+    ) -> T:
+        # Observing never stops once it started (providers are set once).
+        self._store = observer.store
         _check_callback(callback)
 
         def run(observed: Callable[[], Awaitable[T]]) -> Awaitable[T]:
             return Manager.execute(self, payload, observed, deadline=deadline, timeout=timeout)
 
-        if not observer.active():
-            return await run(callback)
         return await observer.call(run, callback)
 
     async def force_release(self, key: str) -> Record | None:

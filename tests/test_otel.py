@@ -345,10 +345,12 @@ async def test_on_event_hook_still_sees_every_event(otel: Otel) -> None:
 
 async def test_without_providers_nothing_is_observed_and_calls_work() -> None:
     telemetry = Telemetry()  # the API's global no-op providers: none set in tests
-    manager = Manager(MemoryStore(), Options(telemetry=telemetry))
+    store = MemoryStore()
+    manager = Manager(store, Options(telemetry=telemetry))
     assert await manager.execute(PAYLOAD, lambda: run(1), timeout=5) == 1
     assert await manager.execute(PAYLOAD, lambda: run(2), timeout=5) == 1
     assert not telemetry.active()
+    assert manager._store is store  # round trips go straight to the store, untimed
 
 
 def test_the_core_package_never_imports_opentelemetry() -> None:

@@ -50,6 +50,8 @@ class BoundTelemetry:
     def __init__(self, telemetry: Telemetry, key_prefix: str, store: Store) -> None:
         self.telemetry = telemetry
         self.store: Store = ObservedStore(store, self)
+        # The telemetry's own method: one call, not two, per unobserved call.
+        self.active: Callable[[], bool] = telemetry.active
         self._span_name = f"{names.CALL_SPAN} {key_prefix}" if key_prefix else names.CALL_SPAN
         self._prefix: dict[str, AttributeValue] = {names.KEY_PREFIX: key_prefix}
         self._store_attributes: dict[str, AttributeValue] = {
@@ -61,9 +63,6 @@ class BoundTelemetry:
             self._store_attributes[names.DB_COLLECTION] = table
 
     # ------------------------------------------------------------------ the call
-
-    def active(self) -> bool:
-        return self.telemetry.active()
 
     async def call(
         self,

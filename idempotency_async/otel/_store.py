@@ -5,8 +5,8 @@ nests its client span directly under the call span instead of under a duplicate.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, TypeVar
 
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores.base import Store, Verdict, Written
@@ -31,40 +31,31 @@ def system_of(store: Store) -> str:
 
 
 class ObservedStore:
-    """Implements the store protocol over ``inner`` for one observed manager."""
+    """Implements the store protocol over ``inner`` for one observed manager (which
+    switches to it from its first observed call on)."""
 
     def __init__(self, inner: Store, bound: BoundTelemetry) -> None:
         self.inner = inner
         self._bound = bound
         self.max_response_bytes = inner.max_response_bytes
 
-    # Plain methods returning the round trip's coroutine: while telemetry is inactive a
-    # round trip costs one test, not an extra coroutine frame.
+    async def claim(self, claim: Claim) -> Verdict:
+        return await self._timed("claim", claim.key, self.inner.claim(claim))
 
-    def claim(self, claim: Claim) -> Coroutine[Any, Any, Verdict]:
-        return self._observe("claim", claim.key, self.inner.claim(claim))
+    async def get(self, key: str, *, now: float) -> Verdict:
+        return await self._timed("get", key, self.inner.get(key, now=now))
 
-    def get(self, key: str, *, now: float) -> Coroutine[Any, Any, Verdict]:
-        return self._observe("get", key, self.inner.get(key, now=now))
+    async def complete(self, completion: Completion) -> Written:
+        return await self._timed("complete", completion.key, self.inner.complete(completion))
 
-    def complete(self, completion: Completion) -> Coroutine[Any, Any, Written]:
-        return self._observe("complete", completion.key, self.inner.complete(completion))
+    async def release(self, key: str, owner: str) -> bool:
+        return await self._timed("release", key, self.inner.release(key, owner))
 
-    def release(self, key: str, owner: str) -> Coroutine[Any, Any, bool]:
-        return self._observe("release", key, self.inner.release(key, owner))
-
-    def force_release(self, key: str) -> Coroutine[Any, Any, Record | None]:
-        return self._observe("force_release", key, self.inner.force_release(key))
+    async def force_release(self, key: str) -> Record | None:
+        return await self._timed("force_release", key, self.inner.force_release(key))
 
     async def aclose(self) -> None:
         await self.inner.aclose()
-
-    def _observe(
-        self, operation: str, key: str, round_trip: Coroutine[Any, Any, T]
-    ) -> Coroutine[Any, Any, T]:
-        if not self._bound.telemetry.active():
-            return round_trip
-        return self._timed(operation, key, round_trip)
 
     async def _timed(self, operation: str, key: str, round_trip: Awaitable[T]) -> T:
         bound = self._bound
