@@ -134,7 +134,8 @@ class Manager:
         the ambient :func:`~idempotency_async.deadline`, the earliest wins and becomes the
         record's lease.  Cancellation propagates and leaves no store write behind.
         """
-        _check_callback(callback)
+        if not callable(callback):
+            raise _not_callable(callback)
         loop = asyncio.get_running_loop()
         when = effective_deadline(loop, deadline=deadline, timeout=timeout)
         keys = None if self._disabled else self._keys.derive(payload)
@@ -180,7 +181,8 @@ class Manager:
     ) -> T:
         # Observing never stops once it started (providers are set once).
         self._store = observer.store
-        _check_callback(callback)
+        if not callable(callback):
+            raise _not_callable(callback)
 
         def run(observed: Callable[[], Awaitable[T]]) -> Awaitable[T]:
             return Manager.execute(self, payload, observed, deadline=deadline, timeout=timeout)
@@ -645,12 +647,11 @@ class Manager:
             _log.exception("on_event hook failed", extra={"idempotency_event": kind})
 
 
-def _check_callback(callback: object) -> None:
-    if not callable(callback):
-        raise ConfigError(
-            "callback must be a zero-argument callable returning an awaitable, e.g. "
-            f"lambda: charge(order); got {type(callback).__name__}"
-        )
+def _not_callable(callback: object) -> ConfigError:
+    return ConfigError(
+        "callback must be a zero-argument callable returning an awaitable, e.g. "
+        f"lambda: charge(order); got {type(callback).__name__}"
+    )
 
 
 def _cut_off(key: str) -> DeadlineExceededError:

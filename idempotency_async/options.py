@@ -121,6 +121,12 @@ class Options:
             raise ConfigError(
                 f"integer_precision must be 'strict' or 'float64', got {self.integer_precision!r}"
             )
+        if self.telemetry is not None and not callable(getattr(self.telemetry, "bind", None)):
+            raise ConfigError(
+                "telemetry must be an instrumentation such as "
+                "idempotency_async.otel.Telemetry(), got "
+                f"{type(self.telemetry).__name__}"
+            )
         if self.key_prefix is not None and not isinstance(self.key_prefix, str):
             raise ConfigError(f"key_prefix must be a string, got {type(self.key_prefix).__name__}")
 

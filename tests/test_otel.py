@@ -365,3 +365,8 @@ def test_the_core_package_never_imports_opentelemetry() -> None:
         "assert type(m).execute is m.execute.__func__, 'unobserved calls take the plain path'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_telemetry_that_is_not_an_instrumentation_is_a_config_error() -> None:
+    with pytest.raises(errors.ConfigError, match="Telemetry"):
+        Options(telemetry="otel")  # type: ignore[arg-type]
