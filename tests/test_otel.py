@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from idempotency_async.otel import Telemetry
 from idempotency_async.stores.base import Store
 
 PAYLOAD = {"order": "o-1", "amount": 10}
+ROOT = Path(__file__).parent.parent  # subprocesses import this checkout
 _ATTRIBUTE_NAMES = {"db_operation": "db.operation.name", "db_system": "db.system.name"}
 
 
@@ -364,9 +366,23 @@ def test_the_core_package_never_imports_opentelemetry() -> None:
         "assert not [n for n in sys.modules if n.startswith('opentelemetry')], 'imported'\n"
         "assert type(m).execute is m.execute.__func__, 'unobserved calls take the plain path'\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def test_telemetry_that_is_not_an_instrumentation_is_a_config_error() -> None:
     with pytest.raises(errors.ConfigError, match="Telemetry"):
         Options(telemetry="otel")  # type: ignore[arg-type]
+
+
+def test_without_the_extra_the_import_error_says_what_to_install() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['opentelemetry'] = None  # as if opentelemetry-api were not installed\n"
+        "try:\n"
+        "    import idempotency_async.otel\n"
+        "except ImportError as exc:\n"
+        '    assert "idempotency-async[otel]" in str(exc), exc\n'
+        "else:\n"
+        "    raise SystemExit('imported without the API')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
