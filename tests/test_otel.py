@@ -386,3 +386,42 @@ def test_without_the_extra_the_import_error_says_what_to_install() -> None:
         "    raise SystemExit('imported without the API')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_global_providers_set_after_the_manager_is_built_are_picked_up() -> None:
+    # In a subprocess: the API lets a process set its global providers only once.
+    code = """
+import asyncio, time
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from idempotency_async import Manager, MemoryStore, Options
+from idempotency_async.otel import Telemetry
+
+manager = Manager(MemoryStore(), Options(key_prefix="late", telemetry=Telemetry()))
+
+async def one(n):
+    async def work():
+        return n
+    return await manager.execute({"n": n}, work, timeout=5)
+
+asyncio.run(one(1))  # no provider yet: not observed
+spans = InMemorySpanExporter()
+tracer_provider = TracerProvider()
+tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+trace.set_tracer_provider(tracer_provider)
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+time.sleep(1.05)  # the providers are looked up again at most once a second
+asyncio.run(one(2))
+names = [s.name for s in spans.get_finished_spans()]
+assert names == ["idempotency late"], names
+data = reader.get_metrics_data()
+calls = [m for r in data.resource_metrics for s in r.scope_metrics for m in s.metrics
+         if m.name == "idempotency.calls"]
+assert [p.value for p in calls[0].data.data_points] == [1], calls
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
