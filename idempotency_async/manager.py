@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, NamedTuple, TypeVar
 
 from idempotency_async._codec import decode_json, encode_json
@@ -37,6 +37,7 @@ from idempotency_async.errors import (
     StoreUnavailableError,
 )
 from idempotency_async.events import Event, EventKind
+from idempotency_async.instrumentation import Observer
 from idempotency_async.options import Options, disabled_by_environment
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores.base import CLAIMED, State, Store, Verdict, Written
@@ -92,6 +93,16 @@ class Manager:
         self._cutoffs: Cutoffs | None = None
         self._warned_no_deadline = False
         self._disabled = disabled_by_environment()
+        telemetry = self.options.telemetry
+        self._observer = None if telemetry is None else telemetry.bind(self._keys.prefix, store)
+        # The store every round trip goes to: the observer's timing wrapper once calls
+        # are observed.
+        self._store = store
+        if self._observer is not None:
+            # Observed calls enter through the observer; unobserved ones keep the plain
+            # method and pay no extra coroutine frame (a frame per call in flight is
+            # garbage-collector work).
+            self.execute = self._observed_execute  # type: ignore[method-assign]
         if self._disabled:
             _log.warning(
                 "idempotency is disabled by POWERTOOLS_IDEMPOTENCY_DISABLED: "
@@ -125,10 +136,7 @@ class Manager:
         record's lease.  Cancellation propagates and leaves no store write behind.
         """
         if not callable(callback):
-            raise ConfigError(
-                "callback must be a zero-argument callable returning an awaitable, e.g. "
-                f"lambda: charge(order); got {type(callback).__name__}"
-            )
+            raise _not_callable(callback)
         loop = asyncio.get_running_loop()
         when = effective_deadline(loop, deadline=deadline, timeout=timeout)
         keys = None if self._disabled else self._keys.derive(payload)
@@ -149,6 +157,40 @@ class Manager:
                 self._emit("joined", keys.key)
                 return self._replay_outcome(outcome)  # type: ignore[no-any-return]
 
+    def _observed_execute(
+        self,
+        payload: Any,
+        callback: Callable[[], Awaitable[T]],
+        *,
+        deadline: float | None = None,
+        timeout: float | None = None,
+    ) -> Coroutine[Any, Any, T]:
+        """``execute`` of a manager with telemetry: a plain function handing back the
+        coroutine to await, so that while telemetry is inactive (no provider set) a call
+        costs one test and no extra frame."""
+        observer = self._observer
+        if observer is not None and observer.active():
+            return self._observed(observer, payload, callback, deadline, timeout)
+        return Manager.execute(self, payload, callback, deadline=deadline, timeout=timeout)
+
+    async def _observed(
+        self,
+        observer: Observer,
+        payload: Any,
+        callback: Callable[[], Awaitable[T]],
+        deadline: float | None,
+        timeout: float | None,
+    ) -> T:
+        # Observing never stops once it started (providers are set once).
+        self._store = observer.store
+        if not callable(callback):
+            raise _not_callable(callback)
+
+        def run(observed: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+            return Manager.execute(self, payload, observed, deadline=deadline, timeout=timeout)
+
+        return await observer.call(run, callback)
+
     async def force_release(self, key: str) -> Record | None:
         """Delete the record of ``key`` whatever its state (operators: unstick a key).
 
@@ -158,7 +200,7 @@ class Manager:
         """
         if self._cache is not None:
             self._cache.discard(key)
-        deleted = await self.store.force_release(key)
+        deleted = await self._store.force_release(key)
         self._emit("released", key)
         return deleted
 
@@ -207,7 +249,7 @@ class Manager:
         try:
             lease = self._lease_for(flight, loop)
             try:
-                verdict = await self.store.claim(lease.claim)
+                verdict = await self._store.claim(lease.claim)
             except StoreUnavailableError as exc:
                 await self._release_unknown_claim(lease, exc, loop)
                 raise
@@ -246,7 +288,7 @@ class Manager:
             # the callback overran it): after that another worker may hold the key.
             timer = cutoffs.start(max(lease.ends_at, loop.time() + lease.reserve))
             try:
-                written = await self.store.complete(completion)
+                written = await self._store.complete(completion)
             except asyncio.CancelledError as exc:
                 if timer.fired():
                     abandoned = TimeoutError("abandoned at the lease end")
@@ -292,7 +334,7 @@ class Manager:
 
     async def _claim(self, lease: _Lease, loop: asyncio.AbstractEventLoop) -> Verdict:
         try:
-            return await self.store.claim(lease.claim)
+            return await self._store.claim(lease.claim)
         except StoreUnavailableError as exc:
             await self._release_unknown_claim(lease, exc, loop)
             raise
@@ -351,17 +393,22 @@ class Manager:
         completed or claimable.  Reads, not claim attempts: in DynamoDB a refused conditional
         write costs write capacity, a strongly consistent read a fifth of it."""
         delay = _FIRST_POLL
-        while True:
-            left = wait_until - loop.time()
-            if not self.options.wait or left <= 0:
-                self._reject(keys.key, verdict.retry_after)
-            await asyncio.sleep(min(delay, left))
-            delay = min(delay * 2, _MAX_POLL)
-            verdict = await self.store.get(keys.key, now=self.options.clock())
-            if verdict.state is not State.IN_PROGRESS:
-                return verdict
-            if verdict.record is not None:
-                self._keys.validate(verdict.record.validation, keys)
+        started = loop.time()
+        try:
+            while True:
+                left = wait_until - loop.time()
+                if not self.options.wait or left <= 0:
+                    self._reject(keys.key, verdict.retry_after)
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, _MAX_POLL)
+                verdict = await self._store.get(keys.key, now=self.options.clock())
+                if verdict.state is not State.IN_PROGRESS:
+                    return verdict
+                if verdict.record is not None:
+                    self._keys.validate(verdict.record.validation, keys)
+        finally:
+            if self._observer is not None:
+                self._observer.waited(loop.time() - started)
 
     def _wait_limit(self, deadline: float | None, loop: asyncio.AbstractEventLoop) -> float:
         limit = loop.time() + self.options.wait_timeout
@@ -462,7 +509,7 @@ class Manager:
         key = lease.claim.key
         timer = self._cutoffs_of(loop).start(max(lease.ends_at, loop.time() + lease.reserve))
         try:
-            return await self.store.release(key, lease.claim.owner)
+            return await self._store.release(key, lease.claim.owner)
         except asyncio.CancelledError as cancelled:
             if not timer.fired():
                 raise
@@ -523,6 +570,7 @@ class Manager:
         else:
             limit = float("inf") if deadline is None else deadline
         flight.waiters += 1
+        started = loop.time()
         try:
             await wait_for(future, limit)
         except TimeoutError:
@@ -544,6 +592,8 @@ class Manager:
             ) from None
         finally:
             flight.waiters -= 1
+            if self._observer is not None:
+                self._observer.waited(loop.time() - started)
 
     # ------------------------------------------------------------------ no key
 
@@ -594,6 +644,8 @@ class Manager:
             _log.debug(
                 "idempotency %s", kind, extra={"idempotency_event": kind, "idempotency_key": key}
             )
+        if self._observer is not None:
+            self._observer.event(kind, key, duration, error)
         hook = self.options.on_event
         if hook is None:
             return
@@ -614,6 +666,13 @@ def _check_record_format(store: Store, options: Options) -> None:
             f"{options.key_format!r}): use the same format on both, e.g. "
             f"DynamoDBStore(..., record_format={options.key_format!r})"
         )
+
+
+def _not_callable(callback: object) -> ConfigError:
+    return ConfigError(
+        "callback must be a zero-argument callable returning an awaitable, e.g. "
+        f"lambda: charge(order); got {type(callback).__name__}"
+    )
 
 
 def _cut_off(key: str) -> DeadlineExceededError:

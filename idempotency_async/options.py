@@ -20,6 +20,7 @@ from idempotency_async._powertools_python import (
 from idempotency_async.canonical import HASH_ALGORITHMS, Serializer
 from idempotency_async.errors import ConfigError
 from idempotency_async.events import EventHook
+from idempotency_async.instrumentation import Instrumentation
 from idempotency_async.record import JSONValue, Record
 from idempotency_async.selection import Expression
 
@@ -98,6 +99,9 @@ class Options:
     response_hook: ResponseHook | None = None
     """Called as ``hook(response, record)`` on every replay; its return value is replayed."""
     on_event: EventHook | None = None
+    telemetry: Instrumentation | None = None
+    """Traces and metrics for every call, e.g. :class:`idempotency_async.otel.Telemetry`
+    (``pip install 'idempotency-async[otel]'``); None: nothing is observed or paid."""
     clock: Callable[[], float] = field(default=time.time)
     """Wall clock in Unix seconds; the only one the manager and stores use."""
 
@@ -130,6 +134,12 @@ class Options:
         if self.integer_precision not in ("strict", "float64"):
             raise ConfigError(
                 f"integer_precision must be 'strict' or 'float64', got {self.integer_precision!r}"
+            )
+        if self.telemetry is not None and not callable(getattr(self.telemetry, "bind", None)):
+            raise ConfigError(
+                "telemetry must be an instrumentation such as "
+                "idempotency_async.otel.Telemetry(), got "
+                f"{type(self.telemetry).__name__}"
             )
         if self.key_prefix is not None and not isinstance(self.key_prefix, str):
             raise ConfigError(f"key_prefix must be a string, got {type(self.key_prefix).__name__}")

@@ -47,6 +47,7 @@ from idempotency_async.errors import (
     PersistenceError,
     ResponseNotStoredError,
 )
+from idempotency_async.instrumentation import annotate, call_attributes
 from idempotency_async.manager import Manager
 
 __all__ = [
@@ -71,6 +72,8 @@ KEY_HEADER: Final = "idempotency-key"
 REPLAYED_HEADER: Final = "idempotent-replayed"
 STORED_HEADER: Final = "idempotency-response-stored"
 """``Idempotency-Response-Stored: false`` marks a response that will not be replayed."""
+REPLAYED_ATTRIBUTE: Final = "idempotency.http.replayed"
+"""Set on the current (server) span when a stored response is replayed."""
 DEFAULT_METHODS: Final = ("POST", "PATCH")
 DEFAULT_REPLAY_HEADERS: Final = ("cache-control", "content-type", "etag", "link", "location")
 DEFAULT_MAX_BODY_BYTES: Final = 1024 * 1024
@@ -476,14 +479,20 @@ class HttpIdempotency:
             nonlocal ran
             ran = True
             await run()
+            if capture.status is not None:
+                annotate(self.manager, {"http.response.status_code": capture.status})
             return self._record(capture)
 
         loop = asyncio.get_running_loop()
         started = loop.time()
+        scope = payload["scope"]
         try:
-            stored = await self.manager.execute(
-                payload, callback, timeout=self.settings.request_timeout
-            )
+            with call_attributes(
+                self.manager, {"http.route": scope["route"], "http.request.method": scope["method"]}
+            ):
+                stored = await self.manager.execute(
+                    payload, callback, timeout=self.settings.request_timeout
+                )
         except _Release:
             return None
         except AlreadyInProgressError as exc:
@@ -524,6 +533,7 @@ class HttpIdempotency:
             ) from None
         if ran:
             return None
+        annotate(self.manager, {"http.route": scope["route"], REPLAYED_ATTRIBUTE: True})
         return self.replay(stored)
 
     def _in_progress(self, exc: AlreadyInProgressError) -> HttpResponse:

@@ -38,6 +38,7 @@ from idempotency_async.errors import (
     PayloadError,
     ResponseNotStoredError,
 )
+from idempotency_async.instrumentation import annotate, call_attributes
 from idempotency_async.manager import Manager
 
 __all__ = [
@@ -59,6 +60,11 @@ BatchResponse = dict[str, list[dict[str, str]]]
 """``{"batchItemFailures": [{"itemIdentifier": ...}, ...]}``, as Lambda expects it."""
 
 DEFAULT_CONCURRENCY = 10
+# Telemetry attributes: the item on each record's call span, the counts on the current
+# (invocation) span.
+_ITEM_ID = "idempotency.batch.item.id"
+_BATCH_SIZE = "idempotency.batch.size"
+_BATCH_FAILURES = "idempotency.batch.failures"
 
 
 # ---------------------------------------------------------------------- handlers
@@ -540,6 +546,7 @@ async def process_batch(
         async with ambient_deadline(at=when):
             run.deadline = when
             failed = await _process(run, items, concurrency)
+    annotate(manager, {_BATCH_SIZE: len(records), _BATCH_FAILURES: len(failed)})
     return {"batchItemFailures": [{"itemIdentifier": identifier} for identifier in failed]}
 
 
@@ -607,9 +614,10 @@ class _RecordRunner:
         """Run one record; True when it needs no redelivery."""
         try:
             payload = self.source.decode(item.record)
-            await self.manager.execute(
-                payload, lambda: self.handler(payload), deadline=self.deadline
-            )
+            with call_attributes(self.manager, {_ITEM_ID: item.identifier}):
+                await self.manager.execute(
+                    payload, lambda: self.handler(payload), deadline=self.deadline
+                )
         except (ResponseNotStoredError, CompletionError) as exc:
             # The handler ran to completion; only its result was not recorded.
             # Redelivering the record could only run the side effect twice.

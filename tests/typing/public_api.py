@@ -55,3 +55,13 @@ async def optional_key(key: OptionalIdempotencyKey) -> None:
 
 IdempotencyMiddleware(api, manager=manager, wait=True, wait_timeout=5.0)
 IdempotencyMiddleware(api, manager=manager, wait=5.0)  # type: ignore[arg-type]
+
+
+def telemetry_is_an_instrumentation() -> None:
+    from idempotency_async.instrumentation import Instrumentation
+    from idempotency_async.otel import Telemetry
+
+    instrumentation: Instrumentation = Telemetry()
+    Options(telemetry=instrumentation)
+    Options(telemetry=Telemetry())
+    Options(telemetry="otel")  # type: ignore[arg-type]

@@ -1,0 +1,85 @@
+"""A store wrapper that times each round trip: a span event on the call span and a
+histogram sample.  No span of its own, so a driver's instrumentation (botocore, redis)
+nests its client span directly under the call span instead of under a duplicate."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, TypeVar
+
+from idempotency_async.record import Claim, Completion, Record
+from idempotency_async.stores.base import Store, Verdict, Written
+
+if TYPE_CHECKING:
+    from idempotency_async.otel._observer import BoundTelemetry
+
+__all__ = ["ObservedStore", "system_of"]
+
+T = TypeVar("T")
+
+_SYSTEMS = {"DynamoDBStore": "aws.dynamodb", "RedisStore": "redis", "MemoryStore": "memory"}
+
+
+def system_of(store: Store) -> str:
+    """``db.system.name`` of a store: its ``db_system_name`` attribute, else by class."""
+    declared = getattr(store, "db_system_name", None)
+    if isinstance(declared, str):
+        return declared
+    name = type(store).__name__
+    return _SYSTEMS.get(name, name)
+
+
+class ObservedStore:
+    """Implements the store protocol over ``inner`` for one observed manager (which
+    switches to it from its first observed call on)."""
+
+    def __init__(self, inner: Store, bound: BoundTelemetry) -> None:
+        self.inner = inner
+        self._bound = bound
+        self.max_response_bytes = inner.max_response_bytes
+
+    async def claim(self, claim: Claim) -> Verdict:
+        return await self._timed("claim", claim.key, self.inner.claim(claim))
+
+    async def get(self, key: str, *, now: float) -> Verdict:
+        return await self._timed("get", key, self.inner.get(key, now=now))
+
+    async def complete(self, completion: Completion) -> Written:
+        return await self._timed("complete", completion.key, self.inner.complete(completion))
+
+    async def release(self, key: str, owner: str) -> bool:
+        return await self._timed("release", key, self.inner.release(key, owner))
+
+    async def force_release(self, key: str) -> Record | None:
+        return await self._timed("force_release", key, self.inner.force_release(key))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def _timed(self, operation: str, key: str, round_trip: Awaitable[T]) -> T:
+        bound = self._bound
+        started_ns = time.time_ns()
+        started = time.perf_counter()
+        try:
+            result = await round_trip
+        except BaseException as exc:
+            seconds = time.perf_counter() - started
+            bound.store_round_trip(operation, key, seconds, started_ns, None, exc)
+            raise
+        seconds = time.perf_counter() - started
+        bound.store_round_trip(operation, key, seconds, started_ns, _describe(result), None)
+        return result
+
+
+def _describe(result: object) -> str | None:
+    """``idempotency.store.result``: what the store answered, in one word."""
+    if isinstance(result, Verdict):
+        return str(result.state.value)
+    if isinstance(result, Written):
+        return str(result.value)
+    if isinstance(result, bool):
+        return "released" if result else "not_owner"
+    if isinstance(result, Record):
+        return "deleted"
+    return None
