@@ -85,12 +85,18 @@ def start_redis(*extra: str, directory: str | None = None) -> RedisServer:
     process = subprocess.Popen(
         [
             binary,
-            "--port", str(port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", directory,
-            "--logfile", str(log),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            directory,
+            "--logfile",
+            str(log),
             *extra,
         ],  # fmt: skip
         stdout=subprocess.DEVNULL,
@@ -126,10 +132,14 @@ def start_cluster(masters: int = 3) -> RedisServer:
         for index in range(masters):
             nodes.append(
                 start_redis(
-                    "--cluster-enabled", "yes",
-                    "--cluster-config-file", f"nodes-{index}.conf",
-                    "--cluster-port", str(_free_port()),
-                    "--cluster-node-timeout", "2000",
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    f"nodes-{index}.conf",
+                    "--cluster-port",
+                    str(_free_port()),
+                    "--cluster-node-timeout",
+                    "2000",
                     directory=directory,
                 )  # fmt: skip
             )
@@ -146,7 +156,10 @@ def start_cluster(masters: int = 3) -> RedisServer:
         if created.returncode != 0:
             raise RuntimeError(created.stdout[-2000:] + created.stderr[-2000:])
         deadline = time.monotonic() + _STARTUP_SECONDS
-        while not all("cluster_state:ok" in cluster.cli("cluster", "info", port=port) for port in cluster.ports):
+        while not all(
+            "cluster_state:ok" in cluster.cli("cluster", "info", port=port)
+            for port in cluster.ports
+        ):
             if time.monotonic() > deadline:
                 raise RuntimeError("the cluster did not reach cluster_state:ok")
             time.sleep(0.05)

@@ -38,7 +38,9 @@ class LossyProxy:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._server.wait_closed()
 
-    async def _serve(self, client_reader: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
+    async def _serve(
+        self, client_reader: asyncio.StreamReader, client: asyncio.StreamWriter
+    ) -> None:
         # The server runs this handler as a task of its own: track it so close() awaits it.
         task = asyncio.current_task()
         assert task is not None

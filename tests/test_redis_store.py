@@ -32,7 +32,9 @@ def claim(key: str = "k", owner: str = "a", now: float | None = None, **kw: Any)
     return Claim(key, owner, time.time() if now is None else now, kw.get("lease", LEASE), TTL, "h")
 
 
-def completion(key: str = "k", owner: str = "a", response: Any = 1, now: float | None = None) -> Completion:
+def completion(
+    key: str = "k", owner: str = "a", response: Any = 1, now: float | None = None
+) -> Completion:
     now = time.time() if now is None else now
     return Completion(key, owner, now, TTL, "h", encode_json(response), response)
 
@@ -58,9 +60,17 @@ async def test_records_use_the_typescript_layout_with_a_ttl(redis_server: RedisS
         before = time.time()
         assert await store.claim(claim()) is CLAIMED
         item = await raw_record(redis_server, store)
-        assert set(item) == {"status", "expiration", "in_progress_expiration", "validation", "owner"}
+        assert set(item) == {
+            "status",
+            "expiration",
+            "in_progress_expiration",
+            "validation",
+            "owner",
+        }
         assert item["status"] == "INPROGRESS" and item["owner"] == "a" and item["validation"] == "h"
-        assert isinstance(item["expiration"], int) and isinstance(item["in_progress_expiration"], int)
+        assert isinstance(item["expiration"], int) and isinstance(
+            item["in_progress_expiration"], int
+        )
         assert before + TTL - 1 <= item["expiration"] <= time.time() + TTL + 1
         assert abs(item["in_progress_expiration"] / 1000 - (before + LEASE)) < 1
         assert 0 < await pttl(redis_server, store) <= (TTL + 2) * 1000

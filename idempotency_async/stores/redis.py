@@ -51,6 +51,7 @@ _COMPLETE: Final = _Script(scripts.COMPLETE)
 _RELEASE: Final = _Script(scripts.RELEASE)
 _GET: Final = _Script(scripts.GET)
 _FORCE_RELEASE: Final = _Script(scripts.FORCE_RELEASE)
+_SCRIPTS: Final = (_CLAIM, _COMPLETE, _RELEASE, _GET, _FORCE_RELEASE)
 
 
 class RedisStore:
@@ -167,6 +168,7 @@ class RedisStore:
     # -- lifecycle ------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
+        await self.load_scripts()
         return self
 
     async def __aexit__(
@@ -185,6 +187,17 @@ class RedisStore:
         if self._owns_client:
             self._owns_client = False
             await self._client.aclose()
+
+    async def load_scripts(self) -> None:
+        """Connect and load the store's scripts now (``async with store`` does this).
+
+        Optional: scripts load on first use anyway.  Calling it at start-up makes a wrong
+        URL, password or ACL fail there rather than on the first request.
+        """
+        client = self._client if self._ready else await self._open()
+        with translate_errors("script load", "-"):
+            for script in _SCRIPTS:
+                await client.script_load(script.text)
 
     async def _open(self) -> Any:
         if self._closed:
