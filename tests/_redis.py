@@ -31,7 +31,9 @@ __all__ = [
     "fresh_redis_store",
     "redis_cluster",
     "redis_server",
+    "start_cluster",
     "start_redis",
+    "start_sentinel",
     "stop_redis",
 ]
 
@@ -82,25 +84,19 @@ def start_redis(*extra: str, directory: str | None = None) -> RedisServer:
     directory = directory or tempfile.mkdtemp(prefix="idem-redis-")
     port = _free_port()
     log = Path(directory, f"redis-{port}.log")
+    options = {
+        "port": str(port),
+        "bind": "127.0.0.1",
+        "save": "",
+        "appendonly": "no",
+        # A replica's first sync otherwise waits 5 s for more replicas to join.
+        "repl-diskless-sync-delay": "0",
+        "dir": directory,
+        "logfile": str(log),
+    }
+    arguments = [part for name, value in options.items() for part in (f"--{name}", value)]
     process = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            directory,
-            "--logfile",
-            str(log),
-            *extra,
-        ],  # fmt: skip
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
+        [binary, *arguments, *extra], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
     )
     server = RedisServer([port], [process], directory)
     problem = _wait_until_answering(port, process)
@@ -130,19 +126,16 @@ def start_cluster(masters: int = 3) -> RedisServer:
     nodes: list[RedisServer] = []
     try:
         for index in range(masters):
-            nodes.append(
-                start_redis(
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    f"nodes-{index}.conf",
-                    "--cluster-port",
-                    str(_free_port()),
-                    "--cluster-node-timeout",
-                    "2000",
-                    directory=directory,
-                )  # fmt: skip
-            )
+            cluster_options = {
+                "cluster-enabled": "yes",
+                "cluster-config-file": f"nodes-{index}.conf",
+                "cluster-port": str(_free_port()),
+                "cluster-node-timeout": "2000",
+            }
+            arguments = [
+                part for name, value in cluster_options.items() for part in (f"--{name}", value)
+            ]
+            nodes.append(start_redis(*arguments, directory=directory))
         cluster = RedisServer(
             [node.port for node in nodes], [p for n in nodes for p in n.processes], directory
         )
@@ -167,6 +160,29 @@ def start_cluster(masters: int = 3) -> RedisServer:
         stop_redis(RedisServer([], [p for n in nodes for p in n.processes], directory))
         _give_up(f"cannot start a {masters}-master Redis cluster: {exc}")
     return cluster
+
+
+def start_sentinel(master: RedisServer, name: str = "mymaster") -> RedisServer:
+    """Start one sentinel monitoring ``master`` (quorum 1, fast failure detection)."""
+    binary = redis_binary()
+    directory = tempfile.mkdtemp(prefix="idem-redis-sentinel-")
+    port = _free_port()
+    config = Path(directory, "sentinel.conf")
+    config.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {directory}\nlogfile {directory}/sentinel.log\n"
+        f"sentinel monitor {name} 127.0.0.1 {master.port} 1\n"
+        f"sentinel down-after-milliseconds {name} 1000\n"
+        f"sentinel failover-timeout {name} 5000\n"
+    )
+    process = subprocess.Popen(
+        [binary, str(config), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
+    sentinel = RedisServer([port], [process], directory)
+    problem = _wait_until_answering(port, process)
+    if problem is not None:
+        stop_redis(sentinel)
+        _give_up(f"sentinel: {problem}")
+    return sentinel
 
 
 @pytest.fixture(scope="session")

@@ -107,6 +107,13 @@ class RedisStore:
                 "connection that wrote the claim, which a cluster client does not expose; use "
                 "a client per shard, or accept the failover risk (docs/redis.md)"
             )
+        socket_timeout = _socket_timeout(client)
+        if wait_replicas and socket_timeout is not None and socket_timeout <= wait_timeout:
+            raise ConfigError(
+                f"wait_timeout ({wait_timeout} s) must be shorter than the client's "
+                f"socket_timeout ({socket_timeout} s): WAIT blocks the connection for up to "
+                "wait_timeout, and the client would give up on the claim's answer first"
+            )
         self.max_response_bytes = max_response_bytes
         self.key_prefix = key_prefix
         self.clock = clock
@@ -353,4 +360,11 @@ class RedisStore:
 
 def _is_cluster(client: Any) -> bool:
     return hasattr(client, "nodes_manager")
+
+
+def _socket_timeout(client: Any) -> float | None:
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    timeout = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
+    return timeout if isinstance(timeout, int | float) else None
 
