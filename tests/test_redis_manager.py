@@ -24,6 +24,8 @@ from idempotency_async import Manager, Options, errors
 from idempotency_async.record import Status
 from idempotency_async.stores.redis import RedisStore
 
+pytestmark = pytest.mark.redis
+
 _WORKER = Path(__file__).with_name("_redis_worker.py")
 # Workers import this checkout's package, whatever is installed.
 _ENV = {

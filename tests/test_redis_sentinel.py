@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from _redis import start_redis, start_sentinel, stop_redis
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import ResponseError
@@ -19,6 +20,8 @@ from idempotency_async._codec import encode_json
 from idempotency_async.record import Claim, Completion
 from idempotency_async.stores.base import CLAIMED, State, Written
 from idempotency_async.stores.redis import _CLAIM, RedisStore
+
+pytestmark = pytest.mark.redis
 
 
 def claim(key: str, owner: str = "a") -> Claim:

@@ -14,16 +14,18 @@ from typing import Any
 
 import pytest
 import redis.asyncio as redis_asyncio
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from _redis import RedisServer, fresh_redis_store, start_redis, stop_redis
 from _tcp_proxy import lossy_proxy
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from idempotency_async import errors
 from idempotency_async._codec import encode_json
 from idempotency_async.record import Claim, Completion, Status
 from idempotency_async.stores.base import CLAIMED, State, Written
 from idempotency_async.stores.redis import RedisStore
+
+pytestmark = pytest.mark.redis
 
 LEASE, TTL = 30.0, 3600.0
 
@@ -127,7 +129,7 @@ async def test_typescript_records_are_read_and_judged(redis_server: RedisServer)
         await client.set(store.key_prefix + "ts-2", json.dumps(lapsed))
         assert await store.claim(claim("ts-2")) is CLAIMED
 
-        done = '{"status":"COMPLETED","expiration":%d,"data":{"a":[1,"x"],"data":2}}' % (now + 60)
+        done = '{"status":"COMPLETED","expiration":%d,"data":{"a":[1,"x"],"data":2}}' % (now + 60)  # noqa: UP031
         await client.set(store.key_prefix + "ts-3", done)
         verdict = await store.claim(claim("ts-3"))
         assert verdict.state is State.COMPLETED and verdict.record is not None
@@ -135,7 +137,7 @@ async def test_typescript_records_are_read_and_judged(redis_server: RedisServer)
         assert verdict.record.validation is None
 
         # No data: the TypeScript callback returned undefined.
-        bare = '{"status":"COMPLETED","expiration":%d}' % (now + 60)
+        bare = '{"status":"COMPLETED","expiration":%d}' % (now + 60)  # noqa: UP031
         await client.set(store.key_prefix + "ts-4", bare)
         record = (await store.get("ts-4", now=now)).record
         assert record is not None and record.response is None and record.response_stored

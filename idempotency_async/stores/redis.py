@@ -337,7 +337,8 @@ class RedisStore:
                     continue
                 raise answer
             break
-        if answer == 1 and (isinstance(acknowledged, Exception) or acknowledged < self.wait_replicas):
+        short = isinstance(acknowledged, Exception) or acknowledged < self.wait_replicas
+        if answer == 1 and short:
             raise StoreUnavailableError(
                 f"the claim of key {key!r} was acknowledged by {acknowledged!r} replicas within "
                 f"{self.wait_timeout} s, fewer than wait_replicas={self.wait_replicas}; the "
@@ -367,4 +368,3 @@ def _socket_timeout(client: Any) -> float | None:
     kwargs = getattr(pool, "connection_kwargs", None)
     timeout = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
     return timeout if isinstance(timeout, int | float) else None
-
