@@ -383,3 +383,17 @@ async def test_wait_replicas_confirms_a_claim_on_a_replica(redis_server: RedisSe
     finally:
         stop_redis(replica)
         stop_redis(primary)
+
+
+async def test_more_concurrent_calls_than_pooled_connections_queue(
+    redis_server: RedisServer,
+) -> None:
+    # redis-py's default pool fails the command that finds every connection in use.
+    async with redis_server.client(max_connections=4) as client:
+        store = RedisStore(client, key_prefix=f"pool{time.time_ns()}:")
+        keys = [f"p{n}" for n in range(200)]
+        verdicts = await asyncio.gather(*(store.claim(claim(key)) for key in keys))
+        assert all(verdict is CLAIMED for verdict in verdicts)
+        written = await asyncio.gather(*(store.complete(completion(key)) for key in keys))
+        assert set(written) == {Written.RESPONSE}
+        assert len(client.connection_pool._available_connections) <= 4

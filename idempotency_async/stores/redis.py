@@ -9,6 +9,8 @@ writes, plus an ``owner`` token that fences completion and release.  See
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
 from collections.abc import Mapping
@@ -18,7 +20,7 @@ from typing import Any, Final, Literal, Self
 from idempotency_async.errors import ConfigError, StoreUnavailableError, StoreValidationError
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores import _redis_scripts as scripts
-from idempotency_async.stores._redis_errors import is_no_script, translate_errors
+from idempotency_async.stores._redis_errors import is_no_script, translate_errors, translated
 from idempotency_async.stores._redis_records import claim_tail, completion_tail, decode_record
 from idempotency_async.stores.base import (
     CLAIMED,
@@ -122,6 +124,7 @@ class RedisStore:
         self._client = client
         self._client_clock = clock == "client"
         self._ready = False
+        self._gate: asyncio.Semaphore | None = None
         self._owns_client = False
         self._closed = False
 
@@ -218,19 +221,39 @@ class RedisStore:
         if initialize is not None:
             with translate_errors("connect", "-"):
                 await initialize()
+        limit = _pool_limit(self._client)
+        if limit is not None and self._gate is None:
+            self._gate = asyncio.Semaphore(limit)
         self._ready = True
         return self._client
 
-    async def _eval(self, script: _Script, key: str, *args: Any) -> Any:
-        client = self._client if self._ready else await self._open()
+    async def _eval(self, operation: str, script: _Script, key: str, *args: Any) -> Any:
+        """Run ``script`` on the key ``key`` (logical) with ``args``; one round trip."""
+        if not self._ready:
+            await self._open()
+        if self._gate is None:
+            return await self._eval_now(operation, script, key, args)
+        async with self._gate:
+            return await self._eval_now(operation, script, key, args)
+
+    async def _eval_now(
+        self, operation: str, script: _Script, key: str, args: tuple[Any, ...]
+    ) -> Any:
+        client, name = self._client, self.key_prefix + key
         try:
-            return await client.evalsha(script.sha, 1, key, *args)
+            try:
+                return await client.evalsha(script.sha, 1, name, *args)
+            except Exception as exc:
+                if not is_no_script(exc):
+                    raise
+            # A restart, a failover or SCRIPT FLUSH dropped the script: load it and retry.
+            await client.script_load(script.text)
+            return await client.evalsha(script.sha, 1, name, *args)
         except Exception as exc:
-            if not is_no_script(exc):
+            error = translated(exc, operation, key)
+            if error is exc:
                 raise
-        # A restart, a failover or SCRIPT FLUSH dropped the script: load it and retry.
-        await client.script_load(script.text)
-        return await client.evalsha(script.sha, 1, key, *args)
+            raise error from exc
 
     # -- Store protocol -------------------------------------------------------------
 
@@ -243,11 +266,14 @@ class RedisStore:
             claim.ttl,
             claim_tail(claim.owner, claim.validation),
         )
-        with translate_errors("claim", key):
-            if self.wait_replicas:
-                answer = await self._claim_acknowledged(self.key_prefix + key, args)
-            else:
-                answer = await self._eval(_CLAIM, self.key_prefix + key, *args)
+        if self.wait_replicas:
+            with translate_errors("claim", key):
+                if not self._ready:
+                    await self._open()
+                async with self._gate or contextlib.nullcontext():
+                    answer = await self._claim_acknowledged(self.key_prefix + key, args)
+        else:
+            answer = await self._eval("claim", _CLAIM, key, *args)
         if answer == 1:
             return CLAIMED
         if not isinstance(answer, list) or len(answer) != 3:
@@ -268,13 +294,14 @@ class RedisStore:
         )
 
     async def get(self, key: str, *, now: float) -> Verdict:
-        with translate_errors("get", key):
-            if self._client_clock:
+        if self._client_clock:
+            with translate_errors("get", key):
                 client = self._client if self._ready else await self._open()
-                raw = await client.get(self.key_prefix + key)
-            else:
-                raw, now_text = await self._eval(_GET, self.key_prefix + key, b"")
-                now = float(now_text)
+                async with self._gate or contextlib.nullcontext():
+                    raw = await client.get(self.key_prefix + key)
+        else:
+            raw, now_text = await self._eval("get", _GET, key, b"")
+            now = float(now_text)
         return judge(None if raw is None else self._decode(key, raw), now)
 
     async def complete(self, completion: Completion) -> Written:
@@ -285,15 +312,15 @@ class RedisStore:
             logger.warning("the response for %r is %s; stored without it", key, reason)
             encoded = None
         tail = completion_tail(completion, encoded, reason)
-        with translate_errors("complete", key):
-            answer = await self._eval(
-                _COMPLETE,
-                self.key_prefix + key,
-                completion.owner,
-                repr(completion.now) if self._client_clock else b"",
-                completion.ttl,
-                tail,
-            )
+        answer = await self._eval(
+            "complete",
+            _COMPLETE,
+            key,
+            completion.owner,
+            repr(completion.now) if self._client_clock else b"",
+            completion.ttl,
+            tail,
+        )
         if answer == 0:
             return Written.NOTHING
         if answer == 1:
@@ -304,13 +331,11 @@ class RedisStore:
         )
 
     async def release(self, key: str, owner: str) -> bool:
-        with translate_errors("release", key):
-            answer = await self._eval(_RELEASE, self.key_prefix + key, owner)
+        answer = await self._eval("release", _RELEASE, key, owner)
         return bool(answer == 1)
 
     async def force_release(self, key: str) -> Record | None:
-        with translate_errors("force release", key):
-            raw = await self._eval(_FORCE_RELEASE, self.key_prefix + key)
+        raw = await self._eval("force release", _FORCE_RELEASE, key)
         if raw is None:
             return None
         try:
@@ -324,7 +349,7 @@ class RedisStore:
 
     async def _claim_acknowledged(self, key: str, args: tuple[Any, ...]) -> Any:
         """The claim script and ``WAIT`` pipelined on one connection (one round trip)."""
-        client = self._client if self._ready else await self._open()
+        client = self._client
         wait_ms = max(1, round(self.wait_timeout * 1000))
         for attempt in range(2):
             pipe = client.pipeline(transaction=False)
@@ -361,6 +386,21 @@ class RedisStore:
 
 def _is_cluster(client: Any) -> bool:
     return hasattr(client, "nodes_manager")
+
+
+def _pool_limit(client: Any) -> int | None:
+    """The size of the client's connection pool when exceeding it fails rather than waits.
+
+    redis-py's default pool raises ``MaxConnectionsError`` on the 101st concurrent command,
+    and its ``BlockingConnectionPool`` waits but slows down badly with hundreds of waiters;
+    the store queues its own commands at the pool's size instead.
+    """
+    pool = getattr(client, "connection_pool", None)
+    limit = getattr(pool, "max_connections", None)
+    names = {cls.__name__ for cls in type(pool).__mro__}
+    if "ConnectionPool" not in names or "BlockingConnectionPool" in names:
+        return None
+    return limit if isinstance(limit, int) and 0 < limit < 2**31 else None
 
 
 def _socket_timeout(client: Any) -> float | None:
