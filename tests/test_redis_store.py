@@ -397,3 +397,24 @@ async def test_more_concurrent_calls_than_pooled_connections_queue(
         written = await asyncio.gather(*(store.complete(completion(key)) for key in keys))
         assert set(written) == {Written.RESPONSE}
         assert len(client.connection_pool._available_connections) <= 4
+
+
+async def test_the_documented_minimal_acl_user_can_run_the_store(
+    redis_server: RedisServer,
+) -> None:
+    user = f"idem{time.time_ns()}"
+    async with redis_server.client() as admin:
+        # As docs/redis.md gives it, for keys starting with "orders#".
+        await admin.execute_command(
+            "ACL", "SETUSER", user, "on", ">secret", "~orders#*",
+            "+evalsha", "+script|load", "+get", "+set", "+del", "+time", "+wait",
+        )  # fmt: skip
+    url = f"redis://{user}:secret@127.0.0.1:{redis_server.port}/0"
+    async with RedisStore.from_url(url) as store:
+        assert await store.claim(claim("orders#1")) is CLAIMED
+        assert await store.complete(completion("orders#1")) is Written.RESPONSE
+        assert (await store.get("orders#1", now=0)).state is State.COMPLETED
+        assert await store.release("orders#2", "a") is True
+        assert await store.force_release("orders#1") is not None
+        with pytest.raises(errors.StoreAccessDeniedError):
+            await store.claim(claim("other#1"))
