@@ -418,3 +418,17 @@ async def test_the_documented_minimal_acl_user_can_run_the_store(
         assert await store.force_release("orders#1") is not None
         with pytest.raises(errors.StoreAccessDeniedError):
             await store.claim(claim("other#1"))
+
+
+async def test_responses_that_look_like_record_members_round_trip(
+    redis_server: RedisServer,
+) -> None:
+    tricky = {"data": {"data": ',"data":1}', "status": "INPROGRESS"}, "owner": "x\\\",\"data\":"}
+    async with fresh_redis_store(redis_server) as store:
+        await store.claim(claim())
+        assert await store.complete(completion(response=tricky)) is Written.RESPONSE
+        verdict = await store.claim(claim(owner="b"))
+        assert verdict.state is State.COMPLETED and verdict.record is not None
+        assert verdict.record.response == tricky and verdict.record.owner == "a"
+        assert await store.release("k", "b") is False
+        assert await store.complete(completion(owner="b")) is Written.NOTHING
