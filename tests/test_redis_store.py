@@ -432,3 +432,11 @@ async def test_responses_that_look_like_record_members_round_trip(
         assert verdict.record.response == tricky and verdict.record.owner == "a"
         assert await store.release("k", "b") is False
         assert await store.complete(completion(owner="b")) is Written.NOTHING
+
+
+async def test_from_url_builds_a_cluster_client(redis_cluster: RedisServer) -> None:
+    url = f"redis://127.0.0.1:{redis_cluster.port}"
+    async with RedisStore.from_url(url, cluster=True, key_prefix=f"u{time.time_ns()}:") as store:
+        verdicts = await asyncio.gather(*(store.claim(claim(f"k{n}")) for n in range(10)))
+        assert all(verdict is CLAIMED for verdict in verdicts)
+        assert type(store._client).__name__ == "RedisCluster"
