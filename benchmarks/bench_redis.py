@@ -282,6 +282,22 @@ def round_trips(loop: asyncio.AbstractEventLoop, port: int) -> dict[str, int]:
     return loop.run_until_complete(count())
 
 
+def anchor_round_trips(port: int) -> dict[str, int]:
+    client = CountingSyncRedis(host="127.0.0.1", port=port)
+    client.sent = []
+    try:
+        process = anchor_function(client)
+        payload = order(uuid.uuid4().hex)
+        trips = {}
+        for name in ("first", "replay"):
+            client.sent.clear()
+            process(order=payload)
+            trips[name] = len(client.sent)
+        return trips
+    finally:
+        client.close()
+
+
 def throughput(port: int, calls: int, repeats: int) -> dict[str, float]:
     """First calls per second: 500 calls in flight on one loop, the anchor on 32 threads."""
 
@@ -386,6 +402,7 @@ def main() -> None:
         loop = asyncio.new_event_loop()
         try:
             trips = round_trips(loop, port)
+            anchor_trips = anchor_round_trips(port)
         finally:
             loop.close()
         rates = throughput(port, 1000 if args.smoke else 5000, 1 if args.smoke else 5)
@@ -394,6 +411,7 @@ def main() -> None:
         process.wait(timeout=10)
         shutil.rmtree(directory, ignore_errors=True)
     print("  round trips per call: " + ", ".join(f"{k} {v}" for k, v in trips.items()))
+    print("  anchor round trips: " + ", ".join(f"{k} {v}" for k, v in anchor_trips.items()))
     print(
         f"  throughput, first calls (medians): {rates['ours']:.0f}/s with 500 calls in flight "
         f"on one loop vs anchor {rates['anchor']:.0f}/s on 32 threads "
