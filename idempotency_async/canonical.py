@@ -217,7 +217,9 @@ class _KnownKeys:
 
     def _admissible(self, key: str) -> bool:
         # Array-index keys never: a dict holding two of them needs JavaScript's numeric order.
-        return len(key) <= self.MAX_KEY_LENGTH and key != "__proto__" and not _is_array_index(key)
+        return (
+            len(key) <= self.MAX_KEY_LENGTH and key != "__proto__" and not _is_array_index(key)
+        )
 
 
 _known_keys = _KnownKeys()

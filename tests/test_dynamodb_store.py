@@ -228,7 +228,9 @@ async def test_sort_key_mode_keeps_the_logical_key(dynamodb_client: Any) -> None
     store = await fresh_store(dynamodb_client, sort_key_attr="sk", static_pk_value="idem#fn")
     await store.claim(claim_for("fn#abc", "A"), now=NOW)
     await store.complete(completion_for("fn#abc", "A", {"ok": True}))
-    item = await raw_item(store, dynamodb_client, {"id": {"S": "idem#fn"}, "sk": {"S": "fn#abc"}})
+    item = await raw_item(
+        store, dynamodb_client, {"id": {"S": "idem#fn"}, "sk": {"S": "fn#abc"}}
+    )
     assert item["data"] == {"M": {"ok": {"BOOL": True}}}
     record = await store.get("fn#abc")
     assert record is not None and (record.key, record.response) == ("fn#abc", {"ok": True})
@@ -744,7 +746,9 @@ async def _answer_with_error(
     ],
 )
 async def test_service_errors_map_to_typed_errors(code: str, error: type[Exception]) -> None:
-    server = await asyncio.start_server(lambda r, w: _answer_with_error(code, r, w), "127.0.0.1", 0)
+    server = await asyncio.start_server(
+        lambda r, w: _answer_with_error(code, r, w), "127.0.0.1", 0
+    )
     endpoint = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     try:
         async with new_session().client(

@@ -267,6 +267,7 @@ def _json_or_text(text: str) -> Any:
         raise  # JSON with duplicate members (or NaN): the record fails
 
 
+
 def _dynamodb_partition(record: Mapping[str, Any]) -> str:
     return canonical_json(record["dynamodb"]["Keys"])
 

@@ -178,7 +178,9 @@ class _Exchange:
             )
             self.capture.endpoint_ran = not self.marked
             try:
-                replay = await self.rules.handle(payload, lambda: self._run_app(body), self.capture)
+                replay = await self.rules.handle(
+                    payload, lambda: self._run_app(body), self.capture
+                )
             finally:
                 await self._send_final()
         except Rejection as rejection:
