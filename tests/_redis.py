@@ -214,6 +214,9 @@ async def fresh_redis_store(
     options.setdefault("key_prefix", f"t{uuid.uuid4().hex[:10]}:")
     store = RedisStore(client, **options)
     try:
+        # Connected, slot map and scripts loaded: a test's first call does not pay for them
+        # (a fresh cluster client takes ~60 ms to initialise), as at a service's start-up.
+        await store.load_scripts()
         yield store
     finally:
         await store.aclose()
