@@ -423,7 +423,7 @@ async def test_the_documented_minimal_acl_user_can_run_the_store(
 async def test_responses_that_look_like_record_members_round_trip(
     redis_server: RedisServer,
 ) -> None:
-    tricky = {"data": {"data": ',"data":1}', "status": "INPROGRESS"}, "owner": "x\\\",\"data\":"}
+    tricky = {"data": {"data": ',"data":1}', "status": "INPROGRESS"}, "owner": 'x\\","data":'}
     async with fresh_redis_store(redis_server) as store:
         await store.claim(claim())
         assert await store.complete(completion(response=tricky)) is Written.RESPONSE
