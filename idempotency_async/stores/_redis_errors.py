@@ -70,7 +70,7 @@ def translated(exc: Exception, operation: str, key: str) -> Exception:
 
 def _translate(exc: Exception, operation: str, key: str) -> PersistenceError | None:
     names = _names(exc)
-    where = f"Redis {operation} of key {key!r}"
+    where = f"Redis {operation}" + (f" of key {key!r}" if key else "")
     if names & _DENIED:
         return StoreAccessDeniedError(
             f"{where} was refused ({exc}): check the user name, password and ACL of the URL or "
@@ -89,7 +89,9 @@ def _translate(exc: Exception, operation: str, key: str) -> PersistenceError | N
             "rather than records evicted)"
         )
     if names & _UNAVAILABLE or isinstance(exc, OSError | TimeoutError):
-        return StoreUnavailableError(f"{where} failed: the server did not answer ({exc!r})")
+        return StoreUnavailableError(
+            f"{where} failed: the server did not answer ({type(exc).__name__}: {exc})"
+        )
     if names & _CLIENT_ERRORS:
-        return StoreUnavailableError(f"{where} failed: {exc!r}")
+        return StoreUnavailableError(f"{where} failed ({type(exc).__name__}: {exc})")
     return None

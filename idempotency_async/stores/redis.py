@@ -205,7 +205,7 @@ class RedisStore:
         URL, password or ACL fail there rather than on the first request.
         """
         client = self._client if self._ready else await self._open()
-        with translate_errors("script load", "-"):
+        with translate_errors("script load", ""):
             for script in _SCRIPTS:
                 await client.script_load(script.text)
 
@@ -219,7 +219,7 @@ class RedisStore:
         # fails them otherwise); initialize() is idempotent and locked.
         initialize = getattr(self._client, "initialize", None)
         if initialize is not None:
-            with translate_errors("connect", "-"):
+            with translate_errors("connect", ""):
                 await initialize()
         limit = _pool_limit(self._client)
         if limit is not None and self._gate is None:
