@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -131,7 +132,10 @@ def anchor_function(client: Any) -> Any:
         RedisCachePersistenceLayer,
     )
 
-    layer = RedisCachePersistenceLayer(client=client)
+    with warnings.catch_warnings():
+        # 3.37 deprecates the class name; CachePersistenceLayer is an alias of it.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        layer = RedisCachePersistenceLayer(client=client)
     # As in a Lambda handler: the context gives the in-progress record a lease.
     config = IdempotencyConfig(
         expires_after_seconds=3600, lambda_context=cast(Any, _LambdaContext())
