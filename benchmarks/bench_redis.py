@@ -52,7 +52,7 @@ import redis
 import redis.asyncio as redis_asyncio
 from _stats import interleaved, parse_args
 
-from idempotency_async import Manager, Options
+from idempotency_async import Manager, MemoryStore, Options
 from idempotency_async._codec import encode_json
 from idempotency_async.record import Claim, Completion
 from idempotency_async.stores._redis_records import claim_tail, completion_tail
@@ -342,6 +342,40 @@ def throughput(port: int, calls: int, repeats: int) -> dict[str, float]:
     return interleaved(runs, repeats)
 
 
+def interleaving(port: int, calls: int, repeats: int) -> dict[str, float]:
+    """Client CPU µs per call of a manager call on MemoryStore, of two PINGs, and of both
+    in sequence: what running any code between redis-py round trips costs."""
+
+    async def measure() -> dict[str, float]:
+        client = redis_asyncio.Redis(host="127.0.0.1", port=port)
+        manager = Manager(MemoryStore(max_records=10**7), Options(key_prefix="mem"))
+
+        async def memory() -> None:
+            await manager_call(manager, order(uuid.uuid4().hex))
+
+        async def pings() -> None:
+            await client.ping()
+            await client.ping()
+
+        async def both() -> None:
+            await memory()
+            await pings()
+
+        samples: dict[str, list[float]] = {"memory": [], "pings": [], "both": []}
+        try:
+            for _ in range(repeats):
+                for name, call in (("memory", memory), ("pings", pings), ("both", both)):
+                    start = time.process_time()
+                    for _ in range(calls):
+                        await call()
+                    samples[name].append((time.process_time() - start) / calls * 1e6)
+        finally:
+            await client.aclose()
+        return {name: statistics.median(values) for name, values in samples.items()}
+
+    return asyncio.run(measure())
+
+
 # -- report --------------------------------------------------------------------------
 
 
@@ -410,6 +444,7 @@ def main() -> None:
         finally:
             loop.close()
         rates = throughput(port, 1000 if args.smoke else 5000, 1 if args.smoke else 5)
+        mixed = interleaving(port, 200 if args.smoke else 1000, 3 if args.smoke else 9)
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -420,6 +455,11 @@ def main() -> None:
         f"  throughput, first calls (medians): {rates['ours']:.0f}/s with 500 calls in flight "
         f"on one loop vs anchor {rates['anchor']:.0f}/s on 32 threads "
         f"({rates['ours'] / rates['anchor']:.2f}x)"
+    )
+    print(
+        f"  client CPU µs/call: manager on MemoryStore {mixed['memory']:.1f}, two PINGs "
+        f"{mixed['pings']:.1f}, the two in sequence {mixed['both']:.1f} "
+        f"(+{mixed['both'] - mixed['memory'] - mixed['pings']:.1f} from interleaving)"
     )
     if trips != {"first": 2, "replay": 1, "cached": 0, "in progress": 1}:
         raise SystemExit(f"round trips are not 2/1/0/1: {trips}")
