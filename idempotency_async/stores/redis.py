@@ -73,6 +73,9 @@ class RedisStore:
     does not run.
     """
 
+    record_format: Final = "typescript"
+    """The record layout written: the TypeScript port's (the only one this store writes)."""
+
     def __init__(
         self,
         client: Any,
