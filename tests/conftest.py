@@ -6,14 +6,15 @@ from collections.abc import AsyncIterator
 
 import pytest
 from _moto import dynamodb_client, fresh_store, moto_endpoint, open_client
+from _redis import fresh_redis_store, redis_cluster, redis_server
 from support import Clock
 
 from idempotency_async import MemoryStore
 from idempotency_async.stores.base import Store
 
-__all__ = ["clock", "dynamodb_client", "moto_endpoint", "store"]
+__all__ = ["clock", "dynamodb_client", "moto_endpoint", "redis_cluster", "redis_server", "store"]
 
-STORES = ["memory", "dynamodb"]
+STORES = ["memory", "dynamodb", "redis", "redis-cluster"]
 
 
 @pytest.fixture
@@ -27,6 +28,12 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
         memory = MemoryStore()
         yield memory
         await memory.aclose()
+    elif request.param.startswith("redis"):
+        # The client's clock: the suites run in simulated time (NOW is in 2023).
+        cluster = request.param == "redis-cluster"
+        server = request.getfixturevalue("redis_cluster" if cluster else "redis_server")
+        async with fresh_redis_store(server, cluster=cluster, clock="client") as redis_store:
+            yield redis_store
     else:
         async with open_client(request.getfixturevalue("moto_endpoint")) as client:
             dynamodb = await fresh_store(client)

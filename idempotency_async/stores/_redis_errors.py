@@ -1,0 +1,97 @@
+"""Translation of redis-py / valkey-py failures into the library's PersistenceError family.
+
+The two clients raise parallel exception trees (``redis.exceptions`` and
+``valkey.exceptions``) with the same class names, so failures are recognised by the names
+in their class hierarchy: the store works with either client without importing both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Final
+
+from idempotency_async.errors import (
+    PersistenceError,
+    StoreAccessDeniedError,
+    StoreUnavailableError,
+    StoreValidationError,
+)
+
+__all__ = ["is_no_script", "translate_errors", "translated"]
+
+_DENIED: Final = frozenset({"AuthenticationError", "AuthorizationError", "NoPermissionError"})
+_UNAVAILABLE: Final = frozenset(
+    {
+        "ConnectionError",
+        "TimeoutError",
+        "BusyLoadingError",
+        "ReadOnlyError",
+        "ClusterDownError",
+        "ClusterError",
+        "TryAgainError",
+        "MasterDownError",
+        "MasterNotFoundError",
+        "SlaveNotFoundError",
+        "MaxConnectionsError",
+        "OutOfMemoryError",
+    }
+)
+_CLIENT_ERRORS: Final = frozenset({"RedisError", "ValkeyError"})
+
+
+def _names(exc: BaseException) -> set[str]:
+    return {cls.__name__ for cls in type(exc).__mro__}
+
+
+def is_no_script(exc: BaseException) -> bool:
+    """Whether the server lost the script (restart, failover, ``SCRIPT FLUSH``)."""
+    return "NoScriptError" in _names(exc)
+
+
+@contextlib.contextmanager
+def translate_errors(operation: str, key: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        raise translated(exc, operation, key) from exc
+
+
+def translated(exc: Exception, operation: str, key: str) -> Exception:
+    """The library's error for ``exc`` (``exc`` itself when it is not a client failure).
+
+    Raise it ``from exc``; the hot paths call this from an ``except`` block rather than
+    entering :func:`translate_errors`, whose generator costs a few µs per use.
+    """
+    if isinstance(exc, PersistenceError):
+        return exc
+    return _translate(exc, operation, key) or exc
+
+
+def _translate(exc: Exception, operation: str, key: str) -> PersistenceError | None:
+    names = _names(exc)
+    where = f"Redis {operation}" + (f" of key {key!r}" if key else "")
+    if names & _DENIED:
+        return StoreAccessDeniedError(
+            f"{where} was refused ({exc}): check the user name, password and ACL of the URL or "
+            "client; the store runs EVALSHA, SCRIPT LOAD, GET, SET, DEL, TIME (and WAIT)"
+        )
+    text = str(exc)
+    if "WRONGTYPE" in text:
+        return StoreValidationError(
+            f"{where} failed: the key holds a value that is not a string ({exc}); another "
+            "application uses this key name: give the store a key_prefix of its own"
+        )
+    if text.startswith("OOM") or "OutOfMemoryError" in names:
+        return StoreUnavailableError(
+            f"{where} failed: the server is out of memory ({exc}); raise maxmemory or shorten "
+            "expires_after (with the recommended noeviction policy, claims are refused "
+            "rather than records evicted)"
+        )
+    if names & _UNAVAILABLE or isinstance(exc, OSError | TimeoutError):
+        return StoreUnavailableError(
+            f"{where} failed: the server did not answer ({type(exc).__name__}: {exc})"
+        )
+    if names & _CLIENT_ERRORS:
+        return StoreUnavailableError(f"{where} failed ({type(exc).__name__}: {exc})")
+    return None

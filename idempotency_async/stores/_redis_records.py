@@ -1,0 +1,99 @@
+"""Record text of the Redis store: one JSON object per key, as the TypeScript port writes it.
+
+``{"status":…,"expiration":…,"in_progress_expiration":…,"validation":…,"owner":…,
+"data_format":…,"data":…}`` — ``owner`` and ``data_format`` are ours (the TypeScript port
+ignores them), and ``data`` comes last and holds the response as the manager encoded it,
+spliced in byte for byte.  Reading splits the record at the first ``,"data":`` (see
+:mod:`idempotency_async.stores._redis_scripts` for why that cut is sound), so the response
+is decoded once, by the project's codec, with its exact Python types.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Final
+
+import orjson
+
+from idempotency_async._codec import decode_json
+from idempotency_async.record import Completion, Record, Status
+
+__all__ = ["FORMAT_NOT_STORED", "claim_tail", "completion_tail", "decode_record"]
+
+FORMAT_NOT_STORED: Final = "not-stored"
+"""``data_format`` of a COMPLETED record without its response: ``not-stored: <why>``."""
+
+_DATA: Final = b',"data":'
+_NEVER: Final = 2**63
+
+
+def claim_tail(owner: str, validation: str | None) -> bytes:
+    """What follows the instants in a claim's record text."""
+    parts = [b',"validation":' + orjson.dumps(validation)] if validation is not None else []
+    parts.append(b',"owner":' + orjson.dumps(owner) + b"}")
+    return b"".join(parts)
+
+
+def completion_tail(completion: Completion, encoded: bytes | None, reason: str | None) -> bytes:
+    """What follows the expiry in a completion's record text (``encoded`` last, as is)."""
+    parts = []
+    if completion.validation is not None:
+        parts.append(b',"validation":' + orjson.dumps(completion.validation))
+    parts.append(b',"owner":' + orjson.dumps(completion.owner))
+    if encoded is None:
+        marker = FORMAT_NOT_STORED if not reason else f"{FORMAT_NOT_STORED}: {reason}"
+        parts.append(b',"data_format":' + orjson.dumps(marker) + b"}")
+    else:
+        parts += (_DATA, encoded, b"}")
+    return b"".join(parts)
+
+
+def decode_record(key: str, raw: bytes) -> Record:
+    """The record in ``raw``; ``ValueError``/``TypeError``/``KeyError`` when unreadable."""
+    fields, data, has_data = _split(raw)
+    data_format = fields.get("data_format")
+    not_stored = None
+    if isinstance(data_format, str) and data_format.startswith(FORMAT_NOT_STORED):
+        not_stored = data_format[len(FORMAT_NOT_STORED) :].lstrip(": ")
+    expiration = fields.get("expiration")
+    lease_end = fields.get("in_progress_expiration")
+    owner = fields.get("owner")
+    validation = fields.get("validation")
+    return Record(
+        key=key,
+        status=Status(fields["status"]),
+        # No expiration: the claim script never treats the record as expired.
+        expiration=_NEVER if expiration is None else math.ceil(_number(expiration)),
+        lease_end=None if lease_end is None else math.ceil(_number(lease_end)) / 1000,
+        validation=validation if isinstance(validation, str) else None,
+        owner=owner if isinstance(owner, str) else None,
+        response=data if has_data else None,
+        response_stored=not_stored is None,
+        not_stored=not_stored or None,
+    )
+
+
+def _split(raw: bytes) -> tuple[dict[str, Any], Any, bool]:
+    """(the members but ``data``, the decoded ``data``, whether there was one)."""
+    cut = raw.find(_DATA)
+    if cut >= 0 and raw.endswith(b"}"):
+        try:
+            fields = orjson.loads(raw[:cut] + b"}")
+            data = decode_json(raw[cut + len(_DATA) : -1])
+        except ValueError:
+            pass  # "data" is not the last member: decode the whole record below
+        else:
+            if isinstance(fields, dict) and "status" in fields:
+                return fields, data, True
+    # The standard library keeps integers of any size exact.
+    fields = json.loads(raw)
+    if not isinstance(fields, dict):
+        raise TypeError(f"a record is a JSON object, not {type(fields).__name__}")
+    return fields, fields.get("data"), "data" in fields
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {value!r}")
+    return value

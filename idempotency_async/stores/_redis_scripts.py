@@ -1,0 +1,137 @@
+"""The Lua scripts of the Redis store: one atomic script per operation, one key each.
+
+Every script reads the record at ``KEYS[1]`` and decides on the server.  The record is the
+JSON object the TypeScript port writes (``status``, ``expiration`` in seconds,
+``in_progress_expiration`` in milliseconds, ``validation``, ``data``) plus our ``owner``
+and ``data_format``.  Our writer puts ``data`` last, as the TypeScript port does, so a
+script reads only the part before ``,"data":`` (:lua:`head`): a large response is never
+decoded on the server, and never re-encoded — the client builds the record text and the
+script writes it as given, only splicing in the instants it computed by its clock.
+
+The first occurrence of ``,"data":`` is either the top-level ``data`` member or lies
+inside a nested value; a ``"`` inside a JSON string is always escaped, so it is never
+inside a string.  In the nested case the cut text is unbalanced and fails to decode, and
+the script decodes the whole record instead.
+
+Times: ``ARGV[2]`` is the client's clock in Unix seconds, or empty for the server's
+``TIME``.  Instants follow :mod:`idempotency_async.record`: expiry ``ceil(now + max(ttl,
+lease))`` in seconds, lease end ``ceil((now + lease) * 1000)`` in milliseconds.  The key
+itself lives one second past the record's expiry (``PX``, a duration, so it is right
+whatever clock judged).
+
+Answers: claim ``1`` when written, else ``{state, record, now}`` with state 2 (in
+progress), 3 (completed) or 9 (unreadable); complete ``1``/``0``; release ``1``/``0``; get
+``{record or nil, now}``; force release the deleted record or nil.  ``now`` travels as text:
+Redis truncates Lua numbers to integers.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["CLAIM", "COMPLETE", "FORCE_RELEASE", "GET", "RELEASE"]
+
+_COMMON: Final = r"""
+local function head(raw)
+  local cut = string.find(raw, ',"data":', 1, true)
+  if cut then
+    local ok, rec = pcall(cjson.decode, string.sub(raw, 1, cut - 1) .. '}')
+    if ok and type(rec) == 'table' and rec.status ~= nil and rec.expiration ~= nil then
+      return rec
+    end
+  end
+  local ok, rec = pcall(cjson.decode, raw)
+  if ok and type(rec) == 'table' then return rec end
+  return nil
+end
+local function clock(given)
+  if given ~= '' then return tonumber(given) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local function text(now, given)
+  if given ~= '' then return given end
+  return string.format('%.6f', now)
+end
+local function int(n) return string.format('%.0f', n) end
+local function store(key, value, expiration, now)
+  redis.call('SET', key, value, 'PX', math.max(math.ceil((expiration - now) * 1000), 0) + 1000)
+end
+"""
+
+CLAIM: Final = (
+    _COMMON
+    + r"""
+local now = clock(ARGV[2])
+local raw = redis.call('GET', KEYS[1])
+if raw then
+  local rec = head(raw)
+  local state = 9
+  if rec == nil then
+    state = 9
+  elseif rec.status == 'INPROGRESS' and rec.owner == ARGV[1] then
+    state = nil
+  else
+    local expiration = tonumber(rec.expiration)
+    if expiration ~= nil and expiration < now then
+      state = nil
+    elseif rec.status == 'COMPLETED' then
+      state = 3
+    elseif rec.status == 'INPROGRESS' then
+      local lease_end = tonumber(rec.in_progress_expiration)
+      if lease_end ~= nil and lease_end < now * 1000 then state = nil else state = 2 end
+    end
+  end
+  if state then return {state, raw, text(now, ARGV[2])} end
+end
+local lease = tonumber(ARGV[3])
+local expiration = math.ceil(now + math.max(tonumber(ARGV[4]), lease))
+local value = '{"status":"INPROGRESS","expiration":' .. int(expiration)
+  .. ',"in_progress_expiration":' .. int(math.ceil((now + lease) * 1000)) .. ARGV[5]
+store(KEYS[1], value, expiration, now)
+return 1
+"""
+)
+
+COMPLETE: Final = (
+    _COMMON
+    + r"""
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+local rec = head(raw)
+if rec == nil or rec.owner ~= ARGV[1] then return 0 end
+local now = clock(ARGV[2])
+local expiration = math.ceil(now + math.max(tonumber(ARGV[3]), 0))
+store(KEYS[1], '{"status":"COMPLETED","expiration":' .. int(expiration) .. ARGV[4],
+  expiration, now)
+return 1
+"""
+)
+
+RELEASE: Final = (
+    _COMMON
+    + r"""
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 1 end
+local rec = head(raw)
+if rec ~= nil and rec.owner == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+)
+
+GET: Final = (
+    _COMMON
+    + r"""
+local now = clock(ARGV[1])
+return {redis.call('GET', KEYS[1]), text(now, ARGV[1])}
+"""
+)
+
+FORCE_RELEASE: Final = r"""
+local raw = redis.call('GET', KEYS[1])
+if raw then redis.call('DEL', KEYS[1]) end
+return raw
+"""

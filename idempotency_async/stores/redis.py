@@ -1,0 +1,413 @@
+"""A Redis / Valkey record store on an asyncio client (redis-py ≥ 5 or valkey-py).
+
+Each operation is one Lua script touching one key (``EVALSHA``, reloaded transparently
+when the server lost it), so the store works the same on a single server, a Sentinel
+master and a Redis Cluster.  Records are the JSON text the TypeScript port's Redis layer
+writes, plus an ``owner`` token that fences completion and release.  See
+``docs/redis.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Final, Literal, Self
+
+from idempotency_async.errors import ConfigError, StoreUnavailableError, StoreValidationError
+from idempotency_async.record import Claim, Completion, Record
+from idempotency_async.stores import _redis_scripts as scripts
+from idempotency_async.stores._redis_errors import is_no_script, translate_errors, translated
+from idempotency_async.stores._redis_records import claim_tail, completion_tail, decode_record
+from idempotency_async.stores.base import (
+    CLAIMED,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    State,
+    Verdict,
+    Written,
+    judge,
+)
+
+__all__ = ["RedisStore"]
+
+logger = logging.getLogger("idempotency_async.redis")
+
+_SCHEMES: Final = ("redis://", "rediss://", "unix://")
+_IN_PROGRESS: Final = 2
+_COMPLETED: Final = 3
+
+
+class _Script:
+    __slots__ = ("sha", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+
+_CLAIM: Final = _Script(scripts.CLAIM)
+_COMPLETE: Final = _Script(scripts.COMPLETE)
+_RELEASE: Final = _Script(scripts.RELEASE)
+_GET: Final = _Script(scripts.GET)
+_FORCE_RELEASE: Final = _Script(scripts.FORCE_RELEASE)
+_SCRIPTS: Final = (_CLAIM, _COMPLETE, _RELEASE, _GET, _FORCE_RELEASE)
+
+
+class RedisStore:
+    """Keeps idempotency records in Redis or Valkey, one string key per record.
+
+    ``client`` is a ready asyncio client that the caller opens and closes:
+    ``redis.asyncio.Redis``, ``redis.asyncio.RedisCluster``, a Sentinel master
+    (``Sentinel.master_for(...)``) or ``valkey.asyncio.Valkey``.  :meth:`from_url` builds
+    a client that the store owns and closes in :meth:`aclose`.
+
+    ``clock="server"`` (the default) judges leases and expiry by the server's ``TIME``, so
+    workers with skewed clocks agree; ``clock="client"`` uses the ``now`` the manager
+    sends (for simulated time).  ``key_prefix`` is prepended to every Redis key (the
+    record keeps its logical key).  ``wait_replicas`` makes each claim wait (up to
+    ``wait_timeout`` seconds) until that many replicas hold it, in the same round trip;
+    a claim fewer replicas acknowledged raises ``StoreUnavailableError`` and its callback
+    does not run.
+    """
+
+    record_format: Final = "typescript"
+    """The record layout written: the TypeScript port's (the only one this store writes)."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        key_prefix: str = "",
+        clock: Literal["server", "client"] = "server",
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
+    ) -> None:
+        if client is None or not callable(getattr(client, "evalsha", None)):
+            raise ConfigError(
+                "RedisStore needs an asyncio Redis client (redis.asyncio.Redis, RedisCluster, "
+                f"a Sentinel master or valkey.asyncio.Valkey), got {client!r}; or use "
+                "RedisStore.from_url('redis://…')"
+            )
+        if clock not in ("server", "client"):
+            raise ConfigError(f"clock must be 'server' or 'client', got {clock!r}")
+        if not isinstance(key_prefix, str):
+            raise ConfigError(f"key_prefix must be a string, got {key_prefix!r}")
+        if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int):
+            raise ConfigError(f"max_response_bytes must be an integer, got {max_response_bytes!r}")
+        if max_response_bytes <= 0:
+            raise ConfigError(f"max_response_bytes must be positive, got {max_response_bytes}")
+        if isinstance(wait_replicas, bool) or not isinstance(wait_replicas, int):
+            raise ConfigError(f"wait_replicas must be an integer >= 0, got {wait_replicas!r}")
+        if wait_replicas < 0:
+            raise ConfigError(f"wait_replicas must be an integer >= 0, got {wait_replicas}")
+        if not wait_timeout > 0:
+            raise ConfigError(f"wait_timeout must be positive seconds, got {wait_timeout!r}")
+        if wait_replicas and _is_cluster(client):
+            raise ConfigError(
+                "wait_replicas is not supported with RedisCluster: WAIT must run on the "
+                "connection that wrote the claim, which a cluster client does not expose; use "
+                "a client per shard, or accept the failover risk (docs/redis.md)"
+            )
+        socket_timeout = _socket_timeout(client)
+        if wait_replicas and socket_timeout is not None and socket_timeout <= wait_timeout:
+            raise ConfigError(
+                f"wait_timeout ({wait_timeout} s) must be shorter than the client's "
+                f"socket_timeout ({socket_timeout} s): WAIT blocks the connection for up to "
+                "wait_timeout, and the client would give up on the claim's answer first"
+            )
+        self.max_response_bytes = max_response_bytes
+        self.key_prefix = key_prefix
+        self.clock = clock
+        self.wait_replicas = wait_replicas
+        self.wait_timeout = wait_timeout
+        self._client = client
+        self._client_clock = clock == "client"
+        self._ready = False
+        self._gate: asyncio.Semaphore | None = None
+        self._owns_client = False
+        self._closed = False
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        cluster: bool = False,
+        client_options: Mapping[str, Any] | None = None,
+        key_prefix: str = "",
+        clock: Literal["server", "client"] = "server",
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
+    ) -> RedisStore:
+        """A store on a redis-py client built from ``url`` (``redis://``, ``rediss://`` for
+        TLS, ``unix://``), owned by the store and closed in :meth:`aclose`.
+
+        ``cluster=True`` builds a ``RedisCluster`` (the URL names any one node);
+        ``client_options`` go to the client (``max_connections``, ``socket_timeout``, …).
+        No connection is made until the first operation.
+        """
+        if not isinstance(url, str) or not url.startswith(_SCHEMES):
+            raise ConfigError(
+                f"a Redis URL starts with redis://, rediss:// (TLS) or unix://, got {url!r}"
+            )
+        try:
+            import redis.asyncio as redis_asyncio
+        except ImportError as exc:
+            raise ConfigError(
+                "RedisStore.from_url needs redis-py: pip install 'idempotency-async[redis]'"
+            ) from exc
+        options = dict(client_options or {})
+        factory = redis_asyncio.RedisCluster if cluster else redis_asyncio.Redis
+        try:
+            client = factory.from_url(url, **options)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"cannot build a Redis client from {url!r}: {exc}") from exc
+        store = cls(
+            client,
+            key_prefix=key_prefix,
+            clock=clock,
+            max_response_bytes=max_response_bytes,
+            wait_replicas=wait_replicas,
+            wait_timeout=wait_timeout,
+        )
+        store._owns_client = True
+        return store
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.load_scripts()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the client if the store built it (:meth:`from_url`); a caller's client is
+        left open.  The store refuses use afterwards."""
+        self._closed = True
+        self._ready = False
+        if self._owns_client:
+            self._owns_client = False
+            await self._client.aclose()
+
+    async def load_scripts(self) -> None:
+        """Connect and load the store's scripts now (``async with store`` does this).
+
+        Optional: scripts load on first use anyway.  Calling it at start-up makes a wrong
+        URL, password or ACL fail there rather than on the first request.
+        """
+        client = self._client if self._ready else await self._open()
+        with translate_errors("script load", ""):
+            for script in _SCRIPTS:
+                await client.script_load(script.text)
+
+    async def _open(self) -> Any:
+        if self._closed:
+            raise RuntimeError(
+                "this RedisStore was closed (aclose() or the end of `async with`); "
+                "create a new store"
+            )
+        # A RedisCluster must load its slot map before concurrent first commands (redis-py
+        # fails them otherwise); initialize() is idempotent and locked.
+        initialize = getattr(self._client, "initialize", None)
+        if initialize is not None:
+            with translate_errors("connect", ""):
+                await initialize()
+        limit = _pool_limit(self._client)
+        if limit is not None and self._gate is None:
+            self._gate = asyncio.Semaphore(limit)
+        self._ready = True
+        return self._client
+
+    async def _eval(self, operation: str, script: _Script, key: str, *args: Any) -> Any:
+        """Run ``script`` on the key ``key`` (logical) with ``args``; one round trip."""
+        if not self._ready:
+            await self._open()
+        if self._gate is None:
+            return await self._eval_now(operation, script, key, args)
+        async with self._gate:
+            return await self._eval_now(operation, script, key, args)
+
+    async def _eval_now(
+        self, operation: str, script: _Script, key: str, args: tuple[Any, ...]
+    ) -> Any:
+        client, name = self._client, self.key_prefix + key
+        try:
+            try:
+                return await client.evalsha(script.sha, 1, name, *args)
+            except Exception as exc:
+                if not is_no_script(exc):
+                    raise
+            # A restart, a failover or SCRIPT FLUSH dropped the script: load it and retry.
+            await client.script_load(script.text)
+            return await client.evalsha(script.sha, 1, name, *args)
+        except Exception as exc:
+            error = translated(exc, operation, key)
+            if error is exc:
+                raise
+            raise error from exc
+
+    # -- Store protocol -------------------------------------------------------------
+
+    async def claim(self, claim: Claim) -> Verdict:
+        key = claim.key
+        args = (
+            claim.owner,
+            repr(claim.now) if self._client_clock else b"",
+            claim.lease,
+            claim.ttl,
+            claim_tail(claim.owner, claim.validation),
+        )
+        if self.wait_replicas:
+            with translate_errors("claim", key):
+                if not self._ready:
+                    await self._open()
+                async with self._gate or contextlib.nullcontext():
+                    answer = await self._claim_acknowledged(self.key_prefix + key, args)
+        else:
+            answer = await self._eval("claim", _CLAIM, key, *args)
+        if answer == 1:
+            return CLAIMED
+        if not isinstance(answer, list) or len(answer) != 3:
+            raise StoreUnavailableError(
+                f"the server answered a claim of key {key!r} with {answer!r}, which is not the "
+                "store's script answer; the callback was not run"
+            )
+        state, raw, now_text = answer
+        record = self._decode(key, raw)
+        if state == _COMPLETED:
+            return Verdict(State.COMPLETED, record)
+        if state == _IN_PROGRESS:
+            end = record.expiration if record.lease_end is None else record.lease_end
+            return Verdict(State.IN_PROGRESS, record, max(end - float(now_text), 0.0))
+        raise StoreValidationError(
+            f"the record of key {key!r} has status {record.status!r} and cannot be judged; "
+            "delete it with force_release"
+        )
+
+    async def get(self, key: str, *, now: float) -> Verdict:
+        if self._client_clock:
+            with translate_errors("get", key):
+                client = self._client if self._ready else await self._open()
+                async with self._gate or contextlib.nullcontext():
+                    raw = await client.get(self.key_prefix + key)
+        else:
+            raw, now_text = await self._eval("get", _GET, key, b"")
+            now = float(now_text)
+        return judge(None if raw is None else self._decode(key, raw), now)
+
+    async def complete(self, completion: Completion) -> Written:
+        key = completion.key
+        encoded, reason = completion.encoded, completion.not_stored
+        if encoded is not None and len(encoded) > self.max_response_bytes:
+            reason = f"larger than max_response_bytes ({len(encoded)} bytes of JSON)"
+            logger.warning("the response for %r is %s; stored without it", key, reason)
+            encoded = None
+        tail = completion_tail(completion, encoded, reason)
+        answer = await self._eval(
+            "complete",
+            _COMPLETE,
+            key,
+            completion.owner,
+            repr(completion.now) if self._client_clock else b"",
+            completion.ttl,
+            tail,
+        )
+        if answer == 0:
+            return Written.NOTHING
+        if answer == 1:
+            return Written.WITHOUT_RESPONSE if encoded is None else Written.RESPONSE
+        raise StoreUnavailableError(
+            f"the server answered the completion of key {key!r} with {answer!r}, which is not "
+            "the store's script answer"
+        )
+
+    async def release(self, key: str, owner: str) -> bool:
+        answer = await self._eval("release", _RELEASE, key, owner)
+        return bool(answer == 1)
+
+    async def force_release(self, key: str) -> Record | None:
+        raw = await self._eval("force release", _FORCE_RELEASE, key)
+        if raw is None:
+            return None
+        try:
+            return self._decode(key, raw)
+        except StoreValidationError as exc:
+            raise StoreValidationError(
+                f"the record of key {key!r} was deleted, but it could not be read: {exc}"
+            ) from exc.__cause__
+
+    # -- internals ------------------------------------------------------------------
+
+    async def _claim_acknowledged(self, key: str, args: tuple[Any, ...]) -> Any:
+        """The claim script and ``WAIT`` pipelined on one connection (one round trip)."""
+        client = self._client
+        wait_ms = max(1, round(self.wait_timeout * 1000))
+        for attempt in range(2):
+            pipe = client.pipeline(transaction=False)
+            pipe.evalsha(_CLAIM.sha, 1, key, *args)
+            pipe.execute_command("WAIT", self.wait_replicas, wait_ms)
+            answer, acknowledged = await pipe.execute(raise_on_error=False)
+            if isinstance(answer, Exception):
+                if attempt == 0 and is_no_script(answer):
+                    await client.script_load(_CLAIM.text)
+                    continue
+                raise answer
+            break
+        short = isinstance(acknowledged, Exception) or acknowledged < self.wait_replicas
+        if answer == 1 and short:
+            raise StoreUnavailableError(
+                f"the claim of key {key!r} was acknowledged by {acknowledged!r} replicas within "
+                f"{self.wait_timeout} s, fewer than wait_replicas={self.wait_replicas}; the "
+                "callback was not run and the key stays claimed until its lease ends"
+            )
+        return answer
+
+    def _decode(self, key: str, raw: bytes | str) -> Record:
+        if isinstance(raw, str):  # a client built with decode_responses=True
+            raw = raw.encode()
+        try:
+            return decode_record(key, raw)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise StoreValidationError(
+                f"the record of key {key!r} cannot be read ({exc!r}): it was not written by "
+                "this library or a Powertools port; check key_prefix, or delete it with "
+                "force_release"
+            ) from exc
+
+
+def _is_cluster(client: Any) -> bool:
+    return hasattr(client, "nodes_manager")
+
+
+def _pool_limit(client: Any) -> int | None:
+    """The size of the client's connection pool when exceeding it fails rather than waits.
+
+    redis-py's default pool raises ``MaxConnectionsError`` on the 101st concurrent command,
+    and its ``BlockingConnectionPool`` waits but slows down badly with hundreds of waiters;
+    the store queues its own commands at the pool's size instead.
+    """
+    pool = getattr(client, "connection_pool", None)
+    limit = getattr(pool, "max_connections", None)
+    names = {cls.__name__ for cls in type(pool).__mro__}
+    if "ConnectionPool" not in names or "BlockingConnectionPool" in names:
+        return None
+    return limit if isinstance(limit, int) and 0 < limit < 2**31 else None
+
+
+def _socket_timeout(client: Any) -> float | None:
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    timeout = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
+    return timeout if isinstance(timeout, int | float) else None
