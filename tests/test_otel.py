@@ -93,7 +93,9 @@ def store_events(span: ReadableSpan) -> list[tuple[str, str | None]]:
 
 
 def system_of(store: Store) -> str:
-    return "memory" if isinstance(store, MemoryStore) else "aws.dynamodb"
+    return {"MemoryStore": "memory", "RedisStore": "redis"}.get(
+        type(store).__name__, "aws.dynamodb"
+    )
 
 
 async def test_first_call_is_claimed_with_claim_and_complete_round_trips(
