@@ -147,7 +147,7 @@ async def test_key_mistakes_are_one_line_errors(tmp_path: Path) -> None:
     assert "invalid Idempotency-Key 'has space'" in http_key.error()
     assert "takes no --jmespath" in http_options.error()
     assert "integer" in wide.error().lower()
-    assert bad_hash.code == 2 and "invalid choice" in bad_hash.err
+    assert bad_hash.code == 1 and "unknown hash_function 'crc32'" in bad_hash.error()
 
 
 # ------------------------------------------------------------------------------ HTTP
@@ -413,3 +413,34 @@ async def test_console_script_and_module_entry_point() -> None:
     run, usage = await asyncio.gather(cli("--version"), cli())
     assert run.ok().startswith("idempotency-async ")
     assert usage.code == 2 and "COMMAND" in usage.err
+
+
+async def test_key_in_the_powertools_python_format_equals_the_real_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import _powertools_corpus as corpus
+
+    monkeypatch.delenv("AWS_LAMBDA_FUNCTION_NAME", raising=False)
+    payload = {"order": {"id": "o-1", "Name": "café", "amount": 12.5, "lines": [1, 2]}}
+    case = corpus.Case(
+        "cli", payload, event_key_jmespath="order", validation_jmespath="order.amount"
+    )
+    expected = corpus.powertools_keys(case)
+    assert expected is not None
+    (tmp_path / "payload.json").write_text(json.dumps(payload))
+    run = await cli(
+        "key",
+        str(tmp_path / "payload.json"),
+        "--key-format",
+        "powertools-python",
+        "--function",
+        f"{corpus.process_order.__module__}:{corpus.process_order.__qualname__}",
+        "--jmespath",
+        "order",
+        "--validation-jmespath",
+        "order.amount",
+        "--json",
+    )
+    got = run.json()
+    assert (got["key"], got["validation"]) == expected
+    assert got["key"].startswith("test-func._powertools_corpus.process_order#")

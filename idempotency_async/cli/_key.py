@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from idempotency_async._codec import loads_strict
-from idempotency_async._keys import KeyDeriver
+from idempotency_async._keys import key_deriver
 from idempotency_async.cli._errors import CliError
 from idempotency_async.decorators import _manager_for
 from idempotency_async.errors import KeyMissingError
@@ -35,6 +35,8 @@ def run_key(args: argparse.Namespace) -> int:
         payload_validation_jmespath=args.validation_jmespath,
         hash_function=args.hash,
         integer_precision=args.integer_precision,
+        key_format=args.key_format,
+        powertools_version=args.powertools_version,
         raise_on_no_key=True,  # only decides whether a missing key raises or logs
     )
     manager = Manager(MemoryStore(), options)
@@ -67,7 +69,7 @@ def _payload_keys(manager: Manager, args: argparse.Namespace) -> tuple[str, str 
     assert key is not None  # raise_on_no_key
     validation = None
     if args.validation_jmespath is not None:
-        keys = KeyDeriver(manager.options).derive(payload)
+        keys = key_deriver(manager.options).derive(payload)
         validation = None if keys is None else keys.validation
     return key, validation
 

@@ -110,7 +110,23 @@ def _add_key(commands: Any) -> None:
         help="payload_validation_jmespath: also print the validation hash",
     )
     key.add_argument(
-        "--hash", default="md5", choices=sorted(HASH_ALGORITHMS), help="hash_function (md5)"
+        "--hash",
+        default="md5",
+        metavar="NAME",
+        help=f"hash_function (md5; {', '.join(sorted(HASH_ALGORITHMS))}, and with "
+        "--key-format powertools-python the hashes Powertools accepts)",
+    )
+    key.add_argument(
+        "--key-format",
+        default="typescript",
+        choices=("typescript", "powertools-python"),
+        help="key_format: typescript (default), or powertools-python for keys "
+        "aws-lambda-powertools (Python) derives",
+    )
+    key.add_argument(
+        "--powertools-version",
+        metavar="3.X",
+        help="with --key-format powertools-python: the Powertools release whose rules to follow",
     )
     key.add_argument(
         "--integer-precision",
