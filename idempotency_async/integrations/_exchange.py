@@ -55,7 +55,12 @@ R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
 _FORMAT: Final = 1
-_STREAMING: Final = "streamed response: its body was still being sent"
+# Written when a stream starts; a later write replaces it when the stream ends.  It stays
+# only when the request was cancelled mid-stream (after which nothing may be written).
+_STREAMING: Final = (
+    "streamed response, not captured: it was still being sent, or was cut off before its "
+    "end (the client disconnected or the request was cancelled)"
+)
 
 _log = logging.getLogger("idempotency_async.http")
 

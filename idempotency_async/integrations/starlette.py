@@ -208,7 +208,10 @@ class _Asgi:
             if not delivered:
                 delivered = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            return await self.receive()
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                gate.client_gone()  # Starlette then stops the stream: say why it ended
+            return message
 
         await self.app(self.scope, receive, self._tee)
         if self.head is not None:  # a head without a body message: an empty body
