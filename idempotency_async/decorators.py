@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import ParamSpec, TypeVar
 
+from idempotency_async._derive import derive
 from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
 
@@ -24,8 +24,11 @@ def idempotent_function(
 
     When the manager's ``key_prefix`` was not set explicitly, keys get the function's
     ``<module>.<qualname>`` appended, so two functions sharing a manager never replay
-    each other's results.  Dataclass arguments are hashed by their fields, pydantic
-    models by ``model_dump(mode="json")``.  ``timeout`` bounds each call (and its lease).
+    each other's results.  The manager the function runs (that derived one, or
+    ``manager`` itself) is its ``.manager`` attribute: ``func.manager.key_for(value)`` is
+    the key a call with that argument stores under.  Dataclass arguments are hashed by
+    their fields, pydantic models by ``model_dump(mode="json")``.  ``timeout`` bounds each
+    call (and its lease).
     """
 
     def decorate(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
@@ -47,14 +50,16 @@ def idempotent_function(
                 arguments.arguments[payload], lambda: func(*args, **kwargs), timeout=timeout
             )
 
+        wrapper.manager = bound_manager  # type: ignore[attr-defined]
         return wrapper
 
     return decorate
 
 
 def _manager_for(manager: Manager, func: Callable[..., object]) -> Manager:
+    """The decorator's derivation: it owns nothing, and adjusts only an implicit prefix."""
     if manager.options.has_explicit_prefix():
-        return manager
+        return derive(manager, "idempotent_function", {})
     name = f"{func.__module__}.{func.__qualname__}"
     prefix = f"{manager.key_prefix}.{name}" if manager.key_prefix else name
-    return Manager(manager.store, dataclasses.replace(manager.options, key_prefix=prefix))
+    return derive(manager, "idempotent_function", {}, kept={"key_prefix": prefix})

@@ -16,7 +16,6 @@ tees it for storage up to ``max_response_bytes``.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import fnmatch
 import logging
 import re
@@ -29,6 +28,7 @@ from urllib.parse import parse_qsl
 import orjson
 
 from idempotency_async._codec import loads_strict, nesting_depth
+from idempotency_async._derive import HTTP_OWNED, derive
 from idempotency_async.canonical import MAX_DEPTH, canonical_bytes, digest_bytes
 from idempotency_async.errors import (
     ConfigError,
@@ -37,6 +37,7 @@ from idempotency_async.errors import (
 from idempotency_async.manager import Manager
 
 __all__ = [
+    "http_manager",
     "content_length",
     "not_available",
     "DEFAULT_MAX_BODY_BYTES",
@@ -281,6 +282,7 @@ class HttpIdempotency:
             )
         if wait_timeout is not None and not _positive(wait_timeout):
             raise ConfigError(f"wait_timeout must be positive seconds, got {wait_timeout!r}")
+        self.manager = http_manager(manager, wait, wait_timeout)
         self.caller_scope = caller_scope
         self.settings = _Settings(
             methods=frozenset(method.upper() for method in methods),
@@ -294,7 +296,6 @@ class HttpIdempotency:
             replay_headers=frozenset(DEFAULT_REPLAY_HEADERS)
             | {name.lower() for name in replay_headers} - _NEVER_REPLAYED,
         )
-        self.manager = Manager(manager.store, _http_options(manager, wait, wait_timeout))
         if caller_scope is None:
             _log.warning(
                 "Idempotency-Key middleware without caller_scope is single-tenant: two clients "
@@ -397,6 +398,14 @@ class HttpIdempotency:
         # JSON holding integers a double cannot tell apart hashes as bytes.
         return {"base64": base64.b64encode(body).decode("ascii")}, 0
 
+    def key_for(self, method: str, route: str, key: str, caller: str | None = None) -> str:
+        """The idempotency key a request stores under: its method, route template (as
+        the app declares it, e.g. ``/orders/{order_id}``), Idempotency-Key (unquoted) and
+        caller scope.  For ``manager.force_release(...)`` and record look-ups."""
+        found = self.manager.key_for({"scope": request_scope(method, route, caller, key)})
+        assert found is not None  # the scope is never missing
+        return found
+
     def replay(self, stored: Any) -> HttpResponse:
         """The response a duplicate gets for a stored result."""
         if not isinstance(stored, dict) or stored.get("v") != _FORMAT:
@@ -437,23 +446,19 @@ def not_available(reason: str | None) -> HttpResponse:
     )
 
 
-def _http_options(manager: Manager, wait: bool | None, wait_timeout: float | None) -> Any:
-    options = manager.options
-    overrides: dict[str, Any] = {
-        "event_key_jmespath": "scope",
-        "payload_validation_jmespath": "fingerprint",
-        "raise_on_no_key": True,
-        "strict_missing_key": False,
-        "serialize_key": None,
-        "serializer": None,
-        "response_codec": None,
-        "response_hook": None,
-    }
+def http_manager(
+    manager: Manager, wait: bool | None = None, wait_timeout: float | None = None
+) -> Manager:
+    """The manager the middleware runs: ``manager``'s options, with the key and validation
+    selections, key serialization and response encoding the middleware owns."""
+    kept: dict[str, Any] = {}
     if wait is not None:
-        overrides["wait"] = wait
+        kept["wait"] = wait
     if wait_timeout is not None:
-        overrides["wait_timeout"] = float(wait_timeout)
-    return dataclasses.replace(options, **overrides)
+        kept["wait_timeout"] = float(wait_timeout)
+    owned = dict.fromkeys(HTTP_OWNED)
+    owned.update(event_key_jmespath="scope", payload_validation_jmespath="fingerprint")
+    return derive(manager, "the HTTP idempotency middleware", owned, kept=kept)
 
 
 def _sliced(value: Any) -> bytes:

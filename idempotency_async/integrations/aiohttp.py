@@ -108,6 +108,8 @@ def idempotency_middleware(
     ``caller_scope`` receives the ``web.Request``.  Handlers decorated with
     :func:`idempotent_endpoint` are idempotent whatever ``methods`` and ``paths`` say.
     Put it last in ``middlewares`` so authentication middlewares reject requests first.
+    The returned middleware has ``.manager`` (the manager it runs, derived from
+    ``manager``) and ``.key_for(method, route, key, caller=None)`` (a request's key).
     """
     rules = HttpIdempotency(
         manager,
@@ -136,6 +138,10 @@ def idempotency_middleware(
             return await handler(request)
         return await exchange(rules, _Aiohttp(rules, request, handler, resource.canonical, marked))
 
+    # The manager it runs (derived from ``manager``) and the key of a request, reachable
+    # as with IdempotencyMiddleware: for force_release and record look-ups.
+    idempotency.manager = rules.manager  # type: ignore[attr-defined]
+    idempotency.key_for = rules.key_for  # type: ignore[attr-defined]
     return idempotency
 
 

@@ -120,7 +120,7 @@ class IdempotencyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = _route_template(scope)
+        route = _route_template(scope, self.app)
         if route is None:  # no route matches: the app answers 404/405 itself
             await self.app(scope, receive, send)
             return
@@ -131,6 +131,17 @@ class IdempotencyMiddleware:
             return
         required = key_required or self.rules.settings.required
         await exchange(self.rules, _Asgi(self, scope, receive, send, template, marked, required))
+
+    @property
+    def manager(self) -> Manager:
+        """The manager the middleware runs (derived from the one it was given, see
+        ``docs/http.md``): ``force_release`` a key of this middleware through it."""
+        return self.rules.manager
+
+    def key_for(self, method: str, route: str, key: str, caller: str | None = None) -> str:
+        """The idempotency key a request stores under (``route``: the route's template,
+        e.g. ``/orders/{order_id}``; ``caller``: what ``caller_scope`` returned)."""
+        return self.rules.key_for(method, route, key, caller)
 
     def _marks(self, route: BaseRoute) -> tuple[bool, bool]:
         """Whether a route is opted in, and whether its marker requires the key."""
@@ -275,13 +286,15 @@ async def _send_response(send: Send, response: HttpResponse) -> None:
     await send({"type": "http.response.body", "body": response.body, "more_body": False})
 
 
-def _route_template(scope: Scope) -> tuple[str, BaseRoute | None] | None:
+def _route_template(scope: Scope, app: ASGIApp) -> tuple[str, BaseRoute | None] | None:
     """The matched route's path template, or the raw path when the app has no routes.
 
     Routing has not run yet in a middleware, so this matches the app's routes the way
     Starlette's router does (first full match, into mounts).  None: no route matches.
     """
-    routes = getattr(scope.get("app"), "routes", None)
+    # Inside the app's middleware stack the app is in the scope; wrapping the app directly
+    # (IdempotencyMiddleware(app, ...)) it is the wrapped one.
+    routes = getattr(scope.get("app", app), "routes", None)
     if not isinstance(routes, Sequence):
         return scope["path"], None
     return _match(routes, scope, "")
