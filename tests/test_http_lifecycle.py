@@ -64,6 +64,12 @@ def fastapi_app(store: Store, calls: Counter[str], finished: list[str]) -> FastA
         tasks.add_task(after)
         return {"run": calls[key]}
 
+    @app.post("/slow")
+    async def slow(key: IdempotencyKey, delay: float = 0.0) -> dict[str, int]:
+        calls[key] += 1
+        await asyncio.sleep(delay)
+        return {"run": calls[key]}
+
     @app.post("/stream")
     async def stream(
         key: IdempotencyKey, count: int = 8, pause: float = 0.0, size: int = CHUNK
@@ -90,7 +96,15 @@ def aiohttp_app(store: Store, calls: Counter[str], finished: list[str]) -> web.A
         finished.append(key)
         return response
 
+    @idempotent_endpoint
+    async def slow(request: web.Request) -> web.Response:
+        key = request.headers["Idempotency-Key"]
+        calls[key] += 1
+        await asyncio.sleep(float(request.query.get("delay", 0)))
+        return web.json_response({"run": calls[key]})
+
     app.router.add_post("/stream", stream)
+    app.router.add_post("/slow", slow)
     return app
 
 
@@ -235,3 +249,22 @@ async def test_client_gone_mid_stream_never_runs_the_endpoint_again(
         assert "disconnected" in detail and "too large" not in detail, detail
     else:  # the endpoint went on producing the stream: it was captured whole
         assert len(retry.content) == 20 * 1000
+
+
+# ---------------------------------------------------------------------- deadline
+
+
+@pytest.mark.parametrize("framework", ["fastapi", "aiohttp"])
+async def test_endpoint_cut_off_before_answering_is_504_and_runs_again_later(
+    start: Start, framework: str
+) -> None:
+    async with start(framework) as served, served.client() as client:
+        began = time.monotonic()
+        cut = await client.post("/slow?delay=3", headers=_headers("cut"))
+        took = time.monotonic() - began
+        await asyncio.sleep(1.0)  # the lease (the deadline + a reserve) ends
+        retry = await client.post("/slow?delay=0", headers=_headers("cut"))
+
+    assert cut.status_code == 504 and cut.headers["content-type"] == "application/problem+json"
+    assert took < 2.5
+    assert retry.status_code == 200 and retry.json() == {"run": 2}

@@ -234,14 +234,17 @@ class ResponseGate:
         """The response head, before it is forwarded; ``body`` is the whole body when it is
         in hand (a plain response), None for a stream.  True: the head must carry
         ``Idempotency-Response-Stored: false``."""
-        self.forwarded = True
         self.status, self.headers = status, headers
         ran = not self.marked or self.state.endpoint_ran
         if not ran or (status >= 500 and not self.rules.settings.store_server_errors):
+            self.forwarded = True
             return False  # released once the endpoint ends: the callback counts as raising
+        flagged = await self._record_head(body)
+        self.forwarded = True  # only now: a cutoff during the write leaves room for a 504
+        return flagged
+
+    async def _record_head(self, body: bytes | None) -> bool:
         self.recording = True
-        limit = self.rules.settings.max_response_bytes
-        declared = content_length(headers)
         if body is not None:
             self.ended = True
             result, reason = self._stored(body)
@@ -250,6 +253,8 @@ class ResponseGate:
                 return False
             await self._complete_without(reason)
             return True
+        limit = self.rules.settings.max_response_bytes
+        declared = content_length(self.headers)
         if declared is not None and declared > limit:
             self.overflow = f"its Content-Length ({declared} bytes) is over the limit of {limit}"
         await self._complete_without(_STREAMING)

@@ -1,16 +1,12 @@
 """The HTTP Idempotency-Key rules, shared by every server adapter (no framework imports).
 
-One request through an adapter::
+What a request is keyed and validated by::
 
     Idempotency-Key header ──> parse_key ──> scope {method, route, caller, key}   (the key)
     body (≤ max_body_bytes) ──> fingerprint {path, query, media type, body}       (validation)
-    Manager.execute(payload, run the endpoint, timeout=request_timeout)
-        ├─ endpoint returned a response < 500 ─> stored (status, allow-listed headers, Base64 body)
-        ├─ endpoint raised, answered 5xx, or never ran ─> key released, response passed through
-        └─ duplicate ─> replay (Idempotent-Replayed: true) | 409 + Retry-After | 422
 
-The live response always goes to the client as the endpoint produces it; a :class:`Capture`
-tees it for storage up to ``max_response_bytes``.
+and how a stored response is replayed.  Running the endpoint and recording its response
+(the response lifecycle) is :mod:`._exchange`.
 """
 
 from __future__ import annotations
