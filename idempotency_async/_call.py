@@ -42,7 +42,16 @@ class Call:
     response captured after the answer went out; one completed with a response is final.
     """
 
-    __slots__ = ("_cutoff", "_flight", "_lease", "_loop", "_manager", "answered", "stored")
+    __slots__ = (
+        "_cutoff",
+        "_flight",
+        "_lease",
+        "_loop",
+        "_manager",
+        "_started",
+        "answered",
+        "stored",
+    )
 
     def __init__(
         self,
@@ -57,6 +66,7 @@ class Call:
         self._lease = lease
         self._loop = loop
         self._cutoff = cutoff
+        self._started = loop.time()
         self.answered = False
         """Whether a completion was attempted (the key is never released after that)."""
         self.stored = False
@@ -129,7 +139,7 @@ class Call:
         # is completed, so they must replay, never hear "in progress".
         if manager._inflight.get(key) is flight:
             del manager._inflight[key]
-        manager._completed(completion, written, result, flight, 0.0)
+        manager._completed(completion, written, result, flight, loop.time() - self._started)
         flight.settle(None)
         self.stored = completion.encoded is not None
 

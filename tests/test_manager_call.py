@@ -102,3 +102,20 @@ async def _never() -> object:
 
 async def _value() -> str:
     return "ran"
+
+
+async def test_cancellation_after_completion_leaves_the_record_completed(store: Store) -> None:
+    manager = Manager(store)
+    answered = asyncio.Event()
+
+    async def work(call: Call) -> None:
+        await call.complete("answer")
+        answered.set()
+        await asyncio.sleep(10)
+
+    task = asyncio.create_task(manager.execute_call("c", work, timeout=5))
+    await answered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await Manager(store).execute("c", _never) == "answer"
