@@ -5,21 +5,32 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import ParamSpec, TypeVar
+from typing import Generic, ParamSpec, Protocol, TypeVar, cast
 
 from idempotency_async._derive import derive
 from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
 
-__all__ = ["idempotent_function"]
+__all__ = ["IdempotentFunction", "idempotent_function"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class IdempotentFunction(Protocol, Generic[P, T_co]):
+    """What :func:`idempotent_function` returns: the function, with the manager it runs."""
+
+    manager: Manager
+    """The manager the function's calls run through: ``manager.key_for(value)`` is the key
+    of a call with that argument, and ``manager.force_release(key)`` releases it."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[T_co]: ...
 
 
 def idempotent_function(
     manager: Manager, *, payload: str, timeout: float | None = None
-) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
+) -> Callable[[Callable[P, Awaitable[T]]], IdempotentFunction[P, T]]:
     """Decorate an ``async def`` so it runs once per value of its ``payload`` argument.
 
     When the manager's ``key_prefix`` was not set explicitly, keys get the function's
@@ -31,7 +42,7 @@ def idempotent_function(
     call (and its lease).
     """
 
-    def decorate(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    def decorate(func: Callable[P, Awaitable[T]]) -> IdempotentFunction[P, T]:
         if not inspect.iscoroutinefunction(func):
             raise ConfigError(f"idempotent_function needs an async def; {func!r} is not one")
         signature = inspect.signature(func)
@@ -50,8 +61,9 @@ def idempotent_function(
                 arguments.arguments[payload], lambda: func(*args, **kwargs), timeout=timeout
             )
 
-        wrapper.manager = bound_manager  # type: ignore[attr-defined]
-        return wrapper
+        decorated = cast(IdempotentFunction[P, T], wrapper)
+        decorated.manager = bound_manager
+        return decorated
 
     return decorate
 

@@ -102,7 +102,7 @@ async def test_decorated_function_exposes_the_manager_it_runs(store: Store) -> N
         return order["amount"]
 
     await charge({"amount": 5})
-    derived = charge.manager  # type: ignore[attr-defined]
+    derived = charge.manager
     assert derived is not manager and derived.key_prefix.endswith("charge")
     key = derived.key_for({"amount": 5})
     assert manager.key_for({"amount": 5}) != key  # the given manager keys differently
