@@ -177,7 +177,10 @@ class _Aiohttp:
         return await self.handler(self.request)
 
     def live(self) -> web.StreamResponse:
-        assert self.response is not None
+        if self.response is None:
+            # The handler was cut off after it had started a 5xx (or unrecorded) response:
+            # its head is out, so aiohttp can only close the connection.
+            raise web.HTTPGatewayTimeout()
         return self.response
 
     async def answer(self, response: HttpResponse) -> web.StreamResponse:
