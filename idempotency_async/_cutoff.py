@@ -56,6 +56,11 @@ class Cutoff:
             self._expired = True
             self._task.cancel()
 
+    @property
+    def expired(self) -> bool:
+        """Whether the cutoff fired (its task was asked to cancel)."""
+        return self._expired
+
     def fired(self) -> bool:
         """Whether the CancelledError being handled is ours (consumes our cancel request)."""
         if not self._expired or self._consumed:

@@ -70,6 +70,7 @@ def not_stored_error(record: Record) -> ResponseNotStoredError:
         f"the first call for key {record.key} succeeded, but its response was not stored "
         f"({why}), so it cannot be replayed: use a new key to run the request again",
         key=record.key,
+        reason=record.not_stored,
     )
 
 

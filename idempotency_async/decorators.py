@@ -2,36 +2,49 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import ParamSpec, TypeVar
+from typing import Generic, ParamSpec, Protocol, TypeVar, cast
 
+from idempotency_async._derive import derive
 from idempotency_async._keys import function_prefix
 from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
 
-__all__ = ["idempotent_function"]
+__all__ = ["IdempotentFunction", "idempotent_function"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class IdempotentFunction(Protocol, Generic[P, T_co]):
+    """What :func:`idempotent_function` returns: the function, with the manager it runs."""
+
+    manager: Manager
+    """The manager the function's calls run through: ``manager.key_for(value)`` is the key
+    of a call with that argument, and ``manager.force_release(key)`` releases it."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[T_co]: ...
 
 
 def idempotent_function(
     manager: Manager, *, payload: str, timeout: float | None = None
-) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
+) -> Callable[[Callable[P, Awaitable[T]]], IdempotentFunction[P, T]]:
     """Decorate an ``async def`` so it runs once per value of its ``payload`` argument.
 
     When the manager's ``key_prefix`` was not set explicitly, keys get the function's
     ``<module>.<qualname>`` appended, so two functions sharing a manager never replay
     each other's results (with ``key_format="powertools-python"``, Powertools' prefix
-    ``<AWS_LAMBDA_FUNCTION_NAME or "test-func">.<module>.<qualname>``).  Dataclass
-    arguments are hashed by their fields, pydantic models by ``model_dump(mode="json")``.
-    ``timeout`` bounds each call (and its lease).
+    ``<AWS_LAMBDA_FUNCTION_NAME or "test-func">.<module>.<qualname>``).  The manager the
+    function runs (that derived one, or ``manager`` itself) is its ``.manager`` attribute:
+    ``func.manager.key_for(value)`` is the key a call with that argument stores under.
+    Dataclass arguments are hashed by their fields, pydantic models by
+    ``model_dump(mode="json")``.  ``timeout`` bounds each call (and its lease).
     """
 
-    def decorate(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    def decorate(func: Callable[P, Awaitable[T]]) -> IdempotentFunction[P, T]:
         if not inspect.iscoroutinefunction(func):
             raise ConfigError(f"idempotent_function needs an async def; {func!r} is not one")
         signature = inspect.signature(func)
@@ -50,7 +63,9 @@ def idempotent_function(
                 arguments.arguments[payload], lambda: func(*args, **kwargs), timeout=timeout
             )
 
-        return wrapper
+        decorated = cast(IdempotentFunction[P, T], wrapper)
+        decorated.manager = bound_manager
+        return decorated
 
     return decorate
 
@@ -58,8 +73,9 @@ def idempotent_function(
 def _manager_for(
     manager: Manager, func: Callable[..., object], *, handler: bool = False
 ) -> Manager:
-    """The manager keying ``func``'s calls: ``manager``, or one with the function's prefix."""
+    """The decorator's derivation: it owns nothing, and adjusts only an implicit prefix
+    (the function's, or Powertools' for ``key_format="powertools-python"``)."""
     prefix = function_prefix(manager.options, func, handler=handler)
     if prefix is None:
-        return manager
-    return Manager(manager.store, dataclasses.replace(manager.options, key_prefix=prefix))
+        return derive(manager, "idempotent_function", {})
+    return derive(manager, "idempotent_function", {}, kept={"key_prefix": prefix})

@@ -137,11 +137,15 @@ class LeaseLostError(CompletionError):
 
 
 class ResponseNotStoredError(IdempotencyError):
-    """The original call succeeded, but its response was not stored, so it cannot be replayed."""
+    """The original call succeeded, but its response was not stored, so it cannot be replayed.
 
-    def __init__(self, message: str, *, key: str) -> None:
+    ``reason`` is the text the record keeps about why, when its writer gave one.
+    """
+
+    def __init__(self, message: str, *, key: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.key = key
+        self.reason = reason
 
 
 class ResponseTooLargeError(IdempotencyError):

@@ -14,6 +14,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, NamedTuple, TypeVar
 
+from idempotency_async._call import Call, Unprotected, own_call
 from idempotency_async._codec import decode_json, encode_json
 from idempotency_async._cutoff import Cutoffs
 from idempotency_async._flight import Flight, Outcome, wait_for
@@ -190,6 +191,50 @@ class Manager:
             return Manager.execute(self, payload, observed, deadline=deadline, timeout=timeout)
 
         return await observer.call(run, callback)
+
+    async def execute_call(
+        self,
+        payload: Any,
+        callback: Callable[[Call], Awaitable[T]],
+        *,
+        deadline: float | None = None,
+        timeout: float | None = None,
+    ) -> T:
+        """As :meth:`execute`, for work that knows its answer before it has finished.
+
+        ``callback(call)`` may complete the record while it goes on running, with
+        ``await call.complete(result)`` (or ``call.complete_without_response(reason)``):
+        that is its point of no return.  Up to it, the call is what ``execute`` is (cut off
+        at the deadline, released if the callback raises).  After it, the deadline no longer
+        applies and nothing the callback does can release the key: a later exception or
+        cancellation propagates with the record completed.  A callback that returns without
+        completing is completed with its return value, as with ``execute``.  Returns the
+        callback's return value, or the replay of the stored result.
+        """
+        if not callable(callback):
+            raise ConfigError(
+                "callback must be a callable taking the Call and returning an awaitable; "
+                f"got {type(callback).__name__}"
+            )
+        loop = asyncio.get_running_loop()
+        when = effective_deadline(loop, deadline=deadline, timeout=timeout)
+        keys = None if self._disabled else self._keys.derive(payload)
+        if keys is None:
+            return await self._unprotected(lambda: callback(Unprotected()), when, loop)
+        if self._cache is not None:
+            entry = self._cache.get(keys.key, self.options.clock())
+            if entry is not None:
+                return self._cache_hit(entry, keys)  # type: ignore[no-any-return]
+        while True:
+            flight = self._inflight.get(keys.key)
+            if flight is None:
+                owner = f"{self._owner_prefix}{next(self._claims)}"
+                return await own_call(self, Flight(keys, when, owner), callback, loop)
+            outcome = await self._duplicate(flight, keys, when, loop)
+            if outcome is not None:
+                self._keys.validate(outcome.record.validation, keys)
+                self._emit("joined", keys.key)
+                return self._replay_outcome(outcome)  # type: ignore[no-any-return]
 
     async def force_release(self, key: str) -> Record | None:
         """Delete the record of ``key`` whatever its state (operators: unstick a key).

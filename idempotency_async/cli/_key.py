@@ -20,7 +20,7 @@ from idempotency_async._keys import key_deriver
 from idempotency_async.cli._errors import CliError
 from idempotency_async.decorators import _manager_for
 from idempotency_async.errors import KeyMissingError
-from idempotency_async.integrations._http import Rejection, _http_options, parse_key, request_scope
+from idempotency_async.integrations._http import Rejection, http_manager, parse_key, request_scope
 from idempotency_async.manager import Manager
 from idempotency_async.options import Options
 from idempotency_async.stores.memory import MemoryStore
@@ -89,7 +89,7 @@ def _http_key(manager: Manager, args: argparse.Namespace) -> str:
         detail = orjson.loads(exc.response.body).get("detail", "invalid Idempotency-Key")
         raise CliError(f"invalid Idempotency-Key {header!r}: {detail}") from exc
     assert key is not None  # required=True
-    http = Manager(manager.store, _http_options(manager, None, None))
+    http = http_manager(manager)
     found = http.key_for({"scope": request_scope(method, route, args.caller, key)})
     assert found is not None  # the scope is never missing
     return found

@@ -1,26 +1,19 @@
 """The HTTP Idempotency-Key rules, shared by every server adapter (no framework imports).
 
-One request through an adapter::
+What a request is keyed and validated by::
 
     Idempotency-Key header ──> parse_key ──> scope {method, route, caller, key}   (the key)
     body (≤ max_body_bytes) ──> fingerprint {path, query, media type, body}       (validation)
-    Manager.execute(payload, run the endpoint, timeout=request_timeout)
-        ├─ endpoint returned a response < 500 ─> stored (status, allow-listed headers, Base64 body)
-        ├─ endpoint raised, answered 5xx, or never ran ─> key released, response passed through
-        └─ duplicate ─> replay (Idempotent-Replayed: true) | 409 + Retry-After | 422
 
-The live response always goes to the client as the endpoint produces it; a :class:`Capture`
-tees it for storage up to ``max_response_bytes``.
+and how a stored response is replayed.  Running the endpoint and recording its response
+(the response lifecycle) is :mod:`._exchange`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import dataclasses
 import fnmatch
 import logging
-import math
 import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
@@ -31,6 +24,7 @@ from urllib.parse import parse_qsl
 import orjson
 
 from idempotency_async._codec import loads_strict, nesting_depth
+from idempotency_async._derive import HTTP_OWNED, derive
 from idempotency_async.canonical import (
     HASH_ALGORITHMS,
     MAX_DEPTH,
@@ -38,19 +32,15 @@ from idempotency_async.canonical import (
     digest_bytes,
 )
 from idempotency_async.errors import (
-    AlreadyInProgressError,
-    CompletionError,
     ConfigError,
-    InconsistentStateError,
     PayloadError,
-    PayloadValidationError,
-    PersistenceError,
-    ResponseNotStoredError,
 )
-from idempotency_async.instrumentation import annotate, call_attributes
 from idempotency_async.manager import Manager
 
 __all__ = [
+    "http_manager",
+    "content_length",
+    "not_available",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_BODY_DEPTH",
     "DEFAULT_METHODS",
@@ -58,7 +48,6 @@ __all__ = [
     "KEY_HEADER",
     "REPLAYED_HEADER",
     "STORED_HEADER",
-    "Capture",
     "HttpIdempotency",
     "HttpResponse",
     "Rejection",
@@ -126,9 +115,11 @@ class RequestState:
 
     key: str | None
     """The request's Idempotency-Key (unquoted), or None when it sent none."""
-    endpoint_returned: bool = False
-    """Set by the route marker (FastAPI dependency, aiohttp decorator) once the endpoint
-    has returned normally: only then is its response stored."""
+    endpoint_ran: bool = False
+    """On opted-in routes, the marker's word on whether the endpoint ran: set when the
+    FastAPI dependency or aiohttp decorator is entered, cleared when the endpoint (or,
+    for FastAPI, request validation) raises.  A response started while it is False was
+    not produced by the endpoint: it is forwarded and never stored."""
 
 
 class Rejection(Exception):
@@ -137,10 +128,6 @@ class Rejection(Exception):
     def __init__(self, response: HttpResponse) -> None:
         super().__init__(response.status)
         self.response = response
-
-
-class _Release(Exception):
-    """Raised from the callback so the manager releases the key (the response went out live)."""
 
 
 def problem(
@@ -224,48 +211,7 @@ def _bad_key(detail: str) -> HttpResponse:
     return problem(400, "Invalid Idempotency-Key", detail)
 
 
-class Capture:
-    """Tees one live response: status, headers and body up to ``limit`` bytes."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.status: int | None = None
-        self.headers: list[tuple[str, str]] = []
-        self.body = bytearray()
-        self.overflow = False
-        self.complete = False
-        self.endpoint_ran = True
-        """Adapters set False for routes that confirm the endpoint ran (opt-in routes)."""
-
-    @property
-    def started(self) -> bool:
-        return self.status is not None
-
-    def start(self, status: int, headers: list[tuple[str, str]]) -> bool:
-        """Record the response head; True when it must carry ``Idempotency-Response-Stored``."""
-        self.status = status
-        self.headers = headers
-        length = _content_length(headers)
-        if length is not None and length > self.limit:
-            self.overflow = True
-        return self.overflow
-
-    def write(self, chunk: bytes, *, more: bool) -> None:
-        if not self.overflow:
-            self.body += chunk
-            if len(self.body) > self.limit:
-                self.overflow = True
-                self.body = bytearray()
-        if not more:
-            self.complete = True
-
-    def untrackable(self) -> None:
-        """Part of the body bypassed the tee (sendfile, path send): never store it."""
-        self.overflow = True
-        self.body = bytearray()
-
-
-def _content_length(headers: list[tuple[str, str]]) -> int | None:
+def content_length(headers: list[tuple[str, str]]) -> int | None:
     for name, value in headers:
         if name == "content-length":
             try:
@@ -339,6 +285,7 @@ class HttpIdempotency:
             )
         if wait_timeout is not None and not _positive(wait_timeout):
             raise ConfigError(f"wait_timeout must be positive seconds, got {wait_timeout!r}")
+        self.manager = http_manager(manager, wait, wait_timeout)
         self.caller_scope = caller_scope
         self.settings = _Settings(
             methods=frozenset(method.upper() for method in methods),
@@ -352,7 +299,6 @@ class HttpIdempotency:
             replay_headers=frozenset(DEFAULT_REPLAY_HEADERS)
             | {name.lower() for name in replay_headers} - _NEVER_REPLAYED,
         )
-        self.manager = Manager(manager.store, _http_options(manager, wait, wait_timeout))
         if caller_scope is None:
             _log.warning(
                 "Idempotency-Key middleware without caller_scope is single-tenant: two clients "
@@ -460,128 +406,21 @@ class HttpIdempotency:
         # JSON holding integers a double cannot tell apart hashes as bytes.
         return {"base64": base64.b64encode(body).decode("ascii")}, 0
 
-    # ------------------------------------------------------------------ run
-
-    async def handle(
-        self,
-        payload: dict[str, Any],
-        run: Callable[[], Awaitable[None]],
-        capture: Capture,
-    ) -> HttpResponse | None:
-        """Run ``run`` once per key; None when it ran (its response went out live).
-
-        Returns the replay to send, or raises :class:`Rejection` with the answer to send.
-        Exceptions of the endpoint propagate after the key is released.
-        """
-        ran = False
-
-        async def callback() -> Any:
-            nonlocal ran
-            ran = True
-            await run()
-            if capture.status is not None:
-                annotate(self.manager, {"http.response.status_code": capture.status})
-            return self._record(capture)
-
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        scope = payload["scope"]
-        try:
-            with call_attributes(
-                self.manager, {"http.route": scope["route"], "http.request.method": scope["method"]}
-            ):
-                stored = await self.manager.execute(
-                    payload, callback, timeout=self.settings.request_timeout
-                )
-        except _Release:
-            return None
-        except AlreadyInProgressError as exc:
-            raise Rejection(self._in_progress(exc)) from exc
-        except PayloadValidationError as exc:
-            raise Rejection(
-                problem(
-                    422,
-                    "Idempotency-Key reused",
-                    "this Idempotency-Key was already used with a different request (method, path, "
-                    "query or body): use a new key for a new request",
-                )
-            ) from exc
-        except ResponseNotStoredError as exc:
-            raise Rejection(_not_available(409)) from exc
-        except CompletionError as exc:
-            if not ran:
-                raise
-            # The endpoint ran and its response already went out: nothing left to tell.
-            _log.error("recording the response failed: %s", exc)
-            return None
-        except (PersistenceError, InconsistentStateError) as exc:
-            if ran:
-                raise
-            raise Rejection(_store_unavailable(exc)) from exc
-        except TimeoutError:
-            spent = loop.time() - started
-            if capture.started or spent < self.settings.request_timeout * 0.8:
-                raise
-            raise Rejection(
-                problem(
-                    504,
-                    "Request timed out",
-                    f"the request did not finish within {self.settings.request_timeout:g} s; its "
-                    "Idempotency-Key stays in progress until then",
-                    headers=(("retry-after", str(math.ceil(self.settings.request_timeout))),),
-                )
-            ) from None
-        if ran:
-            return None
-        annotate(self.manager, {"http.route": scope["route"], REPLAYED_ATTRIBUTE: True})
-        return self.replay(stored)
-
-    def _in_progress(self, exc: AlreadyInProgressError) -> HttpResponse:
-        # Leases are kept to the millisecond; rounding first keeps a lease of 5.0004 s at 5.
-        left = None if exc.retry_after is None else round(exc.retry_after, 3)
-        seconds = 1 if left is None else max(1, math.ceil(left))
-        return problem(
-            409,
-            "Request in progress",
-            "a request with this Idempotency-Key is still being processed: retry after "
-            f"{seconds} s",
-            headers=(("retry-after", str(seconds)),),
-        )
-
-    def _record(self, capture: Capture) -> Any:
-        """The JSON value to store for the captured response, or raise _Release."""
-        status = capture.status
-        if not capture.endpoint_ran or status is None:
-            raise _Release("the endpoint did not run")
-        if status >= 500 and not self.settings.store_server_errors:
-            raise _Release(f"server error {status}")
-        length = _content_length(capture.headers)
-        if (
-            not capture.complete
-            or capture.overflow
-            or (length is not None and length != len(capture.body))
-        ):
-            return {"v": _FORMAT, "status": status, "stored": False}
-        headers = [
-            [name, value] for name, value in capture.headers if name in self.settings.replay_headers
-        ]
-        result = {
-            "v": _FORMAT,
-            "status": status,
-            "headers": headers,
-            "body_b64": base64.b64encode(bytes(capture.body)).decode("ascii"),
-        }
-        if len(orjson.dumps(result)) > self.manager.store.max_response_bytes:
-            return {"v": _FORMAT, "status": status, "stored": False}
-        return result
+    def key_for(self, method: str, route: str, key: str, caller: str | None = None) -> str:
+        """The idempotency key a request stores under: its method, route template (as
+        the app declares it, e.g. ``/orders/{order_id}``), Idempotency-Key (unquoted) and
+        caller scope.  For ``manager.force_release(...)`` and record look-ups."""
+        found = self.manager.key_for({"scope": request_scope(method, route, caller, key)})
+        assert found is not None  # the scope is never missing
+        return found
 
     def replay(self, stored: Any) -> HttpResponse:
         """The response a duplicate gets for a stored result."""
         if not isinstance(stored, dict) or stored.get("v") != _FORMAT:
-            raise Rejection(_not_available(409))
+            raise Rejection(not_available(None))
         status = int(stored["status"])
-        if stored.get("stored") is False:
-            return _not_available(status)
+        if stored.get("stored") is False:  # written by earlier versions
+            return not_available(f"HTTP {status}: too large or not complete")
         headers = tuple((str(name), str(value)) for name, value in stored["headers"])
         return HttpResponse(
             status,
@@ -590,51 +429,44 @@ class HttpIdempotency:
         )
 
 
-def _store_unavailable(exc: Exception) -> HttpResponse:
-    # The store's message names endpoints, tables and SDK advice: for the operator's log,
-    # never for the client.
-    _log.error("idempotency store failed before the request ran; answered 503", exc_info=exc)
-    return problem(
-        503,
-        "Service unavailable",
-        "the request was not processed: retry it with the same Idempotency-Key",
-        headers=(("retry-after", "1"),),
-    )
-
-
 def request_scope(method: str, route: str, caller: str | None, key: str) -> dict[str, Any]:
     """What the key is derived from: the request's method, route template, caller and key
     (also used by the command-line tool's ``key --http``)."""
     return {"method": method.upper(), "route": route, "caller": caller, "key": key}
 
 
-def _not_available(status: int) -> HttpResponse:
+_REASON: Final = re.compile(r"HTTP ([1-5][0-9][0-9]): (.*)", re.DOTALL)
+
+
+def not_available(reason: str | None) -> HttpResponse:
+    """The answer to a duplicate of a request whose response was not stored: the original
+    status (written first in the record's reason), and the reason it was not stored."""
+    match = None if reason is None else _REASON.fullmatch(reason)
+    status = 409 if match is None else int(match[1])
+    why = reason if match is None else match[2]
     return problem(
         status,
         "Response not available",
-        "the request with this Idempotency-Key was processed, but its response was too large "
-        "to store, so it cannot be replayed: use a new key to run the request again",
+        f"the request with this Idempotency-Key was processed, but its response was not "
+        f"stored ({why or 'no reason recorded'}), so it cannot be replayed: use a new key to "
+        "run the request again",
         headers=((STORED_HEADER, "false"), (REPLAYED_HEADER, "true")),
     )
 
 
-def _http_options(manager: Manager, wait: bool | None, wait_timeout: float | None) -> Any:
-    options = manager.options
-    overrides: dict[str, Any] = {
-        "event_key_jmespath": "scope",
-        "payload_validation_jmespath": "fingerprint",
-        "raise_on_no_key": True,
-        "strict_missing_key": False,
-        "serialize_key": None,
-        "serializer": None,
-        "response_codec": None,
-        "response_hook": None,
-    }
+def http_manager(
+    manager: Manager, wait: bool | None = None, wait_timeout: float | None = None
+) -> Manager:
+    """The manager the middleware runs: ``manager``'s options, with the key and validation
+    selections, key serialization and response encoding the middleware owns."""
+    kept: dict[str, Any] = {}
     if wait is not None:
-        overrides["wait"] = wait
+        kept["wait"] = wait
     if wait_timeout is not None:
-        overrides["wait_timeout"] = float(wait_timeout)
-    return dataclasses.replace(options, **overrides)
+        kept["wait_timeout"] = float(wait_timeout)
+    owned = dict.fromkeys(HTTP_OWNED)
+    owned.update(event_key_jmespath="scope", payload_validation_jmespath="fingerprint")
+    return derive(manager, "the HTTP idempotency middleware", owned, kept=kept)
 
 
 def _sliced(value: Any) -> bytes:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import weakref
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import TypeVar, cast
 
 from aiohttp import web
@@ -25,20 +25,18 @@ from aiohttp.typedefs import Handler, Middleware
 from multidict import CIMultiDict
 
 from idempotency_async.errors import ConfigError
+from idempotency_async.integrations._exchange import ResponseGate, exchange
 from idempotency_async.integrations._http import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_BODY_DEPTH,
     DEFAULT_METHODS,
-    KEY_HEADER,
     STORED_HEADER,
     CallerScope,
-    Capture,
     HttpIdempotency,
     HttpResponse,
     PathPattern,
     Rejection,
     RequestState,
-    parse_key,
 )
 from idempotency_async.manager import Manager
 
@@ -76,9 +74,13 @@ def idempotent_endpoint(handler: _H) -> _H:
                 "no idempotency middleware: add it, e.g. web.Application(middlewares="
                 "[idempotency_middleware(manager)])"
             )
-        response = await handler(request)
-        state.endpoint_returned = True
-        return response
+        # The handler runs: a response it starts (prepare) or returns is its own.
+        state.endpoint_ran = True
+        try:
+            return await handler(request)
+        except BaseException:
+            state.endpoint_ran = False
+            raise
 
     _MARKED.add(endpoint)
     return cast(_H, endpoint)
@@ -106,6 +108,8 @@ def idempotency_middleware(
     ``caller_scope`` receives the ``web.Request``.  Handlers decorated with
     :func:`idempotent_endpoint` are idempotent whatever ``methods`` and ``paths`` say.
     Put it last in ``middlewares`` so authentication middlewares reject requests first.
+    The returned middleware has ``.manager`` (the manager it runs, derived from
+    ``manager``) and ``.key_for(method, route, key, caller=None)`` (a request's key).
     """
     rules = HttpIdempotency(
         manager,
@@ -132,13 +136,17 @@ def idempotency_middleware(
         marked = match_info.handler in _MARKED
         if not rules.applies(request.method, request.path, marked=marked):
             return await handler(request)
-        return await _Exchange(rules, request, handler, resource.canonical, marked).run()
+        return await exchange(rules, _Aiohttp(rules, request, handler, resource.canonical, marked))
 
+    # The manager it runs (derived from ``manager``) and the key of a request, reachable
+    # as with IdempotencyMiddleware: for force_release and record look-ups.
+    idempotency.manager = rules.manager  # type: ignore[attr-defined]
+    idempotency.key_for = rules.key_for  # type: ignore[attr-defined]
     return idempotency
 
 
-class _Exchange:
-    """One idempotent request: its body, its capture, and what to answer."""
+class _Aiohttp:
+    """The aiohttp side of one idempotent request (see :mod:`._exchange` for the algorithm)."""
 
     def __init__(
         self,
@@ -153,47 +161,40 @@ class _Exchange:
         self.handler = handler
         self.template = template
         self.marked = marked
-        self.capture = Capture(rules.settings.max_response_bytes)
+        self.key_required = rules.settings.required
+        self.method = request.method
+        self.path = request.path
+        self.query = request.query_string
         self.response: web.StreamResponse | None = None
 
-    async def run(self) -> web.StreamResponse:
-        request = self.request
-        try:
-            key = parse_key(
-                request.headers.getall(KEY_HEADER, []), required=self.rules.settings.required
-            )
-            request[_STATE_KEY] = RequestState(key)
-            if key is None:
-                return await self.handler(request)
-            self.rules.check_length(request.headers.get("Content-Length"))
-            body = await self._read_body()
-            payload = self.rules.payload(
-                method=request.method,
-                route=self.template,
-                caller=await self.rules.caller(request),
-                key=key,
-                path=request.path,
-                query=request.query_string,
-                content_type=request.headers.get("Content-Type"),
-                body=body,
-            )
-            self.capture.endpoint_ran = not self.marked
-            replay = await self.rules.handle(payload, self._run_handler, self.capture)
-        except Rejection as rejection:
-            replay = rejection.response
-        if replay is not None:
-            return _to_response(replay)
-        assert self.response is not None
+    def headers(self, name: str) -> list[str]:
+        return self.request.headers.getall(name, [])
+
+    def install(self, state: RequestState) -> None:
+        self.request[_STATE_KEY] = state
+
+    async def passthrough(self) -> web.StreamResponse:
+        return await self.handler(self.request)
+
+    def live(self) -> web.StreamResponse:
+        if self.response is None:
+            # The handler was cut off after it had started a 5xx (or unrecorded) response:
+            # its head is out, so aiohttp can only close the connection.
+            raise web.HTTPGatewayTimeout()
         return self.response
 
-    async def _read_body(self) -> bytes:
+    async def answer(self, response: HttpResponse) -> web.StreamResponse:
+        return web.Response(
+            status=response.status, headers=CIMultiDict(response.headers), body=response.body
+        )
+
+    async def read_body(self, limit: int) -> bytes:
         """The whole body, read chunk by chunk so that reading stops at the limit.
 
         ``request.read()`` would buffer up to the app's ``client_max_size`` before the
         limit could be checked.  The body is handed back to aiohttp's cache, so the
         handler's ``read()``/``json()`` get it without reading the stream again.
         """
-        limit = self.rules.settings.max_body_bytes
         # The application's own limit (web.Application(client_max_size=...)) still holds.
         app_limit = getattr(self.request, "_client_max_size", 0)
         if app_limit:
@@ -210,46 +211,36 @@ class _Exchange:
             raise RuntimeError("this aiohttp version does not cache request bodies as expected")
         return data
 
-    async def _run_handler(self) -> None:
+    async def run_endpoint(self, body: bytes, gate: ResponseGate) -> None:
         request = self.request
         original = request._payload_writer
         # aiohttp has no public hook on a response's writes: the writer of this request is
         # swapped for a tee while the handler runs, so streamed bodies are captured too.
-        request._payload_writer = _TeeWriter(original, self.capture)
+        request._payload_writer = _TeeWriter(original, gate)
         try:
             response = self.response = await self.handler(request)
             if response.prepared:
                 await response.write_eof()  # the handler streamed it through the tee
             elif isinstance(response, web.Response) and not isinstance(response.body, Payload):
-                self._capture_unsent(response)
+                # A plain response: recorded with its body here, sent by aiohttp once the
+                # middlewares return (outside the callback and its cutoff).
+                data = b"" if response.body is None else bytes(cast(bytes, response.body))
+                headers = [(name.lower(), value) for name, value in response.headers.items()]
+                if await gate.start(response.status, headers, data):
+                    response.headers[STORED_HEADER] = "false"
             else:
                 await response.prepare(request)
                 await response.write_eof()
         finally:
             request._payload_writer = original
-        state = request_state(request)
-        if self.marked and state is not None:
-            self.capture.endpoint_ran = state.endpoint_returned
-
-    def _capture_unsent(self, response: web.Response) -> None:
-        body = response.body
-        data = b"" if body is None else bytes(cast(bytes | bytearray, body))
-        headers = [(name.lower(), value) for name, value in response.headers.items()]
-        if self.capture.start(response.status, headers) or len(data) > self.capture.limit:
-            response.headers[STORED_HEADER] = "false"
-        self.capture.write(data, more=False)
-
-
-def _to_response(answer: HttpResponse) -> web.Response:
-    return web.Response(status=answer.status, headers=CIMultiDict(answer.headers), body=answer.body)
 
 
 class _TeeWriter(AbstractStreamWriter):
     """Forwards a response's writes to the real writer and copies them into a capture."""
 
-    def __init__(self, inner: AbstractStreamWriter, capture: Capture) -> None:
+    def __init__(self, inner: AbstractStreamWriter, gate: ResponseGate) -> None:
         self._inner = inner
-        self._capture = capture
+        self._gate = gate
         self._client_gone = False
 
     @property
@@ -281,22 +272,25 @@ class _TeeWriter(AbstractStreamWriter):
         return self._inner.transport
 
     async def write(self, chunk: bytes | bytearray | memoryview) -> None:
-        self._capture.write(bytes(chunk), more=True)
-        if not self._client_gone:
-            try:
-                await self._inner.write(chunk)
-            except OSError:
-                # The client went away: the handler goes on, so the record completes and
-                # the client's retry gets the replay.
-                self._client_gone = True
+        self._gate.write(bytes(chunk))
+        await self._forward(self._inner.write(chunk))
 
     async def write_eof(self, chunk: bytes = b"") -> None:
-        self._capture.write(bytes(chunk), more=False)
-        if not self._client_gone:
-            try:
-                await self._inner.write_eof(chunk)
-            except OSError:
-                self._client_gone = True
+        self._gate.write(bytes(chunk))
+        await self._gate.end()
+        await self._forward(self._inner.write_eof(chunk))
+
+    async def _forward(self, sending: Awaitable[None]) -> None:
+        if self._client_gone:
+            sending.close()  # type: ignore[attr-defined]
+            return
+        try:
+            await sending
+        except OSError:
+            # The client went away: the handler goes on, so the record gets the whole
+            # body when the handler produces it.
+            self._client_gone = True
+            self._gate.client_gone()
 
     async def drain(self) -> None:
         if not self._client_gone:
@@ -311,7 +305,8 @@ class _TeeWriter(AbstractStreamWriter):
     async def write_headers(self, status_line: str, headers: CIMultiDict[str]) -> None:
         status = int(status_line.split(" ", 2)[1])
         captured = [(name.lower(), value) for name, value in headers.items()]
-        if self._capture.start(status, captured):
+        # The point of no return: recorded before the head is forwarded.
+        if await self._gate.start(status, captured, None):
             headers[STORED_HEADER] = "false"
         await self._inner.write_headers(status_line, headers)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from idempotency_async._codec import loads_strict
+from idempotency_async._derive import derive
 from idempotency_async.canonical import canonical_json
 from idempotency_async.deadlines import deadline as ambient_deadline
 from idempotency_async.decorators import _manager_for
@@ -483,14 +484,18 @@ _derived: weakref.WeakKeyDictionary[Manager, dict[str, Manager]] = weakref.WeakK
 def _batch_manager(manager: Manager, source: _Source) -> Manager:
     """The manager that keys records: the given one, or one keyed by the stable record id."""
     if manager.options.event_key_jmespath is not None:
-        return manager
+        return manager  # the user's selection, applied to each decoded record
     by_source = _derived.setdefault(manager, {})
     derived = by_source.get(source.stable_id)
     if derived is None:
-        options = dataclasses.replace(
-            manager.options, event_key_jmespath=source.stable_id, key_prefix=manager.key_prefix
+        # The one derivation (see _derive): the batch owns the key selection only when the
+        # manager has none; every other option is kept, the prefix frozen as it resolved.
+        derived = by_source[source.stable_id] = derive(
+            manager,
+            "process_batch",
+            {},
+            kept={"event_key_jmespath": source.stable_id, "key_prefix": manager.key_prefix},
         )
-        derived = by_source[source.stable_id] = Manager(manager.store, options)
     return derived
 
 

@@ -21,6 +21,7 @@ installed on the app:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated, Any, Final, TypeAlias
 
 from fastapi import Depends, Header, Request
@@ -58,9 +59,8 @@ async def idempotency_dependency(
     (``HTTPException`` included), the key is released and the response is not stored.
     """
     state = _state(request)
-    yield state.key
-    # Reached only when nothing raised between here and the end of the endpoint.
-    state.endpoint_returned = True
+    async with _running(state):
+        yield state.key
 
 
 async def required_idempotency_dependency(
@@ -73,8 +73,20 @@ async def required_idempotency_dependency(
     state = _state(request)
     if state.key is None:  # the middleware answers 400 first; never reached
         raise ConfigError("the Idempotency-Key is missing although the route requires it")
-    yield state.key
-    state.endpoint_returned = True
+    async with _running(state):
+        yield state.key
+
+
+@asynccontextmanager
+async def _running(state: RequestState) -> AsyncIterator[None]:
+    """Tell the middleware the endpoint runs, until request validation or the endpoint
+    raises: a response started meanwhile is the endpoint's."""
+    state.endpoint_ran = True
+    try:
+        yield
+    except BaseException:
+        state.endpoint_ran = False
+        raise
 
 
 def _state(request: Request) -> RequestState:

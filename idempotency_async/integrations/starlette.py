@@ -19,20 +19,18 @@ from starlette.requests import Request
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from idempotency_async.integrations._exchange import ResponseGate, exchange
 from idempotency_async.integrations._http import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_BODY_DEPTH,
     DEFAULT_METHODS,
-    KEY_HEADER,
     STORED_HEADER,
     CallerScope,
-    Capture,
     HttpIdempotency,
     HttpResponse,
     PathPattern,
     Rejection,
     RequestState,
-    parse_key,
 )
 from idempotency_async.manager import Manager
 
@@ -122,7 +120,7 @@ class IdempotencyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = _route_template(scope)
+        route = _route_template(scope, self.app)
         if route is None:  # no route matches: the app answers 404/405 itself
             await self.app(scope, receive, send)
             return
@@ -132,7 +130,18 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         required = key_required or self.rules.settings.required
-        await _Exchange(self, scope, receive, send, template, marked, required).run()
+        await exchange(self.rules, _Asgi(self, scope, receive, send, template, marked, required))
+
+    @property
+    def manager(self) -> Manager:
+        """The manager the middleware runs (derived from the one it was given, see
+        ``docs/http.md``): ``force_release`` a key of this middleware through it."""
+        return self.rules.manager
+
+    def key_for(self, method: str, route: str, key: str, caller: str | None = None) -> str:
+        """The idempotency key a request stores under (``route``: the route's template,
+        e.g. ``/orders/{order_id}``; ``caller``: what ``caller_scope`` returned)."""
+        return self.rules.key_for(method, route, key, caller)
 
     def _marks(self, route: BaseRoute) -> tuple[bool, bool]:
         """Whether a route is opted in, and whether its marker requires the key."""
@@ -143,8 +152,8 @@ class IdempotencyMiddleware:
         return known
 
 
-class _Exchange:
-    """One idempotent request: its body, its capture, and what to send."""
+class _Asgi:
+    """The ASGI side of one idempotent request (see :mod:`._exchange` for the algorithm)."""
 
     def __init__(
         self,
@@ -164,51 +173,23 @@ class _Exchange:
         self.template = template
         self.marked = marked
         self.key_required = key_required
-        self.capture = Capture(self.rules.settings.max_response_bytes)
-        self.client_gone = False
-        # The last body message is held back until the record is completed, so a client
-        # that retries as soon as it has the whole response gets the replay, not a 409.
-        self.final: Message | None = None
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.query = scope.get("query_string", b"").decode("latin-1")
+        self.request = Request(scope)
+        self.gate: ResponseGate | None = None
+        # The head is held until the first body message shows whether the whole body is in
+        # hand (a plain response) or more follows (a stream).
+        self.head: Message | None = None
+        self.gone = False
 
-    async def run(self) -> None:
-        headers = Request(self.scope).headers
-        try:
-            key = parse_key(headers.getlist(KEY_HEADER), required=self.key_required)
-            self.scope[_STATE_KEY] = RequestState(key)
-            if key is None:
-                await self.app(self.scope, self.receive, self.send)
-                return
-            self.rules.check_length(headers.get("content-length"))
-            body = await self._read_body()
-            if body is None:
-                return  # the client went away before sending its body
-            payload = self.rules.payload(
-                method=self.scope["method"],
-                route=self.template,
-                caller=await self.rules.caller(Request(self.scope)),
-                key=key,
-                path=self.scope["path"],
-                query=self.scope.get("query_string", b"").decode("latin-1"),
-                content_type=headers.get("content-type"),
-                body=body,
-            )
-            self.capture.endpoint_ran = not self.marked
-            try:
-                replay = await self.rules.handle(payload, lambda: self._run_app(body), self.capture)
-            finally:
-                await self._send_final()
-        except Rejection as rejection:
-            replay = rejection.response
-        if replay is not None:
-            await _send_response(self.send, replay)
+    def headers(self, name: str) -> list[str]:
+        return self.request.headers.getlist(name)
 
-    async def _send_final(self) -> None:
-        final, self.final = self.final, None
-        if final is not None:
-            await self._forward(final)
+    def install(self, state: RequestState) -> None:
+        self.scope[_STATE_KEY] = state
 
-    async def _read_body(self) -> bytes | None:
-        limit = self.rules.settings.max_body_bytes
+    async def read_body(self, limit: int) -> bytes | None:
         chunks = bytearray()
         while True:
             message = await self.receive()
@@ -220,8 +201,17 @@ class _Exchange:
             if not message.get("more_body", False):
                 return bytes(chunks)
 
-    async def _run_app(self, body: bytes) -> None:
-        state = request_state(self.scope)
+    async def passthrough(self) -> None:
+        await self.app(self.scope, self.receive, self.send)
+
+    def live(self) -> None:
+        return None
+
+    async def answer(self, response: HttpResponse) -> None:
+        await _send_response(self.send, response)
+
+    async def run_endpoint(self, body: bytes, gate: ResponseGate) -> None:
+        self.gate = gate
         delivered = False
 
         async def receive() -> Message:
@@ -229,40 +219,62 @@ class _Exchange:
             if not delivered:
                 delivered = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            return await self.receive()
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                gate.client_gone()  # Starlette then stops the stream: say why it ended
+            return message
 
         await self.app(self.scope, receive, self._tee)
-        if self.marked and state is not None:
-            self.capture.endpoint_ran = state.endpoint_returned
+        if self.head is not None:  # a head without a body message: an empty body
+            await self._start(b"")
 
     async def _tee(self, message: Message) -> None:
+        gate = self.gate
+        assert gate is not None
         kind = message["type"]
         if kind == "http.response.start":
-            raw = list(message.get("headers", []))
-            headers = [
-                (name.decode("latin-1").lower(), value.decode("latin-1")) for name, value in raw
-            ]
-            if self.capture.start(message["status"], headers):
-                message = {**message, "headers": [*raw, (STORED_HEADER.encode(), b"false")]}
-        elif kind == "http.response.body":
+            self.head = message
+            return
+        if kind == "http.response.body":
             more = message.get("more_body", False)
-            self.capture.write(message.get("body", b""), more=more)
+            chunk = message.get("body", b"")
+            if self.head is not None:
+                await self._start(None if more else chunk)
+                if not more:
+                    return  # the plain body went out with the head
+            gate.write(chunk)
             if not more:
-                self.final = message
-                return
+                await gate.end()
         else:
-            self.capture.untrackable()
+            if self.head is not None:
+                await self._start(None)
+            gate.untrackable()
         await self._forward(message)
 
+    async def _start(self, body: bytes | None) -> None:
+        """The point of no return: the gate records, then the head goes out."""
+        gate, head = self.gate, self.head
+        assert gate is not None and head is not None
+        self.head = None
+        raw = list(head.get("headers", []))
+        headers = [(name.decode("latin-1").lower(), value.decode("latin-1")) for name, value in raw]
+        if await gate.start(head["status"], headers, body):
+            head = {**head, "headers": [*raw, (STORED_HEADER.encode(), b"false")]}
+        await self._forward(head)
+        if body is not None:
+            await self._forward({"type": "http.response.body", "body": body, "more_body": False})
+
     async def _forward(self, message: Message) -> None:
-        if self.client_gone:
+        if self.gone:
             return
         try:
             await self.send(message)
         except OSError:
             # The client went away: keep consuming the endpoint's response so the record
-            # completes and the client's retry gets the replay.
-            self.client_gone = True
+            # gets the whole body when the endpoint produces it.
+            self.gone = True
+            if self.gate is not None:
+                self.gate.client_gone()
 
 
 async def _send_response(send: Send, response: HttpResponse) -> None:
@@ -274,13 +286,15 @@ async def _send_response(send: Send, response: HttpResponse) -> None:
     await send({"type": "http.response.body", "body": response.body, "more_body": False})
 
 
-def _route_template(scope: Scope) -> tuple[str, BaseRoute | None] | None:
+def _route_template(scope: Scope, app: ASGIApp) -> tuple[str, BaseRoute | None] | None:
     """The matched route's path template, or the raw path when the app has no routes.
 
     Routing has not run yet in a middleware, so this matches the app's routes the way
     Starlette's router does (first full match, into mounts).  None: no route matches.
     """
-    routes = getattr(scope.get("app"), "routes", None)
+    # Inside the app's middleware stack the app is in the scope; wrapping the app directly
+    # (IdempotencyMiddleware(app, ...)) it is the wrapped one.
+    routes = getattr(scope.get("app", app), "routes", None)
     if not isinstance(routes, Sequence):
         return scope["path"], None
     return _match(routes, scope, "")

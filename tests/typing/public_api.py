@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import assert_type
 
-from idempotency_async import Manager, MemoryStore, Options, idempotent_function
+from idempotency_async import Call, Manager, MemoryStore, Options, idempotent_function
 
 manager = Manager(MemoryStore(), Options(key_prefix="typing"))
 
@@ -21,12 +21,19 @@ async def charge(order: dict[str, int], *, note: str = "") -> list[str]:
 async def uses() -> None:
     assert_type(await charge({"id": 1}, note="x"), list[str])
     charge({"id": 1}, note=3)  # type: ignore[arg-type]
+    assert_type(charge.manager.key_for({"id": 1}), str | None)
 
     async def work() -> int:
         return 1
 
     assert_type(await manager.execute({"id": 1}, work, timeout=5), int)
     assert_type(manager.key_for({"id": 1}), str | None)
+
+    async def answers(call: Call) -> str:
+        await call.complete("answer")
+        return "answer"
+
+    assert_type(await manager.execute_call({"id": 2}, answers, timeout=5), str)
 
 
 powertools = Options(key_format="powertools-python", powertools_version="3.0")

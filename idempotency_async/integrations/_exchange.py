@@ -1,0 +1,384 @@
+"""One idempotent HTTP request, from its header to its last byte, for every framework.
+
+The response lifecycle (the point of no return is the first response head)::
+
+    key, body ──> payload ──> Manager.execute_call(payload, run the endpoint)
+                               │ duplicate ──> replay | 409 | 422        (nothing ran)
+                               │ store down ─> 503    │ cut off ─> 504   (nothing forwarded)
+    endpoint produces a head ──┤
+        5xx, or the endpoint did not run ──> forwarded; the key is released at the end
+        < 500 with the whole body in hand (plain) ──> completed WITH the response, then sent
+        < 500 streamed ──> completed "not stored" BEFORE the head is forwarded, then sent
+                           outside the cutoff; at the end of the body the captured body is
+                           attached (or the reason it is not is written)
+    after the head: background tasks, slow or vanished clients, failures ──> never a release
+
+Each framework supplies an :class:`Adapter` that moves bytes; the algorithm is here once.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol, TypeVar
+
+import orjson
+
+from idempotency_async._call import Call
+from idempotency_async.errors import (
+    AlreadyInProgressError,
+    CompletionError,
+    DeadlineExceededError,
+    IdempotencyError,
+    InconsistentStateError,
+    PayloadValidationError,
+    PersistenceError,
+    ResponseNotStoredError,
+)
+from idempotency_async.instrumentation import annotate, call_attributes
+from idempotency_async.integrations._http import (
+    KEY_HEADER,
+    REPLAYED_ATTRIBUTE,
+    HttpIdempotency,
+    HttpResponse,
+    Rejection,
+    RequestState,
+    content_length,
+    not_available,
+    parse_key,
+    problem,
+)
+
+__all__ = ["Adapter", "ResponseGate", "exchange", "run"]
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+_FORMAT: Final = 1
+# Written when a stream starts; a later write replaces it when the stream ends.  It stays
+# only when the request was cancelled mid-stream (after which nothing may be written).
+_STREAMING: Final = (
+    "streamed response, not captured: it was still being sent, or was cut off before its "
+    "end (the client disconnected or the request was cancelled)"
+)
+
+_log = logging.getLogger("idempotency_async.http")
+
+
+class Adapter(Protocol[R_co]):
+    """What an exchange needs from a framework, for one request."""
+
+    method: str
+    path: str
+    query: str
+    template: str
+    """The matched route's path template."""
+    marked: bool
+    """The route is opted in by a marker that tells whether the endpoint ran."""
+    key_required: bool
+    request: Any
+    """What ``caller_scope`` receives."""
+
+    def headers(self, name: str) -> list[str]: ...
+
+    def install(self, state: RequestState) -> None:
+        """Make ``state`` reachable from the request (the markers read and set it)."""
+
+    async def read_body(self, limit: int) -> bytes | None:
+        """The whole body (:class:`Rejection` past ``limit``); None: the client left."""
+
+    async def passthrough(self) -> R_co:
+        """Run the endpoint without idempotency."""
+
+    async def run_endpoint(self, body: bytes, gate: ResponseGate) -> None:
+        """Run the endpoint, telling ``gate`` about its response before forwarding it."""
+
+    def live(self) -> R_co:
+        """What to return once the endpoint's own response went (or is going) out."""
+
+    async def answer(self, response: HttpResponse) -> R_co:
+        """Send a response of the middleware's own (a replay or a problem)."""
+
+
+async def exchange(rules: HttpIdempotency, adapter: Adapter[R]) -> R:
+    """Handle one request the rules apply to."""
+    try:
+        key = parse_key(adapter.headers(KEY_HEADER), required=adapter.key_required)
+        state = RequestState(key)
+        adapter.install(state)
+        if key is None:
+            return await adapter.passthrough()
+        declared = adapter.headers("content-length")
+        rules.check_length(declared[0] if declared else None)
+        body = await adapter.read_body(rules.settings.max_body_bytes)
+        if body is None:
+            return adapter.live()  # the client went away before sending its body
+        content_type = adapter.headers("content-type")
+        payload = rules.payload(
+            method=adapter.method,
+            route=adapter.template,
+            caller=await rules.caller(adapter.request),
+            key=key,
+            path=adapter.path,
+            query=adapter.query,
+            content_type=content_type[0] if content_type else None,
+            body=body,
+        )
+        gate = ResponseGate(rules, state, adapter.marked)
+        answer = await run(rules, payload, lambda: adapter.run_endpoint(body, gate), gate)
+    except Rejection as rejection:
+        answer = rejection.response
+    return adapter.live() if answer is None else await adapter.answer(answer)
+
+
+class _Release(Exception):
+    """Raised from the callback so the manager releases the key (the response went out live)."""
+
+
+async def run(
+    rules: HttpIdempotency,
+    payload: dict[str, Any],
+    endpoint: Callable[[], Awaitable[None]],
+    gate: ResponseGate,
+) -> HttpResponse | None:
+    """Run ``endpoint`` once per key; None when it ran (its response went out live).
+
+    Returns the answer to send instead; exceptions of the endpoint propagate (before the
+    point of no return the key was released first).
+    """
+
+    async def callback(call: Call) -> Any:
+        gate.call = call
+        try:
+            await endpoint()
+        except Exception as exc:
+            await gate.endpoint_failed(exc)
+            raise
+        await gate.endpoint_returned()
+        if gate.status:
+            annotate(rules.manager, {"http.response.status_code": gate.status})
+        return None
+
+    settings = rules.settings
+    scope = payload["scope"]
+    try:
+        with call_attributes(
+            rules.manager, {"http.route": scope["route"], "http.request.method": scope["method"]}
+        ):
+            stored = await rules.manager.execute_call(
+                payload, callback, timeout=settings.request_timeout
+            )
+    except _Release:
+        return None
+    except AlreadyInProgressError as exc:
+        raise Rejection(_in_progress(exc)) from exc
+    except PayloadValidationError as exc:
+        raise Rejection(
+            problem(
+                422,
+                "Idempotency-Key reused",
+                "this Idempotency-Key was already used with a different request (method, path, "
+                "query or body): use a new key for a new request",
+            )
+        ) from exc
+    except ResponseNotStoredError as exc:
+        raise Rejection(not_available(exc.reason)) from exc
+    except CompletionError as exc:
+        if gate.call is None:
+            raise
+        # The endpoint ran and its answer is out: nothing left to tell the client.
+        _log.error("recording the response failed: %s", exc)
+        return None
+    except (PersistenceError, InconsistentStateError) as exc:
+        if gate.call is not None:
+            raise
+        raise Rejection(_store_unavailable(exc)) from exc
+    except DeadlineExceededError:
+        if gate.forwarded:
+            return None  # a 5xx or unrecorded response was under way: it stays cut short
+        raise Rejection(
+            problem(
+                504,
+                "Request timed out",
+                f"the request did not finish within {settings.request_timeout:g} s; its "
+                "Idempotency-Key stays in progress for a few seconds more",
+                headers=(("retry-after", str(math.ceil(settings.request_timeout))),),
+            )
+        ) from None
+    if gate.call is not None:
+        return None
+    annotate(rules.manager, {"http.route": scope["route"], REPLAYED_ATTRIBUTE: True})
+    return rules.replay(stored)
+
+
+class ResponseGate:
+    """The point of no return of one response, and the capture of its body for the record.
+
+    Adapters call :meth:`start` with the response head *before* forwarding it, then
+    :meth:`write` for each body chunk of a stream (``more=False`` for the last, before
+    forwarding it), and :meth:`client_gone` when sending failed.
+    """
+
+    def __init__(self, rules: HttpIdempotency, state: RequestState, marked: bool) -> None:
+        self.rules = rules
+        self.state = state
+        self.marked = marked
+        self.call: Call | None = None
+        """The manager's handle once the endpoint runs (None: it did not run here)."""
+        self.forwarded = False
+        """A head went (or is going) to the client."""
+        self.recording = False
+        """The response is past the point of no return: the record is completed."""
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+        self.body = bytearray()
+        self.ended = False
+        self.overflow: str | None = None
+        """Why the body cannot be stored, once that is known while streaming."""
+        self.gone = False
+
+    async def start(self, status: int, headers: list[tuple[str, str]], body: bytes | None) -> bool:
+        """The response head, before it is forwarded; ``body`` is the whole body when it is
+        in hand (a plain response), None for a stream.  True: the head must carry
+        ``Idempotency-Response-Stored: false``."""
+        self.status, self.headers = status, headers
+        ran = not self.marked or self.state.endpoint_ran
+        if not ran or (status >= 500 and not self.rules.settings.store_server_errors):
+            self.forwarded = True
+            return False  # released once the endpoint ends: the callback counts as raising
+        flagged = await self._record_head(body)
+        self.forwarded = True  # only now: a cutoff during the write leaves room for a 504
+        return flagged
+
+    async def _record_head(self, body: bytes | None) -> bool:
+        self.recording = True
+        if body is not None:
+            self.ended = True
+            result, reason = self._stored(body)
+            if result is not None:
+                await self._complete(result)
+                return False
+            await self._complete_without(reason)
+            return True
+        limit = self.rules.settings.max_response_bytes
+        declared = content_length(self.headers)
+        if declared is not None and declared > limit:
+            self.overflow = f"its Content-Length ({declared} bytes) is over the limit of {limit}"
+        await self._complete_without(_STREAMING)
+        return self.overflow is not None
+
+    def write(self, chunk: bytes) -> None:
+        """A chunk of a streamed body, before it is forwarded."""
+        if not self.recording or self.overflow is not None:
+            return
+        self.body += chunk
+        limit = self.rules.settings.max_response_bytes
+        if len(self.body) > limit:
+            self.overflow = f"the streamed body grew past the limit of {limit} bytes"
+            self.body = bytearray()
+
+    async def end(self) -> None:
+        """The streamed body is complete (before its last chunk is forwarded): attach it."""
+        if not self.recording or self.ended:
+            return
+        self.ended = True
+        if self.overflow is not None:
+            await self._complete_without(f"too large: {self.overflow}")
+            return
+        result, reason = self._stored(bytes(self.body))
+        if result is not None:
+            await self._complete(result)
+        else:
+            await self._complete_without(reason)
+
+    def untrackable(self) -> None:
+        """Part of the body bypassed the capture (a file sent by path)."""
+        self.overflow = "its body was sent from a file, bypassing the capture"
+        self.body = bytearray()
+
+    def client_gone(self) -> None:
+        self.gone = True
+
+    async def endpoint_returned(self) -> None:
+        if not self.recording:
+            raise _Release("the response was a server error or the endpoint did not run")
+        if not self.ended:
+            self.ended = True
+            why = "the response stream stopped before its end"
+            if self.gone:
+                why = "the client disconnected before the streamed response was complete"
+            await self._complete_without(why)
+
+    async def endpoint_failed(self, exc: Exception) -> None:
+        if self.recording and not self.ended:
+            self.ended = True
+            await self._complete_without(
+                f"the endpoint raised {type(exc).__name__} while streaming the response"
+            )
+
+    def _stored(self, body: bytes) -> tuple[dict[str, Any] | None, str]:
+        """The JSON value to store for a whole body, or why it cannot be stored."""
+        settings = self.rules.settings
+        declared = content_length(self.headers)
+        if declared is not None and declared != len(body):
+            return None, f"the body ({len(body)} bytes) did not match its Content-Length"
+        if len(body) > settings.max_response_bytes:
+            return None, (
+                f"too large: the body ({len(body)} bytes) is over the limit of "
+                f"{settings.max_response_bytes}"
+            )
+        headers = [[name, value] for name, value in self.headers if name in settings.replay_headers]
+        result = {
+            "v": _FORMAT,
+            "status": self.status,
+            "headers": headers,
+            "body_b64": base64.b64encode(body).decode("ascii"),
+        }
+        size = len(orjson.dumps(result))
+        limit = self.rules.manager.store.max_response_bytes
+        if size > limit:
+            return None, f"too large: {size} bytes to store, over the store's limit of {limit}"
+        return result, ""
+
+    async def _complete(self, result: dict[str, Any]) -> None:
+        if self.call is not None:
+            await _recorded(self.call.complete(result))
+
+    async def _complete_without(self, reason: str) -> None:
+        if self.call is not None:
+            await _recorded(self.call.complete_without_response(f"HTTP {self.status}: {reason}"))
+
+
+async def _recorded(write: Awaitable[None]) -> None:
+    """Await a completion write; its failure is logged, never the client's answer: the
+    response goes out all the same (the key may stay in progress until its lease ends)."""
+    try:
+        await write
+    except IdempotencyError as exc:
+        _log.error("recording the response failed; it is sent all the same: %s", exc)
+
+
+def _in_progress(exc: AlreadyInProgressError) -> HttpResponse:
+    # Leases are kept to the millisecond; rounding first keeps a lease of 5.0004 s at 5.
+    left = None if exc.retry_after is None else round(exc.retry_after, 3)
+    seconds = 1 if left is None else max(1, math.ceil(left))
+    return problem(
+        409,
+        "Request in progress",
+        f"a request with this Idempotency-Key is still being processed: retry after {seconds} s",
+        headers=(("retry-after", str(seconds)),),
+    )
+
+
+def _store_unavailable(exc: Exception) -> HttpResponse:
+    # The store's message names endpoints, tables and SDK advice: for the operator's log,
+    # never for the client.
+    _log.error("idempotency store failed before the request ran; answered 503", exc_info=exc)
+    return problem(
+        503,
+        "Service unavailable",
+        "the request was not processed: retry it with the same Idempotency-Key",
+        headers=(("retry-after", "1"),),
+    )
