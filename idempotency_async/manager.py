@@ -216,6 +216,30 @@ class Manager:
                 "callback must be a callable taking the Call and returning an awaitable; "
                 f"got {type(callback).__name__}"
             )
+        observer = self._observer
+        if observer is None or not observer.active():
+            return await self._execute_call(payload, callback, deadline, timeout)
+        # Observed: the observer times a zero-argument callback, so hand it one that
+        # calls ``callback`` with the Call the lifecycle passes in.
+        self._store = observer.store
+        handle: list[Call] = []
+
+        def run(observed: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+            async def with_call(call: Call) -> T:
+                handle.append(call)
+                return await observed()
+
+            return self._execute_call(payload, with_call, deadline, timeout)
+
+        return await observer.call(run, lambda: callback(handle[-1]))
+
+    async def _execute_call(
+        self,
+        payload: Any,
+        callback: Callable[[Call], Awaitable[T]],
+        deadline: float | None,
+        timeout: float | None,
+    ) -> T:
         loop = asyncio.get_running_loop()
         when = effective_deadline(loop, deadline=deadline, timeout=timeout)
         keys = None if self._disabled else self._keys.derive(payload)

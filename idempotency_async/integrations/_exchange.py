@@ -162,11 +162,17 @@ async def run(
         return None
 
     settings = rules.settings
-    scope = payload["scope"]
+    scope = payload.get("scope") or {}
+    attributes: dict[str, str | int | float | bool] = {
+        name: value
+        for name, value in (
+            ("http.route", scope.get("route")),
+            ("http.request.method", scope.get("method")),
+        )
+        if isinstance(value, str)
+    }
     try:
-        with call_attributes(
-            rules.manager, {"http.route": scope["route"], "http.request.method": scope["method"]}
-        ):
+        with call_attributes(rules.manager, attributes):
             stored = await rules.manager.execute_call(
                 payload, callback, timeout=settings.request_timeout
             )
@@ -209,7 +215,7 @@ async def run(
         ) from None
     if gate.call is not None:
         return None
-    annotate(rules.manager, {"http.route": scope["route"], REPLAYED_ATTRIBUTE: True})
+    annotate(rules.manager, {**attributes, REPLAYED_ATTRIBUTE: True})
     return rules.replay(stored)
 
 
