@@ -40,7 +40,8 @@ async def test_a_sentinel_master_survives_a_failover() -> None:
             while (await reader.info("replication"))["master_link_status"] != "up":
                 assert time.monotonic() < deadline, "the replica did not connect"
                 await asyncio.sleep(0.05)
-        store = RedisStore(client, key_prefix="s:", wait_replicas=1, wait_timeout=0.5)
+        # A generous WAIT: on a loaded machine a replica can take a while to acknowledge.
+        store = RedisStore(client, key_prefix="s:", wait_replicas=1, wait_timeout=1.5)
         assert await store.claim(claim("held")) is CLAIMED
         assert await store.claim(claim("done")) is CLAIMED
         done = Completion("done", "a", time.time(), 3600.0, None, encode_json([1, 2]), [1, 2])
