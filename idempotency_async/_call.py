@@ -16,9 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from idempotency_async._cutoff import Cutoff
 from idempotency_async._flight import Flight
 from idempotency_async.errors import (
-    CompletionError,
     ConfigError,
-    StoreUnavailableError,
 )
 from idempotency_async.record import Completion
 from idempotency_async.stores.base import CLAIMED, State, Verdict
@@ -121,19 +119,7 @@ class Call:
         self.answered = True
         manager, lease, loop = self._manager, self._lease, self._loop
         key = completion.key
-        timer = manager._cutoffs_of(loop).start(max(lease.ends_at, loop.time() + lease.reserve))
-        try:
-            written = await manager._store.complete(completion)
-        except asyncio.CancelledError as exc:
-            if timer.fired():
-                abandoned = TimeoutError("abandoned at the lease end")
-                raise _failed(key, result, abandoned, unknown=True) from exc
-            raise
-        except Exception as exc:
-            unknown = isinstance(exc, StoreUnavailableError)
-            raise _failed(key, result, exc, unknown=unknown) from exc
-        finally:
-            timer.close()
+        written = await manager._write_completion(lease, completion, result, loop)
         flight = self._flight
         # Duplicates of this process go to the store (or the cache) from now on: the key
         # is completed, so they must replay, never hear "in progress".
@@ -221,9 +207,3 @@ def _cut_off(key: str) -> Exception:
     from idempotency_async.manager import _cut_off as cut_off
 
     return cut_off(key)
-
-
-def _failed(key: str, result: Any, exc: BaseException, *, unknown: bool) -> CompletionError:
-    from idempotency_async.manager import _completion_failed
-
-    return _completion_failed(key, result, exc, unknown=unknown)
