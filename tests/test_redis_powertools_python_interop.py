@@ -41,6 +41,7 @@ from test_powertools_python_interop import (
     powertools_must_not_run,
     returning,
 )
+from test_powertools_python_keys import run_oldest
 from test_typescript_interop import assert_same_json, must_not_run
 
 from idempotency_async import Manager, Options
@@ -186,7 +187,8 @@ async def test_a_response_that_was_not_stored(
 
     assert await ours.execute(ORDER, large, timeout=TIMEOUT) == "x" * 1000
     stored = await record(shared_db, ours.key_for(ORDER))
-    assert "data" not in stored and stored["data_format"].startswith("not-stored")
+    assert stored["data_format"].startswith("not-stored")
+    assert stored["data"] == "null"  # Powertools 3.0 cannot read a record without data
     with pytest.raises(ResponseNotStoredError):
         await ours.execute(ORDER, must_not_run, timeout=TIMEOUT)
     # Powertools finds no data and replays None.
@@ -459,3 +461,42 @@ async def test_takeover_on_a_cluster(redis_cluster: RedisServer) -> None:
         assert await taking_over.execute(ORDER, work, timeout=TIMEOUT) is RESPONSE
         assert await client.get(f"{prefix}{ours.key_for(ORDER)}:lock") == b"True"
         assert_same_json(await taking_over.execute(ORDER, must_not_run), RESPONSE)
+
+
+# -- the oldest supported release, 3.0.0 --------------------------------------------------
+
+OLDEST_PREFIX = "test-func._powertools_corpus.process_order"  # no key_prefix before 3.5
+
+
+async def test_powertools_3_0_records_replay_both_ways(
+    shared_db: redis_asyncio.Redis, redis_server: RedisServer
+) -> None:
+    store = RedisStore(shared_db, record_format="powertools-python", max_response_bytes=64)
+    ours = Manager(
+        store,
+        Options(key_format="powertools-python", key_prefix=OLDEST_PREFIX, event_key_jmespath="id"),
+    )
+
+    def oldest(order: Any, response: Any, *, may_run: bool) -> Any:
+        port, orders, answer = str(redis_server.port), json.dumps(order), json.dumps(response)
+        yes = "yes" if may_run else "no"
+        return run_oldest("redis", port, str(DATABASE), orders, answer, yes)
+
+    # 3.0.0 completes, we replay.
+    small = {"ok": True, "n": 2**70}
+    written = await asyncio.to_thread(oldest, ORDER, small, may_run=True)
+    assert written["ran"]
+    assert await shared_db.keys("*") == [ours.key_for(ORDER).encode()]
+    assert_same_json(await ours.execute(ORDER, must_not_run, timeout=TIMEOUT), small)
+
+    # We complete, 3.0.0 replays; a response we did not store replays as None there.
+    for index, response in enumerate([small, "x" * 100]):
+        other = {**ORDER, "id": f"o-300{index}"}
+
+        async def body(response: Any = response) -> Any:
+            return response
+
+        await ours.execute(other, body, timeout=TIMEOUT)
+        replayed = await asyncio.to_thread(oldest, other, None, may_run=False)
+        assert not replayed["ran"]
+        assert_same_json(replayed["result"], None if index else small)

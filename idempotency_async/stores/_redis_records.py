@@ -44,15 +44,23 @@ def python_data(encoded: bytes) -> bytes:
     return orjson.dumps(python_response_text(encoded))
 
 
-def completion_tail(completion: Completion, encoded: bytes | None, reason: str | None) -> bytes:
-    """What follows the expiry in a completion's record text (``encoded`` last, as is)."""
+def completion_tail(
+    completion: Completion, encoded: bytes | None, reason: str | None, *, python: bool = False
+) -> bytes:
+    """What follows the expiry in a completion's record text (``encoded`` last, as is).
+
+    ``python``: a response not stored still gets ``data``, the JSON text ``null``.
+    Powertools (Python) 3.0 reads a missing ``data`` as the text ``None``, which fails
+    to decode; ``null`` replays as ``None`` in every 3.x release.
+    """
     parts = []
     if completion.validation is not None:
         parts.append(b',"validation":' + orjson.dumps(completion.validation))
     parts.append(b',"owner":' + orjson.dumps(completion.owner))
     if encoded is None:
         marker = FORMAT_NOT_STORED if not reason else f"{FORMAT_NOT_STORED}: {reason}"
-        parts.append(b',"data_format":' + orjson.dumps(marker) + b"}")
+        parts.append(b',"data_format":' + orjson.dumps(marker))
+        parts.append(_DATA + b'"null"}' if python else b"}")
     else:
         parts += (_DATA, encoded, b"}")
     return b"".join(parts)
@@ -64,7 +72,7 @@ def decode_record(key: str, raw: bytes, *, python: bool = False) -> Record:
     ``python``: ``data`` is JSON text (``record_format="powertools-python"``).
     """
     fields, data, has_data = _split(raw)
-    if python and has_data:
+    if python and has_data and data is not None:
         if not isinstance(data, str):
             raise TypeError(f"data must be JSON text in a Powertools (Python) record, got {data!r}")
         # Powertools replays empty text as None.

@@ -368,7 +368,7 @@ class RedisStore:
             logger.warning("the response for %r is %s; stored without it", key, reason)
             encoded = None
         data = python_data(encoded) if self._python and encoded is not None else encoded
-        tail = completion_tail(completion, data, reason)
+        tail = completion_tail(completion, data, reason, python=self._python)
         answer = await self._eval(
             "complete",
             _COMPLETE,
