@@ -752,7 +752,7 @@ def _check_record_format(store: Store, options: Options) -> None:
         raise ConfigError(
             f"the store writes {record_format!r} records but Options(key_format="
             f"{options.key_format!r}): use the same format on both, e.g. "
-            f"DynamoDBStore(..., record_format={options.key_format!r})"
+            f"{type(store).__name__}(..., record_format={options.key_format!r})"
         )
 
 

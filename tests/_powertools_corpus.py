@@ -264,14 +264,8 @@ def dynamodb_call(
 ) -> dict[str, Any]:
     """Call an ``idempotent_function`` keyed on ``id`` with Powertools' DynamoDB layer, as
     ``process_order`` (key prefix ``test-func._powertools_corpus.process_order``)."""
-    import functools
-
     import boto3
-    from aws_lambda_powertools.utilities.idempotency import (
-        DynamoDBPersistenceLayer,
-        IdempotencyConfig,
-        idempotent_function,
-    )
+    from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
     client = boto3.client(
         "dynamodb",
@@ -281,6 +275,19 @@ def dynamodb_call(
         aws_secret_access_key="testing",
         aws_session_token="testing",
     )
+    return _call(
+        DynamoDBPersistenceLayer(table_name=table, boto3_client=client),
+        order,
+        response,
+        may_run=may_run,
+    )
+
+
+def _call(layer: Any, order: Any, response: Any, *, may_run: bool) -> dict[str, Any]:
+    import functools
+
+    from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
+
     ran = []
 
     def body(order: Any) -> Any:
@@ -293,7 +300,7 @@ def dynamodb_call(
     decorated = idempotent_function(
         body,
         data_keyword_argument="order",
-        persistence_store=DynamoDBPersistenceLayer(table_name=table, boto3_client=client),
+        persistence_store=layer,
         config=IdempotencyConfig(event_key_jmespath="id"),
     )
     with warnings.catch_warnings():
@@ -302,14 +309,39 @@ def dynamodb_call(
     return {"result": result, "ran": bool(ran)}
 
 
+def redis_call(
+    port: int, database: int, order: Any, response: Any, may_run: bool
+) -> dict[str, Any]:
+    """:func:`dynamodb_call` with Powertools' Redis layer on a local redis-server."""
+    import redis
+    from aws_lambda_powertools.utilities.idempotency.persistence.redis import (
+        RedisCachePersistenceLayer,
+    )
+
+    client = redis.Redis(host="127.0.0.1", port=port, db=database, decode_responses=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        layer = RedisCachePersistenceLayer(client=client)
+    try:
+        return _call(layer, order, response, may_run=may_run)
+    finally:
+        client.close()
+
+
 def _cli(argv: list[str]) -> None:
-    """``keys <major.minor>`` or ``dynamodb <endpoint> <table> <order> <response> <may_run>``
-    (JSON arguments); prints JSON."""
+    """``keys <major.minor>``, ``dynamodb <endpoint> <table> <order> <response> <may_run>``
+    or ``redis <port> <db> <order> <response> <may_run>`` (JSON arguments); prints JSON."""
     if argv[0] == "keys":
         major, minor = argv[1].split(".")[:2]
         version = (int(major), int(minor))
         keys = {case.name: powertools_keys(case) for case in CASES if case.since <= version}
         json.dump(keys, sys.stdout)
+    elif argv[0] == "redis":
+        port, database, order, response, may_run = argv[1:]
+        outcome = redis_call(
+            int(port), int(database), json.loads(order), json.loads(response), may_run == "yes"
+        )
+        json.dump(outcome, sys.stdout)
     else:
         endpoint, table, order, response, may_run = argv[1:]
         outcome = dynamodb_call(

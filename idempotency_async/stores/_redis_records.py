@@ -1,4 +1,7 @@
-"""Record text of the Redis store: one JSON object per key, as the TypeScript port writes it.
+"""Record text of the Redis store: one JSON object per key, as the TypeScript port writes it
+or, with ``record_format="powertools-python"``, as Powertools (Python) does: the same members,
+but ``data`` holds the response as JSON text (a JSON string), which Powertools reads back
+with ``json.loads``.
 
 ``{"status":…,"expiration":…,"in_progress_expiration":…,"validation":…,"owner":…,
 "data_format":…,"data":…}`` — ``owner`` and ``data_format`` are ours (the TypeScript port
@@ -18,8 +21,9 @@ import orjson
 
 from idempotency_async._codec import decode_json
 from idempotency_async.record import Completion, Record, Status
+from idempotency_async.stores._record_formats import python_response, python_response_text
 
-__all__ = ["FORMAT_NOT_STORED", "claim_tail", "completion_tail", "decode_record"]
+__all__ = ["FORMAT_NOT_STORED", "claim_tail", "completion_tail", "decode_record", "python_data"]
 
 FORMAT_NOT_STORED: Final = "not-stored"
 """``data_format`` of a COMPLETED record without its response: ``not-stored: <why>``."""
@@ -35,23 +39,44 @@ def claim_tail(owner: str, validation: str | None) -> bytes:
     return b"".join(parts)
 
 
-def completion_tail(completion: Completion, encoded: bytes | None, reason: str | None) -> bytes:
-    """What follows the expiry in a completion's record text (``encoded`` last, as is)."""
+def python_data(encoded: bytes) -> bytes:
+    """``data`` as Powertools (Python) stores it: the response's JSON text, as a JSON string."""
+    return orjson.dumps(python_response_text(encoded))
+
+
+def completion_tail(
+    completion: Completion, encoded: bytes | None, reason: str | None, *, python: bool = False
+) -> bytes:
+    """What follows the expiry in a completion's record text (``encoded`` last, as is).
+
+    ``python``: a response not stored still gets ``data``, the JSON text ``null``.
+    Powertools (Python) 3.0 reads a missing ``data`` as the text ``None``, which fails
+    to decode; ``null`` replays as ``None`` in every 3.x release.
+    """
     parts = []
     if completion.validation is not None:
         parts.append(b',"validation":' + orjson.dumps(completion.validation))
     parts.append(b',"owner":' + orjson.dumps(completion.owner))
     if encoded is None:
         marker = FORMAT_NOT_STORED if not reason else f"{FORMAT_NOT_STORED}: {reason}"
-        parts.append(b',"data_format":' + orjson.dumps(marker) + b"}")
+        parts.append(b',"data_format":' + orjson.dumps(marker))
+        parts.append(_DATA + b'"null"}' if python else b"}")
     else:
         parts += (_DATA, encoded, b"}")
     return b"".join(parts)
 
 
-def decode_record(key: str, raw: bytes) -> Record:
-    """The record in ``raw``; ``ValueError``/``TypeError``/``KeyError`` when unreadable."""
+def decode_record(key: str, raw: bytes, *, python: bool = False) -> Record:
+    """The record in ``raw``; ``ValueError``/``TypeError``/``KeyError`` when unreadable.
+
+    ``python``: ``data`` is JSON text (``record_format="powertools-python"``).
+    """
     fields, data, has_data = _split(raw)
+    if python and has_data and data is not None:
+        if not isinstance(data, str):
+            raise TypeError(f"data must be JSON text in a Powertools (Python) record, got {data!r}")
+        # Powertools replays empty text as None.
+        data = python_response(data) if data else None
     data_format = fields.get("data_format")
     not_stored = None
     if isinstance(data_format, str) and data_format.startswith(FORMAT_NOT_STORED):

@@ -11,7 +11,9 @@ script writes it as given, only splicing in the instants it computed by its cloc
 The first occurrence of ``,"data":`` is either the top-level ``data`` member or lies
 inside a nested value; a ``"`` inside a JSON string is always escaped, so it is never
 inside a string.  In the nested case the cut text is unbalanced and fails to decode, and
-the script decodes the whole record instead.
+the script decodes the whole record instead.  Powertools (Python) writes ``data`` first
+(``{"data": "<JSON text>", "status": …}``), so its completed records are decoded whole;
+their ``data`` is one JSON string, cheap to skip.
 
 Times: ``ARGV[2]`` is the client's clock in Unix seconds, or empty for the server's
 ``TIME``.  Instants follow :mod:`idempotency_async.record`: expiry ``ceil(now + max(ttl,
@@ -20,9 +22,11 @@ itself lives one second past the record's expiry (``PX``, a duration, so it is r
 whatever clock judged).
 
 Answers: claim ``1`` when written, else ``{state, record, now}`` with state 2 (in
-progress), 3 (completed) or 9 (unreadable); complete ``1``/``0``; release ``1``/``0``; get
-``{record or nil, now}``; force release the deleted record or nil.  ``now`` travels as text:
-Redis truncates Lua numbers to integers.
+progress), 3 (completed), 4 (a lapsed record that may be taken over once the caller holds
+its ``<key>:lock``; only asked for with ``ARGV[6] == 'ask'``, see
+:mod:`idempotency_async.stores.redis`) or 9 (unreadable); complete ``1``/``0``; release
+``1``/``0``; get ``{record or nil, now}``; force release the deleted record or nil.
+``now`` travels as text: Redis truncates Lua numbers to integers.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ if raw then
     end
   end
   if state then return {state, raw, text(now, ARGV[2])} end
+  if ARGV[6] == 'ask' and rec.owner ~= ARGV[1] then return {4, raw, text(now, ARGV[2])} end
 end
 local lease = tonumber(ARGV[3])
 local expiration = math.ceil(now + math.max(tonumber(ARGV[4]), lease))

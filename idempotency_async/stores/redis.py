@@ -3,7 +3,8 @@
 Each operation is one Lua script touching one key (``EVALSHA``, reloaded transparently
 when the server lost it), so the store works the same on a single server, a Sentinel
 master and a Redis Cluster.  Records are the JSON text the TypeScript port's Redis layer
-writes, plus an ``owner`` token that fences completion and release.  See
+writes or, with ``record_format="powertools-python"``, the one aws-lambda-powertools
+(Python)'s writes, plus an ``owner`` token that fences completion and release.  See
 ``docs/redis.md``.
 """
 
@@ -20,8 +21,18 @@ from typing import Any, Final, Literal, Self
 from idempotency_async.errors import ConfigError, StoreUnavailableError, StoreValidationError
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores import _redis_scripts as scripts
+from idempotency_async.stores._record_formats import (
+    POWERTOOLS_PYTHON,
+    RecordFormat,
+    check_record_format,
+)
 from idempotency_async.stores._redis_errors import is_no_script, translate_errors, translated
-from idempotency_async.stores._redis_records import claim_tail, completion_tail, decode_record
+from idempotency_async.stores._redis_records import (
+    claim_tail,
+    completion_tail,
+    decode_record,
+    python_data,
+)
 from idempotency_async.stores.base import (
     CLAIMED,
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -38,6 +49,11 @@ logger = logging.getLogger("idempotency_async.redis")
 _SCHEMES: Final = ("redis://", "rediss://", "unix://")
 _IN_PROGRESS: Final = 2
 _COMPLETED: Final = 3
+_TAKEOVER: Final = 4
+# Powertools (Python) takes over an orphaned record only while it holds "<key>:lock"
+# (SET NX, never deleted, min(10 s, TTL)); our takeovers of a lapsed record take it too.
+_LOCK_SUFFIX: Final = ":lock"
+_LOCK_SECONDS: Final = 10
 
 
 class _Script:
@@ -71,10 +87,12 @@ class RedisStore:
     ``wait_timeout`` seconds) until that many replicas hold it, in the same round trip;
     a claim fewer replicas acknowledged raises ``StoreUnavailableError`` and its callback
     does not run.
-    """
 
-    record_format: Final = "typescript"
-    """The record layout written: the TypeScript port's (the only one this store writes)."""
+    ``record_format="powertools-python"`` reads and writes the records of
+    aws-lambda-powertools (Python)'s Redis layer: the response is JSON text in ``data``,
+    and taking over a lapsed record first takes Powertools' ``<key>:lock``.  Use it with
+    ``Options(key_format="powertools-python")`` (``docs/migrate-from-powertools.md``).
+    """
 
     def __init__(
         self,
@@ -85,6 +103,7 @@ class RedisStore:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
+        record_format: RecordFormat = "typescript",
     ) -> None:
         if client is None or not callable(getattr(client, "evalsha", None)):
             raise ConfigError(
@@ -119,6 +138,9 @@ class RedisStore:
                 f"socket_timeout ({socket_timeout} s): WAIT blocks the connection for up to "
                 "wait_timeout, and the client would give up on the claim's answer first"
             )
+        self.record_format = check_record_format(record_format)
+        """The record layout read and written: ``"typescript"`` or ``"powertools-python"``."""
+        self._python = self.record_format == POWERTOOLS_PYTHON
         self.max_response_bytes = max_response_bytes
         self.key_prefix = key_prefix
         self.clock = clock
@@ -143,6 +165,7 @@ class RedisStore:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
+        record_format: RecordFormat = "typescript",
     ) -> RedisStore:
         """A store on a redis-py client built from ``url`` (``redis://``, ``rediss://`` for
         TLS, ``unix://``), owned by the store and closed in :meth:`aclose`.
@@ -151,6 +174,7 @@ class RedisStore:
         ``client_options`` go to the client (``max_connections``, ``socket_timeout``, …).
         No connection is made until the first operation.
         """
+        check_record_format(record_format)
         if not isinstance(url, str) or not url.startswith(_SCHEMES):
             raise ConfigError(
                 f"a Redis URL starts with redis://, rediss:// (TLS) or unix://, got {url!r}"
@@ -174,6 +198,7 @@ class RedisStore:
             max_response_bytes=max_response_bytes,
             wait_replicas=wait_replicas,
             wait_timeout=wait_timeout,
+            record_format=record_format,
         )
         store._owns_client = True
         return store
@@ -261,22 +286,50 @@ class RedisStore:
     # -- Store protocol -------------------------------------------------------------
 
     async def claim(self, claim: Claim) -> Verdict:
-        key = claim.key
         args = (
             claim.owner,
             repr(claim.now) if self._client_clock else b"",
             claim.lease,
             claim.ttl,
             claim_tail(claim.owner, claim.validation),
+            b"ask" if self._python else b"",
         )
+        answer = await self._claim(claim.key, args)
+        if self._python and isinstance(answer, list) and answer and answer[0] == _TAKEOVER:
+            answer = await self._take_over(claim, args, answer)
+        return self._verdict(claim.key, answer)
+
+    async def _take_over(self, claim: Claim, args: tuple[Any, ...], answer: list[Any]) -> Any:
+        """Take Powertools' ``<key>:lock`` before replacing a lapsed record, as it does.
+
+        Powertools replaces an orphaned record with an unconditional ``SET`` once it holds
+        the lock, so holding it too keeps its takeover and ours from both running.  A held
+        lock means another worker is taking over: in progress until the lock ends.
+        """
+        lock = self.key_prefix + claim.key + _LOCK_SUFFIX
+        seconds = max(1, min(_LOCK_SECONDS, int(claim.ttl)))
+        with translate_errors("claim", claim.key):
+            if not self._ready:
+                await self._open()
+            async with self._gate or contextlib.nullcontext():
+                acquired = await self._client.set(lock, "True", ex=seconds, nx=True)
+        if not acquired:
+            return Verdict(State.IN_PROGRESS, self._decode(claim.key, answer[1]), float(seconds))
+        return await self._claim(claim.key, (*args[:-1], b"held"))
+
+    async def _claim(self, key: str, args: tuple[Any, ...]) -> Any:
         if self.wait_replicas:
             with translate_errors("claim", key):
                 if not self._ready:
                     await self._open()
                 async with self._gate or contextlib.nullcontext():
                     answer = await self._claim_acknowledged(self.key_prefix + key, args)
-        else:
-            answer = await self._eval("claim", _CLAIM, key, *args)
+            return answer
+        return await self._eval("claim", _CLAIM, key, *args)
+
+    def _verdict(self, key: str, answer: Any) -> Verdict:
+        if isinstance(answer, Verdict):
+            return answer
         if answer == 1:
             return CLAIMED
         if not isinstance(answer, list) or len(answer) != 3:
@@ -314,7 +367,8 @@ class RedisStore:
             reason = f"larger than max_response_bytes ({len(encoded)} bytes of JSON)"
             logger.warning("the response for %r is %s; stored without it", key, reason)
             encoded = None
-        tail = completion_tail(completion, encoded, reason)
+        data = python_data(encoded) if self._python and encoded is not None else encoded
+        tail = completion_tail(completion, data, reason, python=self._python)
         answer = await self._eval(
             "complete",
             _COMPLETE,
@@ -378,7 +432,7 @@ class RedisStore:
         if isinstance(raw, str):  # a client built with decode_responses=True
             raw = raw.encode()
         try:
-            return decode_record(key, raw)
+            return decode_record(key, raw, python=self._python)
         except (KeyError, ValueError, TypeError) as exc:
             raise StoreValidationError(
                 f"the record of key {key!r} cannot be read ({exc!r}): it was not written by "
