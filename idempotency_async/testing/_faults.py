@@ -1,0 +1,173 @@
+"""A store wrapper that injects a scenario's faults and logs what the store saw and did.
+
+Every operation is logged with the call that sent it, and with the record of its key
+read just before and just after it was applied (under a lock, so the log is the store's
+own history): the oracle judges the manager against the record as the store held it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from idempotency_async.errors import StoreUnavailableError
+from idempotency_async.record import Claim, Completion, Record
+from idempotency_async.stores.base import State, Store, Verdict, Written
+from idempotency_async.testing._scenario import Fault
+
+__all__ = ["CALL", "Application", "FaultyStore", "Op"]
+
+CALL: contextvars.ContextVar[int | None] = contextvars.ContextVar("simulated_call", default=None)
+"""The index of the scenario call the current task runs."""
+
+_NONSENSE: dict[str, object] = {"claim": "OK", "get": None, "complete": "OK", "release": "yes"}
+
+
+@dataclass(slots=True)
+class Application:
+    """One time the operation reached the store (twice when it was sent again)."""
+
+    order: int
+    at: float
+    before: Record | None
+    after: Record | None = None
+    answer: Any = None
+    error: BaseException | None = None
+    done: bool = False
+    """False when the operation was interrupted and its effect is unknown."""
+
+
+@dataclass(slots=True)
+class Op:
+    seq: int
+    call: int | None
+    task: asyncio.Task[Any] | None
+    name: str
+    key: str
+    arg: Any
+    """The claim, the completion, the owner (release) or the judging time (get)."""
+    started: float
+    fault: Fault | None = None
+    ended: float | None = None
+    delivered: Any = None
+    """What the manager got back (when it got an answer)."""
+    raised: BaseException | None = None
+    applications: list[Application] = field(default_factory=list)
+
+
+class FaultyStore:
+    """Wraps a real store: logs every operation and injects the faults of each call."""
+
+    def __init__(self, inner: Store, faults: dict[int, tuple[Fault, ...]]) -> None:
+        self.inner = inner
+        self.max_response_bytes = inner.max_response_bytes
+        self.ops: list[Op] = []
+        self.claimed: dict[int, str] = {}
+        """The owner of each call's last claim that the manager was told succeeded."""
+        self._faults = faults
+        self._sent: dict[tuple[int | None, str], int] = {}
+        self._lock = asyncio.Lock()
+        self._order = itertools.count()
+        self._loop = asyncio.get_running_loop()
+
+    def _fault_for(self, call: int | None, name: str) -> Fault | None:
+        count = self._sent.get((call, name), 0)
+        self._sent[(call, name)] = count + 1
+        if call is None:
+            return None
+        for fault in self._faults.get(call, ()):
+            if fault.op == name and fault.nth == count:
+                return fault
+        return None
+
+    async def _run(self, name: str, key: str, arg: Any, apply: Callable[[], Awaitable[Any]]) -> Any:
+        call = CALL.get()
+        op = Op(
+            len(self.ops), call, asyncio.current_task(), name, key, arg, self._loop.time()
+        )
+        op.fault = self._fault_for(call, name)
+        self.ops.append(op)
+        fault = op.fault
+        try:
+            if fault is not None and fault.kind == "error":
+                raise StoreUnavailableError(f"{name}: the store failed (injected)")
+            if fault is not None and fault.kind in ("delay", "stall"):
+                await asyncio.sleep(fault.seconds)
+            answer = await self._apply(op, apply)
+            if fault is not None and fault.kind == "resend":
+                answer = await self._apply(op, apply)
+            elif fault is not None and fault.kind == "lose":
+                raise StoreUnavailableError(f"{name}: the answer was lost (injected)")
+            elif fault is not None and fault.kind == "nonsense":
+                answer = _NONSENSE[name]
+            op.delivered = answer
+            if (
+                name == "claim"
+                and call is not None
+                and isinstance(answer, Verdict)
+                and answer.state is State.CLAIMED
+            ):
+                self.claimed[call] = arg.owner
+            return answer
+        except BaseException as exc:
+            op.raised = exc
+            raise
+        finally:
+            op.ended = self._loop.time()
+
+    async def _apply(self, op: Op, apply: Callable[[], Awaitable[Any]]) -> Any:
+        async with self._lock:
+            application = Application(
+                next(self._order), self._loop.time(), await self._peek(op.key)
+            )
+            op.applications.append(application)
+            try:
+                application.answer = await apply()
+            except asyncio.CancelledError:
+                raise  # interrupted: its effect is unknown
+            except Exception as exc:
+                application.error = exc
+                application.after = await self._peek(op.key)
+                application.done = True
+                raise
+            application.after = await self._peek(op.key)
+            application.done = True
+            return application.answer
+
+    async def _peek(self, key: str) -> Record | None:
+        return (await self.inner.get(key, now=0.0)).record
+
+    async def claim(self, claim: Claim) -> Verdict:
+        result: Verdict = await self._run(
+            "claim", claim.key, claim, lambda: self.inner.claim(claim)
+        )
+        return result
+
+    async def get(self, key: str, *, now: float) -> Verdict:
+        result: Verdict = await self._run("get", key, now, lambda: self.inner.get(key, now=now))
+        return result
+
+    async def complete(self, completion: Completion) -> Written:
+        result: Written = await self._run(
+            "complete", completion.key, completion, lambda: self.inner.complete(completion)
+        )
+        return result
+
+    async def release(self, key: str, owner: str) -> bool:
+        result: bool = await self._run(
+            "release", key, owner, lambda: self.inner.release(key, owner)
+        )
+        return result
+
+    async def force_release(self, key: str) -> Record | None:
+        result: Record | None = await self._run(
+            "force_release", key, None, lambda: self.inner.force_release(key)
+        )
+        return result
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

@@ -1,0 +1,605 @@
+"""The oracle: checks a scenario's trace against the guarantee (G1-G7).
+
+Each check returns violations as text naming the invariant, the calls and the times.
+The documented exceptions are recognised, never assumed: a late holder (G1 a-c) is
+excused only when the caller was told (``CompletionError``/``LeaseLostError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from idempotency_async import errors
+from idempotency_async.record import Claim, Completion, Record, Status
+from idempotency_async.stores.base import State, Verdict, Written, judge
+from idempotency_async.testing._faults import Application, Op
+from idempotency_async.testing._run import BASE_TIME, CallbackFailed, Outcome, Run, Trace
+
+__all__ = ["check"]
+
+_BOUNDARY = 0.002
+"""Seconds around a lease end or expiry within which a store's judgement is not checked
+(stores round to milliseconds and to whole seconds)."""
+
+
+def _shape(record: Record | None) -> tuple[Any, ...] | None:
+    if record is None:
+        return None
+    return (
+        record.status,
+        record.owner,
+        record.expiration,
+        None if record.lease_end is None else round(record.lease_end, 3),
+        record.validation,
+        record.response_stored,
+    )
+
+
+@dataclass(slots=True)
+class _Held:
+    """An owner's confirmed claim."""
+
+    call: int
+    claim: Claim
+    at: float
+    lease_end: float
+    """Loop time at which the lease ends without its margin (the call's deadline)."""
+
+
+class _Checker:
+    def __init__(self, trace: Trace, tolerance: float) -> None:
+        self.trace = trace
+        self.scenario = trace.scenario
+        self.tol = tolerance
+        self.violations: list[str] = []
+        self.applications: dict[str, list[tuple[Op, Application]]] = {}
+        for op in trace.store.ops:
+            for application in op.applications:
+                self.applications.setdefault(op.key, []).append((op, application))
+        for history in self.applications.values():
+            history.sort(key=lambda pair: pair[1].order)
+        self.held: dict[str, _Held] = {}
+        for op in trace.store.ops:
+            if (
+                op.name == "claim"
+                and op.call is not None
+                and isinstance(op.delivered, Verdict)
+                and op.delivered.state is State.CLAIMED
+            ):
+                claim: Claim = op.arg
+                plan = self.scenario.managers[self.scenario.calls[op.call].manager]
+                end = self.loop_time(claim.now, op.call) + claim.lease - plan.lease_margin
+                self.held[claim.owner] = _Held(op.call, claim, op.ended or op.started, end)
+        self.owners: dict[int, set[str]] = {}
+        for op in trace.store.ops:
+            if op.name == "claim" and op.call is not None:
+                self.owners.setdefault(op.call, set()).add(op.arg.owner)
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def fail(self, message: str) -> None:
+        self.violations.append(message)
+
+    def skew(self, call: int) -> float:
+        return self.scenario.managers[self.scenario.calls[call].manager].skew
+
+    def loop_time(self, wall: float, call: int) -> float:
+        return wall - BASE_TIME - self.skew(call) + self.trace.start
+
+    def wall(self, loop_time: float, call: int) -> float:
+        return loop_time - self.trace.start + BASE_TIME + self.skew(call)
+
+    def max_wall(self, loop_time: float) -> float:
+        skew = max(plan.skew for plan in self.scenario.managers)
+        return loop_time - self.trace.start + BASE_TIME + skew
+
+    def key_of(self, call: int) -> str | None:
+        index = self.scenario.calls[call].key
+        return None if index is None else self.trace.keys[index]
+
+    def record_at(self, key: str, loop_time: float) -> Record | None:
+        record = None
+        for _, application in self.applications.get(key, ()):
+            if application.at > loop_time:
+                break
+            if application.done:
+                record = application.after
+        return record
+
+    def ops_of(self, call: int) -> Iterator[Op]:
+        return (op for op in self.trace.store.ops if op.call == call)
+
+    def troubled(self, call: int, names: tuple[str, ...] = ("claim", "get", "complete", "release")) -> bool:
+        """Whether a store operation of ``call`` failed, was faulted or was interrupted."""
+        return any(
+            op.name in names
+            and (op.fault is not None or op.raised is not None or op.ended is None)
+            for op in self.ops_of(call)
+        )
+
+    def cooperative(self, run: Run) -> bool:
+        return not (run.swallowed or run.blocked)
+
+    def max_reserve(self, call: int) -> float:
+        plan = self.scenario.managers[self.scenario.calls[call].manager]
+        return max(0.5, plan.completion_reserve or 0.0)
+
+    def completed_by(self, owner: str) -> tuple[float, Record] | None:
+        """When ``owner``'s completion was last written, and the record it wrote."""
+        found = None
+        for op in self.trace.store.ops:
+            if op.name != "complete" or op.arg.owner != owner:
+                continue
+            for application in op.applications:
+                after = application.after
+                if application.done and after is not None and after.owner == owner:
+                    if after.status is Status.COMPLETED:
+                        found = (application.at, after)
+        return found
+
+    # -- the store ----------------------------------------------------------------------
+
+    def check_store(self) -> None:
+        for key, history in self.applications.items():
+            previous: Application | None = None
+            for op, application in history:
+                if previous is not None and previous.done:
+                    self.check_unchanged_between(key, previous, application)
+                if application.done:
+                    self.check_application(op, application)
+                previous = application
+
+    def check_unchanged_between(self, key: str, previous: Application, nxt: Application) -> None:
+        if _shape(previous.after) == _shape(nxt.before):
+            return
+        gone = previous.after
+        if gone is not None and nxt.before is None and gone.expiration < self.max_wall(nxt.at):
+            return  # an expired record was dropped
+        self.fail(
+            f"store: the record of {key} changed with no operation on it between "
+            f"t={previous.at:.3f} and t={nxt.at:.3f}: {previous.after} -> {nxt.before} "
+            "(a live record must never be forgotten, G7)"
+        )
+
+    def check_application(self, op: Op, application: Application) -> None:
+        before, after, answer = application.before, application.after, application.answer
+        if application.error is not None:
+            if _shape(before) != _shape(after):
+                self.fail(f"store: {op.name} of {op.key} raised {application.error!r} but changed "
+                          f"the record: {before} -> {after}")
+            return
+        if op.name == "claim":
+            self.check_claim(op, op.arg, before, after, answer)
+        elif op.name == "complete":
+            self.check_complete(op, op.arg, before, after, answer)
+        elif op.name == "release":
+            owned = before is None or before.owner == op.arg
+            expected_after = None if owned else _shape(before)
+            if answer is not owned or _shape(after) != expected_after:
+                self.fail(f"store: release of {op.key} by {op.arg} answered {answer!r} and left "
+                          f"{after} (record before: {before})")
+        elif op.name == "get" and not _near(before, op.arg):
+            expected = judge(before, op.arg).state
+            if not isinstance(answer, Verdict) or answer.state is not expected:
+                self.fail(f"store: get of {op.key} at {op.arg} answered {answer!r}, expected "
+                          f"{expected} for {before}")
+
+    def check_claim(
+        self, op: Op, claim: Claim, before: Record | None, after: Record | None, answer: Any
+    ) -> None:
+        if _near(before, claim.now):
+            return
+        own = before is not None and before.status is Status.INPROGRESS and before.owner == claim.owner
+        free = before is None or own or judge(before, claim.now).state is State.CLAIMABLE
+        if free:
+            ok = (
+                answer is not None
+                and isinstance(answer, Verdict)
+                and answer.state is State.CLAIMED
+                and after is not None
+                and after.status is Status.INPROGRESS
+                and after.owner == claim.owner
+                and after.validation == claim.validation
+                and after.lease_end is not None
+                and abs(after.lease_end - (claim.now + claim.lease)) < _BOUNDARY
+                and after.expiration >= after.lease_end
+            )
+            if not ok:
+                self.fail(f"store: claim of {op.key} by {claim.owner} at {claim.now} on a free key "
+                          f"(record {before}) answered {answer!r} and left {after}")
+            return
+        expected = judge(before, claim.now)
+        if (
+            not isinstance(answer, Verdict)
+            or answer.state is not expected.state
+            or _shape(answer.record) != _shape(before)
+            or _shape(after) != _shape(before)
+        ):
+            self.fail(f"store: claim of {op.key} by {claim.owner} at {claim.now} met {before}: "
+                      f"answered {answer!r} and left {after}; expected {expected.state}")
+
+    def check_complete(
+        self, op: Op, done: Completion, before: Record | None, after: Record | None, answer: Any
+    ) -> None:
+        owned = before is not None and before.owner == done.owner
+        if not owned:
+            if answer is not Written.NOTHING or _shape(after) != _shape(before):
+                self.fail(f"store: completion of {op.key} by {done.owner}, which does not own "
+                          f"{before}, answered {answer!r} and left {after} (must fence)")
+            return
+        ok = (
+            answer in (Written.RESPONSE, Written.WITHOUT_RESPONSE)
+            and after is not None
+            and after.status is Status.COMPLETED
+            and after.owner == done.owner
+            and after.response_stored is (answer is Written.RESPONSE)
+            and (answer is not Written.RESPONSE or after.response == done.response)
+        )
+        if not ok:
+            self.fail(f"store: completion of {op.key} by its owner {done.owner} answered "
+                      f"{answer!r} and left {after}")
+
+    # -- G1, G2: at most once, no way back ---------------------------------------------
+
+    def check_runs(self) -> None:
+        seen: dict[str, int] = {}
+        for run in self.trace.runs:
+            key = self.key_of(run.call)
+            if key is None:
+                continue
+            if run.owner is None or run.owner not in self.held:
+                self.fail(f"G1: call {run.call}'s callback started without a confirmed claim")
+                continue
+            if run.owner in seen:
+                self.fail(f"G1: calls {seen[run.owner]} and {run.call} ran the callback under "
+                          f"one claim ({run.owner})")
+            seen[run.owner] = run.call
+            held = self.held[run.owner]
+            if self.cooperative(run) and run.ended is not None:
+                if run.ended > held.lease_end + self.tol:
+                    where = "started" if run.started > held.lease_end else "was still running"
+                    self.fail(
+                        f"G1: call {run.call}'s callback {where} after its lease ended "
+                        f"(lease end t={held.lease_end:.3f}, callback t={run.started:.3f}-"
+                        f"{run.ended:.3f}): a holder must be cut off before its lease ends"
+                    )
+            if run.returned:
+                self.check_no_way_back(run)
+
+    def check_no_way_back(self, run: Run) -> None:
+        for op in self.ops_of(run.call):
+            if op.name == "release" and op.arg == run.owner and run.ended is not None:
+                if op.started >= run.ended:
+                    self.fail(f"G2: call {run.call} released {op.key} after its callback returned")
+
+    def check_at_most_once(self) -> None:
+        by_key: dict[str, list[tuple[float, Record, Run]]] = {}
+        for run in self.trace.runs:
+            key = self.key_of(run.call)
+            if key is None or not run.returned or run.owner is None:
+                continue
+            completed = self.completed_by(run.owner)
+            if completed is None:
+                self.check_unrecorded(run)
+            else:
+                by_key.setdefault(key, []).append((completed[0], completed[1], run))
+                self.check_recorded_told(run)
+        for key, runs in by_key.items():
+            runs.sort(key=lambda item: item[0])
+            for (_, first, one), (_, _, two) in zip(runs, runs[1:], strict=False):
+                held = self.held.get(two.owner or "")
+                if held is None:
+                    continue
+                if held.claim.now <= first.expiration:
+                    self.fail(
+                        f"G1: the side effect of key {key} completed twice while its record "
+                        f"lived: call {one.call} (completed, expires {first.expiration}) and call "
+                        f"{two.call} (claimed at {held.claim.now:.3f})"
+                    )
+
+    def check_recorded_told(self, run: Run) -> None:
+        outcome = self.trace.outcomes[run.call]
+        if outcome.returned_value and outcome.value is run.value:
+            return
+        error = outcome.error
+        if isinstance(error, errors.CompletionError) and error.outcome_unknown:
+            return
+        if isinstance(error, asyncio.CancelledError) and outcome.cancel_requested is not None:
+            return
+        self.fail(f"G5: call {run.call}'s result was recorded, but the caller got {error!r}")
+
+    def check_unrecorded(self, run: Run) -> None:
+        """A side effect with no record: must be an exception (a)-(c), and surfaced."""
+        outcome = self.trace.outcomes[run.call]
+        error = outcome.error
+        told = isinstance(error, errors.CompletionError) and error.result is run.value
+        cancelled = isinstance(error, asyncio.CancelledError) and outcome.cancel_requested
+        if not (told or cancelled):
+            self.fail(
+                f"G1: call {run.call}'s callback returned but its result was not recorded, and "
+                f"the caller got {outcome.value if error is None else error!r} instead of "
+                "LeaseLostError/CompletionError"
+            )
+            return
+        held = self.held[run.owner or ""]
+        late = run.ended is not None and run.ended > held.lease_end
+        excused = (
+            not self.cooperative(run)  # (a)
+            or late
+            or cancelled
+            or self.troubled(run.call, ("complete",))  # (c)
+            or self.completion_was_late(run.call, held)
+            or self.overtaken_by_skew(run, held)  # (b)
+        )
+        if not excused:
+            self.fail(
+                f"G1: call {run.call}'s side effect was not recorded ({error!r}) though no "
+                "documented exception applies: no fault, no skew, a cooperative callback"
+            )
+
+    def completion_was_late(self, call: int, held: _Held) -> bool:
+        return any(
+            op.name == "complete" and (op.ended or 0.0) > held.lease_end
+            for op in self.ops_of(call)
+        )
+
+    def overtaken_by_skew(self, run: Run, held: _Held) -> bool:
+        for op in self.trace.store.ops:
+            if op.name != "claim" or op.call is None:
+                continue
+            for application in op.applications:
+                before = application.before
+                if before is not None and before.owner == run.owner and application.done:
+                    after = application.after
+                    if after is not None and after.owner != run.owner:
+                        if application.at < held.lease_end and self.skew(op.call) != self.skew(
+                            run.call
+                        ):
+                            return True
+        return False
+
+    # -- G3: a completed key always replays -----------------------------------------------
+
+    def check_replays(self) -> None:
+        for outcome in self.trace.outcomes:
+            key = self.key_of(outcome.call)
+            if key is None or outcome.exited is None:
+                continue
+            record = self.record_at(key, outcome.entered)
+            if record is None or record.status is not Status.COMPLETED:
+                continue
+            if record.expiration < self.wall(outcome.exited, outcome.call) + 1:
+                continue
+            if self.sibling_holding(outcome, key):
+                continue
+            if not self.replayed(outcome, record):
+                got = outcome.value if outcome.error is None else outcome.error
+                self.fail(
+                    f"G3: call {outcome.call} arrived while {key} was COMPLETED (by "
+                    f"{record.owner}, response {record.response!r}) and got {got!r}, not the replay"
+                )
+
+    def sibling_holding(self, outcome: Outcome, key: str) -> bool:
+        """Whether a call of the same manager held the key (its claim confirmed) then."""
+        manager = self.scenario.calls[outcome.call].manager
+        for held in self.held.values():
+            other = self.trace.outcomes[held.call]
+            if (
+                held.call != outcome.call
+                and self.scenario.calls[held.call].manager == manager
+                and self.key_of(held.call) == key
+                and held.at <= outcome.entered
+                and (other.exited is None or other.exited >= outcome.entered)
+            ):
+                return True
+        return False
+
+    def replayed(self, outcome: Outcome, record: Record) -> bool:
+        error = outcome.error
+        if error is None:
+            return bool(record.response_stored and outcome.value == record.response)
+        if isinstance(error, errors.ResponseNotStoredError):
+            return not record.response_stored
+        if isinstance(error, errors.PayloadValidationError):
+            return self.validation_of(outcome.call) != record.validation
+        return self.allowed_anyway(outcome)
+
+    def allowed_anyway(self, outcome: Outcome) -> bool:
+        """Outcomes a caller may get whatever the record: its own cancellation, its own
+        deadline, or a failure of its own store request."""
+        error = outcome.error
+        if isinstance(error, asyncio.CancelledError):
+            return outcome.cancel_requested is not None
+        if isinstance(error, TimeoutError):
+            return self.deadline_reached(outcome)
+        if isinstance(error, errors.PersistenceError):
+            return self.troubled(outcome.call)
+        return False
+
+    def validation_of(self, call: int) -> str | None:
+        plan = self.scenario.calls[call]
+        manager = self.trace.managers[plan.manager]
+        keys = manager._keys.derive({"id": plan.key, "amount": plan.amount})
+        return None if keys is None else keys.validation
+
+    def deadline_reached(self, outcome: Outcome) -> bool:
+        assert outcome.exited is not None
+        reserve = self.max_reserve(outcome.call)
+        if outcome.deadline is not None:
+            return outcome.exited >= outcome.deadline - reserve - self.tol
+        for run in outcome.runs:
+            held = self.held.get(run.owner or "")
+            if held is not None and outcome.exited >= held.lease_end - reserve - self.tol:
+                return True
+        return False
+
+    # -- G4: nothing stays blocked --------------------------------------------------------
+
+    def check_unblocked(self) -> None:
+        for op in self.trace.store.ops:
+            verdict = op.delivered
+            if (
+                op.call is not None
+                and isinstance(verdict, Verdict)
+                and verdict.state is State.IN_PROGRESS
+                and verdict.record is not None
+                and verdict.record.owner in self.owners.get(op.call, ())
+            ):
+                self.fail(f"G4: call {op.call} was told its own claim ({verdict.record.owner}) "
+                          "holds the key: a record carrying a claim's owner token is that claim")
+        for outcome in self.trace.outcomes:
+            self.check_left_unblocked(outcome)
+        for key, verdict in self.trace.probes.items():
+            if verdict.state is State.IN_PROGRESS:
+                self.fail(f"G4: {key} is still in progress after every lease ended: "
+                          f"{verdict.record}")
+
+    def check_left_unblocked(self, outcome: Outcome) -> None:
+        key = self.key_of(outcome.call)
+        if key is None or outcome.exited is None:
+            return
+        record = self.record_at(key, outcome.exited)
+        owners = self.owners.get(outcome.call, set())
+        if record is None or record.status is not Status.INPROGRESS or record.owner not in owners:
+            return
+        error = outcome.error
+        if (
+            isinstance(error, asyncio.CancelledError | TimeoutError | errors.CompletionError)
+            or self.troubled(outcome.call)
+            or any(not self.cooperative(run) for run in outcome.runs)
+        ):
+            return
+        self.fail(f"G4: call {outcome.call} ended ({error!r}) leaving {key} in progress under "
+                  "its own claim, with no failure to explain it")
+
+    # -- G5, G6: documented outcomes, one answer, no writes after cancellation ---------------
+
+    def check_outcomes(self) -> None:
+        for index in self.trace.unfinished:
+            self.fail(f"G5: call {index} never finished")
+        for outcome in self.trace.outcomes:
+            if outcome.exited is None:
+                continue
+            problem = self.outcome_problem(outcome)
+            if problem is not None:
+                self.fail(f"G5: call {outcome.call}: {problem}")
+            self.check_bounded(outcome)
+
+    def outcome_problem(self, outcome: Outcome) -> str | None:
+        error = outcome.error
+        returned = [run for run in outcome.runs if run.returned]
+        key = self.key_of(outcome.call)
+        if error is None:
+            if returned:
+                return None if outcome.value is returned[-1].value else "got a value that is not its own result"
+            if key is None:
+                return "ran without idempotency but returned without running its callback"
+            responses = [
+                application.after.response
+                for _, application in self.applications.get(key, ())
+                if application.done
+                and application.after is not None
+                and application.after.status is Status.COMPLETED
+                and application.after.response_stored
+            ]
+            if outcome.value in responses:
+                return None
+            return f"got {outcome.value!r}, which no completed record of {key} held (G6)"
+        if isinstance(error, CallbackFailed):
+            mine = any(run.error is error for run in outcome.runs)
+            return None if mine else "got a callback exception that is not its own"
+        if isinstance(error, asyncio.CancelledError):
+            return None if outcome.cancel_requested is not None else "CancelledError, not cancelled"
+        if isinstance(error, errors.CompletionError):
+            if any(error.result is run.value for run in returned):
+                return None
+            return f"{error!r} without a result of its own callback"
+        if isinstance(error, TimeoutError):
+            ambient = self.scenario.calls[outcome.call].deadline == "ambient"
+            if not isinstance(error, errors.IdempotencyError) and not ambient:
+                return f"a TimeoutError that is not DeadlineExceededError: {error!r}"
+            if self.deadline_reached(outcome):
+                return None
+            return f"{error!r} at t={outcome.exited:.3f} before its deadline {outcome.deadline}"
+        if isinstance(error, errors.PersistenceError):
+            return None if self.troubled(outcome.call) else f"{error!r} with no store failure"
+        if isinstance(error, errors.AlreadyInProgressError):
+            return None
+        if isinstance(error, errors.PayloadValidationError):
+            mine = self.scenario.calls[outcome.call].amount
+            others = {plan.amount for plan in self.scenario.calls if self.key_of_plan(plan) == key}
+            return None if others - {mine} else "PayloadValidationError with no other payload"
+        if isinstance(error, errors.ResponseNotStoredError):
+            return None if key is not None and self.not_stored_existed(key) else (
+                "ResponseNotStoredError, but no record went without its response"
+            )
+        if isinstance(error, errors.InconsistentStateError):
+            skewed = len({plan.skew for plan in self.scenario.managers}) > 1
+            return None if skewed else f"{error!r} without clock skew"
+        return f"an undocumented outcome: {error!r}"
+
+    def key_of_plan(self, plan: Any) -> str | None:
+        return None if plan.key is None else self.trace.keys[plan.key]
+
+    def not_stored_existed(self, key: str) -> bool:
+        return any(
+            application.done
+            and application.after is not None
+            and application.after.status is Status.COMPLETED
+            and not application.after.response_stored
+            for _, application in self.applications.get(key, ())
+        )
+
+    def check_bounded(self, outcome: Outcome) -> None:
+        """A call with a deadline ends by it, plus the completion reserve after the last
+        store request the manager does not bound (claims and reads)."""
+        if outcome.deadline is None or outcome.exited is None:
+            return
+        if any(not self.cooperative(run) for run in outcome.runs):
+            return
+        latest = outcome.deadline
+        for op in self.ops_of(outcome.call):
+            if op.name in ("claim", "get") and op.ended is not None:
+                latest = max(latest, op.ended)
+        limit = latest + self.max_reserve(outcome.call) + self.tol
+        if outcome.exited > limit:
+            self.fail(f"deadline: call {outcome.call} ended at t={outcome.exited:.3f}, past its "
+                      f"deadline t={outcome.deadline:.3f} and every bound after it")
+
+    def check_cancellation(self) -> None:
+        for op in self.trace.store.ops:
+            if op.call is None:
+                self.fail(f"G6: {op.name} of {op.key} was sent by a task that is no call "
+                          f"(a detached task): {op.task!r}")
+                continue
+            outcome = self.trace.outcomes[op.call]
+            if outcome.cancel_seq is not None and op.seq >= outcome.cancel_seq:
+                if any(run.swallowed for run in outcome.runs):
+                    continue  # the callback swallowed the cancellation: exception (a)
+                self.fail(f"G6: call {op.call} sent {op.name} of {op.key} after it was cancelled")
+        for task in self.trace.leftover_tasks:
+            self.fail(f"G6: a task of the library outlived the scenario: {task}")
+
+
+def _near(record: Record | None, now: float) -> bool:
+    if record is None:
+        return False
+    if abs(record.expiration - now) < _BOUNDARY:
+        return True
+    return record.lease_end is not None and abs(record.lease_end - now) < _BOUNDARY
+
+
+def check(trace: Trace, *, tolerance: float = 1e-6) -> list[str]:
+    """Every violation of the guarantee in ``trace`` (empty when the scenario passed)."""
+    checker = _Checker(trace, tolerance)
+    checker.check_store()
+    checker.check_runs()
+    checker.check_at_most_once()
+    checker.check_replays()
+    checker.check_unblocked()
+    checker.check_outcomes()
+    checker.check_cancellation()
+    return checker.violations

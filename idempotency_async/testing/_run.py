@@ -1,0 +1,283 @@
+"""Running one scenario: managers on a shared faulty store, calls as tasks, a ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from idempotency_async.deadlines import deadline as ambient_deadline
+from idempotency_async.manager import Manager
+from idempotency_async.options import Options
+from idempotency_async.stores.base import Store
+from idempotency_async.testing._faults import CALL, FaultyStore
+from idempotency_async.testing._scenario import CallPlan, Scenario
+
+__all__ = ["BASE_TIME", "CallbackFailed", "Outcome", "Run", "Trace", "run_scenario"]
+
+BASE_TIME = 1_700_000_000.0
+"""Unix time at loop time 0 (each manager's clock adds its skew)."""
+
+_MISSING: Any = object()
+
+
+class CallbackFailed(Exception):
+    """What a simulated callback raises (its own exception, to be re-raised to the caller)."""
+
+
+class Unstorable:
+    """A callback result that is not JSON: its record completes without a response."""
+
+    def __init__(self, call: int) -> None:
+        self.call = call
+
+    def __repr__(self) -> str:
+        return f"Unstorable({self.call})"
+
+
+@dataclass(slots=True)
+class Run:
+    """One start of a callback, and how it ended."""
+
+    call: int
+    owner: str | None
+    started: float
+    ended: float | None = None
+    returned: bool = False
+    value: Any = None
+    error: BaseException | None = None
+    cancelled: bool = False
+    swallowed: bool = False
+    blocked: bool = False
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one caller got."""
+
+    call: int
+    entered: float
+    deadline: float | None
+    exited: float | None = None
+    value: Any = _MISSING
+    error: BaseException | None = None
+    cancel_requested: float | None = None
+    cancel_seq: int | None = None
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def returned_value(self) -> bool:
+        return self.value is not _MISSING
+
+
+@dataclass(slots=True)
+class Trace:
+    """Everything a scenario did: the store's log, the callbacks, the callers' outcomes."""
+
+    scenario: Scenario
+    store: FaultyStore
+    managers: list[Manager]
+    keys: dict[int, str]
+    start: float
+    outcomes: list[Outcome]
+    runs: list[Run]
+    unfinished: list[int] = field(default_factory=list)
+    leftover_tasks: list[str] = field(default_factory=list)
+    probes: dict[str, Any] = field(default_factory=dict)
+    probed_at: float = 0.0
+
+    def clock_of(self, manager: int) -> float:
+        return self.scenario.managers[manager].skew
+
+
+_WAIT_CAP = 100_000.0
+"""Seconds (times the scale) after which a call that has not finished counts as stuck."""
+
+
+async def run_scenario(scenario: Scenario, store: Store) -> Trace:
+    """Run ``scenario`` against ``store`` on the running loop; return its trace."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    faulty = FaultyStore(store, {i: call.faults for i, call in enumerate(scenario.calls)})
+    managers = [_manager(scenario, index, faulty, start) for index in range(len(scenario.managers))]
+    keys: dict[int, str] = {}
+    for call in scenario.calls:
+        if call.key is not None and call.key not in keys:
+            key = managers[0].key_for({"id": call.key})
+            assert key is not None
+            keys[call.key] = key
+    trace = Trace(scenario, faulty, managers, keys, start, [], [])
+    tasks: list[asyncio.Task[None]] = []
+    quiet = logging.getLogger("idempotency_async")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        for index, plan in enumerate(scenario.calls):
+            delay = start + plan.at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            outcome = Outcome(index, loop.time(), None)
+            trace.outcomes.append(outcome)
+            task = asyncio.create_task(_drive(trace, index, plan, outcome))
+            tasks.append(task)
+            if plan.cancel_after is not None:
+                loop.call_later(plan.cancel_after, _cancel, task, outcome, faulty, loop)
+        done, pending = await asyncio.wait(tasks, timeout=_WAIT_CAP * scenario.scale)
+        trace.unfinished = [tasks.index(task) for task in pending]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        await _probe(trace, start)
+    finally:
+        quiet.setLevel(level)
+    trace.leftover_tasks = _library_tasks()
+    return trace
+
+
+def _manager(scenario: Scenario, index: int, store: FaultyStore, start: float) -> Manager:
+    plan = scenario.managers[index]
+    loop = asyncio.get_running_loop()
+    offset = BASE_TIME + plan.skew - start
+
+    def clock() -> float:
+        return offset + loop.time()
+
+    options = Options(
+        key_prefix=f"sim{scenario.seed}",
+        event_key_jmespath="id",
+        payload_validation_jmespath="amount" if scenario.validate else None,
+        expires_after=plan.expires_after,
+        lease=plan.lease,
+        lease_margin=plan.lease_margin,
+        completion_reserve=plan.completion_reserve,
+        wait=plan.wait,
+        wait_timeout=plan.wait_timeout,
+        use_local_cache=plan.use_local_cache,
+        clock=clock,
+    )
+    return Manager(store, options)
+
+
+def _cancel(
+    task: asyncio.Task[None], outcome: Outcome, store: FaultyStore, loop: asyncio.AbstractEventLoop
+) -> None:
+    if not task.done():
+        outcome.cancel_requested = loop.time()
+        outcome.cancel_seq = len(store.ops)
+        task.cancel()
+
+
+async def _drive(trace: Trace, index: int, plan: CallPlan, outcome: Outcome) -> None:
+    CALL.set(index)
+    loop = asyncio.get_running_loop()
+    manager = trace.managers[plan.manager]
+    payload: dict[str, Any] = {"amount": plan.amount}
+    if plan.key is not None:
+        payload["id"] = plan.key
+    callback = _callback(trace, index, plan, outcome)
+    try:
+        if plan.deadline == "timeout":
+            outcome.deadline = loop.time() + plan.timeout
+            value = await manager.execute(payload, callback, timeout=plan.timeout)
+        elif plan.deadline == "deadline":
+            outcome.deadline = loop.time() + plan.timeout
+            value = await manager.execute(payload, callback, deadline=outcome.deadline)
+        elif plan.deadline == "ambient":
+            async with ambient_deadline(plan.timeout) as when:
+                outcome.deadline = when
+                value = await manager.execute(payload, callback)
+        else:
+            value = await manager.execute(payload, callback)
+        outcome.value = value
+    except BaseException as exc:  # the outcome is the subject under test
+        outcome.error = exc
+    finally:
+        outcome.exited = loop.time()
+
+
+def _callback(
+    trace: Trace, index: int, plan: CallPlan, outcome: Outcome
+) -> Callable[[], Awaitable[Any]]:
+    loop = asyncio.get_running_loop()
+    store = trace.store
+
+    async def callback() -> Any:
+        owner = store.claimed.get(index) if plan.key is not None else None
+        run = Run(index, owner, loop.time())
+        trace.runs.append(run)
+        outcome.runs.append(run)
+        try:
+            value = await _behave(plan, index, run, loop)
+        except asyncio.CancelledError:
+            run.cancelled = True
+            raise
+        except BaseException as exc:
+            run.error = exc
+            raise
+        else:
+            run.returned = True
+            run.value = value
+            return value
+        finally:
+            run.ended = loop.time()
+
+    return callback
+
+
+async def _behave(
+    plan: CallPlan, index: int, run: Run, loop: asyncio.AbstractEventLoop
+) -> Any:
+    behaviour = plan.behaviour
+    if behaviour == "block":
+        advance = getattr(loop, "advance", None)
+        if advance is not None:
+            run.blocked = True
+            advance(plan.duration)
+        return {"call": index}
+    if behaviour == "hang":
+        await asyncio.sleep(1_000_000.0 * plan.duration + 1_000_000.0)
+    if behaviour == "swallow":
+        try:
+            await asyncio.sleep(plan.duration)
+        except asyncio.CancelledError:
+            run.swallowed = True
+            await asyncio.sleep(plan.duration or 0.001)
+        return {"call": index}
+    if plan.duration:
+        await asyncio.sleep(plan.duration)
+    if behaviour == "raise":
+        raise CallbackFailed(f"call {index} failed")
+    if behaviour == "unstorable":
+        return Unstorable(index)
+    return {"call": index}
+
+
+async def _probe(trace: Trace, start: float) -> None:
+    """After the last call: wait past every lease, then ask the store about each key."""
+    loop = asyncio.get_running_loop()
+    last = loop.time()
+    for op in trace.store.ops:
+        if op.name == "claim":
+            claim = op.arg
+            skew = min(plan.skew for plan in trace.scenario.managers)
+            last = max(last, claim.now + claim.lease - BASE_TIME - skew + start)
+    await asyncio.sleep(max(0.0, last - loop.time()) + 0.01)
+    now = BASE_TIME + loop.time() - start + max(plan.skew for plan in trace.scenario.managers)
+    trace.probed_at = now
+    for key in trace.keys.values():
+        trace.probes[key] = await trace.store.inner.get(key, now=now)
+
+
+def _library_tasks() -> list[str]:
+    """Pending tasks running the library's own coroutines (none may outlive a call)."""
+    found = []
+    for task in asyncio.all_tasks():
+        coro = task.get_coro()
+        code = getattr(coro, "cr_code", None)
+        filename = getattr(code, "co_filename", "")
+        if "idempotency_async" in filename and "testing" not in filename:
+            found.append(repr(task))
+    return found
