@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,7 +70,8 @@ class FaultyStore:
         self._faults = faults
         self._sent: dict[tuple[int | None, str], int] = {}
         self._lock = asyncio.Lock()
-        self._order = itertools.count()
+        self.applied = 0
+        """How many times an operation reached the store so far."""
         self._loop = asyncio.get_running_loop()
 
     def _fault_for(self, call: int | None, name: str) -> Fault | None:
@@ -121,9 +121,8 @@ class FaultyStore:
 
     async def _apply(self, op: Op, apply: Callable[[], Awaitable[Any]]) -> Any:
         async with self._lock:
-            application = Application(
-                next(self._order), self._loop.time(), await self._peek(op.key)
-            )
+            application = Application(self.applied, self._loop.time(), await self._peek(op.key))
+            self.applied += 1
             op.applications.append(application)
             try:
                 application.answer = await apply()

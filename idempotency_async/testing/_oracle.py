@@ -100,10 +100,11 @@ class _Checker:
         index = self.scenario.calls[call].key
         return None if index is None else self.trace.keys[index]
 
-    def record_at(self, key: str, loop_time: float) -> Record | None:
+    def record_at(self, key: str, order: int) -> Record | None:
+        """The record of ``key`` after the first ``order`` store applications."""
         record = None
         for _, application in self.applications.get(key, ()):
-            if application.at > loop_time:
+            if application.order >= order:
                 break
             if application.done:
                 record = application.after
@@ -121,7 +122,11 @@ class _Checker:
         )
 
     def cooperative(self, run: Run) -> bool:
-        return not (run.swallowed or run.blocked)
+        """Whether the callback let itself be cut off in time: it did not swallow the
+        cancellation, and neither it nor another callback blocked the loop meanwhile."""
+        return not (
+            run.swallowed or run.blocked or self.trace.paused_during(run.started, run.ended)
+        )
 
     def max_reserve(self, call: int) -> float:
         plan = self.scenario.managers[self.scenario.calls[call].manager]
@@ -293,12 +298,28 @@ class _Checker:
                 held = self.held.get(two.owner or "")
                 if held is None:
                     continue
-                if held.claim.now <= first.expiration:
+                if not self.expired_before_removal(key, first):
                     self.fail(
                         f"G1: the side effect of key {key} completed twice while its record "
                         f"lived: call {one.call} (completed, expires {first.expiration}) and call "
                         f"{two.call} (claimed at {held.claim.now:.3f})"
                     )
+
+    def expired_before_removal(self, key: str, completed: Record) -> bool:
+        """Whether the completed record had expired when it left the store: by the clock
+        of the claim that replaced it, or by some manager's clock when it was dropped (a
+        clock ahead of the others frees it early: exception (b))."""
+        history = self.applications.get(key, [])
+        for (_, application), nxt in zip(history, [*history[1:], None], strict=False):
+            if _shape(application.after) != _shape(completed) or nxt is None:
+                continue
+            next_op, following = nxt
+            if _shape(following.before) != _shape(completed):
+                return completed.expiration < self.max_wall(following.at)  # dropped
+            if _shape(following.after) != _shape(completed) and next_op.name == "claim":
+                now = max(next_op.arg.now, self.max_wall(following.at))
+                return completed.expiration < now
+        return True  # never removed: the second claim met something else (checked above)
 
     def check_recorded_told(self, run: Run) -> None:
         outcome = self.trace.outcomes[run.call]
@@ -316,6 +337,13 @@ class _Checker:
         outcome = self.trace.outcomes[run.call]
         error = outcome.error
         told = isinstance(error, errors.CompletionError) and error.result is run.value
+        # An ambient deadline (asyncio.timeout) that fires with the completion's own bound
+        # wins, and the caller sees its TimeoutError: the contract's outcome for that case.
+        told = told or (
+            type(error) is TimeoutError
+            and self.scenario.calls[run.call].deadline == "ambient"
+            and self.deadline_reached(outcome)
+        )
         cancelled = isinstance(error, asyncio.CancelledError) and outcome.cancel_requested
         if not (told or cancelled):
             self.fail(
@@ -330,6 +358,7 @@ class _Checker:
             not self.cooperative(run)  # (a)
             or late
             or cancelled
+            or type(error) is TimeoutError
             or self.troubled(run.call, ("complete",))  # (c)
             or self.completion_was_late(run.call, held)
             or self.overtaken_by_skew(run, held)  # (b)
@@ -347,18 +376,21 @@ class _Checker:
         )
 
     def overtaken_by_skew(self, run: Run, held: _Held) -> bool:
-        for op in self.trace.store.ops:
-            if op.name != "claim" or op.call is None:
+        """Whether the run's record left the store before its lease ended in true time:
+        replaced or dropped by a manager whose clock runs ahead (exception (b))."""
+        if len({plan.skew for plan in self.scenario.managers}) < 2:
+            return False
+        key = self.key_of(run.call) or ""
+        history = self.applications.get(key, [])
+        for (_, application), nxt in zip(history, [*history[1:], None], strict=False):
+            after = application.after
+            if after is None or after.owner != run.owner or nxt is None:
                 continue
-            for application in op.applications:
-                before = application.before
-                if before is not None and before.owner == run.owner and application.done:
-                    after = application.after
-                    if after is not None and after.owner != run.owner:
-                        if application.at < held.lease_end and self.skew(op.call) != self.skew(
-                            run.call
-                        ):
-                            return True
+            _, following = nxt
+            left = following.before is None or following.before.owner != run.owner
+            replaced = following.after is None or following.after.owner != run.owner
+            if (left or replaced) and following.at < held.lease_end:
+                return True
         return False
 
     # -- G3: a completed key always replays -----------------------------------------------
@@ -368,7 +400,7 @@ class _Checker:
             key = self.key_of(outcome.call)
             if key is None or outcome.exited is None:
                 continue
-            record = self.record_at(key, outcome.entered)
+            record = self.record_at(key, outcome.entered_at)
             if record is None or record.status is not Status.COMPLETED:
                 continue
             if record.expiration < self.wall(outcome.exited, outcome.call) + 1:
@@ -430,8 +462,8 @@ class _Checker:
         reserve = self.max_reserve(outcome.call)
         if outcome.deadline is not None:
             return outcome.exited >= outcome.deadline - reserve - self.tol
-        for run in outcome.runs:
-            held = self.held.get(run.owner or "")
+        for owner in self.owners.get(outcome.call, ()):
+            held = self.held.get(owner)
             if held is not None and outcome.exited >= held.lease_end - reserve - self.tol:
                 return True
         return False
@@ -461,7 +493,7 @@ class _Checker:
         key = self.key_of(outcome.call)
         if key is None or outcome.exited is None:
             return
-        record = self.record_at(key, outcome.exited)
+        record = self.record_at(key, outcome.exited_at)
         owners = self.owners.get(outcome.call, set())
         if record is None or record.status is not Status.INPROGRESS or record.owner not in owners:
             return
@@ -559,6 +591,8 @@ class _Checker:
         if outcome.deadline is None or outcome.exited is None:
             return
         if any(not self.cooperative(run) for run in outcome.runs):
+            return
+        if self.trace.paused_during(outcome.entered, outcome.exited):
             return
         latest = outcome.deadline
         for op in self.ops_of(outcome.call):

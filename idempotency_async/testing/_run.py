@@ -60,7 +60,10 @@ class Outcome:
     call: int
     entered: float
     deadline: float | None
+    entered_at: int = 0
+    """How many store applications had happened when the call started."""
     exited: float | None = None
+    exited_at: int = 0
     value: Any = _MISSING
     error: BaseException | None = None
     cancel_requested: float | None = None
@@ -87,6 +90,14 @@ class Trace:
     leftover_tasks: list[str] = field(default_factory=list)
     probes: dict[str, Any] = field(default_factory=dict)
     probed_at: float = 0.0
+    pauses: list[tuple[float, float]] = field(default_factory=list)
+    """Loop-time intervals during which a callback blocked the loop (every manager shares
+    it, so each one paused)."""
+
+    def paused_during(self, start: float, end: float | None) -> bool:
+        return any(
+            start <= until and (end is None or end >= since) for since, until in self.pauses
+        )
 
     def clock_of(self, manager: int) -> float:
         return self.scenario.managers[manager].skew
@@ -118,7 +129,7 @@ async def run_scenario(scenario: Scenario, store: Store) -> Trace:
             delay = start + plan.at - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            outcome = Outcome(index, loop.time(), None)
+            outcome = Outcome(index, loop.time(), None, faulty.applied)
             trace.outcomes.append(outcome)
             task = asyncio.create_task(_drive(trace, index, plan, outcome))
             tasks.append(task)
@@ -196,6 +207,7 @@ async def _drive(trace: Trace, index: int, plan: CallPlan, outcome: Outcome) -> 
         outcome.error = exc
     finally:
         outcome.exited = loop.time()
+        outcome.exited_at = trace.store.applied
 
 
 def _callback(
@@ -210,7 +222,7 @@ def _callback(
         trace.runs.append(run)
         outcome.runs.append(run)
         try:
-            value = await _behave(plan, index, run, loop)
+            value = await _behave(plan, index, run, loop, trace.pauses)
         except asyncio.CancelledError:
             run.cancelled = True
             raise
@@ -228,14 +240,20 @@ def _callback(
 
 
 async def _behave(
-    plan: CallPlan, index: int, run: Run, loop: asyncio.AbstractEventLoop
+    plan: CallPlan,
+    index: int,
+    run: Run,
+    loop: asyncio.AbstractEventLoop,
+    pauses: list[tuple[float, float]],
 ) -> Any:
     behaviour = plan.behaviour
     if behaviour == "block":
         advance = getattr(loop, "advance", None)
         if advance is not None:
             run.blocked = True
+            since = loop.time()
             advance(plan.duration)
+            pauses.append((since, loop.time()))
         return {"call": index}
     if behaviour == "hang":
         await asyncio.sleep(1_000_000.0 * plan.duration + 1_000_000.0)
@@ -281,3 +299,35 @@ def _library_tasks() -> list[str]:
         if "idempotency_async" in filename and "testing" not in filename:
             found.append(repr(task))
     return found
+
+
+def describe_trace(trace: Trace) -> str:
+    """The store's log, the callback runs and the outcomes, as text (``--verbose``)."""
+    start = trace.start
+    lines = ["store operations (t = seconds from the scenario start):"]
+    for op in trace.store.ops:
+        arg = op.arg
+        if hasattr(arg, "owner"):
+            arg = f"owner={arg.owner} now={arg.now - BASE_TIME:.3f}"
+        fault = "" if op.fault is None else f" FAULT={op.fault.kind}"
+        ended = "-" if op.ended is None else f"{op.ended - start:.3f}"
+        got = op.raised if op.raised is not None else op.delivered
+        lines.append(
+            f"  #{op.seq} t={op.started - start:.3f}..{ended} call {op.call} {op.name} "
+            f"{op.key} {arg}{fault} -> {got!r}"
+        )
+        for application in op.applications:
+            lines.append(f"      applied t={application.at - start:.3f}: {application.before} "
+                         f"=> {application.after}")
+    lines.append("callbacks:")
+    for run in trace.runs:
+        ended = "-" if run.ended is None else f"{run.ended - start:.3f}"
+        lines.append(f"  call {run.call} owner={run.owner} t={run.started - start:.3f}..{ended} "
+                     f"returned={run.returned} cancelled={run.cancelled} "
+                     f"swallowed={run.swallowed} blocked={run.blocked}")
+    lines.append("outcomes:")
+    for outcome in trace.outcomes:
+        got = outcome.value if outcome.error is None else repr(outcome.error)
+        exited = "-" if outcome.exited is None else f"{outcome.exited - start:.3f}"
+        lines.append(f"  call {outcome.call} t={outcome.entered - start:.3f}..{exited} -> {got}")
+    return "\n".join(lines)

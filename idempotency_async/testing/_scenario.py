@@ -108,9 +108,10 @@ def generate(seed: int, *, scale: float = 1.0, live: bool = False) -> Scenario:
         first = rng.randrange(len(calls))
         for index in rng.sample(range(len(calls)), k=rng.randint(1, 3)):
             original = calls[first]
-            calls[index] = replace(
-                calls[index], manager=original.manager, key=original.key, at=original.at
-            )
+            if original.key is not None:
+                calls[index] = replace(
+                    calls[index], manager=original.manager, key=original.key, at=original.at
+                )
     if not any(call.faults for call in calls):
         index = rng.randrange(len(calls))
         calls[index] = replace(calls[index], faults=(_fault(rng, scale),))
@@ -144,9 +145,12 @@ def _call(rng: random.Random, managers: int, keys: int, scale: float, live: bool
         behaviours.append("block")
     deadline: DeadlineMode = rng.choice(["timeout", "timeout", "deadline", "ambient", "none"])
     faults = tuple(_fault(rng, scale) for _ in range(rng.choices([0, 1, 2], [5, 4, 1])[0]))
+    key = None if rng.random() < 0.05 else rng.randrange(keys)
+    if key is None and deadline == "none":
+        deadline = "timeout"  # nothing else would ever stop a hanging callback
     return CallPlan(
         manager=rng.randrange(managers),
-        key=None if rng.random() < 0.05 else rng.randrange(keys),
+        key=key,
         amount=2 if rng.random() < 0.08 else 1,
         at=_ms(rng, 0.0, 12.0, scale),
         deadline=deadline,
