@@ -333,6 +333,11 @@ class Manager:
             claim = lease.claim
             flight.hold(claim.now + claim.lease - self.options.lease_margin)
             self._emit("claimed", key)
+            if loop.time() >= lease.cutoff_at:
+                # The claim was answered after the cutoff (a slow store): its lease may have
+                # ended already, so the callback must not start.
+                self._emit("cut_off", key)
+                raise _cut_off(key)
             started = loop.time()
             cutoffs = self._cutoffs_of(loop)
             timer = cutoffs.start(lease.cutoff_at)

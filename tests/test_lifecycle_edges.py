@@ -407,3 +407,20 @@ async def test_in_progress_rejection_reports_seconds(store: Store) -> None:
     assert caught.value.lease_end is not None
     assert abs(caught.value.lease_end - (clock.now + caught.value.retry_after)) < 0.01
     await holder
+
+
+# -- found by the fault simulator ------------------------------------------------------
+
+
+async def test_a_claim_answered_after_the_cutoff_does_not_start_the_callback(
+    store: Store,
+) -> None:
+    # The store took longer than the whole lease to answer the claim: by then another
+    # worker may hold the key, so the callback must not start at all.
+    events: list[Event] = []
+    manager = make(RecordingStore(store, delay={"claim": 1.0}), on_event=events.append)
+    work = Runs()
+    with pytest.raises(errors.DeadlineExceededError):
+        await manager.execute({"id": 1}, work, timeout=0.5)
+    assert work.starts == 0
+    assert [event.kind for event in events] == ["claimed", "cut_off"]
