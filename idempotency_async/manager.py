@@ -71,6 +71,13 @@ class _Replayed(NamedTuple):
     value: Any
 
 
+class _Unanswered:
+    """Another call's claim stayed unanswered for as long as a duplicate may wait."""
+
+
+_UNANSWERED = _Unanswered()
+
+
 class Manager:
     """Runs each key's work at most once while its record lives, and replays the result.
 
@@ -153,6 +160,10 @@ class Manager:
                 owner = f"{self._owner_prefix}{next(self._claims)}"
                 return await self._own(Flight(keys, when, owner), callback, loop)
             outcome = await self._duplicate(flight, keys, when, loop)
+            if isinstance(outcome, _Unanswered):
+                # The other call's claim is still unanswered: ask the store ourselves.
+                owner = f"{self._owner_prefix}{next(self._claims)}"
+                return await self._own(Flight(keys, when, owner), callback, loop)
             if outcome is not None:
                 self._keys.validate(outcome.record.validation, keys)
                 self._emit("joined", keys.key)
@@ -624,16 +635,19 @@ class Manager:
 
     async def _duplicate(
         self, flight: Flight, keys: Keys, deadline: float | None, loop: asyncio.AbstractEventLoop
-    ) -> Outcome | None:
+    ) -> Outcome | _Unanswered | None:
         """A call for a key another call of this process claims or holds.
 
-        Returns the outcome to replay, or None to look again (the other call failed).
+        Returns the outcome to replay, None to look again (the other call failed), or
+        ``_UNANSWERED`` when the other call's claim stayed unanswered as long as this one
+        may wait.
         """
         if not flight.holding:
             # Its claim is unanswered, and may turn out to be a replay: wait for the answer.
             if flight.answered is None:
                 flight.answered = loop.create_future()
-            await self._wait_on(flight, flight.answered, keys.key, deadline, loop)
+            if not await self._wait_on(flight, flight.answered, keys.key, deadline, loop):
+                return _UNANSWERED
             outcome = flight.result
             if flight.settled or not flight.holding:
                 return outcome
@@ -655,9 +669,10 @@ class Manager:
         key: str,
         deadline: float | None,
         loop: asyncio.AbstractEventLoop,
-    ) -> None:
+    ) -> bool:
         """Wait for ``future`` at most min(wait_timeout, own deadline) — own deadline only
-        while the other call's claim is unanswered and waiting is off."""
+        while the other call's claim is unanswered and waiting is off.  False when it did
+        not resolve and the other call's claim is still unanswered."""
         if self.options.wait or flight.holding:
             limit = self._wait_limit(deadline, loop)
         else:
@@ -673,6 +688,8 @@ class Manager:
                     "process holding it",
                     key=key,
                 ) from None
+            if not flight.holding:
+                return False
             retry_after = None
             if flight.lease_end is not None:
                 retry_after = max(flight.lease_end - self.options.clock(), 0.0)
@@ -687,6 +704,7 @@ class Manager:
             flight.waiters -= 1
             if self._observer is not None:
                 self._observer.waited(loop.time() - started)
+        return True
 
     # ------------------------------------------------------------------ no key
 

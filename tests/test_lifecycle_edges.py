@@ -424,3 +424,24 @@ async def test_a_claim_answered_after_the_cutoff_does_not_start_the_callback(
         await manager.execute({"id": 1}, work, timeout=0.5)
     assert work.starts == 0
     assert [event.kind for event in events] == ["claimed", "cut_off"]
+
+
+async def test_a_duplicate_stops_waiting_for_an_unanswered_claim_and_asks_the_store(
+    store: Store,
+) -> None:
+    class FirstClaimStalls(RecordingStore):
+        async def claim(self, claim: Any) -> Any:
+            if not self.claims:
+                self.claims.append(claim)
+                await asyncio.sleep(30)
+            return await self.inner.claim(claim)
+
+    await make(store).execute({"id": 1}, Runs("paid"), timeout=5)
+    manager = make(FirstClaimStalls(store), wait=True, wait_timeout=0.2)
+    stalled = asyncio.create_task(manager.execute({"id": 1}, Runs(), timeout=60))
+    await asyncio.sleep(0.05)  # its claim is unanswered
+    # Completed key: the duplicate must replay, not report "in progress" after waiting.
+    assert await manager.execute({"id": 1}, Runs(), timeout=5) == "paid"
+    stalled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stalled
