@@ -373,6 +373,11 @@ class Manager:
             timer = cutoffs.start(max(lease.ends_at, loop.time() + lease.reserve))
             try:
                 written = await self._store.complete(completion)
+                if written.__class__ is not Written:
+                    # Not an answer: whether (and what) it wrote is unknown.
+                    raise StoreUnavailableError(
+                        f"the store answered a completion of key {key} with {written!r}"
+                    )
             except asyncio.CancelledError as exc:
                 if timer.fired():
                     abandoned = TimeoutError("abandoned at the lease end")

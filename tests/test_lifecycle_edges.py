@@ -445,3 +445,16 @@ async def test_a_duplicate_stops_waiting_for_an_unanswered_claim_and_asks_the_st
     stalled.cancel()
     with pytest.raises(asyncio.CancelledError):
         await stalled
+
+
+async def test_a_completion_answered_with_nonsense_is_an_unknown_outcome(store: Store) -> None:
+    class Confused(RecordingStore):
+        async def complete(self, completion: Any) -> Any:
+            await self.inner.complete(completion)
+            return "OK"
+
+    manager = make(Confused(store))
+    with pytest.raises(errors.CompletionError) as caught:
+        await manager.execute({"id": 1}, Runs("charged"), timeout=5)
+    assert caught.value.outcome_unknown is True
+    assert caught.value.result == "charged"
