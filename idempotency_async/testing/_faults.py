@@ -86,9 +86,7 @@ class FaultyStore:
 
     async def _run(self, name: str, key: str, arg: Any, apply: Callable[[], Awaitable[Any]]) -> Any:
         call = CALL.get()
-        op = Op(
-            len(self.ops), call, asyncio.current_task(), name, key, arg, self._loop.time()
-        )
+        op = Op(len(self.ops), call, asyncio.current_task(), name, key, arg, self._loop.time())
         op.fault = self._fault_for(call, name)
         self.ops.append(op)
         fault = op.fault

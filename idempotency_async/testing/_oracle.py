@@ -113,11 +113,12 @@ class _Checker:
     def ops_of(self, call: int) -> Iterator[Op]:
         return (op for op in self.trace.store.ops if op.call == call)
 
-    def troubled(self, call: int, names: tuple[str, ...] = ("claim", "get", "complete", "release")) -> bool:
+    def troubled(
+        self, call: int, names: tuple[str, ...] = ("claim", "get", "complete", "release")
+    ) -> bool:
         """Whether a store operation of ``call`` failed, was faulted or was interrupted."""
         return any(
-            op.name in names
-            and (op.fault is not None or op.raised is not None or op.ended is None)
+            op.name in names and (op.fault is not None or op.raised is not None or op.ended is None)
             for op in self.ops_of(call)
         )
 
@@ -173,8 +174,10 @@ class _Checker:
         before, after, answer = application.before, application.after, application.answer
         if application.error is not None:
             if _shape(before) != _shape(after):
-                self.fail(f"store: {op.name} of {op.key} raised {application.error!r} but changed "
-                          f"the record: {before} -> {after}")
+                self.fail(
+                    f"store: {op.name} of {op.key} raised {application.error!r} but changed "
+                    f"the record: {before} -> {after}"
+                )
             return
         if op.name == "claim":
             self.check_claim(op, op.arg, before, after, answer)
@@ -184,20 +187,28 @@ class _Checker:
             owned = before is None or before.owner == op.arg
             expected_after = None if owned else _shape(before)
             if answer is not owned or _shape(after) != expected_after:
-                self.fail(f"store: release of {op.key} by {op.arg} answered {answer!r} and left "
-                          f"{after} (record before: {before})")
+                self.fail(
+                    f"store: release of {op.key} by {op.arg} answered {answer!r} and left "
+                    f"{after} (record before: {before})"
+                )
         elif op.name == "get" and not _near(before, op.arg):
             expected = judge(before, op.arg).state
             if not isinstance(answer, Verdict) or answer.state is not expected:
-                self.fail(f"store: get of {op.key} at {op.arg} answered {answer!r}, expected "
-                          f"{expected} for {before}")
+                self.fail(
+                    f"store: get of {op.key} at {op.arg} answered {answer!r}, expected "
+                    f"{expected} for {before}"
+                )
 
     def check_claim(
         self, op: Op, claim: Claim, before: Record | None, after: Record | None, answer: Any
     ) -> None:
         if _near(before, claim.now):
             return
-        own = before is not None and before.status is Status.INPROGRESS and before.owner == claim.owner
+        own = (
+            before is not None
+            and before.status is Status.INPROGRESS
+            and before.owner == claim.owner
+        )
         free = before is None or own or judge(before, claim.now).state is State.CLAIMABLE
         if free:
             ok = (
@@ -213,8 +224,10 @@ class _Checker:
                 and after.expiration >= after.lease_end
             )
             if not ok:
-                self.fail(f"store: claim of {op.key} by {claim.owner} at {claim.now} on a free key "
-                          f"(record {before}) answered {answer!r} and left {after}")
+                self.fail(
+                    f"store: claim of {op.key} by {claim.owner} at {claim.now} on a free key "
+                    f"(record {before}) answered {answer!r} and left {after}"
+                )
             return
         expected = judge(before, claim.now)
         if (
@@ -223,8 +236,10 @@ class _Checker:
             or _shape(answer.record) != _shape(before)
             or _shape(after) != _shape(before)
         ):
-            self.fail(f"store: claim of {op.key} by {claim.owner} at {claim.now} met {before}: "
-                      f"answered {answer!r} and left {after}; expected {expected.state}")
+            self.fail(
+                f"store: claim of {op.key} by {claim.owner} at {claim.now} met {before}: "
+                f"answered {answer!r} and left {after}; expected {expected.state}"
+            )
 
     def check_complete(
         self, op: Op, done: Completion, before: Record | None, after: Record | None, answer: Any
@@ -232,8 +247,10 @@ class _Checker:
         owned = before is not None and before.owner == done.owner
         if not owned:
             if answer is not Written.NOTHING or _shape(after) != _shape(before):
-                self.fail(f"store: completion of {op.key} by {done.owner}, which does not own "
-                          f"{before}, answered {answer!r} and left {after} (must fence)")
+                self.fail(
+                    f"store: completion of {op.key} by {done.owner}, which does not own "
+                    f"{before}, answered {answer!r} and left {after} (must fence)"
+                )
             return
         ok = (
             answer in (Written.RESPONSE, Written.WITHOUT_RESPONSE)
@@ -244,8 +261,10 @@ class _Checker:
             and (answer is not Written.RESPONSE or after.response == done.response)
         )
         if not ok:
-            self.fail(f"store: completion of {op.key} by its owner {done.owner} answered "
-                      f"{answer!r} and left {after}")
+            self.fail(
+                f"store: completion of {op.key} by its owner {done.owner} answered "
+                f"{answer!r} and left {after}"
+            )
 
     # -- G1, G2: at most once, no way back ---------------------------------------------
 
@@ -259,8 +278,10 @@ class _Checker:
                 self.fail(f"G1: call {run.call}'s callback started without a confirmed claim")
                 continue
             if run.owner in seen:
-                self.fail(f"G1: calls {seen[run.owner]} and {run.call} ran the callback under "
-                          f"one claim ({run.owner})")
+                self.fail(
+                    f"G1: calls {seen[run.owner]} and {run.call} ran the callback under "
+                    f"one claim ({run.owner})"
+                )
             seen[run.owner] = run.call
             held = self.held[run.owner]
             if self.cooperative(run) and run.ended is not None:
@@ -371,8 +392,7 @@ class _Checker:
 
     def completion_was_late(self, call: int, held: _Held) -> bool:
         return any(
-            op.name == "complete" and (op.ended or 0.0) > held.lease_end
-            for op in self.ops_of(call)
+            op.name == "complete" and (op.ended or 0.0) > held.lease_end for op in self.ops_of(call)
         )
 
     def overtaken_by_skew(self, run: Run, held: _Held) -> bool:
@@ -480,14 +500,17 @@ class _Checker:
                 and verdict.record is not None
                 and verdict.record.owner in self.owners.get(op.call, ())
             ):
-                self.fail(f"G4: call {op.call} was told its own claim ({verdict.record.owner}) "
-                          "holds the key: a record carrying a claim's owner token is that claim")
+                self.fail(
+                    f"G4: call {op.call} was told its own claim ({verdict.record.owner}) "
+                    "holds the key: a record carrying a claim's owner token is that claim"
+                )
         for outcome in self.trace.outcomes:
             self.check_left_unblocked(outcome)
         for key, verdict in self.trace.probes.items():
             if verdict.state is State.IN_PROGRESS:
-                self.fail(f"G4: {key} is still in progress after every lease ended: "
-                          f"{verdict.record}")
+                self.fail(
+                    f"G4: {key} is still in progress after every lease ended: {verdict.record}"
+                )
 
     def check_left_unblocked(self, outcome: Outcome) -> None:
         key = self.key_of(outcome.call)
@@ -504,8 +527,10 @@ class _Checker:
             or any(not self.cooperative(run) for run in outcome.runs)
         ):
             return
-        self.fail(f"G4: call {outcome.call} ended ({error!r}) leaving {key} in progress under "
-                  "its own claim, with no failure to explain it")
+        self.fail(
+            f"G4: call {outcome.call} ended ({error!r}) leaving {key} in progress under "
+            "its own claim, with no failure to explain it"
+        )
 
     # -- G5, G6: documented outcomes, one answer, no writes after cancellation ---------------
 
@@ -526,7 +551,11 @@ class _Checker:
         key = self.key_of(outcome.call)
         if error is None:
             if returned:
-                return None if outcome.value is returned[-1].value else "got a value that is not its own result"
+                return (
+                    None
+                    if outcome.value is returned[-1].value
+                    else "got a value that is not its own result"
+                )
             if key is None:
                 return "ran without idempotency but returned without running its callback"
             responses = [
@@ -565,8 +594,10 @@ class _Checker:
             others = {plan.amount for plan in self.scenario.calls if self.key_of_plan(plan) == key}
             return None if others - {mine} else "PayloadValidationError with no other payload"
         if isinstance(error, errors.ResponseNotStoredError):
-            return None if key is not None and self.not_stored_existed(key) else (
-                "ResponseNotStoredError, but no record went without its response"
+            return (
+                None
+                if key is not None and self.not_stored_existed(key)
+                else ("ResponseNotStoredError, but no record went without its response")
             )
         if isinstance(error, errors.InconsistentStateError):
             skewed = len({plan.skew for plan in self.scenario.managers}) > 1
@@ -600,14 +631,18 @@ class _Checker:
                 latest = max(latest, op.ended)
         limit = latest + self.max_reserve(outcome.call) + self.tol
         if outcome.exited > limit:
-            self.fail(f"deadline: call {outcome.call} ended at t={outcome.exited:.3f}, past its "
-                      f"deadline t={outcome.deadline:.3f} and every bound after it")
+            self.fail(
+                f"deadline: call {outcome.call} ended at t={outcome.exited:.3f}, past its "
+                f"deadline t={outcome.deadline:.3f} and every bound after it"
+            )
 
     def check_cancellation(self) -> None:
         for op in self.trace.store.ops:
             if op.call is None:
-                self.fail(f"G6: {op.name} of {op.key} was sent by a task that is no call "
-                          f"(a detached task): {op.task!r}")
+                self.fail(
+                    f"G6: {op.name} of {op.key} was sent by a task that is no call "
+                    f"(a detached task): {op.task!r}"
+                )
                 continue
             outcome = self.trace.outcomes[op.call]
             if outcome.cancel_seq is not None and op.seq >= outcome.cancel_seq:

@@ -95,9 +95,7 @@ class Trace:
     it, so each one paused)."""
 
     def paused_during(self, start: float, end: float | None) -> bool:
-        return any(
-            start <= until and (end is None or end >= since) for since, until in self.pauses
-        )
+        return any(start <= until and (end is None or end >= since) for since, until in self.pauses)
 
     def clock_of(self, manager: int) -> float:
         return self.scenario.managers[manager].skew
@@ -291,8 +289,11 @@ async def _probe(trace: Trace, start: float) -> None:
 
 def _library_tasks() -> list[str]:
     """Pending tasks running the library's own coroutines (none may outlive a call)."""
-    found = []
-    for task in asyncio.all_tasks():
+    found: list[str] = []
+    tasks = asyncio.all_tasks()
+    if len(tasks) == 1:
+        return found  # only the scenario's own task
+    for task in tasks:
         coro = task.get_coro()
         code = getattr(coro, "cr_code", None)
         filename = getattr(code, "co_filename", "")
@@ -317,14 +318,18 @@ def describe_trace(trace: Trace) -> str:
             f"{op.key} {arg}{fault} -> {got!r}"
         )
         for application in op.applications:
-            lines.append(f"      applied t={application.at - start:.3f}: {application.before} "
-                         f"=> {application.after}")
+            lines.append(
+                f"      applied t={application.at - start:.3f}: {application.before} "
+                f"=> {application.after}"
+            )
     lines.append("callbacks:")
     for run in trace.runs:
         ended = "-" if run.ended is None else f"{run.ended - start:.3f}"
-        lines.append(f"  call {run.call} owner={run.owner} t={run.started - start:.3f}..{ended} "
-                     f"returned={run.returned} cancelled={run.cancelled} "
-                     f"swallowed={run.swallowed} blocked={run.blocked}")
+        lines.append(
+            f"  call {run.call} owner={run.owner} t={run.started - start:.3f}..{ended} "
+            f"returned={run.returned} cancelled={run.cancelled} "
+            f"swallowed={run.swallowed} blocked={run.blocked}"
+        )
     lines.append("outcomes:")
     for outcome in trace.outcomes:
         got = outcome.value if outcome.error is None else repr(outcome.error)

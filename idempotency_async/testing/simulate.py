@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import inspect
+import multiprocessing
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 
 from idempotency_async.stores.base import Store
 from idempotency_async.testing._oracle import check
-from idempotency_async.testing._run import run_scenario
+from idempotency_async.testing._run import describe_trace, run_scenario
 from idempotency_async.testing._scenario import Scenario, generate
 from idempotency_async.testing._vloop import Deadlock, VirtualClockLoop
 
@@ -75,7 +77,11 @@ async def _store(factory: StoreFactory) -> Store:
 
 
 async def _one(
-    seed: int, factory: StoreFactory, scale: float, live: bool, tolerance: float,
+    seed: int,
+    factory: StoreFactory,
+    scale: float,
+    live: bool,
+    tolerance: float,
     report: SimulationReport,
 ) -> None:
     scenario = generate(seed, scale=scale, live=live)
@@ -97,29 +103,60 @@ async def _one(
 
 
 def simulate(
-    store_factory: StoreFactory, seeds: Iterable[int] = range(1000), *, scale: float = 1.0
+    store_factory: StoreFactory,
+    seeds: Iterable[int] = range(1000),
+    *,
+    scale: float = 1.0,
+    workers: int = 1,
 ) -> SimulationReport:
     """Run the scenarios of ``seeds`` against fresh stores from ``store_factory``, on a
     virtual clock: a lease of minutes passes instantly.  For stores with no real I/O (an
     in-process store, or a fake of a server); call it outside any running event loop.
+
+    ``workers`` > 1 splits the seeds over that many processes (``store_factory`` must
+    then be picklable, e.g. a class or a module-level function).
     """
+    if workers > 1:
+        return _in_processes(store_factory, list(seeds), scale, workers)
     report = SimulationReport()
     started = time.perf_counter()
-    loop = VirtualClockLoop()
-    try:
-        for seed in seeds:
-            try:
-                loop.run_until_complete(_one(seed, store_factory, scale, False, 1e-6, report))
-            except Deadlock as exc:
-                loop.close()
-                loop = VirtualClockLoop()
-                raise SimulationFailure(
-                    generate(seed, scale=scale), [f"deadlock: {exc}"], _rerun(seed, scale)
-                ) from exc
-    finally:
-        loop.close()
+    for seed in seeds:
+        # A fresh loop per scenario: the clock starts at 0, so a seed replays exactly.
+        loop = VirtualClockLoop()
+        try:
+            loop.run_until_complete(_one(seed, store_factory, scale, False, 1e-6, report))
+        except Deadlock as exc:
+            raise SimulationFailure(
+                generate(seed, scale=scale), [f"deadlock: {exc}"], _rerun(seed, scale)
+            ) from exc
+        finally:
+            loop.close()
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _in_processes(
+    store_factory: StoreFactory, seeds: list[int], scale: float, workers: int
+) -> SimulationReport:
+    started = time.perf_counter()
+    chunks = [seeds[index::workers] for index in range(workers)]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        parts = list(pool.map(_chunk, [store_factory] * workers, chunks, [scale] * workers))
+    report = SimulationReport()
+    for part in parts:
+        report.scenarios += part.scenarios
+        report.calls += part.calls
+        report.faults += part.faults
+        report.store_operations += part.store_operations
+        for name, count in part.outcomes.items():
+            report.outcomes[name] = report.outcomes.get(name, 0) + count
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _chunk(store_factory: StoreFactory, seeds: list[int], scale: float) -> SimulationReport:
+    return simulate(store_factory, seeds, scale=scale)
 
 
 async def simulate_live(
@@ -161,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=1000, help="run seeds 0..N-1")
     parser.add_argument("--start", type=int, default=0, help="first seed of --seeds")
     parser.add_argument("--scale", type=float, default=1.0, help="duration scale of scenarios")
+    parser.add_argument("--workers", type=int, default=1, help="processes to spread seeds over")
+    parser.add_argument("--verbose", action="store_true", help="print the trace of --seed")
     args = parser.parse_args(argv)
     from idempotency_async.stores.memory import MemoryStore
 
@@ -170,12 +209,25 @@ def main(argv: list[str] | None = None) -> int:
     else:
         seeds = range(args.start, args.start + args.seeds)
     try:
-        report = simulate(MemoryStore, seeds, scale=args.scale)
+        if args.verbose and args.seed is not None:
+            print(_trace_text(args.seed, args.scale))
+        report = simulate(MemoryStore, seeds, scale=args.scale, workers=args.workers)
     except SimulationFailure as failure:
         print(failure, file=sys.stderr)
         return 1
     print(report.summary())
     return 0
+
+
+def _trace_text(seed: int, scale: float) -> str:
+    from idempotency_async.stores.memory import MemoryStore
+
+    loop = VirtualClockLoop()
+    try:
+        trace = loop.run_until_complete(run_scenario(generate(seed, scale=scale), MemoryStore()))
+    finally:
+        loop.close()
+    return describe_trace(trace)
 
 
 if __name__ == "__main__":
