@@ -1,233 +1,30 @@
-"""The store contract (protocol v2): every store (memory, DynamoDB, …) passes this suite."""
+"""The store contract (protocol v2), from the public conformance kit, on every store."""
 
 from __future__ import annotations
 
-import asyncio
-import math
+from collections.abc import AsyncIterator
+from typing import Any
 
-from idempotency_async._codec import encode_json
-from idempotency_async.record import Claim, Completion, Status
-from idempotency_async.stores.base import CLAIMED, State, Store, Written
+import pytest
+from _moto import fresh_store
 
-NOW = 1_700_000_000.0
-
-
-def claim(
-    key: str = "k#1", owner: str = "owner-a", *, lease_s: float = 30, now: float = NOW
-) -> Claim:
-    return Claim(key, owner, now, lease_s, 3600.0, "v-hash")
+from idempotency_async import MemoryStore
+from idempotency_async.stores.base import Store
+from idempotency_async.testing import StoreContract
 
 
-def completion(
-    key: str = "k#1", owner: str = "owner-a", response: object = None, *, now: float = NOW
-) -> Completion:
-    return Completion(key, owner, now, 3600.0, "v-hash", encode_json(response), response)
+class TestMemoryStore(StoreContract):
+    @pytest.fixture
+    async def store(self) -> AsyncIterator[Store]:
+        memory = MemoryStore()
+        yield memory
+        await memory.aclose()
 
 
-async def record_of(store: Store, key: str = "k#1", now: float = NOW):  # type: ignore[no-untyped-def]
-    return (await store.get(key, now=now)).record
-
-
-async def test_claim_of_free_key_writes_an_in_progress_record(store: Store) -> None:
-    assert (await store.claim(claim())).state is State.CLAIMED
-    verdict = await store.get("k#1", now=NOW)
-    assert verdict.state is State.IN_PROGRESS
-    record = verdict.record
-    assert record is not None
-    assert record.status is Status.INPROGRESS
-    assert record.owner == "owner-a"
-    assert record.validation == "v-hash"
-    assert record.lease_end is not None and abs(record.lease_end - (NOW + 30)) < 0.002
-    assert record.expiration == math.ceil(NOW + 3600)
-
-
-async def test_a_successful_claim_is_the_shared_claimed_verdict(store: Store) -> None:
-    assert await store.claim(claim()) is CLAIMED
-
-
-async def test_conflicting_claim_returns_the_existing_record_and_time_left(store: Store) -> None:
-    await store.claim(claim(owner="owner-a"))
-    verdict = await store.claim(claim(owner="owner-b", now=NOW + 1))
-    assert verdict.state is State.IN_PROGRESS
-    assert verdict.record is not None and verdict.record.owner == "owner-a"
-    assert verdict.retry_after is not None and abs(verdict.retry_after - 29) < 0.01
-    assert (await record_of(store)).owner == "owner-a"
-
-
-async def test_a_claim_sent_again_meets_itself_and_is_claimed(store: Store) -> None:
-    # The first answer was lost and the client retried: the record it meets is its own.
-    assert (await store.claim(claim(owner="owner-a"))).state is State.CLAIMED
-    again = await store.claim(claim(owner="owner-a", now=NOW + 0.2))
-    assert again.state is State.CLAIMED
-    assert (await record_of(store)).owner == "owner-a"
-
-
-async def test_a_completed_record_is_not_reclaimed_by_its_own_token(store: Store) -> None:
-    await store.claim(claim(owner="owner-a"))
-    assert await store.complete(completion(response=1)) is Written.RESPONSE
-    verdict = await store.claim(claim(owner="owner-a", now=NOW + 1))
-    assert verdict.state is State.COMPLETED
-
-
-async def test_claim_succeeds_once_the_lease_has_lapsed(store: Store) -> None:
-    await store.claim(claim(owner="owner-a", lease_s=5))
-    assert (await store.claim(claim(owner="owner-b", now=NOW + 4))).state is State.IN_PROGRESS
-    assert (await store.claim(claim(owner="owner-b", now=NOW + 6))).state is State.CLAIMED
-    assert (await record_of(store, now=NOW + 6)).owner == "owner-b"
-
-
-async def test_completed_record_blocks_claims_until_it_expires(store: Store) -> None:
-    await store.claim(claim())
-    assert await store.complete(completion(response={"ok": 1})) is Written.RESPONSE
-    verdict = await store.claim(claim(owner="owner-b", now=NOW + 100))
-    assert verdict.state is State.COMPLETED
-    assert verdict.record is not None and verdict.record.response == {"ok": 1}
-    later = NOW + 3601
-    assert (await store.claim(claim(owner="owner-b", now=later))).state is State.CLAIMED
-
-
-async def test_sub_second_ttl_is_rounded_up_not_down(store: Store) -> None:
-    short = Claim("k#1", "owner-a", NOW + 0.25, 0.5, 0.5, None)
-    await store.claim(short)
-    done = Completion("k#1", "owner-a", NOW + 0.3, 0.5, None, encode_json(7), 7)
-    assert await store.complete(done) is Written.RESPONSE
-    record = await record_of(store, now=NOW + 0.3)
-    assert record.expiration == math.ceil(NOW + 0.8)
-    assert (await store.claim(claim(owner="owner-b", now=NOW + 0.5))).state is State.COMPLETED
-
-
-async def test_expiry_is_never_before_the_lease_end(store: Store) -> None:
-    await store.claim(Claim("k#1", "owner-a", NOW, 7200.0, 60.0, None))
-    record = await record_of(store)
-    assert record.expiration >= NOW + 7200
-
-
-async def test_get_judges_by_now(store: Store) -> None:
-    assert (await store.get("k#1", now=NOW)).state is State.CLAIMABLE
-    assert (await store.get("k#1", now=NOW)).record is None
-    await store.claim(claim(lease_s=5))
-    assert (await store.get("k#1", now=NOW + 1)).state is State.IN_PROGRESS
-    lapsed = await store.get("k#1", now=NOW + 6)
-    assert lapsed.state is State.CLAIMABLE and lapsed.record is not None
-
-
-async def test_complete_by_a_stale_owner_is_refused_and_changes_nothing(store: Store) -> None:
-    await store.claim(claim(owner="owner-a", lease_s=1))
-    await store.claim(claim(owner="owner-b", now=NOW + 2))
-    assert await store.complete(completion(owner="owner-a", response="zombie")) is Written.NOTHING
-    record = await record_of(store, now=NOW + 2)
-    assert record.owner == "owner-b" and record.status is Status.INPROGRESS
-
-
-async def test_complete_sent_again_by_its_owner_succeeds(store: Store) -> None:
-    await store.claim(claim())
-    assert await store.complete(completion(response="once")) is Written.RESPONSE
-    assert await store.complete(completion(response="once")) is Written.RESPONSE
-    assert (await record_of(store)).response == "once"
-
-
-async def test_a_response_can_be_attached_to_a_record_completed_without_one(store: Store) -> None:
-    await store.claim(claim())
-    bare = Completion("k#1", "owner-a", NOW, 3600.0, "v-hash", None, None, "stream")
-    assert await store.complete(bare) is Written.WITHOUT_RESPONSE
-    record = await record_of(store)
-    assert record.response_stored is False and record.not_stored == "stream"
-    assert await store.complete(completion(response={"late": True})) is Written.RESPONSE
-    record = await record_of(store)
-    assert record.response_stored is True and record.response == {"late": True}
-    assert await store.complete(completion(owner="owner-b", response=1)) is Written.NOTHING
-
-
-async def test_release_by_a_stale_owner_is_refused(store: Store) -> None:
-    await store.claim(claim(owner="owner-a", lease_s=1))
-    await store.claim(claim(owner="owner-b", now=NOW + 2))
-    assert await store.release("k#1", "owner-a") is False
-    assert (await record_of(store, now=NOW + 2)).owner == "owner-b"
-
-
-async def test_release_by_the_owner_deletes_the_record(store: Store) -> None:
-    await store.claim(claim())
-    assert await store.release("k#1", "owner-a") is True
-    assert await record_of(store) is None
-    assert (await store.claim(claim(owner="owner-b"))).state is State.CLAIMED
-
-
-async def test_release_of_a_missing_record_counts_as_released(store: Store) -> None:
-    assert await store.release("k#1", "owner-a") is True
-
-
-async def test_force_release_deletes_any_record_and_returns_it(store: Store) -> None:
-    await store.claim(claim())
-    await store.complete(completion(response=1))
-    deleted = await store.force_release("k#1")
-    assert deleted is not None and deleted.status is Status.COMPLETED and deleted.response == 1
-    assert await record_of(store) is None
-    assert await store.force_release("k#1") is None
-
-
-async def test_complete_of_a_missing_record_is_refused(store: Store) -> None:
-    assert await store.complete(completion(response=1)) is Written.NOTHING
-    assert await record_of(store) is None
-
-
-async def test_responses_round_trip_with_identical_types(store: Store) -> None:
-    values: list[object] = [
-        0,
-        "",
-        [],
-        {},
-        False,
-        None,
-        0.1,
-        -1.5e-10,
-        2**63,
-        2**70,
-        -(2**64),
-        1e300,
-        "café 😀\u2028",
-        {"nested": [1, 2.5, {"deep": [None, True, "x"]}], "empty": {"a": []}},
-    ]
-    for index, value in enumerate(values):
-        key = f"k#{index}"
-        await store.claim(claim(key))
-        assert await store.complete(completion(key, response=value)) is Written.RESPONSE
-        record = await record_of(store, key)
-        assert record is not None and record.status is Status.COMPLETED
-        assert record.response == value
-        assert _types(record.response) == _types(value), value
-
-
-async def test_response_not_stored_marker_round_trips_with_its_reason(store: Store) -> None:
-    await store.claim(claim())
-    done = Completion("k#1", "owner-a", NOW, 3600.0, "v-hash", None, None, "too large (9 bytes)")
-    assert await store.complete(done) is Written.WITHOUT_RESPONSE
-    record = await record_of(store)
-    assert record is not None
-    assert record.status is Status.COMPLETED and record.response_stored is False
-    assert record.not_stored == "too large (9 bytes)"
-
-
-async def test_each_read_returns_an_independent_copy(store: Store) -> None:
-    await store.claim(claim())
-    await store.complete(completion(response={"items": [1, 2]}))
-    first = await record_of(store)
-    first.response["items"].append(3)
-    second = await record_of(store)
-    assert second.response == {"items": [1, 2]}
-
-
-async def test_concurrent_claims_of_one_key_have_exactly_one_winner(store: Store) -> None:
-    verdicts = await asyncio.gather(*(store.claim(claim(owner=f"owner-{n}")) for n in range(20)))
-    winners = [v for v in verdicts if v.state is State.CLAIMED]
-    assert len(winners) == 1
-    record = await record_of(store)
-    losers = {v.record.owner for v in verdicts if v.record is not None}
-    assert losers == {record.owner}
-
-
-def _types(value: object) -> object:
-    if isinstance(value, dict):
-        return {k: _types(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_types(v) for v in value]
-    return type(value)
+@pytest.mark.dynamodb
+class TestDynamoDBStore(StoreContract):
+    @pytest.fixture
+    async def store(self, dynamodb_client: Any) -> AsyncIterator[Store]:
+        dynamodb = await fresh_store(dynamodb_client)
+        yield dynamodb
+        await dynamodb.aclose()

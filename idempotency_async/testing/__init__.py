@@ -1,0 +1,49 @@
+"""Conformance kit for idempotency-async stores: the store contract suite and the fault
+simulator.
+
+``simulate(store_factory, seeds)`` runs generated scenarios — several managers sharing one
+store, duplicates, cancellations, clock skew and injected store faults — and checks the
+guarantee after each; ``StoreContract`` is the protocol's pytest suite, to subclass with a
+``store`` fixture.  ``StoreContract`` needs pytest and pytest-asyncio (imported when first
+used); the simulator needs nothing beyond the library.  See ``docs/stores.md`` and
+``docs/guarantees.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from idempotency_async.testing._scenario import CallPlan, Fault, ManagerPlan, Scenario, generate
+from idempotency_async.testing.simulate import (
+    SimulationFailure,
+    SimulationReport,
+    StoreFactory,
+    simulate,
+    simulate_live,
+)
+
+if TYPE_CHECKING:
+    from idempotency_async.testing._contract import StoreContract
+
+__all__ = [
+    "CallPlan",
+    "Fault",
+    "ManagerPlan",
+    "Scenario",
+    "SimulationFailure",
+    "SimulationReport",
+    "StoreContract",
+    "StoreFactory",
+    "generate",
+    "simulate",
+    "simulate_live",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The contract suite imports pytest: only when a test suite asks for it.
+    if name == "StoreContract":
+        from idempotency_async.testing._contract import StoreContract
+
+        return StoreContract
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,6 +8,7 @@ excused only when the caller was told (``CompletionError``/``LeaseLostError``).
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -141,9 +142,13 @@ class _Checker:
                 continue
             for application in op.applications:
                 after = application.after
-                if application.done and after is not None and after.owner == owner:
-                    if after.status is Status.COMPLETED:
-                        found = (application.at, after)
+                if (
+                    application.done
+                    and after is not None
+                    and after.owner == owner
+                    and after.status is Status.COMPLETED
+                ):
+                    found = (application.at, after)
         return found
 
     # -- the store ----------------------------------------------------------------------
@@ -284,22 +289,22 @@ class _Checker:
                 )
             seen[run.owner] = run.call
             held = self.held[run.owner]
-            if self.cooperative(run) and run.ended is not None:
-                if run.ended > held.lease_end + self.tol:
-                    where = "started" if run.started > held.lease_end else "was still running"
-                    self.fail(
-                        f"G1: call {run.call}'s callback {where} after its lease ended "
-                        f"(lease end t={held.lease_end:.3f}, callback t={run.started:.3f}-"
-                        f"{run.ended:.3f}): a holder must be cut off before its lease ends"
-                    )
+            late = run.ended is not None and run.ended > held.lease_end + self.tol
+            if late and self.cooperative(run):
+                where = "started" if run.started > held.lease_end else "was still running"
+                self.fail(
+                    f"G1: call {run.call}'s callback {where} after its lease ended "
+                    f"(lease end t={held.lease_end:.3f}, callback t={run.started:.3f}-"
+                    f"{run.ended}): a holder must be cut off before its lease ends"
+                )
             if run.returned:
                 self.check_no_way_back(run)
 
     def check_no_way_back(self, run: Run) -> None:
         for op in self.ops_of(run.call):
-            if op.name == "release" and op.arg == run.owner and run.ended is not None:
-                if op.started >= run.ended:
-                    self.fail(f"G2: call {run.call} released {op.key} after its callback returned")
+            ended = run.ended
+            if op.name == "release" and op.arg == run.owner and ended and op.started >= ended:
+                self.fail(f"G2: call {run.call} released {op.key} after its callback returned")
 
     def check_at_most_once(self) -> None:
         by_key: dict[str, list[tuple[float, Record, Run]]] = {}
@@ -315,7 +320,7 @@ class _Checker:
                 self.check_recorded_told(run)
         for key, runs in by_key.items():
             runs.sort(key=lambda item: item[0])
-            for (_, first, one), (_, _, two) in zip(runs, runs[1:], strict=False):
+            for (_, first, one), (_, _, two) in itertools.pairwise(runs):
                 held = self.held.get(two.owner or "")
                 if held is None:
                     continue
@@ -338,7 +343,7 @@ class _Checker:
             if _shape(following.before) != _shape(completed):
                 return completed.expiration < self.max_wall(following.at)  # dropped
             if _shape(following.after) != _shape(completed) and next_op.name == "claim":
-                now = max(next_op.arg.now, self.max_wall(following.at))
+                now: float = max(next_op.arg.now, self.max_wall(following.at))
                 return completed.expiration < now
         return True  # never removed: the second claim met something else (checked above)
 
@@ -590,9 +595,9 @@ class _Checker:
         if isinstance(error, errors.AlreadyInProgressError):
             return None
         if isinstance(error, errors.PayloadValidationError):
-            mine = self.scenario.calls[outcome.call].amount
+            amount = self.scenario.calls[outcome.call].amount
             others = {plan.amount for plan in self.scenario.calls if self.key_of_plan(plan) == key}
-            return None if others - {mine} else "PayloadValidationError with no other payload"
+            return None if others - {amount} else "PayloadValidationError with no other payload"
         if isinstance(error, errors.ResponseNotStoredError):
             return (
                 None

@@ -133,7 +133,7 @@ async def run_scenario(scenario: Scenario, store: Store) -> Trace:
             tasks.append(task)
             if plan.cancel_after is not None:
                 loop.call_later(plan.cancel_after, _cancel, task, outcome, faulty, loop)
-        done, pending = await asyncio.wait(tasks, timeout=_WAIT_CAP * scenario.scale)
+        _done, pending = await asyncio.wait(tasks, timeout=_WAIT_CAP * scenario.scale)
         trace.unfinished = [tasks.index(task) for task in pending]
         for task in pending:
             task.cancel()
