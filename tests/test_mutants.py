@@ -42,7 +42,7 @@ def test_the_simulator_catches_the_mutant(patch: Path, tmp_path: Path) -> None:
     assert applied.returncode == 0, f"{patch.name} no longer applies:\n{applied.stdout}"
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     run = subprocess.run(
-        [sys.executable, "-m", "idempotency_async.testing.simulate", "--seeds", str(SEEDS)],
+        [sys.executable, "-m", "idempotency_async.testing", "--seeds", str(SEEDS)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -51,4 +51,4 @@ def test_the_simulator_catches_the_mutant(patch: Path, tmp_path: Path) -> None:
     )
     assert run.returncode == 1, f"the simulator missed {patch.stem}:\n{run.stdout}{run.stderr}"
     assert "broke the guarantee" in run.stderr
-    assert "rerun: python -m idempotency_async.testing.simulate --seed" in run.stderr
+    assert "rerun: python -m idempotency_async.testing --seed" in run.stderr

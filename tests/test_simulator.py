@@ -51,7 +51,7 @@ def test_a_store_bug_fails_with_the_seed_and_the_command_to_rerun_it() -> None:
     text = str(caught.value)
     assert f"seed {caught.value.seed} broke the guarantee" in text
     assert "store: completion" in text and "must fence" in text
-    assert f"rerun: python -m idempotency_async.testing.simulate --seed {caught.value.seed}" in text
+    assert f"rerun: python -m idempotency_async.testing --seed {caught.value.seed}" in text
     assert "call 0: CallPlan(" in text  # the scenario itself is printed
 
 

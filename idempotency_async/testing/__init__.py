@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from idempotency_async.testing._scenario import CallPlan, Fault, ManagerPlan, Scenario, generate
-from idempotency_async.testing.simulate import (
+from idempotency_async.testing._simulate import (
     SimulationFailure,
     SimulationReport,
     StoreFactory,

@@ -439,6 +439,28 @@ class _Checker:
                     f"{record.owner}, response {record.response!r}) and got {got!r}, not the replay"
                 )
 
+    def check_evaluated_replays(self) -> None:
+        """G3 as stated: a claim the store evaluated against an unexpired COMPLETED record,
+        whose verdict reached the manager, ends in that record's replay."""
+        for op in self.trace.store.ops:
+            if op.name != "claim" or op.call is None or not isinstance(op.delivered, Verdict):
+                continue
+            for application in op.applications[-1:]:
+                record = application.before
+                if (
+                    record is None
+                    or record.status is not Status.COMPLETED
+                    or record.expiration < op.arg.now + _BOUNDARY
+                ):
+                    continue
+                outcome = self.trace.outcomes[op.call]
+                if outcome.exited is not None and not self.replayed(outcome, record):
+                    got = outcome.value if outcome.error is None else outcome.error
+                    self.fail(
+                        f"G3: the store evaluated call {op.call}'s claim of {op.key} against its "
+                        f"COMPLETED record (by {record.owner}), and the call got {got!r}"
+                    )
+
     def sibling_holding(self, outcome: Outcome, key: str) -> bool:
         """Whether a call of the same manager held the key (its claim confirmed) then."""
         manager = self.scenario.calls[outcome.call].manager
@@ -673,6 +695,7 @@ def check(trace: Trace, *, tolerance: float = 1e-6) -> list[str]:
     checker.check_runs()
     checker.check_at_most_once()
     checker.check_replays()
+    checker.check_evaluated_replays()
     checker.check_unblocked()
     checker.check_outcomes()
     checker.check_cancellation()

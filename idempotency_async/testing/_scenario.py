@@ -8,7 +8,7 @@ at a smaller scale keeps a real-time run short).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 __all__ = ["CallPlan", "Fault", "FaultKind", "ManagerPlan", "Scenario", "generate"]
@@ -75,7 +75,6 @@ class Scenario:
     managers: tuple[ManagerPlan, ...]
     calls: tuple[CallPlan, ...]
     scale: float = 1.0
-    notes: tuple[str, ...] = field(default=())
 
     def describe(self) -> str:
         """The scenario as readable text (printed with every failure)."""

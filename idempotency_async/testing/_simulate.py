@@ -1,4 +1,4 @@
-"""Run the fault simulator: ``python -m idempotency_async.testing.simulate --seed N``.
+"""Running the fault simulator (the command line is ``python -m idempotency_async.testing``).
 
 :func:`simulate` runs scenarios on a virtual clock (thousands per second on an in-process
 store); :func:`simulate_live` runs them in real time in the running loop, for stores that
@@ -8,12 +8,10 @@ breaks the guarantee, with the seed, the scenario and the violations.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import concurrent.futures
 import inspect
 import multiprocessing
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -66,7 +64,7 @@ class SimulationReport:
 
 def _rerun(seed: int, scale: float) -> str:
     extra = "" if scale == 1.0 else f" --scale {scale}"
-    return f"python -m idempotency_async.testing.simulate --seed {seed}{extra}"
+    return f"python -m idempotency_async.testing --seed {seed}{extra}"
 
 
 async def _store(factory: StoreFactory) -> Store:
@@ -189,37 +187,7 @@ async def simulate_live(
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m idempotency_async.testing.simulate",
-        description="Run fault-simulator scenarios against MemoryStore on a virtual clock.",
-    )
-    parser.add_argument("--seed", type=int, help="run this one seed and print its scenario")
-    parser.add_argument("--seeds", type=int, default=1000, help="run seeds 0..N-1")
-    parser.add_argument("--start", type=int, default=0, help="first seed of --seeds")
-    parser.add_argument("--scale", type=float, default=1.0, help="duration scale of scenarios")
-    parser.add_argument("--workers", type=int, default=1, help="processes to spread seeds over")
-    parser.add_argument("--verbose", action="store_true", help="print the trace of --seed")
-    args = parser.parse_args(argv)
-    from idempotency_async.stores.memory import MemoryStore
-
-    if args.seed is not None:
-        print(generate(args.seed, scale=args.scale).describe())
-        seeds: Iterable[int] = [args.seed]
-    else:
-        seeds = range(args.start, args.start + args.seeds)
-    try:
-        if args.verbose and args.seed is not None:
-            print(_trace_text(args.seed, args.scale))
-        report = simulate(MemoryStore, seeds, scale=args.scale, workers=args.workers)
-    except SimulationFailure as failure:
-        print(failure, file=sys.stderr)
-        return 1
-    print(report.summary())
-    return 0
-
-
-def _trace_text(seed: int, scale: float) -> str:
+def trace_text(seed: int, scale: float) -> str:
     from idempotency_async.stores.memory import MemoryStore
 
     loop = VirtualClockLoop()
@@ -228,7 +196,3 @@ def _trace_text(seed: int, scale: float) -> str:
     finally:
         loop.close()
     return describe_trace(trace)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
