@@ -72,3 +72,11 @@ def telemetry_is_an_instrumentation() -> None:
     Options(telemetry=instrumentation)
     Options(telemetry=Telemetry())
     Options(telemetry="otel")  # type: ignore[arg-type]
+
+
+def conformance_kit() -> None:
+    from idempotency_async.testing import SimulationReport, StoreContract, simulate
+
+    assert_type(simulate(MemoryStore, range(10)), SimulationReport)
+    simulate(MemoryStore, seeds=["a"])  # type: ignore[list-item]
+    assert_type(StoreContract, type[StoreContract])
