@@ -101,12 +101,13 @@ class Trace:
         return self.scenario.managers[manager].skew
 
 
-_WAIT_CAP = 100_000.0
-"""Seconds (times the scale) after which a call that has not finished counts as stuck."""
+async def run_scenario(
+    scenario: Scenario, store: Store, *, stuck_after: float = 100_000.0
+) -> Trace:
+    """Run ``scenario`` against ``store`` on the running loop; return its trace.
 
-
-async def run_scenario(scenario: Scenario, store: Store) -> Trace:
-    """Run ``scenario`` against ``store`` on the running loop; return its trace."""
+    A call still running ``stuck_after`` seconds after the last one started counts as stuck.
+    """
     loop = asyncio.get_running_loop()
     start = loop.time()
     faulty = FaultyStore(store, {i: call.faults for i, call in enumerate(scenario.calls)})
@@ -133,7 +134,7 @@ async def run_scenario(scenario: Scenario, store: Store) -> Trace:
             tasks.append(task)
             if plan.cancel_after is not None:
                 loop.call_later(plan.cancel_after, _cancel, task, outcome, faulty, loop)
-        _done, pending = await asyncio.wait(tasks, timeout=_WAIT_CAP * scenario.scale)
+        _, pending = await asyncio.wait(tasks, timeout=stuck_after)
         trace.unfinished = [tasks.index(task) for task in pending]
         for task in pending:
             task.cancel()

@@ -85,7 +85,7 @@ async def _one(
     scenario = generate(seed, scale=scale, live=live)
     store = await _store(factory)
     try:
-        trace = await run_scenario(scenario, store)
+        trace = await run_scenario(scenario, store, stuck_after=60.0 if live else 100_000.0)
     finally:
         await store.aclose()
     violations = check(trace, tolerance=tolerance)
