@@ -97,9 +97,6 @@ class Trace:
     def paused_during(self, start: float, end: float | None) -> bool:
         return any(start <= until and (end is None or end >= since) for since, until in self.pauses)
 
-    def clock_of(self, manager: int) -> float:
-        return self.scenario.managers[manager].skew
-
 
 async def run_scenario(
     scenario: Scenario, store: Store, *, stuck_after: float = 100_000.0
