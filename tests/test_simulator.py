@@ -3,6 +3,7 @@ scenarios), DynamoDB on the moto server in real time (a few hundred)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -14,8 +15,9 @@ from idempotency_async.stores.base import Written
 from idempotency_async.stores.dynamodb import DynamoDBStore
 from idempotency_async.testing import SimulationFailure, simulate, simulate_live
 
-MEMORY_SEEDS = 20_000
-LIVE_SEEDS = 150
+# More seeds locally: SIM_MEMORY_SEEDS=200000 SIM_LIVE_SEEDS=2000 python -m pytest ...
+MEMORY_SEEDS = int(os.environ.get("SIM_MEMORY_SEEDS", "20000"))
+LIVE_SEEDS = int(os.environ.get("SIM_LIVE_SEEDS", "150"))
 
 
 def test_memory_store_keeps_the_guarantee() -> None:
