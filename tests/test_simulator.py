@@ -65,6 +65,6 @@ async def test_dynamodb_store_keeps_the_guarantee_in_real_time(dynamodb_client: 
         range(LIVE_SEEDS),
         scale=0.05,
         concurrency=8,
-        tolerance=0.5,  # loop lag on a busy machine; the store's behaviour is what counts here
+        tolerance=1.0,  # loop lag on a busy machine; the store's behaviour is what counts here
     )
     assert report.scenarios == LIVE_SEEDS
