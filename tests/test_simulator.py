@@ -10,7 +10,7 @@ import pytest
 from _moto import fresh_table
 
 from idempotency_async import MemoryStore
-from idempotency_async.record import Completion
+from idempotency_async.record import Claim, Completion
 from idempotency_async.stores.base import Written
 from idempotency_async.stores.dynamodb import DynamoDBStore
 from idempotency_async.testing import SimulationFailure, simulate, simulate_live
@@ -41,9 +41,10 @@ class _UnfencedStore(MemoryStore):
     """A store with a classic bug: completion does not check the owner token."""
 
     async def complete(self, completion: Completion) -> Written:
-        entry = self._entries.get(completion.key)
-        if entry is not None:
-            entry.owner = completion.owner
+        current = (await self.get(completion.key, now=completion.now)).record
+        if current is not None and current.owner != completion.owner:
+            await self.force_release(completion.key)
+            await self.claim(Claim(completion.key, completion.owner, completion.now, 1.0, 1.0))
         return await super().complete(completion)
 
 

@@ -356,7 +356,17 @@ class _Checker:
             return
         if isinstance(error, asyncio.CancelledError) and outcome.cancel_requested is not None:
             return
+        if self.ambient_deadline_fired(outcome):
+            return  # its own deadline fired while the (applied) write was answered
         self.fail(f"G5: call {run.call}'s result was recorded, but the caller got {error!r}")
+
+    def ambient_deadline_fired(self, outcome: Outcome) -> bool:
+        """The caller's own ``async with deadline()`` fired: it sees asyncio's TimeoutError."""
+        return (
+            type(outcome.error) is TimeoutError
+            and self.scenario.calls[outcome.call].deadline == "ambient"
+            and self.deadline_reached(outcome)
+        )
 
     def check_unrecorded(self, run: Run) -> None:
         """A side effect with no record: must be an exception (a)-(c), and surfaced."""
@@ -365,11 +375,7 @@ class _Checker:
         told = isinstance(error, errors.CompletionError) and error.result is run.value
         # An ambient deadline (asyncio.timeout) that fires with the completion's own bound
         # wins, and the caller sees its TimeoutError: the contract's outcome for that case.
-        told = told or (
-            type(error) is TimeoutError
-            and self.scenario.calls[run.call].deadline == "ambient"
-            and self.deadline_reached(outcome)
-        )
+        told = told or self.ambient_deadline_fired(outcome)
         cancelled = isinstance(error, asyncio.CancelledError) and outcome.cancel_requested
         if not (told or cancelled):
             self.fail(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,10 +118,7 @@ async def run_scenario(
             keys[call.key] = key
     trace = Trace(scenario, faulty, managers, keys, start, [], [])
     tasks: list[asyncio.Task[None]] = []
-    quiet = logging.getLogger("idempotency_async")
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)
-    try:
+    with quiet_library():
         for index, plan in enumerate(scenario.calls):
             delay = start + plan.at - loop.time()
             if delay > 0:
@@ -138,10 +136,30 @@ async def run_scenario(
         if pending:
             await asyncio.wait(pending)
         await _probe(trace, start)
-    finally:
-        quiet.setLevel(level)
     trace.leftover_tasks = _library_tasks()
     return trace
+
+
+_quiet_depth = 0
+_saved_level = logging.NOTSET
+
+
+@contextlib.contextmanager
+def quiet_library() -> Iterator[None]:
+    """Silence the library's warnings while scenarios run (they log on purpose); nested
+    and concurrent scenarios restore the level once, when the last one ends."""
+    global _quiet_depth, _saved_level
+    logger = logging.getLogger("idempotency_async")
+    if _quiet_depth == 0:
+        _saved_level = logger.level
+        logger.setLevel(logging.CRITICAL)
+    _quiet_depth += 1
+    try:
+        yield
+    finally:
+        _quiet_depth -= 1
+        if _quiet_depth == 0:
+            logger.setLevel(_saved_level)
 
 
 def _manager(scenario: Scenario, index: int, store: FaultyStore, start: float) -> Manager:
