@@ -14,29 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from idempotency_async import errors
-from idempotency_async.record import Claim, Completion, Record, Status
-from idempotency_async.stores.base import State, Verdict, Written, judge
+from idempotency_async.record import Claim, Record, Status
+from idempotency_async.stores.base import State, Verdict
 from idempotency_async.testing._faults import Application, Op
 from idempotency_async.testing._run import BASE_TIME, CallbackFailed, Outcome, Run, Trace
+from idempotency_async.testing._store_checks import BOUNDARY, StoreChecks, shape
 
 __all__ = ["check"]
-
-_BOUNDARY = 0.002
-"""Seconds around a lease end or expiry within which a store's judgement is not checked
-(stores round to milliseconds and to whole seconds)."""
-
-
-def _shape(record: Record | None) -> tuple[Any, ...] | None:
-    if record is None:
-        return None
-    return (
-        record.status,
-        record.owner,
-        record.expiration,
-        None if record.lease_end is None else round(record.lease_end, 3),
-        record.validation,
-        record.response_stored,
-    )
 
 
 @dataclass(slots=True)
@@ -151,126 +135,6 @@ class _Checker:
                     found = (application.at, after)
         return found
 
-    # -- the store ----------------------------------------------------------------------
-
-    def check_store(self) -> None:
-        for key, history in self.applications.items():
-            previous: Application | None = None
-            for op, application in history:
-                if previous is not None and previous.done:
-                    self.check_unchanged_between(key, previous, application)
-                if application.done:
-                    self.check_application(op, application)
-                previous = application
-
-    def check_unchanged_between(self, key: str, previous: Application, nxt: Application) -> None:
-        if _shape(previous.after) == _shape(nxt.before):
-            return
-        gone = previous.after
-        if gone is not None and nxt.before is None and gone.expiration < self.max_wall(nxt.at):
-            return  # an expired record was dropped
-        self.fail(
-            f"store: the record of {key} changed with no operation on it between "
-            f"t={previous.at:.3f} and t={nxt.at:.3f}: {previous.after} -> {nxt.before} "
-            "(a live record must never be forgotten, G7)"
-        )
-
-    def check_application(self, op: Op, application: Application) -> None:
-        before, after, answer = application.before, application.after, application.answer
-        if application.error is not None:
-            if _shape(before) != _shape(after):
-                self.fail(
-                    f"store: {op.name} of {op.key} raised {application.error!r} but changed "
-                    f"the record: {before} -> {after}"
-                )
-            return
-        if op.name == "claim":
-            self.check_claim(op, op.arg, before, after, answer)
-        elif op.name == "complete":
-            self.check_complete(op, op.arg, before, after, answer)
-        elif op.name == "release":
-            owned = before is None or before.owner == op.arg
-            expected_after = None if owned else _shape(before)
-            if answer is not owned or _shape(after) != expected_after:
-                self.fail(
-                    f"store: release of {op.key} by {op.arg} answered {answer!r} and left "
-                    f"{after} (record before: {before})"
-                )
-        elif op.name == "get" and not _near(before, op.arg):
-            expected = judge(before, op.arg).state
-            if not isinstance(answer, Verdict) or answer.state is not expected:
-                self.fail(
-                    f"store: get of {op.key} at {op.arg} answered {answer!r}, expected "
-                    f"{expected} for {before}"
-                )
-
-    def check_claim(
-        self, op: Op, claim: Claim, before: Record | None, after: Record | None, answer: Any
-    ) -> None:
-        if _near(before, claim.now):
-            return
-        own = (
-            before is not None
-            and before.status is Status.INPROGRESS
-            and before.owner == claim.owner
-        )
-        free = before is None or own or judge(before, claim.now).state is State.CLAIMABLE
-        if free:
-            ok = (
-                answer is not None
-                and isinstance(answer, Verdict)
-                and answer.state is State.CLAIMED
-                and after is not None
-                and after.status is Status.INPROGRESS
-                and after.owner == claim.owner
-                and after.validation == claim.validation
-                and after.lease_end is not None
-                and abs(after.lease_end - (claim.now + claim.lease)) < _BOUNDARY
-                and after.expiration >= after.lease_end
-            )
-            if not ok:
-                self.fail(
-                    f"store: claim of {op.key} by {claim.owner} at {claim.now} on a free key "
-                    f"(record {before}) answered {answer!r} and left {after}"
-                )
-            return
-        expected = judge(before, claim.now)
-        if (
-            not isinstance(answer, Verdict)
-            or answer.state is not expected.state
-            or _shape(answer.record) != _shape(before)
-            or _shape(after) != _shape(before)
-        ):
-            self.fail(
-                f"store: claim of {op.key} by {claim.owner} at {claim.now} met {before}: "
-                f"answered {answer!r} and left {after}; expected {expected.state}"
-            )
-
-    def check_complete(
-        self, op: Op, done: Completion, before: Record | None, after: Record | None, answer: Any
-    ) -> None:
-        owned = before is not None and before.owner == done.owner
-        if not owned:
-            if answer is not Written.NOTHING or _shape(after) != _shape(before):
-                self.fail(
-                    f"store: completion of {op.key} by {done.owner}, which does not own "
-                    f"{before}, answered {answer!r} and left {after} (must fence)"
-                )
-            return
-        ok = (
-            answer in (Written.RESPONSE, Written.WITHOUT_RESPONSE)
-            and after is not None
-            and after.status is Status.COMPLETED
-            and after.owner == done.owner
-            and after.response_stored is (answer is Written.RESPONSE)
-            and (answer is not Written.RESPONSE or after.response == done.response)
-        )
-        if not ok:
-            self.fail(
-                f"store: completion of {op.key} by its owner {done.owner} answered "
-                f"{answer!r} and left {after}"
-            )
-
     # -- G1, G2: at most once, no way back ---------------------------------------------
 
     def check_runs(self) -> None:
@@ -337,12 +201,12 @@ class _Checker:
         clock ahead of the others frees it early: exception (b))."""
         history = self.applications.get(key, [])
         for (_, application), nxt in zip(history, [*history[1:], None], strict=False):
-            if _shape(application.after) != _shape(completed) or nxt is None:
+            if shape(application.after) != shape(completed) or nxt is None:
                 continue
             next_op, following = nxt
-            if _shape(following.before) != _shape(completed):
+            if shape(following.before) != shape(completed):
                 return completed.expiration < self.max_wall(following.at)  # dropped
-            if _shape(following.after) != _shape(completed) and next_op.name == "claim":
+            if shape(following.after) != shape(completed) and next_op.name == "claim":
                 now: float = max(next_op.arg.now, self.max_wall(following.at))
                 return completed.expiration < now
         return True  # never removed: the second claim met something else (checked above)
@@ -456,7 +320,7 @@ class _Checker:
                 if (
                     record is None
                     or record.status is not Status.COMPLETED
-                    or record.expiration < op.arg.now + _BOUNDARY
+                    or record.expiration < op.arg.now + BOUNDARY
                 ):
                     continue
                 outcome = self.trace.outcomes[op.call]
@@ -686,18 +550,10 @@ class _Checker:
             self.fail(f"G6: a task of the library outlived the scenario: {task}")
 
 
-def _near(record: Record | None, now: float) -> bool:
-    if record is None:
-        return False
-    if abs(record.expiration - now) < _BOUNDARY:
-        return True
-    return record.lease_end is not None and abs(record.lease_end - now) < _BOUNDARY
-
-
 def check(trace: Trace, *, tolerance: float = 1e-6) -> list[str]:
     """Every violation of the guarantee in ``trace`` (empty when the scenario passed)."""
     checker = _Checker(trace, tolerance)
-    checker.check_store()
+    StoreChecks(checker.applications, checker.max_wall, checker.fail).check()
     checker.check_runs()
     checker.check_at_most_once()
     checker.check_replays()

@@ -1,0 +1,172 @@
+"""The oracle's store checks: each operation answered and wrote what the record before it
+called for (protocol v2), and no live record changed without an operation (G4, G7)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from idempotency_async.record import Claim, Completion, Record, Status
+from idempotency_async.stores.base import State, Verdict, Written, judge
+from idempotency_async.testing._faults import Application, Op
+
+__all__ = ["BOUNDARY", "StoreChecks", "shape"]
+
+
+BOUNDARY = 0.002
+"""Seconds around a lease end or expiry within which a store's judgement is not checked
+(stores round to milliseconds and to whole seconds)."""
+
+
+def shape(record: Record | None) -> tuple[Any, ...] | None:
+    if record is None:
+        return None
+    return (
+        record.status,
+        record.owner,
+        record.expiration,
+        None if record.lease_end is None else round(record.lease_end, 3),
+        record.validation,
+        record.response_stored,
+    )
+
+
+class StoreChecks:
+    """Judges a store's history: ``applications`` per key in the order they applied;
+    ``max_wall`` gives the most advanced manager clock at a loop time."""
+
+    def __init__(
+        self,
+        applications: dict[str, list[tuple[Op, Application]]],
+        max_wall: Callable[[float], float],
+        fail: Callable[[str], None],
+    ) -> None:
+        self.applications = applications
+        self.max_wall = max_wall
+        self.fail = fail
+
+    def check(self) -> None:
+        for key, history in self.applications.items():
+            previous: Application | None = None
+            for op, application in history:
+                if previous is not None and previous.done:
+                    self.check_unchanged_between(key, previous, application)
+                if application.done:
+                    self.check_application(op, application)
+                previous = application
+
+    def check_unchanged_between(self, key: str, previous: Application, nxt: Application) -> None:
+        if shape(previous.after) == shape(nxt.before):
+            return
+        gone = previous.after
+        if gone is not None and nxt.before is None and gone.expiration < self.max_wall(nxt.at):
+            return  # an expired record was dropped
+        self.fail(
+            f"store: the record of {key} changed with no operation on it between "
+            f"t={previous.at:.3f} and t={nxt.at:.3f}: {previous.after} -> {nxt.before} "
+            "(a live record must never be forgotten, G7)"
+        )
+
+    def check_application(self, op: Op, application: Application) -> None:
+        before, after, answer = application.before, application.after, application.answer
+        if application.error is not None:
+            if shape(before) != shape(after):
+                self.fail(
+                    f"store: {op.name} of {op.key} raised {application.error!r} but changed "
+                    f"the record: {before} -> {after}"
+                )
+            return
+        if op.name == "claim":
+            self.check_claim(op, op.arg, before, after, answer)
+        elif op.name == "complete":
+            self.check_complete(op, op.arg, before, after, answer)
+        elif op.name == "release":
+            owned = before is None or before.owner == op.arg
+            expected_after = None if owned else shape(before)
+            if answer is not owned or shape(after) != expected_after:
+                self.fail(
+                    f"store: release of {op.key} by {op.arg} answered {answer!r} and left "
+                    f"{after} (record before: {before})"
+                )
+        elif op.name == "get" and not near(before, op.arg):
+            expected = judge(before, op.arg).state
+            if not isinstance(answer, Verdict) or answer.state is not expected:
+                self.fail(
+                    f"store: get of {op.key} at {op.arg} answered {answer!r}, expected "
+                    f"{expected} for {before}"
+                )
+
+    def check_claim(
+        self, op: Op, claim: Claim, before: Record | None, after: Record | None, answer: Any
+    ) -> None:
+        if near(before, claim.now):
+            return
+        own = (
+            before is not None
+            and before.status is Status.INPROGRESS
+            and before.owner == claim.owner
+        )
+        free = before is None or own or judge(before, claim.now).state is State.CLAIMABLE
+        if free:
+            ok = (
+                answer is not None
+                and isinstance(answer, Verdict)
+                and answer.state is State.CLAIMED
+                and after is not None
+                and after.status is Status.INPROGRESS
+                and after.owner == claim.owner
+                and after.validation == claim.validation
+                and after.lease_end is not None
+                and abs(after.lease_end - (claim.now + claim.lease)) < BOUNDARY
+                and after.expiration >= after.lease_end
+            )
+            if not ok:
+                self.fail(
+                    f"store: claim of {op.key} by {claim.owner} at {claim.now} on a free key "
+                    f"(record {before}) answered {answer!r} and left {after}"
+                )
+            return
+        expected = judge(before, claim.now)
+        if (
+            not isinstance(answer, Verdict)
+            or answer.state is not expected.state
+            or shape(answer.record) != shape(before)
+            or shape(after) != shape(before)
+        ):
+            self.fail(
+                f"store: claim of {op.key} by {claim.owner} at {claim.now} met {before}: "
+                f"answered {answer!r} and left {after}; expected {expected.state}"
+            )
+
+    def check_complete(
+        self, op: Op, done: Completion, before: Record | None, after: Record | None, answer: Any
+    ) -> None:
+        owned = before is not None and before.owner == done.owner
+        if not owned:
+            if answer is not Written.NOTHING or shape(after) != shape(before):
+                self.fail(
+                    f"store: completion of {op.key} by {done.owner}, which does not own "
+                    f"{before}, answered {answer!r} and left {after} (must fence)"
+                )
+            return
+        ok = (
+            answer in (Written.RESPONSE, Written.WITHOUT_RESPONSE)
+            and after is not None
+            and after.status is Status.COMPLETED
+            and after.owner == done.owner
+            and after.response_stored is (answer is Written.RESPONSE)
+            and (answer is not Written.RESPONSE or after.response == done.response)
+        )
+        if not ok:
+            self.fail(
+                f"store: completion of {op.key} by its owner {done.owner} answered "
+                f"{answer!r} and left {after}"
+            )
+
+
+def near(record: Record | None, now: float) -> bool:
+    if record is None:
+        return False
+    if abs(record.expiration - now) < BOUNDARY:
+        return True
+    return record.lease_end is not None and abs(record.lease_end - now) < BOUNDARY
