@@ -1,5 +1,5 @@
 """The fault simulator on the project's stores: MemoryStore on a virtual clock (20,000
-scenarios), DynamoDB on the moto server in real time (a few hundred)."""
+scenarios); DynamoDB on the moto server and Redis on a real redis-server in real time."""
 
 from __future__ import annotations
 
@@ -8,16 +8,19 @@ from typing import Any
 
 import pytest
 from _moto import fresh_table
+from _redis import RedisServer
 
 from idempotency_async import MemoryStore
 from idempotency_async.record import Claim, Completion
 from idempotency_async.stores.base import Written
 from idempotency_async.stores.dynamodb import DynamoDBStore
+from idempotency_async.stores.redis import RedisStore
 from idempotency_async.testing import SimulationFailure, simulate, simulate_live
 
 # More seeds locally: SIM_MEMORY_SEEDS=200000 SIM_LIVE_SEEDS=2000 python -m pytest ...
 MEMORY_SEEDS = int(os.environ.get("SIM_MEMORY_SEEDS", "20000"))
 LIVE_SEEDS = int(os.environ.get("SIM_LIVE_SEEDS", "150"))
+REDIS_SEEDS = int(os.environ.get("SIM_REDIS_SEEDS", "100"))
 
 
 def test_memory_store_keeps_the_guarantee() -> None:
@@ -69,3 +72,19 @@ async def test_dynamodb_store_keeps_the_guarantee_in_real_time(dynamodb_client: 
         tolerance=1.0,  # loop lag on a busy machine; the store's behaviour is what counts here
     )
     assert report.scenarios == LIVE_SEEDS
+
+
+async def test_redis_store_keeps_the_guarantee_in_real_time(redis_server: RedisServer) -> None:
+    # Client clock: the simulator moves each manager's clock and judges by the now it sent.
+    client = redis_server.client()
+    try:
+        report = await simulate_live(
+            lambda: RedisStore(client, clock="client"),
+            range(REDIS_SEEDS),
+            scale=0.05,
+            concurrency=8,
+            tolerance=1.0,
+        )
+    finally:
+        await client.aclose()
+    assert report.scenarios == REDIS_SEEDS
