@@ -266,6 +266,10 @@ class Manager:
                 owner = f"{self._owner_prefix}{next(self._claims)}"
                 return await own_call(self, Flight(keys, when, owner), callback, loop)
             outcome = await self._duplicate(flight, keys, when, loop)
+            if isinstance(outcome, _Unanswered):
+                # The other call's claim is still unanswered: ask the store ourselves.
+                owner = f"{self._owner_prefix}{next(self._claims)}"
+                return await own_call(self, Flight(keys, when, owner), callback, loop)
             if outcome is not None:
                 self._keys.validate(outcome.record.validation, keys)
                 self._emit("joined", keys.key)

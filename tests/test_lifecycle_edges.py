@@ -426,18 +426,21 @@ async def test_a_claim_answered_after_the_cutoff_does_not_start_the_callback(
     assert [event.kind for event in events] == ["claimed", "cut_off"]
 
 
+class _FirstClaimStalls(RecordingStore):
+    """The first claim takes 30 s to answer; later ones answer at once."""
+
+    async def claim(self, claim: Any) -> Any:
+        if not self.claims:
+            self.claims.append(claim)
+            await asyncio.sleep(30)
+        return await self.inner.claim(claim)
+
+
 async def test_a_duplicate_stops_waiting_for_an_unanswered_claim_and_asks_the_store(
     store: Store,
 ) -> None:
-    class FirstClaimStalls(RecordingStore):
-        async def claim(self, claim: Any) -> Any:
-            if not self.claims:
-                self.claims.append(claim)
-                await asyncio.sleep(30)
-            return await self.inner.claim(claim)
-
     await make(store).execute({"id": 1}, Runs("paid"), timeout=5)
-    manager = make(FirstClaimStalls(store), wait=True, wait_timeout=0.2)
+    manager = make(_FirstClaimStalls(store), wait=True, wait_timeout=0.2)
     stalled = asyncio.create_task(manager.execute({"id": 1}, Runs(), timeout=60))
     await asyncio.sleep(0.05)  # its claim is unanswered
     # Completed key: the duplicate must replay, not report "in progress" after waiting.
@@ -445,6 +448,23 @@ async def test_a_duplicate_stops_waiting_for_an_unanswered_claim_and_asks_the_st
     stalled.cancel()
     with pytest.raises(asyncio.CancelledError):
         await stalled
+
+
+async def test_an_execute_call_duplicate_stops_waiting_for_an_unanswered_claim(
+    store: Store,
+) -> None:
+    await make(store).execute({"id": 1}, Runs("paid"), timeout=5)
+    manager = make(_FirstClaimStalls(store), wait=True, wait_timeout=0.2)
+    stalled = asyncio.create_task(manager.execute_call({"id": 1}, _ignore_call, timeout=60))
+    await asyncio.sleep(0.05)  # its claim is unanswered
+    assert await manager.execute_call({"id": 1}, _ignore_call, timeout=5) == "paid"
+    stalled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stalled
+
+
+async def _ignore_call(call: Any) -> str:
+    return "must not run"
 
 
 async def test_a_completion_answered_with_nonsense_is_an_unknown_outcome(store: Store) -> None:
