@@ -550,7 +550,13 @@ class Manager:
         callback overran it): after that another worker may hold the key."""
         timer = self._cutoffs_of(loop).start(max(lease.ends_at, loop.time() + lease.reserve))
         try:
-            return await self._store.complete(completion)
+            written = await self._store.complete(completion)
+            if written.__class__ is not Written:
+                # Not an answer: whether (and what) it wrote is unknown.
+                raise StoreUnavailableError(
+                    f"the store answered a completion of key {completion.key} with {written!r}"
+                )
+            return written
         except asyncio.CancelledError as exc:
             if timer.fired():
                 abandoned = TimeoutError("abandoned at the lease end")

@@ -478,3 +478,11 @@ async def test_a_completion_answered_with_nonsense_is_an_unknown_outcome(store: 
         await manager.execute({"id": 1}, Runs("charged"), timeout=5)
     assert caught.value.outcome_unknown is True
     assert caught.value.result == "charged"
+
+    async def completes_early(call: Any) -> str:
+        await call.complete("charged")
+        return "charged"
+
+    with pytest.raises(errors.CompletionError) as caught:
+        await manager.execute_call({"id": 2}, completes_early, timeout=5)
+    assert caught.value.outcome_unknown is True
