@@ -173,7 +173,7 @@ async def test_in_progress_rejection_from_another_manager(store: Store, otel: Ot
 
 async def test_waiting_on_another_manager_records_the_wait(store: Store, otel: Otel) -> None:
     holder = manager_of(store, otel)
-    task = await start_holding(holder, PAYLOAD, seconds=0.2, result=1)
+    task = await start_holding(holder, PAYLOAD, seconds=1.0, result=1)
     waiter = manager_of(store, otel, wait=True, wait_timeout=5)
     assert await waiter.execute(PAYLOAD, lambda: run(2), timeout=5) == 1
     await task
