@@ -55,7 +55,7 @@ class Runs:
 
 async def test_lease_option_cuts_the_callback_off_before_the_lease_ends(store: Store) -> None:
     events: list[Event] = []
-    manager = make(store, lease=0.6, on_event=events.append)
+    manager = make(store, lease=1.0, on_event=events.append)
     other = make(store)
     slow = Runs(sleep=30)
     loop = asyncio.get_running_loop()
@@ -64,21 +64,21 @@ async def test_lease_option_cuts_the_callback_off_before_the_lease_ends(store: S
         await manager.execute({"id": 1}, slow)
     elapsed = loop.time() - started
     assert isinstance(caught.value, TimeoutError)
-    assert elapsed < 0.6  # cut off a reserve before the lease ends: nobody can claim yet
+    assert elapsed < 1.0  # cut off a reserve before the lease ends: nobody can claim yet
     assert [event.kind for event in events] == ["claimed", "cut_off"]
-    await asyncio.sleep(0.7 - elapsed)
+    await asyncio.sleep(1.1 - elapsed)
     second = Runs("second")
     assert await other.execute({"id": 1}, second, timeout=5) == "second"
     assert slow.starts == 1 and second.starts == 1
 
 
 async def test_without_deadline_or_lease_the_ttl_bounds_the_callback(store: Store) -> None:
-    manager = make(store, expires_after=0.5)
+    manager = make(store, expires_after=1.0)
     loop = asyncio.get_running_loop()
     started = loop.time()
     with pytest.raises(errors.DeadlineExceededError):
         await manager.execute({"id": 1}, Runs(sleep=30))
-    assert loop.time() - started < 0.5
+    assert loop.time() - started < 1.0
 
 
 # -- 2. only the callback runs under the cutoff ----------------------------------------
@@ -284,12 +284,13 @@ async def test_a_completion_slower_than_the_lease_is_abandoned_as_unknown(store:
 
 
 async def test_completion_reserve_is_configurable(store: Store) -> None:
-    manager = make(store, completion_reserve=0.4)
+    # timeout 2 s: the default reserve (0.4 s) would cut off at 1.6 s, this one at 0.8 s.
+    manager = make(store, completion_reserve=1.2)
     loop = asyncio.get_running_loop()
     started = loop.time()
     with pytest.raises(errors.DeadlineExceededError):
-        await manager.execute({"id": 1}, Runs(sleep=5), timeout=1.0)
-    assert 0.5 < loop.time() - started < 0.7
+        await manager.execute({"id": 1}, Runs(sleep=5), timeout=2.0)
+    assert 0.7 < loop.time() - started < 1.4
 
 
 # -- 9. only a confirmed claim runs the callback ----------------------------------------
