@@ -19,7 +19,6 @@ from idempotency_async.errors import (
     ConfigError,
 )
 from idempotency_async.record import Completion
-from idempotency_async.stores.base import CLAIMED, State, Verdict
 
 if TYPE_CHECKING:
     from idempotency_async.manager import Manager, _Lease
@@ -165,19 +164,10 @@ async def own_call(
     key = flight.keys.key
     manager._inflight[key] = flight
     try:
-        lease = manager._lease_for(flight, loop)
-        verdict = await manager._claim(lease, loop)
-        if verdict is not CLAIMED:
-            record = verdict.record if verdict.__class__ is Verdict else None
-            if record is not None and verdict.state is State.COMPLETED:
-                return manager._replay_record(record, flight)  # type: ignore[no-any-return]
-            contended = await manager._contend(flight, lease, verdict, loop)
-            if isinstance(contended, _Replayed):
-                return contended.value  # type: ignore[no-any-return]
-            lease = contended
-        claim = lease.claim
-        flight.hold(claim.now + claim.lease - manager.options.lease_margin)
-        manager._emit("claimed", key)
+        acquired = await manager._acquire(flight, loop)
+        if isinstance(acquired, _Replayed):
+            return acquired.value  # type: ignore[no-any-return]
+        lease = acquired
         call = Call(manager, flight, lease, loop, manager._cutoffs_of(loop).start(lease.cutoff_at))
         try:
             result = await callback(call)

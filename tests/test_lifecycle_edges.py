@@ -427,6 +427,24 @@ async def test_a_claim_answered_after_the_cutoff_does_not_start_the_callback(
     assert [event.kind for event in events] == ["claimed", "cut_off"]
 
 
+async def test_execute_call_does_not_start_a_callback_claimed_after_the_cutoff(
+    store: Store,
+) -> None:
+    events: list[Event] = []
+    manager = make(RecordingStore(store, delay={"claim": 1.0}), on_event=events.append)
+    starts = 0
+
+    async def work(call: Any) -> str:
+        nonlocal starts
+        starts += 1
+        return "ran"
+
+    with pytest.raises(errors.DeadlineExceededError):
+        await manager.execute_call({"id": 1}, work, timeout=0.5)
+    assert starts == 0
+    assert [event.kind for event in events] == ["claimed", "cut_off"]
+
+
 class _FirstClaimStalls(RecordingStore):
     """The first claim takes 30 s to answer; later ones answer at once."""
 
