@@ -43,10 +43,14 @@ class AnchorMemoryLayer(BasePersistenceLayer):  # type: ignore[misc]
         now = time.time()
         with self._lock:
             old = self._records.get(data_record.idempotency_key)
-            claimable = old is None or old.expiry_timestamp < now or (
-                old.status == "INPROGRESS"
-                and old.in_progress_expiry_timestamp is not None
-                and old.in_progress_expiry_timestamp < now * 1000
+            claimable = (
+                old is None
+                or old.expiry_timestamp < now
+                or (
+                    old.status == "INPROGRESS"
+                    and old.in_progress_expiry_timestamp is not None
+                    and old.in_progress_expiry_timestamp < now * 1000
+                )
             )
             if not claimable:
                 raise IdempotencyItemAlreadyExistsError(old_data_record=old)

@@ -233,9 +233,7 @@ async def test_sort_key_mode_keeps_the_logical_key(dynamodb_client: Any) -> None
     store = await fresh_store(dynamodb_client, sort_key_attr="sk", static_pk_value="idem#fn")
     await try_claim(store, claim_for("fn#abc", "A"), NOW)
     await complete_ok(store, completion_for("fn#abc", "A", {"ok": True}))
-    item = await raw_item(
-        store, dynamodb_client, {"id": {"S": "idem#fn"}, "sk": {"S": "fn#abc"}}
-    )
+    item = await raw_item(store, dynamodb_client, {"id": {"S": "idem#fn"}, "sk": {"S": "fn#abc"}})
     assert item["data"] == {"M": {"ok": {"BOOL": True}}}
     record = await get_record(store, "fn#abc")
     assert record is not None and (record.key, record.response) == ("fn#abc", {"ok": True})
@@ -663,7 +661,6 @@ class _Proxy:
             self._writers.discard(up_writer)
             up_writer.close()
 
-
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError):
             while data := await reader.read(65536):
@@ -768,9 +765,7 @@ async def _answer_with_error(
     ],
 )
 async def test_service_errors_map_to_typed_errors(code: str, error: type[Exception]) -> None:
-    server = await asyncio.start_server(
-        lambda r, w: _answer_with_error(code, r, w), "127.0.0.1", 0
-    )
+    server = await asyncio.start_server(lambda r, w: _answer_with_error(code, r, w), "127.0.0.1", 0)
     endpoint = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     try:
         async with new_session().client(

@@ -241,9 +241,10 @@ async def test_sub_second_expiry_is_not_born_expired(store: Store) -> None:
     work = Runs("once")
     await manager.execute({"id": 1}, work, timeout=5)
     clock.advance(0.1)
-    assert await make(store, expires_after=0.5, clock=clock).execute(
-        {"id": 1}, work, timeout=5
-    ) == "once"
+    assert (
+        await make(store, expires_after=0.5, clock=clock).execute({"id": 1}, work, timeout=5)
+        == "once"
+    )
     assert work.starts == 1
 
 
@@ -310,6 +311,7 @@ async def test_an_unrecognised_claim_answer_does_not_run_the_callback(store: Sto
 
 
 # -- DynamoDB: the same faults on the wire ----------------------------------------------
+
 
 @pytest.fixture
 async def proxied(dynamodb_client: Any, moto_endpoint: str) -> AsyncIterator[tuple[Any, _Proxy]]:

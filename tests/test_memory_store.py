@@ -46,9 +46,10 @@ async def test_a_full_store_refuses_new_claims_and_keeps_live_records() -> None:
     store = MemoryStore(max_records=2)
     await store.claim(_claim("a", NOW))
     await store.claim(_claim("b", NOW))
-    assert await store.complete(
-        Completion("b", "owner", NOW, 10, None, encode_json(1), 1)
-    ) is Written.RESPONSE
+    assert (
+        await store.complete(Completion("b", "owner", NOW, 10, None, encode_json(1), 1))
+        is Written.RESPONSE
+    )
     with pytest.raises(StoreUnavailableError, match="max_records"):
         await store.claim(_claim("c", NOW + 1))
     assert (await store.get("a", now=NOW + 1)).state is State.IN_PROGRESS
