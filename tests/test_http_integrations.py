@@ -297,19 +297,36 @@ async def test_body_over_the_limit_is_413(client: httpx.AsyncClient, served: Ser
     assert not served.calls
 
 
-async def test_in_progress_duplicate_is_409_with_retry_after(
-    client: httpx.AsyncClient, served: Served
-) -> None:
+class _ClaimSignal(RecordingStore):
+    """Sets ``claimed`` once a claim has been answered."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryStore())
+        self.claimed = asyncio.Event()
+
+    async def claim(self, claim: Any) -> Any:
+        verdict = await super().claim(claim)
+        self.claimed.set()
+        return verdict
+
+
+async def test_in_progress_duplicate_is_409_with_retry_after(start: Start) -> None:
+    store = _ClaimSignal()
+    served = await start(store=store)
     body = {"sku": "A", "delay": 0.5}
-    first = asyncio.create_task(client.post("/orders/o-1", json=body, headers=_key("p")))
-    await asyncio.sleep(0.15)
-    duplicate = await client.post("/orders/o-1", json=body, headers=_key("p"))
+    async with _client(served) as client:
+        first = asyncio.create_task(client.post("/orders/o-1", json=body, headers=_key("p")))
+        # Not a fixed sleep: on a slow machine the first request may not have claimed yet,
+        # and the duplicate would run the handler itself.
+        await asyncio.wait_for(store.claimed.wait(), timeout=10)
+        duplicate = await client.post("/orders/o-1", json=body, headers=_key("p"))
+        assert (await first).status_code == 201
 
     assert duplicate.status_code == 409 and _is_problem(duplicate)
     # The lease ends at the request deadline: REQUEST_TIMEOUT after the first request started.
     assert 1 <= int(duplicate.headers["retry-after"]) <= REQUEST_TIMEOUT
     assert int(duplicate.headers["retry-after"]) >= REQUEST_TIMEOUT - 1
-    assert (await first).status_code == 201
+    assert served.calls == {"orders:t1:p": 1}
 
 
 async def test_route_matched_by_path_pattern_is_idempotent(
