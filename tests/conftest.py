@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -15,6 +16,19 @@ from idempotency_async.stores.base import Store
 __all__ = ["clock", "dynamodb_client", "moto_endpoint", "redis_cluster", "redis_server", "store"]
 
 STORES = ["memory", "dynamodb", "redis", "redis-cluster"]
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library reads a few environment variables (the Lambda function name as key
+    prefix, the Powertools off switch, the CLI's store): one left set in the shell that
+    runs the suite would change keys or turn idempotency off.  Tests that need them set
+    them with ``monkeypatch``."""
+    for name in [*os.environ]:
+        if name == "AWS_LAMBDA_FUNCTION_NAME" or name.startswith(
+            ("POWERTOOLS_", "IDEMPOTENCY_ASYNC_")
+        ):
+            monkeypatch.delenv(name)
 
 
 @pytest.fixture
