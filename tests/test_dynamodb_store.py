@@ -589,13 +589,14 @@ async def test_aclose_leaves_an_injected_client_open(dynamodb_client: Any) -> No
 
 
 async def test_create_table_enables_ttl_on_expiration(dynamodb_client: Any) -> None:
-    await create_table(dynamodb_client, "idem-ttl-check", sort_key=True)
-    ttl = await dynamodb_client.describe_time_to_live(TableName="idem-ttl-check")
+    name = f"idem-ttl-{uuid.uuid4().hex[:8]}"  # the moto server lives for the whole session
+    await create_table(dynamodb_client, name, sort_key=True)
+    ttl = await dynamodb_client.describe_time_to_live(TableName=name)
     assert ttl["TimeToLiveDescription"] == {
         "TimeToLiveStatus": "ENABLED",
         "AttributeName": "expiration",
     }
-    table = (await dynamodb_client.describe_table(TableName="idem-ttl-check"))["Table"]
+    table = (await dynamodb_client.describe_table(TableName=name))["Table"]
     assert table["TableStatus"] == "ACTIVE"
     assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
     assert [key["AttributeName"] for key in table["KeySchema"]] == ["id", "sk"]
