@@ -263,11 +263,13 @@ def round_trips(loop: asyncio.AbstractEventLoop, port: int) -> dict[str, int]:
                 client.sent.clear()
                 await manager_call(manager, payload)
                 trips[name] = len(client.sent)
-            started = asyncio.Event()
+            started, release = asyncio.Event(), asyncio.Event()
 
             async def hold() -> dict[str, Any]:
+                # Held until the other call was answered: a fixed hold could end first on a
+                # slow machine, and the other call would replay instead of being refused.
                 started.set()
-                await asyncio.sleep(0.05)
+                await release.wait()
                 return RESPONSE
 
             slow = order(uuid.uuid4().hex)
@@ -278,6 +280,7 @@ def round_trips(loop: asyncio.AbstractEventLoop, port: int) -> dict[str, int]:
                 await manager_call(other, slow)
             except Exception:  # AlreadyInProgressError
                 trips["in progress"] = len(client.sent)
+            release.set()
             await holder
             return trips
         finally:

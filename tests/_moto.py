@@ -8,7 +8,6 @@ store would look broken under concurrency.  Import the fixtures with ``from _mot
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,13 +36,18 @@ __all__ = [
 
 REGION = "us-east-1"
 _STARTUP_SECONDS = 30.0
+# The server binds a port of its own choosing and reports it through a file: a port picked
+# by the parent and bound later by the child could be taken in between.
 _SERVER_SCRIPT = """
-import sys
-from werkzeug.serving import run_simple
+import os, sys
+from werkzeug.serving import make_server
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
-run_simple(sys.argv[1], int(sys.argv[2]), DomainDispatcherApplication(create_backend_app),
-           threaded=False, use_reloader=False, use_debugger=False)
+server = make_server(sys.argv[1], 0, DomainDispatcherApplication(create_backend_app))
+with open(sys.argv[2] + ".part", "w") as report:
+    report.write(str(server.port))
+os.replace(sys.argv[2] + ".part", sys.argv[2])
+server.serve_forever()
 """
 
 
@@ -60,16 +64,15 @@ def new_session() -> aioboto3.Session:
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """URL of a single-threaded moto server started for this test session."""
-    port = _free_port()
-    with tempfile.TemporaryFile() as log:
+    with tempfile.TemporaryFile() as log, tempfile.TemporaryDirectory() as directory:
+        port_file = os.path.join(directory, "port")
         process = subprocess.Popen(
-            [sys.executable, "-c", _SERVER_SCRIPT, "127.0.0.1", str(port)],
+            [sys.executable, "-c", _SERVER_SCRIPT, "127.0.0.1", port_file],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        url = f"http://127.0.0.1:{port}"
         try:
-            problem = _wait_until_answering(url, process)
+            url, problem = _wait_until_answering(port_file, process)
             if problem is not None:
                 log.seek(0)
                 _give_up(f"{problem}\n--- server output ---\n{log.read()[-4000:].decode()}")
@@ -119,26 +122,28 @@ async def fresh_store(client: Any, **kwargs: Any) -> DynamoDBStore:
     return DynamoDBStore(client, table_name=name, **kwargs)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _wait_until_answering(url: str, process: subprocess.Popen[bytes]) -> str | None:
+def _wait_until_answering(
+    port_file: str, process: subprocess.Popen[bytes]
+) -> tuple[str, str | None]:
+    """The server's URL, and why it is not serving (``None``: it is)."""
     deadline = time.monotonic() + _STARTUP_SECONDS
+    url = ""
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            return f"the moto server exited with code {process.returncode}"
-        try:
-            with urllib.request.urlopen(f"{url}/moto-api/", timeout=1):
-                return None
-        except urllib.error.HTTPError:
-            return None  # any HTTP answer means it is serving
-        except OSError:
-            time.sleep(0.05)
-    return f"the moto server did not answer within {_STARTUP_SECONDS:.0f} s"
+            return url, f"the moto server exited with code {process.returncode}"
+        if not url and os.path.exists(port_file):
+            with open(port_file) as report:
+                url = f"http://127.0.0.1:{int(report.read())}"
+        if url:
+            try:
+                with urllib.request.urlopen(f"{url}/moto-api/", timeout=1):
+                    return url, None
+            except urllib.error.HTTPError:
+                return url, None  # any HTTP answer means it is serving
+            except OSError:
+                pass
+        time.sleep(0.05)
+    return url, f"the moto server did not answer within {_STARTUP_SECONDS:.0f} s"
 
 
 def _give_up(reason: str) -> None:

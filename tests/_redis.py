@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 _STARTUP_SECONDS = 15.0
+_PORT_ATTEMPTS = 3
 
 
 @dataclass
@@ -80,9 +81,19 @@ def redis_binary() -> str:
 
 def start_redis(*extra: str, directory: str | None = None) -> RedisServer:
     """Start one redis-server on a free loopback port, without persistence."""
-    binary = redis_binary()
     directory = directory or tempfile.mkdtemp(prefix="idem-redis-")
-    port = _free_port()
+    for attempt in range(1, _PORT_ATTEMPTS + 1):
+        server = _start_redis_on(_free_port(), extra, directory, last=attempt == _PORT_ATTEMPTS)
+        if server is not None:
+            return server
+    raise AssertionError("unreachable: the last attempt gives up")
+
+
+def _start_redis_on(
+    port: int, extra: tuple[str, ...], directory: str, *, last: bool
+) -> RedisServer | None:
+    """The server on ``port``; ``None`` if another socket took the port first."""
+    binary = redis_binary()
     log = Path(directory, f"redis-{port}.log")
     options = {
         "port": str(port),
@@ -101,8 +112,12 @@ def start_redis(*extra: str, directory: str | None = None) -> RedisServer:
     server = RedisServer([port], [process], directory)
     problem = _wait_until_answering(port, process)
     if problem is not None:
-        stop_redis(server)
+        stop_redis(RedisServer([port], [process]))  # keeps the directory (and the log)
         output = log.read_text()[-3000:] if log.exists() else ""
+        # The port was free when probed; another socket can bind it before the server does.
+        if "address already in use" in output.lower() and not last:
+            return None
+        shutil.rmtree(directory, ignore_errors=True)
         _give_up(f"{problem}\n--- server log ---\n{output}")
     return server
 

@@ -2,19 +2,44 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 
 import pytest
 from _moto import dynamodb_client, fresh_store, moto_endpoint, open_client
 from _redis import fresh_redis_store, redis_cluster, redis_server
+from hypothesis import HealthCheck, settings
 from support import Clock
 
 from idempotency_async import MemoryStore
 from idempotency_async.stores.base import Store
 
+# Properties fail on the code's behaviour only, never on a slow machine: no per-example
+# deadline and no "data generation too slow" health check.  Built on the profile loaded
+# so far, so under CI=true Hypothesis's own "ci" profile (derandomized, no example
+# database) still applies.
+settings.register_profile(
+    "idempotency-async",
+    settings(settings.default, deadline=None, suppress_health_check=[HealthCheck.too_slow]),
+)
+settings.load_profile("idempotency-async")
+
 __all__ = ["clock", "dynamodb_client", "moto_endpoint", "redis_cluster", "redis_server", "store"]
 
 STORES = ["memory", "dynamodb", "redis", "redis-cluster"]
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library reads a few environment variables (the Lambda function name as key
+    prefix, the Powertools off switch, the CLI's store): one left set in the shell that
+    runs the suite would change keys or turn idempotency off.  Tests that need them set
+    them with ``monkeypatch``."""
+    for name in [*os.environ]:
+        if name == "AWS_LAMBDA_FUNCTION_NAME" or name.startswith(
+            ("POWERTOOLS_", "IDEMPOTENCY_ASYNC_")
+        ):
+            monkeypatch.delenv(name)
 
 
 @pytest.fixture

@@ -99,24 +99,37 @@ async def start_holding(
     manager: Any,
     payload: Any,
     *,
-    seconds: float,
+    seconds: float = 0.0,
+    until: asyncio.Event | None = None,
     result: Any = None,
     error: BaseException | None = None,
     timeout: float = 5.0,
 ) -> asyncio.Task[Any]:
     """Start ``manager.execute(payload, ...)`` whose callback holds the key for ``seconds``
-    and then returns ``result`` (or raises ``error``); return once the callback is running."""
+    (or until ``until`` is set) and then returns ``result`` (or raises ``error``); return
+    once the callback is running.
+
+    Prefer ``until`` when the test must act while the key is held: a fixed hold races the
+    test's own store round trips, which a slow machine can stretch past it."""
     started = asyncio.Event()
 
     async def hold() -> Any:
         started.set()
-        await asyncio.sleep(seconds)
+        if until is not None:
+            await until.wait()
+        else:
+            await asyncio.sleep(seconds)
         if error is not None:
             raise error
         return result
 
     task = asyncio.create_task(manager.execute(payload, hold, timeout=timeout))
-    await started.wait()
+    running = asyncio.create_task(started.wait())
+    await asyncio.wait({task, running}, return_when=asyncio.FIRST_COMPLETED)
+    running.cancel()
+    if not started.is_set():  # the call ended without running the callback: say why
+        task.result()
+        raise AssertionError("the holding call returned without running its callback")
     return task
 
 

@@ -269,7 +269,16 @@ async def test_sqs_without_key_selection_keys_records_by_message_id() -> None:
 
 
 async def test_in_progress_duplicate_in_a_batch_fails_and_later_replays() -> None:
-    manager = Manager(MemoryStore(), Options(key_prefix="ship", event_key_jmespath="body.order_id"))
+    rejected = asyncio.Event()
+
+    def on_event(event: Any) -> None:
+        if event.kind == "rejected_in_progress":
+            rejected.set()
+
+    manager = Manager(
+        MemoryStore(),
+        Options(key_prefix="ship", event_key_jmespath="body.order_id", on_event=on_event),
+    )
     release = asyncio.Event()
     runs = 0
 
@@ -282,7 +291,9 @@ async def test_in_progress_duplicate_in_a_batch_fails_and_later_replays() -> Non
     first, second = copy.deepcopy(event["Records"][:2])
     second["body"] = first["body"]  # another message for the same order
     batch = asyncio.create_task(process_batch(manager, {"Records": [first, second]}, slow))
-    await asyncio.sleep(0.01)
+    # The first record is held until the second has been turned away: a fixed sleep here
+    # could let the first finish first on a slow machine, and the second would replay.
+    await asyncio.wait_for(rejected.wait(), timeout=10)
     release.set()
     assert failures(await batch) == [second["messageId"]]
     assert runs == 1

@@ -39,13 +39,15 @@ async def test_store_round_trips_per_path(dynamodb_client: Any) -> None:
         assert await first.execute({"id": 1}, _value, timeout=10) == await _value()
     assert sent == []  # cached replay
 
-    holder = await start_holding(first, {"id": 2}, seconds=0.2, result="slow", timeout=10)
+    release = asyncio.Event()
+    holder = await start_holding(first, {"id": 2}, until=release, result="slow", timeout=10)
     with sent_requests(dynamodb_client) as sent, pytest.raises(errors.AlreadyInProgressError):
         await second.execute({"id": 2}, _value, timeout=10)
     assert sent == ["PutItem"]  # in-progress rejection from another process
     with sent_requests(dynamodb_client) as sent, pytest.raises(errors.AlreadyInProgressError):
         await first.execute({"id": 2}, _value, timeout=10)
     assert sent == []  # in-progress rejection in the same process
+    release.set()
     assert await holder == "slow"
 
 

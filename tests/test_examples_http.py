@@ -26,31 +26,56 @@ def _free_port() -> int:
         return port
 
 
+# A cold start of an example (imports of FastAPI, aioboto3...) takes about 0.5 s here and
+# several seconds on a slow, loaded machine; the budget only bounds a hang.
+_STARTUP_SECONDS = 60.0
+_PORT_ATTEMPTS = 3
+
+
+async def _serving(url: str, process: asyncio.subprocess.Process) -> bool:
+    """Whether the server answers at ``url`` before it exits (or the budget runs out)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _STARTUP_SECONDS
+    async with httpx.AsyncClient() as probe:
+        while loop.time() < deadline and process.returncode is None:
+            try:
+                await probe.get(url + "/")
+                return True
+            except httpx.TransportError:
+                await asyncio.sleep(0.05)
+    return False
+
+
 @asynccontextmanager
 async def running(example: str, env: dict[str, str]) -> AsyncIterator[str]:
-    port = _free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(ROOT / "examples" / example),
-        env=checkout_env(**env, PORT=str(port)),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with httpx.AsyncClient() as probe:
-            for _ in range(200):
-                try:
-                    await probe.get(url + "/")
-                    break
-                except httpx.TransportError:
-                    await asyncio.sleep(0.05)
-            else:
-                raise AssertionError(f"{example} did not start")
-        yield url
-    finally:
-        process.terminate()
-        await process.wait()
+    for attempt in range(1, _PORT_ATTEMPTS + 1):
+        port = _free_port()
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(ROOT / "examples" / example),
+            env=checkout_env(**env, PORT=str(port)),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            if await _serving(url, process):
+                yield url
+                return
+        finally:
+            if process.returncode is None:
+                process.terminate()
+            await process.wait()
+        assert process.stdout is not None
+        output = (await process.stdout.read()).decode(errors="replace")
+        # The port was free when probed, but the server binds it only after its imports:
+        # another socket can take it in between.  Then start again on another port.
+        if "address already in use" in output.lower() and attempt < _PORT_ATTEMPTS:
+            continue
+        raise AssertionError(
+            f"{example} did not serve within {_STARTUP_SECONDS:.0f} s "
+            f"(exit code {process.returncode}):\n{output[-3000:]}"
+        )
 
 
 async def _exercise(url: str) -> None:

@@ -161,7 +161,9 @@ async def test_background_task_does_not_delay_the_response(start: Start) -> None
         retry = await client.post("/background?delay=2", headers=_headers("slow-task"))
 
     assert first.status_code == 200 and first.json() == {"run": 1}
-    assert took < 1.5, f"the 2 s background task delayed the response by {took:.1f} s"
+    # Held back by the task, the response would take 2 s or more; below that is the
+    # request's own round trip, which a slow machine stretches.
+    assert took < 1.9, f"the 2 s background task delayed the response by {took:.1f} s"
     assert retry.status_code == 200 and _replayed(retry)
     assert served.calls["slow-task"] == 1
 

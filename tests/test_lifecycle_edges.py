@@ -85,11 +85,12 @@ async def test_without_deadline_or_lease_the_ttl_bounds_the_callback(store: Stor
 
 
 async def test_slow_release_after_a_failure_keeps_the_callers_exception(store: Store) -> None:
-    # The callback fails just before its cutoff; the release outlasts the cutoff.
-    # timeout 2 s: cutoff at 1.6 s, lease end at 2 s; the release runs from 1.2 s to 1.8 s.
-    recording = RecordingStore(store, delay={"release": 0.6})
+    # The callback fails before its cutoff; the release outlasts the cutoff.
+    # timeout 2 s: cutoff at 1.6 s, lease end at 2 s; the release runs from 0.9 s to 1.62 s
+    # (plus the claim's and the release's round trips: up to 0.38 s on a slow machine).
+    recording = RecordingStore(store, delay={"release": 0.72})
     manager = make(recording)
-    failing = Runs(sleep=1.2, error=ValueError("card declined"))
+    failing = Runs(sleep=0.9, error=ValueError("card declined"))
     with pytest.raises(ValueError, match="card declined") as caught:
         await manager.execute({"id": 1}, failing, timeout=2.0)
     assert not getattr(caught.value, "__notes__", None)  # the release succeeded
@@ -403,12 +404,14 @@ async def test_force_release_returns_what_it_deleted(store: Store) -> None:
 async def test_in_progress_rejection_reports_seconds(store: Store) -> None:
     clock = Clock()
     holder_manager = make(store, clock=clock)
-    holder = await start_holding(holder_manager, {"id": 1}, seconds=0.2, timeout=20)
+    release = asyncio.Event()
+    holder = await start_holding(holder_manager, {"id": 1}, until=release, timeout=20)
     with pytest.raises(errors.AlreadyInProgressError) as caught:
         await make(store, clock=clock).execute({"id": 1}, Runs(), timeout=5)
     assert caught.value.retry_after is not None and 19 < caught.value.retry_after <= 20.01
     assert caught.value.lease_end is not None
     assert abs(caught.value.lease_end - (clock.now + caught.value.retry_after)) < 0.01
+    release.set()
     await holder
 
 

@@ -146,10 +146,12 @@ async def test_replay_is_one_claim_round_trip_and_no_callback(store: Store, otel
 
 async def test_in_progress_rejection_from_another_manager(store: Store, otel: Otel) -> None:
     holder = manager_of(store, otel)
-    task = await start_holding(holder, PAYLOAD, seconds=0.3, result=1)
+    release = asyncio.Event()
+    task = await start_holding(holder, PAYLOAD, until=release, result=1)
     other = manager_of(store, otel)
     with pytest.raises(errors.AlreadyInProgressError):
         await other.execute(PAYLOAD, lambda: run(2), timeout=5)
+    release.set()
     await task
 
     rejected = next(
@@ -246,8 +248,10 @@ async def test_cutoff(store: Store, otel: Otel) -> None:
     async def slow() -> None:
         await asyncio.sleep(5)
 
+    # Cut off at 0.4 s; the callback starts after the claim's round trip, so its duration
+    # is 0.4 s less that round trip (up to 0.3 s on a slow machine keeps it above 0.1 s).
     with pytest.raises(errors.DeadlineExceededError):
-        await manager.execute(PAYLOAD, slow, timeout=0.3)
+        await manager.execute(PAYLOAD, slow, timeout=0.5)
 
     span = otel.only_call()
     assert span.attributes is not None

@@ -91,11 +91,13 @@ async def test_store_round_trips_per_path(redis_server: RedisServer) -> None:
         assert await first.execute({"id": 1}, _value, timeout=10) == await _value()
         assert sent == []  # cached replay
 
-        holder = await start_holding(first, {"id": 2}, seconds=0.2, result="slow", timeout=10)
+        release = asyncio.Event()
+        holder = await start_holding(first, {"id": 2}, until=release, result="slow", timeout=10)
         sent.clear()
         with pytest.raises(errors.AlreadyInProgressError):
             await second.execute({"id": 2}, _value, timeout=10)
         assert sent == ["EVALSHA"]  # in-progress rejection from another process
+        release.set()
         assert await holder == "slow"
 
 
@@ -143,7 +145,6 @@ async def test_a_killed_holder_blocks_until_its_lease_ends_then_the_key_is_recla
         process.send_signal(signal.SIGKILL)
     finally:
         await _reap([process])
-    killed_at = time.monotonic()
 
     async with redis_server.client() as client:
         manager = Manager(RedisStore(client, key_prefix=prefix), Options(key_prefix="kill"))
@@ -157,8 +158,10 @@ async def test_a_killed_holder_blocks_until_its_lease_ends_then_the_key_is_recla
         with pytest.raises(errors.AlreadyInProgressError) as refused:
             await manager.execute({"id": "held"}, work, timeout=5)
         assert refused.value.retry_after is not None and 0 < refused.value.retry_after <= lease
-        await asyncio.sleep(max(0.0, killed_at + refused.value.retry_after - time.monotonic()))
-        await asyncio.sleep(0.05)
+        # retry_after counts from when the server judged the claim, which is before its
+        # answer arrived (and after the kill, by this client's connect and script load):
+        # waiting from the answer is past the lease end, however slow the round trip was.
+        await asyncio.sleep(refused.value.retry_after + 0.05)
         assert await manager.execute({"id": "held"}, work, timeout=5) == "second"
         assert ran == 1
 
@@ -168,19 +171,27 @@ async def test_a_zombie_completion_cannot_touch_the_new_owners_record(
 ) -> None:
     async with redis_server.client() as client:
         store = RedisStore(client, key_prefix=f"z{uuid.uuid4().hex[:8]}:")
+        await store.load_scripts()  # connected: the 0.3 s call's claim is one round trip
         zombie = Manager(store, Options(key_prefix="z"))
         fresh = Manager(store, Options(key_prefix="z"))
         release_zombie = asyncio.Event()
 
+        zombie_started = asyncio.Event()
+
         async def stubborn() -> str:
             # Ignores cancellation at its lease end (G1 (a)): a zombie.
+            zombie_started.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await release_zombie.wait()
             await release_zombie.wait()
             return "zombie"
 
         zombie_call = asyncio.create_task(zombie.execute({"id": 1}, stubborn, timeout=0.3))
-        await asyncio.sleep(0.5)  # the zombie's lease has ended on the server's clock
+        # The lease (0.3 s) runs from the claim, which the server judged before the callback
+        # started: 0.5 s after that start it has ended on the server's clock, however long
+        # the claim's round trip (a fresh connection and script load) took.
+        await asyncio.wait_for(zombie_started.wait(), timeout=10)
+        await asyncio.sleep(0.5)
 
         async def honest() -> str:
             return "fresh"
@@ -205,11 +216,13 @@ async def test_managers_with_clocks_two_minutes_apart_share_one_lease(
         ahead = Manager(store, Options(key_prefix="skew", clock=lambda: time.time() + 120))
         behind = Manager(store, Options(key_prefix="skew", clock=lambda: time.time() - 120))
 
-        holder = await start_holding(behind, {"id": 1}, seconds=0.3, result="once", timeout=5)
+        release = asyncio.Event()
+        holder = await start_holding(behind, {"id": 1}, until=release, result="once", timeout=5)
         # Two minutes ahead, a worker judging by its own clock would see the lease lapsed.
         with pytest.raises(errors.AlreadyInProgressError) as refused:
             await ahead.execute({"id": 1}, _value, timeout=5)
         assert refused.value.retry_after is not None and refused.value.retry_after <= 5.01
+        release.set()
         assert await holder == "once"
         assert await ahead.execute({"id": 1}, _value, timeout=5) == "once"
         assert await behind.execute({"id": 1}, _value, timeout=5) == "once"
