@@ -56,6 +56,10 @@ class SlowStore:
         await asyncio.sleep(LATENCY)
         return await self.inner.release(key, owner)
 
+    async def extend(self, claim: Claim) -> bool:
+        await asyncio.sleep(LATENCY)
+        return await self.inner.extend(claim)
+
     async def force_release(self, key: str) -> Record | None:
         await asyncio.sleep(LATENCY)
         return await self.inner.force_release(key)

@@ -78,6 +78,9 @@ class RecordingStore:
     async def release(self, key: str, owner: str) -> bool:
         return await self._call("release", lambda: self.inner.release(key, owner))
 
+    async def extend(self, claim: Claim) -> bool:
+        return await self._call("extend", lambda: self.inner.extend(claim))
+
     async def force_release(self, key: str) -> Record | None:
         return await self._call("force_release", lambda: self.inner.force_release(key))
 

@@ -51,6 +51,9 @@ class ObservedStore:
     async def release(self, key: str, owner: str) -> bool:
         return await self._timed("release", key, self.inner.release(key, owner))
 
+    async def extend(self, claim: Claim) -> bool:
+        return await self._timed("extend", claim.key, self.inner.extend(claim))
+
     async def force_release(self, key: str) -> Record | None:
         return await self._timed("force_release", key, self.inner.force_release(key))
 

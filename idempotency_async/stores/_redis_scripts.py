@@ -25,15 +25,16 @@ Answers: claim ``1`` when written, else ``{state, record, now}`` with state 2 (i
 progress), 3 (completed), 4 (a lapsed record that may be taken over once the caller holds
 its ``<key>:lock``; only asked for with ``ARGV[6] == 'ask'``, see
 :mod:`idempotency_async.stores.redis`) or 9 (unreadable); complete ``1``/``0``; release
-``1``/``0``; get ``{record or nil, now}``; force release the deleted record or nil.
-``now`` travels as text: Redis truncates Lua numbers to integers.
+``1``/``0``; extend (a claim's arguments, fenced by the owner) ``1``/``0``; get
+``{record or nil, now}``; force release the deleted record or nil.  ``now`` travels as
+text: Redis truncates Lua numbers to integers.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["CLAIM", "COMPLETE", "FORCE_RELEASE", "GET", "RELEASE"]
+__all__ = ["CLAIM", "COMPLETE", "EXTEND", "FORCE_RELEASE", "GET", "RELEASE"]
 
 _COMMON: Final = r"""
 local function head(raw)
@@ -124,6 +125,23 @@ if rec ~= nil and rec.owner == ARGV[1] then
   return 1
 end
 return 0
+"""
+)
+
+EXTEND: Final = (
+    _COMMON
+    + r"""
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+local rec = head(raw)
+if rec == nil or rec.owner ~= ARGV[1] or rec.status ~= 'INPROGRESS' then return 0 end
+local now = clock(ARGV[2])
+local lease = tonumber(ARGV[3])
+local expiration = math.ceil(now + math.max(tonumber(ARGV[4]), lease))
+local value = '{"status":"INPROGRESS","expiration":' .. int(expiration)
+  .. ',"in_progress_expiration":' .. int(math.ceil((now + lease) * 1000)) .. ARGV[5]
+store(KEYS[1], value, expiration, now)
+return 1
 """
 )
 

@@ -41,12 +41,19 @@ class State(enum.Enum):
 
 
 class Verdict(NamedTuple):
-    """A store's answer about one key: the state, the record it judged, and for
-    ``IN_PROGRESS`` the seconds left until the lease ends (by the store's clock)."""
+    """A store's answer about one key: the state, the record it judged, and how long that
+    state lasts by the store's own clock.
+
+    Durations, never instants: a worker whose wall clock differs from the store's still
+    counts them right (from when it sent the request, on its monotonic clock).
+    """
 
     state: State
     record: Record | None = None
     retry_after: float | None = None
+    """``IN_PROGRESS``: seconds until the holder's lease ends."""
+    expires_in: float | None = None
+    """``COMPLETED``: seconds until the record expires (how long a local cache may keep it)."""
 
 
 CLAIMED = Verdict(State.CLAIMED)
@@ -69,7 +76,7 @@ def judge(record: Record | None, now: float) -> Verdict:
     if record is None or record.expiration < now:
         return Verdict(State.CLAIMABLE, record)
     if record.status is Status.COMPLETED:
-        return Verdict(State.COMPLETED, record)
+        return Verdict(State.COMPLETED, record, None, record.expiration - now)
     end = record.lease_end
     if end is None:  # a foreign writer without a lease: held until the record expires
         end = record.expiration
@@ -117,6 +124,18 @@ class Store(Protocol):
         """Delete the record if ``owner`` still owns it; ``False`` when another claim does.
 
         A record already gone counts as released (``True``).
+        """
+        ...
+
+    async def extend(self, claim: Claim) -> bool:
+        """Renew the lease ``claim.owner`` holds: rewrite its INPROGRESS record as ``claim``
+        describes — the lease ends ``claim.lease`` seconds after ``claim.now`` (or the
+        store's own clock), the record expires as a fresh claim's would.
+
+        Fenced like :meth:`complete`: only an INPROGRESS record carrying ``claim.owner`` is
+        rewritten (``True``).  Anything else — another claim's record, a completed one,
+        none at all — is left as it is, and the answer is ``False``: the lease is lost.  A
+        record whose lease lapsed but that nobody claimed since is still the owner's.
         """
         ...
 

@@ -302,6 +302,32 @@ class DynamoDBStore:
             return False
         return True
 
+    async def extend(self, claim: Claim) -> bool:
+        now = claim.now
+        try:
+            async with self._call("extend") as client:
+                await client.update_item(
+                    TableName=self.table_name,
+                    Key=self._key(claim.key),
+                    UpdateExpression="SET #expiry = :expiry, #in_progress_expiry = :lease_end",
+                    ConditionExpression="#owner = :owner AND #status = :inprogress",
+                    ExpressionAttributeNames={
+                        "#expiry": self._expiry_attr,
+                        "#in_progress_expiry": self._in_progress_expiry_attr,
+                        "#owner": self._owner_attr,
+                        "#status": self._status_attr,
+                    },
+                    ExpressionAttributeValues={
+                        ":expiry": {"N": str(expiration_for(now, claim.ttl, claim.lease))},
+                        ":lease_end": {"N": str(math.ceil((now + claim.lease) * 1000))},
+                        ":owner": {"S": claim.owner},
+                        ":inprogress": {"S": Status.INPROGRESS.value},
+                    },
+                )
+        except ConditionFailed:
+            return False
+        return True
+
     async def force_release(self, key: str) -> Record | None:
         async with self._call("force release") as client:
             answer = await client.delete_item(

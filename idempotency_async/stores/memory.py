@@ -115,6 +115,15 @@ class MemoryStore:
         del self._entries[key]
         return True
 
+    async def extend(self, claim: Claim) -> bool:
+        key, now = claim.key, claim.now
+        current = self._entries.get(key)
+        if current is None or current[0] is not _INPROGRESS or current[1] != claim.owner:
+            return False
+        expiration = expiration_for(now, claim.ttl, claim.lease)
+        self._write(key, _INPROGRESS, claim.owner, expiration, now + claim.lease, current[4])
+        return True
+
     async def force_release(self, key: str) -> Record | None:
         current = self._entries.pop(key, None)
         return None if current is None else _record(key, current)

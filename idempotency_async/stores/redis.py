@@ -67,9 +67,10 @@ class _Script:
 _CLAIM: Final = _Script(scripts.CLAIM)
 _COMPLETE: Final = _Script(scripts.COMPLETE)
 _RELEASE: Final = _Script(scripts.RELEASE)
+_EXTEND: Final = _Script(scripts.EXTEND)
 _GET: Final = _Script(scripts.GET)
 _FORCE_RELEASE: Final = _Script(scripts.FORCE_RELEASE)
-_SCRIPTS: Final = (_CLAIM, _COMPLETE, _RELEASE, _GET, _FORCE_RELEASE)
+_SCRIPTS: Final = (_CLAIM, _COMPLETE, _RELEASE, _EXTEND, _GET, _FORCE_RELEASE)
 
 
 class RedisStore:
@@ -339,11 +340,12 @@ class RedisStore:
             )
         state, raw, now_text = answer
         record = self._decode(key, raw)
+        now = float(now_text)
         if state == _COMPLETED:
-            return Verdict(State.COMPLETED, record)
+            return Verdict(State.COMPLETED, record, None, record.expiration - now)
         if state == _IN_PROGRESS:
             end = record.expiration if record.lease_end is None else record.lease_end
-            return Verdict(State.IN_PROGRESS, record, max(end - float(now_text), 0.0))
+            return Verdict(State.IN_PROGRESS, record, max(end - now, 0.0))
         raise StoreValidationError(
             f"the record of key {key!r} has status {record.status!r} and cannot be judged; "
             "delete it with force_release"
@@ -389,6 +391,19 @@ class RedisStore:
 
     async def release(self, key: str, owner: str) -> bool:
         answer = await self._eval("release", _RELEASE, key, owner)
+        return bool(answer == 1)
+
+    async def extend(self, claim: Claim) -> bool:
+        answer = await self._eval(
+            "extend",
+            _EXTEND,
+            claim.key,
+            claim.owner,
+            repr(claim.now) if self._client_clock else b"",
+            claim.lease,
+            claim.ttl,
+            claim_tail(claim.owner, claim.validation),
+        )
         return bool(answer == 1)
 
     async def force_release(self, key: str) -> Record | None:

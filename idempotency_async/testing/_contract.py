@@ -234,6 +234,56 @@ class StoreContract:
         second = await record_of(store)
         assert second.response == {"items": [1, 2]}
 
+    async def test_a_completed_verdict_says_how_long_the_record_lives(self, store: Store) -> None:
+        # The local cache keeps a replay for this long, counted by the store's clock.
+        await store.claim(claim())
+        await store.complete(completion(response=1))
+        verdict = await store.claim(claim(owner="owner-b", now=NOW + 100))
+        assert verdict.state is State.COMPLETED
+        assert verdict.expires_in is not None
+        assert abs(verdict.expires_in - (math.ceil(NOW + 3600) - (NOW + 100))) < 0.01
+        read = await store.get("k#1", now=NOW + 200)
+        assert read.expires_in is not None
+        assert abs(read.expires_in - (math.ceil(NOW + 3600) - (NOW + 200))) < 0.01
+
+    async def test_extend_moves_the_lease_and_the_expiry_of_its_owner(self, store: Store) -> None:
+        await store.claim(claim(lease_s=5))
+        renewed = Claim("k#1", "owner-a", NOW + 4, 5.0, 60.0, "v-hash")
+        assert await store.extend(renewed) is True
+        # Held past the first lease's end, free once the renewed one ends.
+        assert (await store.claim(claim(owner="owner-b", now=NOW + 6))).state is State.IN_PROGRESS
+        record = await record_of(store, now=NOW + 6)
+        assert record.owner == "owner-a" and record.status is Status.INPROGRESS
+        assert record.lease_end is not None and abs(record.lease_end - (NOW + 9)) < 0.002
+        assert record.validation == "v-hash"
+        assert record.expiration == math.ceil(NOW + 4 + 60)
+        assert (await store.claim(claim(owner="owner-b", now=NOW + 9.5))).state is State.CLAIMED
+
+    async def test_extend_of_a_lapsed_lease_nobody_took_is_still_the_owners(
+        self, store: Store
+    ) -> None:
+        await store.claim(claim(lease_s=1))
+        assert await store.extend(Claim("k#1", "owner-a", NOW + 3, 5.0, 3600.0, "v-hash"))
+        assert (await store.claim(claim(owner="owner-b", now=NOW + 4))).state is State.IN_PROGRESS
+
+    async def test_extend_is_fenced_by_the_owner(self, store: Store) -> None:
+        await store.claim(claim(owner="owner-a", lease_s=1))
+        await store.claim(claim(owner="owner-b", now=NOW + 2))
+        stale = Claim("k#1", "owner-a", NOW + 2, 600.0, 3600.0, "v-hash")
+        assert await store.extend(stale) is False
+        record = await record_of(store, now=NOW + 2)
+        assert record.owner == "owner-b" and abs(record.lease_end - (NOW + 32)) < 0.002
+
+    async def test_extend_of_a_completed_or_missing_record_is_refused(self, store: Store) -> None:
+        renewal = Claim("k#1", "owner-a", NOW + 1, 30.0, 3600.0, "v-hash")
+        assert await store.extend(renewal) is False
+        assert await record_of(store) is None
+        await store.claim(claim())
+        await store.complete(completion(response=1))
+        assert await store.extend(renewal) is False
+        record = await record_of(store)
+        assert record.status is Status.COMPLETED and record.response == 1
+
     async def test_concurrent_claims_of_one_key_have_exactly_one_winner(self, store: Store) -> None:
         verdicts = await asyncio.gather(
             *(store.claim(claim(owner=f"owner-{n}")) for n in range(20))

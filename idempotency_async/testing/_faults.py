@@ -160,6 +160,10 @@ class FaultyStore:
         )
         return result
 
+    async def extend(self, claim: Claim) -> bool:
+        result: bool = await self._run("extend", claim.key, claim, lambda: self.inner.extend(claim))
+        return result
+
     async def force_release(self, key: str) -> Record | None:
         result: Record | None = await self._run(
             "force_release", key, None, lambda: self.inner.force_release(key)
