@@ -236,6 +236,8 @@ def _host_entry(entry: object) -> tuple[str, int | None]:
     if not isinstance(entry, str) or not entry.strip():
         raise ConfigError(f"hosts must be non-empty host names, got {entry!r}")
     text = entry.strip().lower()
+    if "/" in text or "@" in text:
+        raise ConfigError(f"cannot read the host {entry!r}: give a host name, not a URL")
     host, port = text, None
     if text.startswith("["):
         end = text.find("]")
@@ -252,7 +254,7 @@ def _host_entry(entry: object) -> tuple[str, int | None]:
             raise ConfigError(f"the port of the host {entry!r} is not a port number")
         port = int(port_text)
     host = host.rstrip(".")
-    if not host or "/" in host or "*" in host[1:] or host == "*" or host == "*.":
+    if not host or "*" in host[1:] or host in ("*", "*."):
         raise ConfigError(
             f"cannot read the host {entry!r}: give a host name (api.example.com), with an "
             "optional :port, or *.example.com for its subdomains"
