@@ -14,6 +14,8 @@ import httpx
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from idempotency_async import Manager, MemoryStore, Options, downstream_key, errors
 from idempotency_async.downstream import aiohttp_middleware, httpx_event_hook
@@ -341,3 +343,47 @@ def _keyed(hosts: Iterable[str], url: str) -> bool:
 )
 def test_host_matching(hosts: list[str], url: str, keyed: bool) -> None:
     assert _keyed(hosts, url) is keyed
+
+
+_REQUESTS = st.lists(
+    st.tuples(
+        st.sampled_from(["POST", "PUT", "PATCH", "DELETE", "GET"]),
+        st.sampled_from(["/charges", "/charges/1", "/refunds?order=1", "/refunds?order=2"]),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(requests=_REQUESTS, payload=st.integers(0, 5))
+def test_property_every_run_numbers_its_requests_the_same_way(
+    requests: list[tuple[str, str]], payload: int
+) -> None:
+    hook = httpx_event_hook(hosts=["api.example.com"])
+
+    async def keys_of_one_run(runs: Manager) -> list[str | None]:
+        sent = [
+            httpx.Request(method, f"https://api.example.com{path}") for method, path in requests
+        ]
+
+        async def work() -> str:
+            for request in sent:
+                await hook(request)
+            return "done"
+
+        await runs.execute({"id": payload}, work, timeout=5)
+        return [request.headers.get("idempotency-key") for request in sent]
+
+    async def two_runs() -> tuple[list[str | None], list[str | None]]:
+        clock = [1_700_000_000.0]
+        runs = manager(clock)
+        first = await keys_of_one_run(runs)
+        clock[0] += 3600  # expired: the work runs again
+        return first, await keys_of_one_run(runs)
+
+    first, again = asyncio.run(two_runs())
+    assert first == again
+    for (method, _), key in zip(requests, first, strict=True):
+        assert (key is None) == (method == "GET")
+    keyed = [key for key in first if key is not None]
+    assert len(set(keyed)) == len(keyed)  # no two requests of a run share a key
