@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import string
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +24,7 @@ from idempotency_async import (
     idempotent_function,
 )
 from idempotency_async.downstream import downstream_key_or_none
-from idempotency_async.integrations.aws_lambda import idempotent_handler
+from idempotency_async.integrations.aws_lambda import idempotent_handler, process_batch
 
 URLSAFE = set(string.ascii_letters + string.digits + "-_")
 
@@ -145,6 +147,27 @@ async def test_decorated_functions_and_lambda_handlers_see_their_keys() -> None:
     elsewhere = manager(key_prefix=charge.manager.key_prefix)
     assert elsewhere.key_for({"id": 1}) == charge.manager.key_for({"id": 1})
     assert await keys_in_run(elsewhere, {"id": 1}, "charge") == [seen[0]]
+
+
+async def test_batch_records_see_their_own_keys_and_keep_them_when_redelivered() -> None:
+    runs = Manager(MemoryStore(), Options(key_prefix="ship", event_key_jmespath="body.order_id"))
+    seen: dict[str, list[str]] = {}
+
+    async def ship(record: dict[str, Any]) -> str:
+        order = record["body"]
+        await asyncio.sleep(0)  # records run concurrently: each keeps its own key
+        seen.setdefault(order["order_id"], []).append(downstream_key("ship"))
+        if order["quantity"] <= 0:
+            raise ValueError("nothing to ship")
+        return "shipped"
+
+    event = json.loads((Path(__file__).parent / "events" / "sqs.json").read_text())
+    await process_batch(runs, event, ship)
+    await process_batch(runs, event, ship)  # the failed record is redelivered and runs again
+    assert sorted(seen) == ["ord-1001", "ord-1002", "ord-1003"]
+    assert [len(keys) for _, keys in sorted(seen.items())] == [1, 2, 1]
+    assert seen["ord-1002"][0] == seen["ord-1002"][1]
+    assert len({keys[0] for keys in seen.values()}) == 3
 
 
 async def test_outside_a_callback_downstream_key_raises_and_the_variant_returns_none() -> None:
