@@ -4,6 +4,7 @@ from idempotency_async import errors
 from idempotency_async._call import Call
 from idempotency_async.deadlines import current_deadline, deadline
 from idempotency_async.decorators import idempotent_function
+from idempotency_async.downstream import downstream_key
 from idempotency_async.events import Event, EventKind
 from idempotency_async.manager import Manager
 from idempotency_async.options import Options, ResponseCodec
@@ -24,6 +25,7 @@ __all__ = [
     "Store",
     "current_deadline",
     "deadline",
+    "downstream_key",
     "errors",
     "idempotent_function",
 ]

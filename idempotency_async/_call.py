@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from idempotency_async._cutoff import Cutoff
+from idempotency_async._downstream import Run
 from idempotency_async._flight import Flight
 from idempotency_async.errors import (
     ConfigError,
@@ -169,8 +170,12 @@ async def own_call(
             return acquired.value  # type: ignore[no-any-return]
         lease = acquired
         call = Call(manager, flight, lease, loop, manager._cutoffs_of(loop).start(lease.cutoff_at))
+        run = Run(key)  # what downstream keys see while the callback runs
         try:
-            result = await callback(call)
+            try:
+                result = await callback(call)
+            finally:
+                run.end()
         except asyncio.CancelledError as exc:
             cut_off = call._cutoff.fired()
             call._cutoff.close()

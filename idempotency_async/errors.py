@@ -28,6 +28,7 @@ __all__ = [
     "StoreAccessDeniedError",
     "StoreUnavailableError",
     "StoreValidationError",
+    "NoDownstreamKeyError",
 ]
 
 
@@ -183,3 +184,13 @@ class StoreUnavailableError(PersistenceError):
 
 class StoreValidationError(PersistenceError):
     """The store rejected a request as malformed (wrong table, schema or attribute names)."""
+
+
+class NoDownstreamKeyError(IdempotencyError, LookupError):
+    """:func:`~idempotency_async.downstream.downstream_key` was called where no idempotent
+    callback runs (outside any call, in a call run without idempotency, or after the call
+    ended).  ``name`` is the name it was asked for."""
+
+    def __init__(self, message: str, *, name: str) -> None:
+        super().__init__(message)
+        self.name = name

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, TypeVar
 from idempotency_async._call import Call, Unprotected, own_call
 from idempotency_async._codec import decode_json, encode_json
 from idempotency_async._cutoff import Cutoffs
+from idempotency_async._downstream import Run
 from idempotency_async._flight import Flight, Outcome, wait_for
 from idempotency_async._keys import Keys, key_deriver
 from idempotency_async._responses import (
@@ -350,8 +351,12 @@ class Manager:
             started = loop.time()
             cutoffs = self._cutoffs_of(loop)
             timer = cutoffs.start(lease.cutoff_at)
+            run = Run(key)  # what downstream keys see while the callback runs
             try:
-                result = await callback()
+                try:
+                    result = await callback()
+                finally:
+                    run.end()
             except asyncio.CancelledError as exc:
                 cut_off = timer.fired()
                 timer.close()

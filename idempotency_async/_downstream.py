@@ -1,0 +1,71 @@
+"""The run of a callback, as downstream keys see it: its key, and whether it still runs.
+
+The manager opens a :class:`Run` where a claimed callback starts and ends it where the
+callback ends (``Manager._own`` and ``own_call``); nothing else here knows the manager.
+Opening one is a context-variable set and closing it a reset plus one attribute write: the
+plain path pays nothing more, whether or not anything reads it.  Tasks the callback spawns
+copy the context and so see the same ``Run``; ``open`` is how they learn that the call has
+ended (a copied context keeps the value after the reset).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from contextvars import ContextVar, Token
+from typing import Final
+
+__all__ = ["CURRENT", "NAMED", "REQUEST", "Run", "derive"]
+
+CURRENT: Final[ContextVar[Run]] = ContextVar("idempotency_async.downstream")
+
+# Domain separation: a downstream key is never the record's key, and never a hash another
+# use of SHA-256 in this library (or a name a caller picks) can produce.
+_DOMAIN: Final = b"idempotency-async/downstream-key/v1\x00"
+NAMED: Final = b"N"
+"""Kind of a key asked for by name (``downstream_key``)."""
+REQUEST: Final = b"R"
+"""Kind of a key a client hook derives for the n-th request to one method and URL."""
+
+
+class Run:
+    """One run of a callback under a claimed key: opened at its start, ended at its end."""
+
+    __slots__ = ("_token", "counts", "key", "open")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.open = True
+        self.counts: dict[str, int] | None = None
+        """Requests seen per method and URL by the client hooks (made on first use)."""
+        self._token: Token[Run] = CURRENT.set(self)
+
+    def end(self) -> None:
+        """The callback ended: hooks and ``downstream_key`` no longer see this run."""
+        self.open = False
+        CURRENT.reset(self._token)
+
+    def number(self, request: str) -> int:
+        """How many times ``request`` (a method and URL) was numbered in this run, this one
+        included: 1 for the first."""
+        counts = self.counts
+        if counts is None:
+            counts = self.counts = {}
+        count = counts.get(request, 0) + 1
+        counts[request] = count
+        return count
+
+
+def derive(key: str, kind: bytes, name: str) -> str:
+    """The downstream key of ``name`` under the record key ``key``: 43 base64url characters.
+
+    SHA-256 over a domain tag, the kind, the record key's length and bytes, then the name:
+    the length prefix keeps ``("a#b", "c")`` and ``("a#", "bc")`` apart.
+    """
+    raw = key.encode("utf-8", "surrogatepass")
+    digest = hashlib.sha256(
+        b"".join(
+            (_DOMAIN, kind, len(raw).to_bytes(8, "big"), raw, name.encode("utf-8", "surrogatepass"))
+        )
+    ).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
