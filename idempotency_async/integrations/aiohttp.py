@@ -229,6 +229,8 @@ class _Aiohttp:
 
     def _replay_body(self, data: bytes) -> None:
         request = self.request
+        if not data:
+            return  # the stream is at its end already: every read gets b"", as it would
         # A high-water mark above the body: the stream never asks the connection's
         # protocol to pause reading (nothing more arrives on it for this request).
         stream = StreamReader(
