@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -391,6 +392,64 @@ async def test_reordered_values_of_a_repeated_query_name_are_a_different_request
 
     assert first.status_code == 201 and swapped.status_code == 422
     assert mapped.status_code == 201 and _replayed(remapped)
+
+
+# ---------------------------------------------------------------------- Retry-After
+
+LEASE = 30.0
+
+
+def _busy_apps(started: asyncio.Event, release: asyncio.Event) -> dict[str, Any]:
+    """The same endpoint on both frameworks: it runs until ``release`` is set."""
+
+    async def work() -> None:
+        started.set()
+        await release.wait()
+
+    async def starlette_endpoint(request: Request) -> Response:
+        await work()
+        return JSONResponse({"done": True}, 201)
+
+    async def aiohttp_endpoint(request: web.Request) -> web.Response:
+        await work()
+        return web.json_response({"done": True}, status=201)
+
+    options: dict[str, Any] = {"caller_scope": lambda request: CALLER, "request_timeout": LEASE}
+    starlette = Starlette(
+        routes=[Route("/work", starlette_endpoint, methods=["POST"])],
+        middleware=[Middleware(IdempotencyMiddleware, manager=Manager(MemoryStore()), **options)],
+    )
+    aio = web.Application(middlewares=[idempotency_middleware(Manager(MemoryStore()), **options)])
+    aio.router.add_post("/work", aiohttp_endpoint)
+    return {"starlette": serve_asgi(starlette), "aiohttp": serve_aio(aio)}
+
+
+@pytest.mark.parametrize("framework", ["starlette", "aiohttp"])
+async def test_retry_after_follows_the_work_not_the_lease(framework: str) -> None:
+    """A 409's Retry-After is how long the first request has run so far (at least 1 s):
+    a duplicate arriving later is told to wait longer, and never the whole lease."""
+    started, release = asyncio.Event(), asyncio.Event()
+    headers = {"Idempotency-Key": "busy"}
+    async with (
+        _busy_apps(started, release)[framework] as base_url,
+        httpx.AsyncClient(base_url=base_url, timeout=10) as client,
+    ):
+        first = asyncio.create_task(client.post("/work", headers=headers))
+        await asyncio.wait_for(started.wait(), 10)
+        running = time.monotonic()
+        early = await client.post("/work", headers=headers)
+        await asyncio.sleep(max(0.0, 1.3 - (time.monotonic() - running)))
+        late = await client.post("/work", headers=headers)
+        late_at = time.monotonic() - running
+        release.set()
+        assert (await first).status_code == 201
+
+    assert early.status_code == late.status_code == 409
+    early_wait, late_wait = int(early.headers["retry-after"]), int(late.headers["retry-after"])
+    assert early_wait == 1  # it had just started
+    # It had run at least 1.3 s (2 once rounded up), at most as long as this test waited.
+    assert 2 <= late_wait <= math.ceil(late_at)
+    assert late_wait < LEASE - late_at  # far from the lease left
 
 
 # ---------------------------------------------------------------------- telemetry
