@@ -270,6 +270,7 @@ _MALFORMED = {
     "headers-a-string": _good(headers="content-type: application/json"),
     "no-body": {"v": 1, "status": 201, "headers": []},
     "body-not-base64": _good(body_b64="%%%"),
+    "body-on-a-204": _good(status=204),
     "crlf-in-a-header": _good(headers=[["location", "/x\r\nSet-Cookie: stolen=1"]]),
     "bad-header-name": _good(headers=[["loca tion", "/x"]]),
     "set-cookie": _good(headers=[["set-cookie", "session=someone-else"]]),

@@ -101,6 +101,7 @@ _LONG_NUMBER: Final = re.compile(rb"[0-9]{16}")
 # or end a header).
 _TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
 _FIELD_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+_NO_BODY: Final = frozenset({204, 304})
 _DEFAULT_PORTS: Final = {"http": ":80", "ws": ":80", "https": ":443", "wss": ":443"}
 
 _log = logging.getLogger("idempotency_async.http")
@@ -463,6 +464,8 @@ class HttpIdempotency:
             body = base64.b64decode(encoded, validate=True)
         except (ValueError, binascii.Error):
             return not_available(f"HTTP {status}: the stored response has no valid body")
+        if body and status in _NO_BODY:
+            return not_available(f"HTTP {status}: the stored response has a body it cannot carry")
         return HttpResponse(status, (*headers, (REPLAYED_HEADER, "true")), body)
 
     def _stored_headers(self, stored: Any) -> tuple[tuple[tuple[str, str], ...], str]:
@@ -600,11 +603,11 @@ def host_route(host: str, scheme: str, template: str) -> str:
     """The route of a host- or domain-routed request: the host the router matched
     (lowercased, without the scheme's default port) before the path template, so tenants
     served under one host pattern (``{tenant}.example.com``) never share a key."""
-    host = host.strip().lower().rstrip(".")
+    host = host.strip().lower()
     default = _DEFAULT_PORTS.get(scheme.lower())
     if default is not None and host.endswith(default):
         host = host[: -len(default)]
-    return f"{host}{template}"
+    return f"{host.rstrip('.')}{template}"
 
 
 def _path_matches(pattern: PathPattern, path: str) -> bool:
