@@ -77,7 +77,8 @@ class Adapter(Protocol[R_co]):
     path: str
     query: str
     template: str
-    """The matched route's path template."""
+    """The matched route's path template (after the matched host on host-routed routes,
+    see :func:`._http.host_route`)."""
     marked: bool
     """The route is opted in by a marker that tells whether the endpoint ran."""
     key_required: bool
