@@ -422,7 +422,7 @@ def _busy_apps(started: asyncio.Event, release: asyncio.Event) -> dict[str, Any]
     )
     aio = web.Application(middlewares=[idempotency_middleware(Manager(MemoryStore()), **options)])
     aio.router.add_post("/work", aiohttp_endpoint)
-    return {"starlette": serve_asgi(starlette), "aiohttp": serve_aio(aio)}
+    return {"starlette": lambda: serve_asgi(starlette), "aiohttp": lambda: serve_aio(aio)}
 
 
 @pytest.mark.parametrize("framework", ["starlette", "aiohttp"])
@@ -432,7 +432,7 @@ async def test_retry_after_follows_the_work_not_the_lease(framework: str) -> Non
     started, release = asyncio.Event(), asyncio.Event()
     headers = {"Idempotency-Key": "busy"}
     async with (
-        _busy_apps(started, release)[framework] as base_url,
+        _busy_apps(started, release)[framework]() as base_url,
         httpx.AsyncClient(base_url=base_url, timeout=10) as client,
     ):
         first = asyncio.create_task(client.post("/work", headers=headers))
