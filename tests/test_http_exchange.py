@@ -80,11 +80,29 @@ async def _answer(
         return rejection.response, gate
 
 
-async def test_in_progress_is_409_with_the_lease_left() -> None:
-    error = errors.AlreadyInProgressError("busy", key="k", lease_end=None, retry_after=4.2)
+@pytest.mark.parametrize(
+    ("lease_left", "expected"),
+    [
+        (6.9, "1"),  # the holder just started: at least 1 s
+        (4.2, "3"),  # it ran 2.8 s of its 7 s lease: as long again
+        (1.5, "2"),  # it ran 5.5 s: never past its lease end
+        (None, "1"),  # the store did not say
+    ],
+)
+async def test_in_progress_is_409_with_a_retry_after_that_follows_the_work(
+    lease_left: float | None, expected: str
+) -> None:
+    error = errors.AlreadyInProgressError("busy", key="k", lease_end=None, retry_after=lease_left)
     answer, _ = await _answer(error)
     assert answer.status == 409
-    assert dict(answer.headers)["retry-after"] == "5"
+    assert dict(answer.headers)["retry-after"] == expected
+
+
+async def test_inconsistent_record_is_a_503_retried_after_a_minute() -> None:
+    answer, _ = await _answer(errors.InconsistentStateError("record r: bogus 'X' unknown"))
+    assert answer.status == 503
+    assert int(dict(answer.headers)["retry-after"]) >= 60
+    assert b"bogus" not in answer.body  # the store's details are for the operator's log
 
 
 async def test_store_failure_before_the_endpoint_ran_is_a_generic_503() -> None:

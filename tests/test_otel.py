@@ -160,8 +160,10 @@ async def test_in_progress_rejection_from_another_manager(store: Store, otel: Ot
         if s.attributes["idempotency.outcome"] == "rejected_in_progress"  # type: ignore[index]
     )
     assert rejected.attributes is not None
-    assert rejected.attributes["error.type"] == "idempotency_async.errors.AlreadyInProgressError"
-    assert rejected.status.status_code is StatusCode.ERROR
+    # An answer to the caller (HTTP 409), not a failure: no ERROR status, no exception.
+    assert "error.type" not in rejected.attributes
+    assert rejected.status.status_code is StatusCode.UNSET
+    assert "exception" not in [e.name for e in rejected.events]
     assert store_events(rejected) == [("claim", "in_progress")]
     assert (
         otel.count(
@@ -431,3 +433,28 @@ calls = [m for r in data.resource_metrics for s in r.scope_metrics for m in s.me
 assert [p.value for p in calls[0].data.data_points] == [1], calls
 """
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+async def test_payload_mismatch_and_not_stored_are_outcomes_not_errors(otel: Otel) -> None:
+    """What an HTTP client sees as 422 and "Response not available": answers, not failures."""
+    manager = manager_of(
+        MemoryStore(), otel, event_key_jmespath="order", payload_validation_jmespath="amount"
+    )
+    assert await manager.execute(PAYLOAD, lambda: run({1, 2}), timeout=5) == {1, 2}  # not JSON
+    with pytest.raises(errors.ResponseNotStoredError):
+        await manager.execute(PAYLOAD, lambda: run(2), timeout=5)
+    with pytest.raises(errors.PayloadValidationError):
+        await manager.execute({**PAYLOAD, "amount": 11}, lambda: run(3), timeout=5)
+
+    _, not_stored, mismatch = otel.calls()
+    for span, outcome in (
+        (not_stored, "replayed_not_stored"),
+        (mismatch, "rejected_payload_mismatch"),
+    ):
+        assert span.attributes is not None
+        assert span.attributes["idempotency.outcome"] == outcome
+        assert "error.type" not in span.attributes
+        assert span.status.status_code is StatusCode.UNSET
+        assert "exception" not in [e.name for e in span.events]
+        assert otel.count("idempotency.calls", idempotency_outcome=outcome) == 1
+    assert not any(point.attributes.get("error.type") for point in otel.points("idempotency.calls"))

@@ -51,7 +51,7 @@ from idempotency_async.integrations._http import (
     problem,
 )
 
-__all__ = ["Adapter", "ResponseGate", "exchange", "run"]
+__all__ = ["Adapter", "ResponseGate", "exchange", "retry_after", "run"]
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
@@ -64,6 +64,9 @@ _STREAMING: Final = (
     "end (the client disconnected or the request was cancelled)"
 )
 
+# Retry-After of a 503 for a record the store found inconsistent (at least a minute).
+_INCONSISTENT_RETRY_AFTER: Final = 60
+
 _log = logging.getLogger("idempotency_async.http")
 
 
@@ -74,7 +77,8 @@ class Adapter(Protocol[R_co]):
     path: str
     query: str
     template: str
-    """The matched route's path template."""
+    """The matched route's path template (after the matched host on host-routed routes,
+    see :func:`._http.host_route`)."""
     marked: bool
     """The route is opted in by a marker that tells whether the endpoint ran."""
     key_required: bool
@@ -179,14 +183,15 @@ async def run(
     except _Release:
         return None
     except AlreadyInProgressError as exc:
-        raise Rejection(_in_progress(exc)) from exc
+        raise Rejection(_in_progress(exc, rules)) from exc
     except PayloadValidationError as exc:
         raise Rejection(
             problem(
                 422,
                 "Idempotency-Key reused",
-                "this Idempotency-Key was already used with a different request (method, path, "
-                "query or body): use a new key for a new request",
+                "this request differs from the one first sent with this Idempotency-Key (its "
+                "path, query, content type or body): send that request unchanged to get its "
+                "response, or use a new key for a new request",
             )
         ) from exc
     except ResponseNotStoredError as exc:
@@ -366,10 +371,25 @@ async def _recorded(write: Awaitable[None]) -> None:
         _log.error("recording the response failed; it is sent all the same: %s", exc)
 
 
-def _in_progress(exc: AlreadyInProgressError) -> HttpResponse:
+def retry_after(exc: AlreadyInProgressError, rules: HttpIdempotency) -> int:
+    """The seconds a client is told to wait before retrying a request still in progress.
+
+    As long as the first request has run so far (work that took 2 s is likely done 2 s
+    later), at least 1 and never past the holder's lease end (the key is claimable then).
+    The run time is derived from the lease left: the holder's lease is this middleware's
+    ``request_timeout`` plus the manager's ``lease_margin`` from its claim.
+    """
+    if exc.retry_after is None:
+        return 1
     # Leases are kept to the millisecond; rounding first keeps a lease of 5.0004 s at 5.
-    left = None if exc.retry_after is None else round(exc.retry_after, 3)
-    seconds = 1 if left is None else max(1, math.ceil(left))
+    left = max(1, math.ceil(round(exc.retry_after, 3)))
+    lease = rules.settings.request_timeout + rules.manager.options.lease_margin
+    ran = lease - exc.retry_after
+    return min(max(1, math.ceil(round(ran, 3))), left)
+
+
+def _in_progress(exc: AlreadyInProgressError, rules: HttpIdempotency) -> HttpResponse:
+    seconds = retry_after(exc, rules)
     return problem(
         409,
         "Request in progress",
@@ -381,10 +401,21 @@ def _in_progress(exc: AlreadyInProgressError) -> HttpResponse:
 def _store_unavailable(exc: Exception) -> HttpResponse:
     # The store's message names endpoints, tables and SDK advice: for the operator's log,
     # never for the client.
-    _log.error("idempotency store failed before the request ran; answered 503", exc_info=exc)
+    if isinstance(exc, InconsistentStateError):
+        # A record the store cannot make sense of stays until an operator removes it (or
+        # it expires): retrying at once would only meet it again.
+        _log.error(
+            "the idempotency record of this request is inconsistent (remove it with the CLI "
+            "if it persists); answered 503",
+            exc_info=exc,
+        )
+        wait = _INCONSISTENT_RETRY_AFTER
+    else:
+        _log.error("idempotency store failed before the request ran; answered 503", exc_info=exc)
+        wait = 1
     return problem(
         503,
         "Service unavailable",
         "the request was not processed: retry it with the same Idempotency-Key",
-        headers=(("retry-after", "1"),),
+        headers=(("retry-after", str(wait)),),
     )

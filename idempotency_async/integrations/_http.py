@@ -12,7 +12,9 @@ and how a stored response is replayed.  Running the endpoint and recording its r
 from __future__ import annotations
 
 import base64
+import binascii
 import fnmatch
+import json
 import logging
 import re
 import secrets
@@ -40,6 +42,7 @@ from idempotency_async.manager import Manager
 __all__ = [
     "http_manager",
     "content_length",
+    "host_route",
     "not_available",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_BODY_DEPTH",
@@ -94,6 +97,12 @@ _ENVELOPE_BYTES: Final = 4096
 # slice stays on the canonicalizer's fast path (it hands deeper values to a slower one).
 _SLICE_DEPTH: Final = 128
 _LONG_NUMBER: Final = re.compile(rb"[0-9]{16}")
+# RFC 9110 field names (tokens) and values (no control characters: CR, LF and NUL split
+# or end a header).
+_TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
+_FIELD_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+_NO_BODY: Final = frozenset({204, 304})
+_DEFAULT_PORTS: Final = {"http": ":80", "ws": ":80", "https": ":443", "wss": ":443"}
 
 _log = logging.getLogger("idempotency_async.http")
 
@@ -364,7 +373,11 @@ class HttpIdempotency:
             "path": path,
             # Lists, not tuples: same canonical JSON, but they keep the canonicalizer on
             # its fast path.
-            "query": [list(pair) for pair in sorted(parse_qsl(query, keep_blank_values=True))],
+            # Sorted by name only, stably: a repeated name keeps the order its values were
+            # sent in (``?a=1&a=2`` and ``?a=2&a=1`` differ to an app reading the last one).
+            "query": [
+                list(pair) for pair in sorted(parse_qsl(query, keep_blank_values=True), key=_name)
+            ],
             "media_type": media_type,
             "body": body_material,
         }
@@ -385,7 +398,18 @@ class HttpIdempotency:
         if not body or not (media_type == "application/json" or media_type.endswith("+json")):
             return {"base64": base64.b64encode(body).decode("ascii")}, 0
         limit = self.settings.max_body_depth
-        depth = nesting_depth(body)
+        text: str | bytes = body
+        encoding = json.detect_encoding(body)
+        if encoding not in ("utf-8", "utf-8-sig"):
+            # The parser accepts UTF-16 and UTF-32 too: the nesting is counted on the text
+            # it will parse, not on bytes read as if they were UTF-8.
+            try:
+                text = body.decode(encoding, "surrogatepass")
+            except UnicodeDecodeError as exc:
+                raise Rejection(
+                    problem(400, "Invalid JSON body", f"not valid {encoding.upper()}: {exc}")
+                ) from exc
+        depth = nesting_depth(text)
         if depth > limit:
             raise Rejection(
                 problem(
@@ -396,7 +420,7 @@ class HttpIdempotency:
                 )
             )
         try:
-            value = loads_strict(body, max_depth=None)
+            value = loads_strict(text, max_depth=None)
         except PayloadError as exc:
             raise Rejection(problem(400, "Invalid JSON body", str(exc))) from exc
         except UnicodeDecodeError as exc:
@@ -415,18 +439,56 @@ class HttpIdempotency:
         return found
 
     def replay(self, stored: Any) -> HttpResponse:
-        """The response a duplicate gets for a stored result."""
+        """The response a duplicate gets for a stored result.
+
+        A stored response is untrusted input (other writers share the store): one that is
+        not what this middleware writes answers as "not stored", and its headers pass the
+        allow-list again.
+        """
         if not isinstance(stored, dict) or stored.get("v") != _FORMAT:
-            raise Rejection(not_available(None))
-        status = int(stored["status"])
+            return not_available("the stored response is not one this middleware wrote")
+        status = stored.get("status")
+        if type(status) is not int or not 100 <= status <= 599:
+            return not_available(f"the stored response has an invalid status ({status!r:.40})")
         if stored.get("stored") is False:  # written by earlier versions
             return not_available(f"HTTP {status}: too large or not complete")
-        headers = tuple((str(name), str(value)) for name, value in stored["headers"])
-        return HttpResponse(
-            status,
-            (*headers, (REPLAYED_HEADER, "true")),
-            base64.b64decode(stored["body_b64"]),
-        )
+        if status < 200:
+            return not_available(f"HTTP {status}: an informational status is not a response")
+        headers, why = self._stored_headers(stored.get("headers"))
+        if why:
+            return not_available(f"HTTP {status}: the stored response {why}")
+        encoded = stored.get("body_b64")
+        try:
+            if not isinstance(encoded, str):
+                raise ValueError("not a string")
+            body = base64.b64decode(encoded, validate=True)
+        except (ValueError, binascii.Error):
+            return not_available(f"HTTP {status}: the stored response has no valid body")
+        if body and status in _NO_BODY:
+            return not_available(f"HTTP {status}: the stored response has a body it cannot carry")
+        return HttpResponse(status, (*headers, (REPLAYED_HEADER, "true")), body)
+
+    def _stored_headers(self, stored: Any) -> tuple[tuple[tuple[str, str], ...], str]:
+        """The stored headers the allow-list passes, or why the stored ones are unusable."""
+        if not isinstance(stored, list):
+            return (), "has no header list"
+        allowed = self.settings.replay_headers
+        kept: list[tuple[str, str]] = []
+        for pair in stored:
+            if (
+                not isinstance(pair, list)
+                or len(pair) != 2
+                or not all(isinstance(part, str) for part in pair)
+            ):
+                return (), "has a malformed header"
+            name, value = pair[0].lower(), pair[1]
+            if _TOKEN.fullmatch(name) is None or _FIELD_VALUE.fullmatch(value) is None:
+                return (), "has a header with characters HTTP does not allow"
+            if name in _NEVER_REPLAYED:
+                return (), f"holds a {name} header, which is never replayed"
+            if name in allowed:
+                kept.append((name, value))
+        return tuple(kept), ""
 
 
 def request_scope(method: str, route: str, caller: str | None, key: str) -> dict[str, Any]:
@@ -531,6 +593,21 @@ def _exact_as_double(value: Any, text: bytes) -> bool:
         elif isinstance(node, list):
             stack.extend(node)
     return True
+
+
+def _name(pair: tuple[str, str]) -> str:
+    return pair[0]
+
+
+def host_route(host: str, scheme: str, template: str) -> str:
+    """The route of a host- or domain-routed request: the host the router matched
+    (lowercased, without the scheme's default port) before the path template, so tenants
+    served under one host pattern (``{tenant}.example.com``) never share a key."""
+    host = host.strip().lower()
+    default = _DEFAULT_PORTS.get(scheme.lower())
+    if default is not None and host.endswith(default):
+        host = host[: -len(default)]
+    return f"{host.rstrip('.')}{template}"
 
 
 def _path_matches(pattern: PathPattern, path: str) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import weakref
 from collections.abc import Awaitable, Iterable
 from typing import TypeVar, cast
@@ -21,6 +22,7 @@ from typing import TypeVar, cast
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
+from aiohttp.streams import StreamReader
 from aiohttp.typedefs import Handler, Middleware
 from multidict import CIMultiDict
 
@@ -37,6 +39,7 @@ from idempotency_async.integrations._http import (
     PathPattern,
     Rejection,
     RequestState,
+    host_route,
 )
 from idempotency_async.manager import Manager
 
@@ -136,13 +139,27 @@ def idempotency_middleware(
         marked = match_info.handler in _MARKED
         if not rules.applies(request.method, request.path, marked=marked):
             return await handler(request)
-        return await exchange(rules, _Aiohttp(rules, request, handler, resource.canonical, marked))
+        template = resource.canonical
+        if _by_domain(match_info.apps):
+            template = host_route(request.headers.get("host", ""), request.scheme, template)
+        return await exchange(rules, _Aiohttp(rules, request, handler, template, marked))
 
     # The manager it runs (derived from ``manager``) and the key of a request, reachable
     # as with IdempotencyMiddleware: for force_release and record look-ups.
     idempotency.manager = rules.manager  # type: ignore[attr-defined]
     idempotency.key_for = rules.key_for  # type: ignore[attr-defined]
     return idempotency
+
+
+def _by_domain(apps: tuple[web.Application, ...]) -> bool:
+    """Whether a request was routed by its host: one of the sub-applications it went
+    through was added with ``add_domain`` (the route's template leaves the host out)."""
+    for parent, child in itertools.pairwise(apps):
+        for resource in parent.router.resources():
+            info = resource.get_info()
+            if info.get("app") is child and "rule" in info:
+                return True
+    return False
 
 
 class _Aiohttp:
@@ -192,24 +209,40 @@ class _Aiohttp:
         """The whole body, read chunk by chunk so that reading stops at the limit.
 
         ``request.read()`` would buffer up to the app's ``client_max_size`` before the
-        limit could be checked.  The body is handed back to aiohttp's cache, so the
-        handler's ``read()``/``json()`` get it without reading the stream again.
+        limit could be checked.  The request then gets a fresh stream holding the same
+        bytes, so the handler reads them however it likes: ``read()``, ``text()``,
+        ``json()``, ``post()`` (multipart too), ``multipart()`` or ``request.content``.
         """
         # The application's own limit (web.Application(client_max_size=...)) still holds.
         app_limit = getattr(self.request, "_client_max_size", 0)
         if app_limit:
             limit = min(limit, app_limit)
         body = bytearray()
-        content = self.request.content
+        content = self.request._payload
         while chunk := await content.readany():
             body += chunk
             if len(body) > limit:
                 raise Rejection(self.rules.too_large())
         data = bytes(body)
-        self.request._read_bytes = data
-        if await self.request.read() is not data:  # never silently hand the handler b""
-            raise RuntimeError("this aiohttp version does not cache request bodies as expected")
+        self._replay_body(data)
         return data
+
+    def _replay_body(self, data: bytes) -> None:
+        request = self.request
+        if not data:
+            return  # the stream is at its end already: every read gets b"", as it would
+        # A high-water mark above the body: the stream never asks the connection's
+        # protocol to pause reading (nothing more arrives on it for this request).
+        stream = StreamReader(
+            request.protocol, max(len(data), 1) * 2, loop=asyncio.get_running_loop()
+        )
+        if data:
+            stream.feed_data(data)
+        stream.feed_eof()
+        request._payload = stream
+        request._cache.pop("content", None)  # ``request.content`` is cached once read
+        if request.content is not stream:  # never silently hand the handler b""
+            raise RuntimeError("this aiohttp version does not keep request bodies as expected")
 
     async def run_endpoint(self, body: bytes, gate: ResponseGate) -> None:
         request = self.request

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 from starlette.requests import Request
-from starlette.routing import BaseRoute, Match, Route
+from starlette.routing import BaseRoute, Host, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from idempotency_async.integrations._exchange import ResponseGate, exchange
@@ -31,12 +31,15 @@ from idempotency_async.integrations._http import (
     PathPattern,
     Rejection,
     RequestState,
+    host_route,
 )
 from idempotency_async.manager import Manager
 
 __all__ = ["IdempotencyMiddleware", "RequestState", "request_state"]
 
 _STATE_KEY: Final = "idempotency_async"
+# Response messages whose body bypasses the middleware (the server reads a file).
+_BYPASSING: Final = frozenset({"http.response.pathsend", "http.response.zerocopysend"})
 # Dependencies that opt a FastAPI route in, each with whether it requires the key (the
 # fastapi module registers its own).
 _ROUTE_MARKERS: dict[Callable[..., Any], bool] = {}
@@ -225,8 +228,11 @@ class _Asgi:
             return message
 
         await self.app(self.scope, receive, self._tee)
-        if self.head is not None:  # a head without a body message: an empty body
-            await self._start(b"")
+        if self.head is not None:
+            # A head without a body message: the response never ended (a stream cut short
+            # before its first chunk, e.g. by a disconnect on servers before ASGI 2.4).  It
+            # is past the point of no return, and not complete: recorded as not stored.
+            await self._start(None)
 
     async def _tee(self, message: Message) -> None:
         gate = self.gate
@@ -245,10 +251,17 @@ class _Asgi:
             gate.write(chunk)
             if not more:
                 await gate.end()
-        else:
+        elif kind in _BYPASSING:
+            # The body is sent by the server from a file: it never passes through here.
             if self.head is not None:
                 await self._start(None)
             gate.untrackable()
+        elif self.head is not None:
+            # Anything else after the head (trailers, extensions): the head goes first, as
+            # a stream, and the capture goes on.
+            await self._start(None)
+        # Else a message before the head (an early hint, an extension's informational
+        # message): forwarded as it is; it says nothing about the response's body.
         await self._forward(message)
 
     async def _start(self, body: bytes | None) -> None:
@@ -290,30 +303,40 @@ def _route_template(scope: Scope, app: ASGIApp) -> tuple[str, BaseRoute | None] 
     """The matched route's path template, or the raw path when the app has no routes.
 
     Routing has not run yet in a middleware, so this matches the app's routes the way
-    Starlette's router does (first full match, into mounts).  None: no route matches.
+    Starlette's router does (first full match, into mounts and hosts).  Under a
+    ``Host(...)`` route the template starts with the host the router matched (see
+    :func:`host_route`): one pattern serves many tenants.  None: no route matches.
     """
     # Inside the app's middleware stack the app is in the scope; wrapping the app directly
     # (IdempotencyMiddleware(app, ...)) it is the wrapped one.
     routes = getattr(scope.get("app", app), "routes", None)
     if not isinstance(routes, Sequence):
         return scope["path"], None
-    return _match(routes, scope, "")
+    found = _match(routes, scope, "")
+    if found is None:
+        return None
+    template, route, by_host = found
+    if by_host:
+        host = Request(scope).headers.get("host", "")
+        template = host_route(host, scope.get("scheme", "http"), template)
+    return template, route
 
 
 def _match(
-    routes: Sequence[BaseRoute], scope: Scope, prefix: str
-) -> tuple[str, BaseRoute | None] | None:
+    routes: Sequence[BaseRoute], scope: Scope, prefix: str, by_host: bool = False
+) -> tuple[str, BaseRoute | None, bool] | None:
     for route in routes:
         match, child = route.matches(scope)
         if match is not Match.FULL:
             continue
+        by_host = by_host or isinstance(route, Host)
         path = str(getattr(route, "path_format", getattr(route, "path", "")))
         if isinstance(route, Route):
-            return prefix + path, route
+            return prefix + path, route, by_host
         inner = getattr(route, "routes", None)
         if isinstance(inner, Sequence) and inner:
-            return _match(inner, {**scope, **child}, prefix + path)
-        return prefix + path, route
+            return _match(inner, {**scope, **child}, prefix + path, by_host)
+        return prefix + path, route, by_host
     return None
 
 

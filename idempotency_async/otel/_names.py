@@ -62,6 +62,10 @@ REPLAYED: Final = "replayed"
 CACHE_HIT: Final = "cache_hit"
 JOINED: Final = "joined"
 REJECTED_IN_PROGRESS: Final = "rejected_in_progress"
+REJECTED_MISMATCH: Final = "rejected_payload_mismatch"
+"""A duplicate whose payload differs from the first call's (``PayloadValidationError``)."""
+NOT_STORED: Final = "replayed_not_stored"
+"""A duplicate of a call whose response was not stored (``ResponseNotStoredError``)."""
 FAILED: Final = "failed"
 CUT_OFF: Final = "cut_off"
 LEASE_LOST: Final = "lease_lost"
@@ -73,6 +77,11 @@ TERMINAL_EVENTS: Final = frozenset(
     {REPLAYED, CACHE_HIT, JOINED, REJECTED_IN_PROGRESS, CUT_OFF, LEASE_LOST}
 )
 """Events that decide a call's outcome on their own (the last one wins)."""
+
+EXPECTED_OUTCOMES: Final = frozenset({REJECTED_IN_PROGRESS, REJECTED_MISMATCH, NOT_STORED})
+"""Outcomes raising an exception that are answers, not errors: the span keeps an unset
+status and no ``error.type`` (an HTTP 409, 422 or not-stored replay is not a failure);
+so does a ``cache_hit`` or ``replayed`` call whose response was not stored."""
 
 SPAN_EVENTS: Final = frozenset({"released", "release_failed", "response_not_stored"})
 """Lifecycle events added to the call span: those its outcome does not tell."""

@@ -6,13 +6,18 @@ import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
+from idempotency_async.errors import (
+    AlreadyInProgressError,
+    PayloadValidationError,
+    ResponseNotStoredError,
+)
 from idempotency_async.events import EventKind
 from idempotency_async.instrumentation import Attributes, take_call_attributes
 from idempotency_async.otel import _names as names
@@ -99,6 +104,8 @@ class BoundTelemetry:
     def _end(self, call: _Call, failure: BaseException | None) -> None:
         outcome = _outcome_of(call, failure)
         metric: dict[str, AttributeValue] = {**self._prefix, names.OUTCOME: outcome}
+        if isinstance(failure, _EXPECTED):
+            failure = None  # an answer to the caller (HTTP 409, 422, not stored), not an error
         if failure is not None:
             metric[names.ERROR_TYPE] = names.error_type(failure)
         instruments = self.telemetry.instruments
@@ -198,6 +205,10 @@ class BoundTelemetry:
         call.span.add_event(names.STORE_EVENT + operation, event, timestamp=started_ns)
 
 
+_EXPECTED: Final = (AlreadyInProgressError, PayloadValidationError, ResponseNotStoredError)
+"""Exceptions that are outcomes (``names.EXPECTED_OUTCOMES``), never an ERROR span."""
+
+
 def _timed(callback: Callable[[], Awaitable[T]], call: _Call) -> Callable[[], Awaitable[T]]:
     async def timed() -> T:
         started = time.perf_counter()
@@ -212,6 +223,12 @@ def _timed(callback: Callable[[], Awaitable[T]], call: _Call) -> Callable[[], Aw
 def _outcome_of(call: _Call, failure: BaseException | None) -> str:
     if call.outcome is not None:
         return call.outcome
+    if isinstance(failure, AlreadyInProgressError):
+        return names.REJECTED_IN_PROGRESS
+    if isinstance(failure, PayloadValidationError):
+        return names.REJECTED_MISMATCH
+    if isinstance(failure, ResponseNotStoredError):
+        return names.NOT_STORED
     if failure is None:
         return names.CLAIMED if call.claimed else names.UNPROTECTED
     if not isinstance(failure, Exception):
