@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import SplitResult
 
+from idempotency_async._redact import redact_url
 from idempotency_async.cli._errors import CliError
 from idempotency_async.cli._targets import AwsSettings, query_params
 from idempotency_async.errors import PersistenceError
@@ -105,8 +106,8 @@ def parse(parts: SplitResult) -> DynamoDBTarget:
     table = parts.netloc
     if not table or parts.path not in ("", "/"):
         raise CliError(
-            f"bad store URL {parts.geturl()!r}: write dynamodb://TABLE?region=… (the table "
-            "name right after dynamodb://)"
+            f"bad store URL {redact_url(parts.geturl())!r}: write dynamodb://TABLE?region=… "
+            "(the table name right after dynamodb://)"
         )
     if not _TABLE_NAME.fullmatch(table):
         raise CliError(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import SplitResult, parse_qsl, urlencode
 
+from idempotency_async._redact import redact_url
 from idempotency_async.cli._errors import CliError
 from idempotency_async.cli._targets import AwsSettings
 
@@ -40,7 +41,7 @@ class RedisTarget:
 
 def parse(parts: SplitResult) -> RedisTarget:
     if not parts.netloc:
-        raise CliError(f"bad store URL {parts.geturl()!r}: write redis://HOST:PORT/DB")
+        raise CliError(f"bad store URL {redact_url(parts.geturl())!r}: write redis://HOST:PORT/DB")
     ours: dict[str, str] = {}
     rest: list[tuple[str, str]] = []
     for name, value in parse_qsl(parts.query, keep_blank_values=True):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
+from idempotency_async._redact import redact_url
 from idempotency_async.cli._errors import CliError
 from idempotency_async.stores.base import Store
 
@@ -63,11 +64,11 @@ def parse_target(url: str | None) -> Target:
     try:
         parts = urlsplit(url)
     except ValueError as exc:
-        raise CliError(f"bad store URL {url!r}: {exc}") from exc
+        raise CliError(f"bad store URL {redact_url(url)!r}: {exc}") from exc
     parse = _SCHEMES.get(parts.scheme.lower())
     if parse is None:
         known = ", ".join(f"{scheme}://" for scheme in _SCHEMES)
-        raise CliError(f"bad store URL {url!r}: the scheme must be one of {known}")
+        raise CliError(f"bad store URL {redact_url(url)!r}: the scheme must be one of {known}")
     return parse(parts)
 
 
@@ -76,7 +77,10 @@ def query_params(parts: SplitResult, known: Collection[str]) -> dict[str, str]:
     try:
         pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
     except ValueError as exc:
-        raise CliError(f"bad query in store URL: {exc}") from exc
+        # Not quoting the field: it may be a secret written without its name.
+        raise CliError(
+            "bad query in the store URL: write it as NAME=VALUE pairs joined by '&'"
+        ) from exc
     params: dict[str, str] = {}
     for name, value in pairs:
         if name not in known:
