@@ -507,3 +507,25 @@ async def test_release_with_stdin_closed_deletes_nothing(moto_endpoint: str) -> 
     assert "stdin is closed" in closed.error() and "--yes" in closed.err
     still = await cli("get", "--store", store_url, "shop#held", "--json")
     assert still.json()["owner"] == "owner-1"
+
+
+async def test_powertools_format_records_are_addressable_on_dynamodb(moto_endpoint: str) -> None:
+    table = _table()
+    (await cli("create-table", "--store", _url(moto_endpoint, table))).ok()
+    response = {"charge_id": "ch_1", "amount": 5}
+    async with open_client(moto_endpoint) as client:
+        store = DynamoDBStore(client, table_name=table, record_format="powertools-python")
+        manager = Manager(store, Options(key_prefix="shop", key_format="powertools-python"))
+        await manager.execute({"order": 1}, lambda: asyncio.sleep(0, response), timeout=30)
+    key = str(manager.key_for({"order": 1}))
+    python_url = _url(moto_endpoint, table, record_format="powertools-python")
+    right, listed, wrong, bad = await asyncio.gather(
+        cli("get", "--store", python_url, key, "--show-response", "--json"),
+        cli("list", "--store", python_url, "--json"),
+        cli("get", "--store", _url(moto_endpoint, table), key, "--show-response", "--json"),
+        cli("get", "--store", _url(moto_endpoint, table, record_format="json"), key),
+    )
+    assert right.json()["response"] == response
+    assert json.loads(listed.ok())["key"] == key
+    assert isinstance(wrong.json()["response"], str)  # the JSON text, read as the other layout
+    assert "record_format= in the store URL must be one of" in bad.error()

@@ -6,24 +6,16 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any, Protocol, TextIO, runtime_checkable
+from typing import TextIO
 
 from idempotency_async.cli._errors import EXIT_NOT_FOUND, CliError
 from idempotency_async.cli._render import ROW_HEADER, record_json, record_lines, record_row
-from idempotency_async.cli._targets import AwsSettings, Target, parse_target
+from idempotency_async.cli._targets import AwsSettings, Listing, Target, parse_target
 from idempotency_async.cli._terminal import printable
 from idempotency_async.record import Record, Status
 
 __all__ = ["run_create_table", "run_get", "run_list", "run_release"]
-
-
-@runtime_checkable
-class _Pages(Protocol):
-    def pages(
-        self, *, status: Status | None = None, page_size: int | None = None
-    ) -> AsyncGenerator[Any, None]: ...
 
 
 def _aws(args: argparse.Namespace) -> AwsSettings:
@@ -108,10 +100,10 @@ def _can_ask() -> bool:
 
 
 async def run_list(args: argparse.Namespace) -> int:
-    store = _target(args).store(_aws(args))
-    if not isinstance(store, _Pages):
-        await store.aclose()
+    target = _target(args)
+    if not isinstance(target, Listing):
         raise CliError(f"list is not supported for {args.store.split(':', 1)[0]}:// stores")
+    store = target.store(_aws(args))
     status = None if args.status is None else Status(args.status)
     progress = _Progress(sys.stderr, forced=args.progress)
     shown = scanned = 0
@@ -119,7 +111,7 @@ async def run_list(args: argparse.Namespace) -> int:
     header = not args.json
     async with (
         aclosing(store),
-        aclosing(store.pages(status=status, page_size=args.page_size)) as pages,
+        aclosing(target.pages(store, status=status, page_size=args.page_size)) as pages,
     ):
         async for page in pages:
             if header:  # after the first answer: an error is then the only output
