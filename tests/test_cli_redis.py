@@ -173,7 +173,7 @@ async def test_powertools_format_records_are_addressable(redis_server: Any) -> N
     finally:
         await store.aclose()
     url = f"{redis_server.url}/0?key_prefix={prefix}"
-    right, human, wrong, bad = await asyncio.gather(
+    right, human, wrong, hinted, bad = await asyncio.gather(
         cli(
             "get",
             "--store",
@@ -190,9 +190,12 @@ async def test_powertools_format_records_are_addressable(redis_server: Any) -> N
             "--show-response",
         ),
         cli("get", "--store", url, "shop#python", "--show-response", "--json"),
+        cli("get", "--store", url, "shop#python", "--show-response"),
         cli("get", "--store", f"{url}&record_format=python", "shop#python"),
     )
     assert right.json()["response"] == response
     assert '  "charge_id": "ch_1",' in human.ok().splitlines()
     assert wrong.json()["response"] == json.dumps(response)  # read as the other layout
+    assert "add record_format=powertools-python" in hinted.ok()
+    assert "record_format" not in human.out  # decoded: no hint
     assert "record_format= in the store URL must be one of" in bad.error()

@@ -139,8 +139,28 @@ def record_lines(record: Record, now: float, *, show_response: bool = False) -> 
             _http_lines(record.response)
             or json.dumps(record.response, indent=2, ensure_ascii=False).splitlines()
         )
+        if _is_json_text(record.response):
+            lines.append(_JSON_TEXT_HINT)
     # Everything above may come from another writer of the store: shown, never run.
     return [printable(line) for line in lines]
+
+
+_JSON_TEXT_HINT: Final = (
+    "(the response is JSON text: if Powertools (Python) or a store with "
+    "record_format='powertools-python' wrote it, add record_format=powertools-python to "
+    "the store URL to see it decoded)"
+)
+
+
+def _is_json_text(response: Any) -> bool:
+    """A string holding a JSON object or array: how Powertools (Python) stores a response."""
+    if not isinstance(response, str) or response[:1] not in ("{", "["):
+        return False
+    try:
+        json.loads(response)
+    except ValueError:
+        return False
+    return True
 
 
 def _http_lines(response: Any) -> list[str] | None:
