@@ -23,6 +23,7 @@ import inspect
 import json
 import logging
 import weakref
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -609,10 +610,11 @@ async def _unordered(run: _RecordRunner, items: list[_Item], concurrency: int) -
         return ok
 
     loop = asyncio.get_running_loop()
+    repeated = {key for key, count in Counter(item.key for item in items).items() if count > 1}
     calls = []
     for item in items:
-        if item.key is None:
-            calls.append(one(item, None))
+        if item.key is None or item.key not in repeated:
+            calls.append(one(item, None))  # the common case: nothing to wait for
         elif item.key in firsts:
             calls.append(one(item, firsts[item.key]))
         else:
