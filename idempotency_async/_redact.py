@@ -23,9 +23,9 @@ __all__ = ["MASK", "redact", "redact_url", "secrets_in"]
 
 MASK: Final = "***"
 
+_SHORTEST: Final = 4
 # scheme "://" then the authority's user information, up to the last "@" before the path,
 # query or fragment starts.
-_SHORTEST: Final = 4
 _USERINFO: Final = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#\s]*)@")
 _SECRET_NAME: Final = (
     r"[A-Za-z0-9_.-]*(?:pass|pwd|secret|token|auth|credential|signature)[A-Za-z0-9_.-]*"

@@ -107,7 +107,8 @@ def _dynamodb_module() -> Any:
         from idempotency_async.stores import dynamodb
     except ImportError as exc:
         raise CliError(
-            f"DynamoDB support is not installed ({exc}): pip install 'idempotency-async[dynamodb]'"
+            f"DynamoDB support is not installed ({exc}): pip install 'idempotency-async[dynamodb]' "
+            "(from a checkout: pip install -e '.[dynamodb]')"
         ) from exc
     return dynamodb
 

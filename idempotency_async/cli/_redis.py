@@ -96,7 +96,8 @@ def _redis_store_module() -> Any:
     except ImportError as exc:
         raise CliError(
             "the Redis store is not available: install the redis extra "
-            f"(pip install 'idempotency-async[redis]') ({exc})"
+            f"(pip install 'idempotency-async[redis]'; from a checkout: pip install -e '.[redis]') "
+            f"({exc})"
         ) from exc
 
 
