@@ -370,6 +370,33 @@ async def test_fifo_duplicates_replay_or_fail_with_the_first_and_stop_their_grou
     assert failures(response) == [m["messageId"] for m in (a2, b2, a3, b3)]
 
 
+async def test_with_idempotency_disabled_every_record_of_a_batch_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("POWERTOOLS_IDEMPOTENCY_DISABLED", "1")
+    manager = Manager(MemoryStore(), Options(key_prefix="ship", event_key_jmespath="body.order_id"))
+    ran: list[str] = []
+    declined = {"declined"}
+
+    async def handle(record: dict[str, Any]) -> None:
+        ran.append(record["messageId"])
+        if record["body"]["order_id"] in declined:
+            raise RuntimeError("declined")
+
+    template = load("sqs.json")["Records"][0]
+    records = [
+        {**copy.deepcopy(template), "messageId": str(uuid.uuid4()), "body": json.dumps(body)}
+        for body in (
+            {"order_id": "declined"},
+            {"order_id": "declined"},  # a copy of a failure: still runs, nothing is skipped
+            {"order_id": 2**60},  # no key could be derived: nothing needs one
+        )
+    ]
+    response = await process_batch(manager, {"Records": records}, handle)
+    assert sorted(ran) == sorted(record["messageId"] for record in records)
+    assert failures(response) == [records[0]["messageId"], records[1]["messageId"]]
+
+
 async def test_one_unreadable_stream_record_fails_alone(caplog: pytest.LogCaptureFixture) -> None:
     deep: Any = {"S": "bottom"}
     for _ in range(600):

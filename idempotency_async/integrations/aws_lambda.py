@@ -43,6 +43,7 @@ from idempotency_async.errors import (
 )
 from idempotency_async.instrumentation import annotate, call_attributes
 from idempotency_async.manager import Manager
+from idempotency_async.options import disabled_by_environment
 
 __all__ = [
     "BatchResponse",
@@ -667,8 +668,9 @@ class _RecordRunner:
         """Read the record: its decoded payload, key and group; or why it is unreadable.
 
         Nothing a record holds can fail the batch: a record that cannot be read (a body
-        with duplicate JSON members, a key nested too deeply to hash, an integer too wide
-        for a key) fails alone.
+        with duplicate JSON members, Keys nested too deeply to compare) fails alone, and so
+        does one whose key cannot be derived (nested too deeply to hash, an integer too
+        wide for a key), when its own call derives it.
         """
         try:
             # The group first, from the record as delivered: a record that cannot be
@@ -680,9 +682,17 @@ class _RecordRunner:
             return
         try:
             item.payload = self.source.decode(item.record)
-            item.key = self.manager.key_for(item.payload)
         except Exception as exc:
             item.unreadable = _reason(exc)
+            return
+        if disabled_by_environment():
+            return  # every record runs on its own, duplicates too
+        try:
+            item.key = self.manager.key_for(item.payload)
+        except Exception:
+            # No key to group by: the record's own call derives it again and fails alone
+            # with the reason (a payload that cannot be keyed, KeyMissingError).
+            item.key = None
 
     async def __call__(self, item: _Item, *, duplicate: bool = False) -> bool:
         """Run one record; True when it needs no redelivery.
