@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from jmespath.functions import Functions
 
 from idempotency_async import _powertools_python as python_rules
+from idempotency_async._prefixes import has_explicit_prefix
 from idempotency_async.canonical import canonical_bytes, digester, idempotency_key
 from idempotency_async.errors import KeyMissingError, PayloadError, PayloadValidationError
 from idempotency_async.options import Options
@@ -186,7 +187,7 @@ def function_prefix(options: Options, func: Callable[..., object], *, handler: b
     ``<AWS_LAMBDA_FUNCTION_NAME or "test-func">.<module>.<qualname>`` — the Lambda handler
     too (``handler=True``), which in the TypeScript format keeps the function's prefix.
     """
-    if options.has_explicit_prefix():
+    if has_explicit_prefix(options.key_prefix, options.key_format):
         return None
     name = f"{func.__module__}.{func.__qualname__}"
     if options.key_format == python_rules.POWERTOOLS_PYTHON:

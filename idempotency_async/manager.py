@@ -1,6 +1,6 @@
 """The Manager: runs a callback at most once per idempotency key and replays its result.
 
-The lifecycle of one call reads top-down in :meth:`Manager.execute` and :meth:`_own`;
+The lifecycle of one call reads top-down from :meth:`Manager.execute`;
 each step calls into the module that owns it: key derivation (``_keys``), response
 encoding and replay (``_responses``), single flight (``_flight``), cutoffs (``_cutoff``).
 """

@@ -17,6 +17,7 @@ from idempotency_async._powertools_python import (
     parse_version,
     prefix_for,
 )
+from idempotency_async._prefixes import has_explicit_prefix, js_trim
 from idempotency_async.canonical import HASH_ALGORITHMS, Serializer
 from idempotency_async.errors import ConfigError
 from idempotency_async.events import EventHook
@@ -177,15 +178,6 @@ class Options:
                 "says so"
             )
 
-    def has_explicit_prefix(self) -> bool:
-        """Whether ``key_prefix`` was set to something non-blank (blank counts as unset).
-
-        With ``key_format="powertools-python"``, any non-empty prefix counts, as in Powertools.
-        """
-        if self.key_format == POWERTOOLS_PYTHON:
-            return bool(self.key_prefix)
-        return bool(self.key_prefix and _js_trim(self.key_prefix))
-
     def resolved_prefix(self) -> str:
         """The prefix keys use, trimmed as the TypeScript port trims it.
 
@@ -195,21 +187,9 @@ class Options:
         """
         if self.key_format == POWERTOOLS_PYTHON:
             return self.key_prefix or prefix_for("")
-        if self.key_prefix is not None and self.has_explicit_prefix():
-            return _js_trim(self.key_prefix)
-        return _js_trim(os.environ.get("AWS_LAMBDA_FUNCTION_NAME", ""))
-
-
-# JavaScript's String.prototype.trim() set: WhiteSpace and LineTerminator code points.
-# It differs from str.strip(), which also strips U+001C-U+001F but not U+FEFF.
-_JS_WHITESPACE = (
-    "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
-    "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
-)
-
-
-def _js_trim(text: str) -> str:
-    return text.strip(_JS_WHITESPACE)
+        if self.key_prefix is not None and has_explicit_prefix(self.key_prefix, self.key_format):
+            return js_trim(self.key_prefix)
+        return js_trim(os.environ.get("AWS_LAMBDA_FUNCTION_NAME", ""))
 
 
 def disabled_by_environment() -> bool:

@@ -66,13 +66,21 @@ class Run:
         return lines[0][len(prefix) :]
 
 
-async def cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> Run:
-    """Run ``python -m idempotency_async ARGS`` from the checkout and collect what it said."""
+async def cli(
+    *args: str,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
+    close_stdin: bool = False,
+) -> Run:
+    """Run ``python -m idempotency_async ARGS`` from the checkout and collect what it said.
+
+    ``close_stdin``: run it with file descriptor 0 closed (``<&-`` in a shell).
+    """
+    command = (sys.executable, "-m", "idempotency_async", *args)
+    if close_stdin:
+        command = ("sh", "-c", 'exec "$@" <&-', "sh", *command)
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "idempotency_async",
-        *args,
+        *command,
         cwd=ROOT,
         env=cli_env() if env is None else env,
         stdin=asyncio.subprocess.PIPE,

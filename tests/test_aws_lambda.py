@@ -30,6 +30,7 @@ from idempotency_async.integrations.aws_lambda import (
     lambda_entrypoint,
     process_batch,
 )
+from idempotency_async.stores.base import Store
 
 EVENTS = Path(__file__).parent / "events"
 EXAMPLES = Path(__file__).parent.parent / "examples" / "lambda"
@@ -268,38 +269,172 @@ async def test_sqs_without_key_selection_keys_records_by_message_id() -> None:
     assert seen == [record["messageId"] for record in event["Records"]]
 
 
-async def test_in_progress_duplicate_in_a_batch_fails_and_later_replays() -> None:
-    rejected = asyncio.Event()
+def _errors_about(caplog: pytest.LogCaptureFixture, identifier: str) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.levelno >= logging.ERROR and identifier in record.getMessage()
+    ]
 
-    def on_event(event: Any) -> None:
-        if event.kind == "rejected_in_progress":
-            rejected.set()
 
+async def test_in_batch_duplicates_join_the_first_record_and_replay_its_result(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    events: list[str] = []
     manager = Manager(
-        MemoryStore(),
-        Options(key_prefix="ship", event_key_jmespath="body.order_id", on_event=on_event),
+        store,
+        Options(
+            key_prefix=f"ship-{uuid.uuid4().hex[:8]}",
+            event_key_jmespath="body.order_id",
+            on_event=lambda event: events.append(event.kind),
+        ),
     )
-    release = asyncio.Event()
-    runs = 0
+    runs: list[str] = []
 
-    async def slow(record: dict[str, Any]) -> None:
-        nonlocal runs
-        runs += 1
-        await release.wait()
+    async def slow(record: dict[str, Any]) -> str:
+        runs.append(record["messageId"])
+        await asyncio.sleep(0.05)  # the copies arrive while it runs
+        return "shipped"
 
     event = load("sqs.json")
-    first, second = copy.deepcopy(event["Records"][:2])
-    second["body"] = first["body"]  # another message for the same order
-    batch = asyncio.create_task(process_batch(manager, {"Records": [first, second]}, slow))
-    # The first record is held until the second has been turned away: a fixed sleep here
-    # could let the first finish first on a slow machine, and the second would replay.
-    await asyncio.wait_for(rejected.wait(), timeout=10)
-    release.set()
-    assert failures(await batch) == [second["messageId"]]
-    assert runs == 1
+    first, other = copy.deepcopy(event["Records"][0]), copy.deepcopy(event["Records"][2])
+    copies = [{**copy.deepcopy(first), "messageId": str(uuid.uuid4())} for _ in range(2)]
+    batch = {"Records": [first, *copies, other]}
+    caplog.set_level(logging.INFO, logger="idempotency_async")
+    assert failures(await process_batch(manager, batch, slow)) == []
+    assert sorted(runs) == sorted([first["messageId"], other["messageId"]])
+    # Each copy replays (two concurrent replays of one key may share one store read).
+    assert events.count("replayed") + events.count("joined") == 2
+    assert "rejected_in_progress" not in events
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+    # Redelivered later: every copy replays.
+    assert failures(await process_batch(manager, redelivered(batch), slow)) == []
+    assert len(runs) == 2
 
-    assert failures(await process_batch(manager, {"Records": [second]}, slow)) == []
-    assert runs == 1
+
+async def test_in_batch_duplicates_of_a_failed_record_fail_with_it_unrun(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    manager = Manager(MemoryStore(), Options(key_prefix="ship", event_key_jmespath="body.order_id"))
+    runs: list[str] = []
+    declined = True
+
+    async def handle(record: dict[str, Any]) -> None:
+        runs.append(record["messageId"])
+        await asyncio.sleep(0.01)
+        if declined:
+            raise RuntimeError("card declined")
+
+    first = copy.deepcopy(load("sqs.json")["Records"][0])
+    duplicate = {**copy.deepcopy(first), "messageId": str(uuid.uuid4())}
+    batch = {"Records": [first, duplicate]}
+    caplog.set_level(logging.INFO, logger="idempotency_async")
+    assert failures(await process_batch(manager, batch, handle)) == [
+        first["messageId"],
+        duplicate["messageId"],
+    ]
+    assert runs == [first["messageId"]]
+    assert _errors_about(caplog, first["messageId"])
+    assert not _errors_about(caplog, duplicate["messageId"])
+    # Both come back: the first runs again, its copy replays it.
+    declined = False
+    assert failures(await process_batch(manager, redelivered(batch), handle)) == []
+    assert runs == [first["messageId"], first["messageId"]]
+
+
+async def test_fifo_duplicates_replay_or_fail_with_the_first_and_stop_their_group() -> None:
+    manager = Manager(MemoryStore(), Options(key_prefix="fifo", event_key_jmespath="body.order_id"))
+    ran: list[str] = []
+
+    async def handle(record: dict[str, Any]) -> None:
+        ran.append(record["messageId"])
+        if record["body"]["order_id"] == "declined":
+            raise RuntimeError("declined")
+
+    template = load("sqs_fifo.json")["Records"][0]
+
+    def message(group: str, order: str) -> dict[str, Any]:
+        record = copy.deepcopy(template)
+        record["messageId"] = f"{group}-{order}-{uuid.uuid4().hex[:6]}"
+        record["body"] = json.dumps({"order_id": order})
+        record["attributes"]["MessageGroupId"] = group
+        return record
+
+    a1, b1 = message("a", "paid"), message("b", "paid")
+    a2, b2 = message("a", "declined"), message("b", "declined")
+    a3, b3 = message("a", "later"), message("b", "after")
+    batch = {"Records": [a1, b1, a2, b2, a3, b3]}
+    response = await process_batch(manager, batch, handle)
+    # b1 replays a1; b2 is a copy of a2, which failed: it fails unrun and stops group b.
+    assert ran == [a1["messageId"], a2["messageId"]]
+    assert failures(response) == [m["messageId"] for m in (a2, b2, a3, b3)]
+
+
+async def test_with_idempotency_disabled_every_record_of_a_batch_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("POWERTOOLS_IDEMPOTENCY_DISABLED", "1")
+    manager = Manager(MemoryStore(), Options(key_prefix="ship", event_key_jmespath="body.order_id"))
+    ran: list[str] = []
+    declined = {"declined"}
+
+    async def handle(record: dict[str, Any]) -> None:
+        ran.append(record["messageId"])
+        if record["body"]["order_id"] in declined:
+            raise RuntimeError("declined")
+
+    template = load("sqs.json")["Records"][0]
+    records = [
+        {**copy.deepcopy(template), "messageId": str(uuid.uuid4()), "body": json.dumps(body)}
+        for body in (
+            {"order_id": "declined"},
+            {"order_id": "declined"},  # a copy of a failure: still runs, nothing is skipped
+            {"order_id": 2**60},  # no key could be derived: nothing needs one
+        )
+    ]
+    response = await process_batch(manager, {"Records": records}, handle)
+    assert sorted(ran) == sorted(record["messageId"] for record in records)
+    assert failures(response) == [records[0]["messageId"], records[1]["messageId"]]
+
+
+async def test_one_unreadable_stream_record_fails_alone(caplog: pytest.LogCaptureFixture) -> None:
+    deep: Any = {"S": "bottom"}
+    for _ in range(600):
+        deep = {"M": {"k": deep}}
+    ran: list[str] = []
+
+    async def handle(record: dict[str, Any]) -> None:
+        ran.append(record["eventID"])
+
+    event = load("dynamodb_stream.json")
+    records = event["Records"]
+    records[1]["dynamodb"]["Keys"] = {"pk": deep}
+    by_id = Manager(MemoryStore(), Options(key_prefix="ddb"))
+    response = await process_batch(by_id, event, handle)
+    assert failures(response) == [records[1]["dynamodb"]["SequenceNumber"]]
+    assert ran == [r["eventID"] for i, r in enumerate(records) if i != 1]
+    assert any("cannot be read" in r.getMessage() for r in caplog.records)
+
+    # The same with the key selected from the deep value: only that record fails.
+    ran.clear()
+    by_keys = Manager(
+        MemoryStore(), Options(key_prefix="ddb", event_key_jmespath="[eventID, dynamodb.Keys]")
+    )
+    response = await process_batch(by_keys, event, handle)
+    assert failures(response) == [records[1]["dynamodb"]["SequenceNumber"]]
+    assert len(ran) == len(records) - 1
+
+    sqs = load("sqs.json")
+    sqs["Records"][0]["body"] = json.dumps({"order_id": 2**60})  # too wide for a key
+    strict = Manager(MemoryStore(), Options(key_prefix="ship", event_key_jmespath="body.order_id"))
+    seen: list[str] = []
+
+    async def ship(record: dict[str, Any]) -> None:
+        seen.append(record["messageId"])
+
+    response = await process_batch(strict, sqs, ship)
+    assert failures(response) == [sqs["Records"][0]["messageId"]]
+    assert seen == [record["messageId"] for record in sqs["Records"][1:]]
 
 
 async def test_sqs_body_with_duplicate_json_members_fails_without_running() -> None:

@@ -448,3 +448,85 @@ async def test_key_in_the_powertools_python_format_equals_the_real_packages(
     got = run.json()
     assert (got["key"], got["validation"]) == expected
     assert got["key"].startswith("test-func._powertools_corpus.process_order#")
+
+
+# ------------------------------------------------------------------------------ secrets
+
+PASSWORD = "S3cr3t-pw%21"  # percent-encoded "!": the decoded form must not show either
+
+
+async def test_store_urls_never_show_their_password() -> None:
+    urls = {
+        "port": f"redis://admin:{PASSWORD}@127.0.0.1:6379x/0",
+        "parameter": f"redis://admin:{PASSWORD}@127.0.0.1:6379/0?socket_timeout=soon",
+        "field": f"dynamodb://table?region=eu-west-1&{PASSWORD}",
+        "ipv6": f"redis://admin:{PASSWORD}@[::1:6379/0",
+        "scheme": f"rediz://admin:{PASSWORD}@127.0.0.1:6379/0",
+        "table": f"dynamodb://admin:{PASSWORD}@table?region=eu-west-1",
+        "cluster": f"redis://admin:{PASSWORD}@127.0.0.1:1/0?cluster=true",
+        "query": f"redis://127.0.0.1:6379/0?password={PASSWORD}&socket_timeout=soon",
+    }
+    runs = await asyncio.gather(*(cli("get", "--store", url, "k") for url in urls.values()))
+    messages = dict(zip(urls, (run.error() for run in runs), strict=True))
+    for what, message in messages.items():
+        for secret in (PASSWORD, "S3cr3t-pw!", "S3cr3t"):
+            assert secret not in message, (what, message)
+    assert "'redis://admin:***@127.0.0.1:6379x/0'" in messages["port"]
+    assert "socket_timeout" in messages["parameter"]
+    assert "NAME=VALUE" in messages["field"]
+    assert "Invalid IPv6 URL" in messages["ipv6"]
+    assert "scheme must be one of" in messages["scheme"]
+    assert "bad table name" in messages["table"]
+    # An unreachable cluster: one line (error() checks it), whoever translates the error.
+    assert "127.0.0.1" in messages["cluster"] or "luster" in messages["cluster"]
+    assert "password=***" in messages["query"]
+
+
+def test_redis_from_url_errors_never_quote_the_password() -> None:
+    redis_store = pytest.importorskip("idempotency_async.stores.redis")
+    from idempotency_async.errors import ConfigError
+
+    for url in (
+        f"redis://admin:{PASSWORD}@127.0.0.1:6379x/0",
+        f"redis://admin:{PASSWORD}@127.0.0.1:6379/0?socket_timeout=soon",
+        f"redis://admin:{PASSWORD}@[::1:6379/0",
+        f"rediz://admin:{PASSWORD}@127.0.0.1:6379/0",
+    ):
+        with pytest.raises(ConfigError) as caught:
+            redis_store.RedisStore.from_url(url)
+        assert "S3cr3t" not in str(caught.value) and "admin:***@" in str(caught.value)
+
+
+async def test_release_with_stdin_closed_deletes_nothing(moto_endpoint: str) -> None:
+    table = _table()
+    store_url = _url(moto_endpoint, table)
+    (await cli("create-table", "--store", store_url)).ok()
+    async with open_client(moto_endpoint) as client:
+        store = DynamoDBStore(client, table_name=table)
+        await store.claim(Claim("shop#held", "owner-1", time.time(), lease=300, ttl=3600))
+    closed = await cli("release", "--store", store_url, "shop#held", close_stdin=True)
+    assert "stdin is closed" in closed.error() and "--yes" in closed.err
+    still = await cli("get", "--store", store_url, "shop#held", "--json")
+    assert still.json()["owner"] == "owner-1"
+
+
+async def test_powertools_format_records_are_addressable_on_dynamodb(moto_endpoint: str) -> None:
+    table = _table()
+    (await cli("create-table", "--store", _url(moto_endpoint, table))).ok()
+    response = {"charge_id": "ch_1", "amount": 5}
+    async with open_client(moto_endpoint) as client:
+        store = DynamoDBStore(client, table_name=table, record_format="powertools-python")
+        manager = Manager(store, Options(key_prefix="shop", key_format="powertools-python"))
+        await manager.execute({"order": 1}, lambda: asyncio.sleep(0, response), timeout=30)
+    key = str(manager.key_for({"order": 1}))
+    python_url = _url(moto_endpoint, table, record_format="powertools-python")
+    right, listed, wrong, bad = await asyncio.gather(
+        cli("get", "--store", python_url, key, "--show-response", "--json"),
+        cli("list", "--store", python_url, "--json"),
+        cli("get", "--store", _url(moto_endpoint, table), key, "--show-response", "--json"),
+        cli("get", "--store", _url(moto_endpoint, table, record_format="json"), key),
+    )
+    assert right.json()["response"] == response
+    assert json.loads(listed.ok())["key"] == key
+    assert isinstance(wrong.json()["response"], str)  # the JSON text, read as the other layout
+    assert "record_format= in the store URL must be one of" in bad.error()

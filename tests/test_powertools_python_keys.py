@@ -27,6 +27,7 @@ from support import RecordingStore
 
 from idempotency_async import Manager, MemoryStore, Options, idempotent_function
 from idempotency_async._keys import key_deriver
+from idempotency_async._prefixes import has_explicit_prefix
 from idempotency_async.canonical import digest
 from idempotency_async.errors import (
     ConfigError,
@@ -191,7 +192,8 @@ def test_powertools_prefix_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "")
     assert options.resolved_prefix() == "."  # set but empty: no "test-func"
     spaced = Options(key_format="powertools-python", key_prefix=" p ")
-    assert spaced.has_explicit_prefix() and spaced.resolved_prefix() == " p "
+    assert has_explicit_prefix(spaced.key_prefix, spaced.key_format)
+    assert spaced.resolved_prefix() == " p "
 
 
 async def test_decorated_function_prefix_uses_the_lambda_function_name(

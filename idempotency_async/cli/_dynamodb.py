@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import SplitResult
 
+from idempotency_async._redact import redact_url
 from idempotency_async.cli._errors import CliError
-from idempotency_async.cli._targets import AwsSettings, query_params
+from idempotency_async.cli._targets import AwsSettings, query_params, record_format
 from idempotency_async.errors import PersistenceError
+from idempotency_async.record import Status
 
 __all__ = ["DynamoDBTarget", "parse"]
 
@@ -27,6 +30,7 @@ _STORE_OPTIONS: Final = (
     "validation_attr",
     "owner_attr",
     "data_format_attr",
+    "record_format",
 )
 _CONNECTION: Final = ("region", "endpoint")
 _TABLE_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{3,255}")
@@ -43,6 +47,13 @@ class DynamoDBTarget:
         factory = self._client_factory(aws)
         dynamodb = _dynamodb_module()
         return dynamodb.DynamoDBStore(client_factory=factory, table_name=self.table, **self.options)
+
+    def pages(
+        self, store: Any, *, status: Status | None, page_size: int | None
+    ) -> AsyncGenerator[Any, None]:
+        """A ``Query`` of the partition in sort-key mode, a ``Scan`` of the table otherwise."""
+        pages: AsyncGenerator[Any, None] = store.pages(status=status, page_size=page_size)
+        return pages
 
     async def create_table(self, aws: AwsSettings) -> None:
         """Create the table the URL names, in sort-key mode when it sets ``sort_key_attr``."""
@@ -96,7 +107,8 @@ def _dynamodb_module() -> Any:
         from idempotency_async.stores import dynamodb
     except ImportError as exc:
         raise CliError(
-            f"DynamoDB support is not installed ({exc}): pip install 'idempotency-async[dynamodb]'"
+            f"DynamoDB support is not installed ({exc}): pip install 'idempotency-async[dynamodb]' "
+            "(from a checkout: pip install -e '.[dynamodb]')"
         ) from exc
     return dynamodb
 
@@ -105,8 +117,8 @@ def parse(parts: SplitResult) -> DynamoDBTarget:
     table = parts.netloc
     if not table or parts.path not in ("", "/"):
         raise CliError(
-            f"bad store URL {parts.geturl()!r}: write dynamodb://TABLE?region=… (the table "
-            "name right after dynamodb://)"
+            f"bad store URL {redact_url(parts.geturl())!r}: write dynamodb://TABLE?region=… "
+            "(the table name right after dynamodb://)"
         )
     if not _TABLE_NAME.fullmatch(table):
         raise CliError(
@@ -119,4 +131,6 @@ def parse(parts: SplitResult) -> DynamoDBTarget:
     for name, value in params.items():
         if not value:
             raise CliError(f"parameter {name!r} in the store URL is empty")
+    if "record_format" in params:
+        record_format(params["record_format"])
     return DynamoDBTarget(table, region, endpoint, params)

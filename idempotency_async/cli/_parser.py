@@ -48,7 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
         "list",
         parents=[store, output],
         help="list records, optionally by status",
-        description="List records: a Query in sort-key mode, a Scan of the table otherwise.",
+        description=(
+            "List records. DynamoDB: a Query in sort-key mode, a Scan of the table otherwise. "
+            "Redis: a SCAN of the keys under the URL's key_prefix."
+        ),
     )
     listing.add_argument(
         "--status", choices=[status.value for status in Status], help="only records in it"
@@ -58,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--page-size",
         metavar="N",
         type=_positive_int,
-        help="items read per request (default: 1 MB pages)",
+        help="items read per request (DynamoDB default: 1 MB pages; Redis: the SCAN COUNT, 100)",
     )
     listing.add_argument(
         "--progress",
@@ -157,7 +160,8 @@ def _store_options() -> argparse.ArgumentParser:
         "--store",
         metavar="URL",
         default=os.environ.get(STORE_ENV),
-        help=f"dynamodb://TABLE?region=… or redis://HOST:PORT/DB (default: ${STORE_ENV})",
+        help=f"dynamodb://TABLE?region=… or redis://HOST:PORT/DB, with record_format=… for "
+        f"Powertools (Python) records (default: ${STORE_ENV})",
     )
     options.add_argument("--profile", help="AWS profile (default: AWS_PROFILE or default)")
     options.add_argument("--region", help="AWS region (default: the URL's, then AWS_REGION)")

@@ -6,23 +6,16 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any, Protocol, TextIO, runtime_checkable
+from typing import TextIO
 
 from idempotency_async.cli._errors import EXIT_NOT_FOUND, CliError
 from idempotency_async.cli._render import ROW_HEADER, record_json, record_lines, record_row
-from idempotency_async.cli._targets import AwsSettings, Target, parse_target
+from idempotency_async.cli._targets import AwsSettings, Listing, Target, parse_target
+from idempotency_async.cli._terminal import printable
 from idempotency_async.record import Record, Status
 
 __all__ = ["run_create_table", "run_get", "run_list", "run_release"]
-
-
-@runtime_checkable
-class _Pages(Protocol):
-    def pages(
-        self, *, status: Status | None = None, page_size: int | None = None
-    ) -> AsyncGenerator[Any, None]: ...
 
 
 def _aws(args: argparse.Namespace) -> AwsSettings:
@@ -48,6 +41,11 @@ async def run_get(args: argparse.Namespace) -> int:
 
 
 async def run_release(args: argparse.Namespace) -> int:
+    if not args.yes and not _can_ask():
+        raise CliError(
+            "not released: stdin is closed, so the confirmation cannot be asked; "
+            "pass --yes to release without asking"
+        )
     store = _target(args).store(_aws(args))
     async with aclosing(store):
         if not args.yes:
@@ -78,18 +76,34 @@ def _confirm(record: Record, now: float) -> None:
             file=err,
         )
     print("Delete this record? [y/N] ", end="", file=err, flush=True)
-    answer = sys.stdin.readline().strip().lower()
-    if not sys.stdin.isatty():
-        print(answer, file=err)  # a terminal echoes it; keep piped transcripts readable
+    try:
+        answer = sys.stdin.readline().strip().lower()
+        tty = sys.stdin.isatty()
+    except (OSError, ValueError) as exc:  # closed or unreadable since _can_ask
+        raise CliError(f"not released: cannot read the answer ({exc}); pass --yes") from exc
+    if not tty:
+        print(printable(answer), file=err)  # a terminal echoes it; keep piped transcripts readable
     if answer not in ("y", "yes"):
         raise CliError("not released (answer y to confirm, or pass --yes)")
 
 
+def _can_ask() -> bool:
+    """Whether stdin can carry an answer (Python sets it to None when fd 0 is closed)."""
+    stdin = sys.stdin
+    if stdin is None or stdin.closed:
+        return False
+    try:
+        stdin.fileno()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 async def run_list(args: argparse.Namespace) -> int:
-    store = _target(args).store(_aws(args))
-    if not isinstance(store, _Pages):
-        await store.aclose()
+    target = _target(args)
+    if not isinstance(target, Listing):
         raise CliError(f"list is not supported for {args.store.split(':', 1)[0]}:// stores")
+    store = target.store(_aws(args))
     status = None if args.status is None else Status(args.status)
     progress = _Progress(sys.stderr, forced=args.progress)
     shown = scanned = 0
@@ -97,7 +111,7 @@ async def run_list(args: argparse.Namespace) -> int:
     header = not args.json
     async with (
         aclosing(store),
-        aclosing(store.pages(status=status, page_size=args.page_size)) as pages,
+        aclosing(target.pages(store, status=status, page_size=args.page_size)) as pages,
     ):
         async for page in pages:
             if header:  # after the first answer: an error is then the only output

@@ -6,8 +6,10 @@ import base64
 import binascii
 import datetime
 import json
+import re
 from typing import Any, Final
 
+from idempotency_async.cli._terminal import printable
 from idempotency_async.record import Record, Status
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "state_of",
 ]
 
+_LINE_BREAK: Final = re.compile(r"\r?\n")
 # DynamoDB records without an expiration never expire (the store reads them as 2**63).
 _NEVER: Final = 2**62
 
@@ -136,7 +139,28 @@ def record_lines(record: Record, now: float, *, show_response: bool = False) -> 
             _http_lines(record.response)
             or json.dumps(record.response, indent=2, ensure_ascii=False).splitlines()
         )
-    return lines
+        if _is_json_text(record.response):
+            lines.append(_JSON_TEXT_HINT)
+    # Everything above may come from another writer of the store: shown, never run.
+    return [printable(line) for line in lines]
+
+
+_JSON_TEXT_HINT: Final = (
+    "(the response is JSON text: if Powertools (Python) or a store with "
+    "record_format='powertools-python' wrote it, add record_format=powertools-python to "
+    "the store URL to see it decoded)"
+)
+
+
+def _is_json_text(response: Any) -> bool:
+    """A string holding a JSON object or array: how Powertools (Python) stores a response."""
+    if not isinstance(response, str) or response[:1] not in ("{", "["):
+        return False
+    try:
+        json.loads(response)
+    except ValueError:
+        return False
+    return True
 
 
 def _http_lines(response: Any) -> list[str] | None:
@@ -157,8 +181,8 @@ def _http_lines(response: Any) -> list[str] | None:
     if not isinstance(body, str):
         return [*lines, "", "(body not stored)"]
     try:
-        data = base64.b64decode(body, validate=True)
-        return [*lines, "", data.decode()]
+        text = base64.b64decode(body, validate=True).decode()
+        return [*lines, "", *_LINE_BREAK.split(text)]
     except (binascii.Error, UnicodeDecodeError):
         return [*lines, "", f"({len(body) * 3 // 4} bytes, not UTF-8 text)"]
 
@@ -185,7 +209,7 @@ def record_row(record: Record, now: float) -> str:
         when = f"expired {relative(record.expiration, now)}"
     if state == "completed" and not record.response_stored:
         when += ", response not stored"
-    return f"{record.status.value:<10}  {when:<32}  {record.key}"
+    return printable(f"{record.status.value:<10}  {when:<32}  {record.key}")
 
 
 ROW_HEADER: Final = f"{'STATUS':<10}  {'STATE':<32}  KEY"

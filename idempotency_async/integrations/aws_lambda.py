@@ -23,6 +23,7 @@ import inspect
 import json
 import logging
 import weakref
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -33,6 +34,7 @@ from idempotency_async.canonical import canonical_json
 from idempotency_async.deadlines import deadline as ambient_deadline
 from idempotency_async.decorators import _manager_for
 from idempotency_async.errors import (
+    AlreadyInProgressError,
     BatchEventError,
     CompletionError,
     ConfigError,
@@ -41,6 +43,7 @@ from idempotency_async.errors import (
 )
 from idempotency_async.instrumentation import annotate, call_attributes
 from idempotency_async.manager import Manager
+from idempotency_async.options import disabled_by_environment
 
 __all__ = [
     "BatchResponse",
@@ -472,10 +475,20 @@ def _identified(records: list[Mapping[str, Any]], source: _Source) -> list[_Item
     return items
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Item:
+    """One record of the batch, read once before anything runs."""
+
     identifier: str
     record: Mapping[str, Any]
+    payload: dict[str, Any] | None = None
+    """The record with its body decoded; None when it could not be read."""
+    key: str | None = None
+    """The key the manager gives it (None: no key, or unreadable)."""
+    group: str | None = None
+    """Its ordering group (batches whose records are ordered)."""
+    unreadable: str | None = None
+    """Why the record cannot run: it fails alone, the rest of the batch runs."""
 
 
 _derived: weakref.WeakKeyDictionary[Manager, dict[str, Manager]] = weakref.WeakKeyDictionary()
@@ -526,9 +539,12 @@ async def process_batch(
     Kinesis ``sequenceNumber`` or DynamoDB ``SequenceNumber`` (enable
     ``ReportBatchItemFailures`` on the event source mapping).  A record fails when its
     handler raised, its key is still in progress elsewhere (so it is redelivered later),
-    or it is broken in a way that still lets it be named (e.g. an SQS record without a
-    ``body``, a Kinesis record without a ``partitionKey``); a duplicate of a completed
-    record succeeds without running the handler.
+    or it cannot be read but can still be named (e.g. an SQS record without a ``body``, a
+    Kinesis record without a ``partitionKey``, a key nested too deeply to hash): it then
+    fails alone, and the rest of the batch runs.  A duplicate of a completed record
+    succeeds without running the handler.  Duplicates inside the batch (records with the
+    key of an earlier record) join that first record: they replay its result, or fail with
+    it without running.
 
     ``event_type`` (:class:`EventType` or its value) makes the expected kind explicit.
     :class:`~idempotency_async.errors.BatchEventError` is raised, before any record
@@ -544,6 +560,8 @@ async def process_batch(
     source = _source_of(records, expected)
     items = _identified(records, source)
     run = _RecordRunner(_batch_manager(manager, source), source, record_handler)
+    for item in items:
+        run.prepare(item)
     when = invocation_deadline(context)
     if when is None:
         failed = await _process(run, items, concurrency)
@@ -568,30 +586,56 @@ def _event_type(value: EventType | str | None) -> EventType | None:
 async def _process(run: _RecordRunner, items: list[_Item], concurrency: int) -> list[str]:
     if run.source.ordering is None:
         return await _unordered(run, items, concurrency)
-    return await _in_order(run, items, run.source.ordering)
+    return await _in_order(run, items)
 
 
 async def _unordered(run: _RecordRunner, items: list[_Item], concurrency: int) -> list[str]:
     slots = asyncio.Semaphore(concurrency)
+    # The first record of each key runs; the duplicates after it in the batch wait for its
+    # outcome (without holding a slot) and replay it, or fail with it.
+    firsts: dict[str, asyncio.Future[bool]] = {}
 
-    async def one(item: _Item) -> bool:
+    async def one(item: _Item, first: asyncio.Future[bool] | None) -> bool:
+        if first is not None and not await asyncio.shield(first):
+            return run.failed_with_first(item)
         async with slots:
-            return await run(item)
+            return await run(item, duplicate=first is not None)
 
-    outcomes = await asyncio.gather(*(one(item) for item in items))
+    async def first_of_its_key(item: _Item, outcome: asyncio.Future[bool]) -> bool:
+        try:
+            ok = await one(item, None)
+        except BaseException:
+            outcome.set_result(False)
+            raise
+        outcome.set_result(ok)
+        return ok
+
+    loop = asyncio.get_running_loop()
+    repeated = {key for key, count in Counter(item.key for item in items).items() if count > 1}
+    calls = []
+    for item in items:
+        if item.key is None or item.key not in repeated:
+            calls.append(one(item, None))  # the common case: nothing to wait for
+        elif item.key in firsts:
+            calls.append(one(item, firsts[item.key]))
+        else:
+            firsts[item.key] = outcome = loop.create_future()
+            calls.append(first_of_its_key(item, outcome))
+    outcomes = await asyncio.gather(*calls)
     return [item.identifier for item, ok in zip(items, outcomes, strict=True) if not ok]
 
 
-async def _in_order(
-    run: _RecordRunner,
-    items: list[_Item],
-    group_of: Callable[[Mapping[str, Any]], str | None],
-) -> list[str]:
+async def _in_order(run: _RecordRunner, items: list[_Item]) -> list[str]:
     stopped: set[str] = set()
+    outcomes: dict[str, bool] = {}  # the first record of each key: succeeded?
     failed: list[str] = []
     for item in items:
-        group = group_of(item.record)
-        if group is None:
+        first = None if item.key is None else outcomes.get(item.key)
+        if item.group is not None and item.group in stopped:
+            ok = False
+        elif item.unreadable is not None:
+            ok = run.unreadable(item)
+        elif item.group is None:
             # Its group is unknown, so it cannot stop one: it fails on its own.
             _log.error(
                 "%s record %s has no %s: failed without running it",
@@ -599,11 +643,16 @@ async def _in_order(
                 item.identifier,
                 run.source.group_field,
             )
-            failed.append(item.identifier)
-        elif group in stopped:
-            failed.append(item.identifier)
-        elif not await run(item):
-            stopped.add(group)
+            ok = False
+        elif first is False:
+            ok = run.failed_with_first(item)
+        else:
+            ok = await run(item, duplicate=first is not None)
+        if item.key is not None:
+            outcomes.setdefault(item.key, ok)
+        if not ok:
+            if item.group is not None:
+                stopped.add(item.group)
             failed.append(item.identifier)
     return failed
 
@@ -615,10 +664,47 @@ class _RecordRunner:
     handler: Callable[[dict[str, Any]], Awaitable[object]]
     deadline: float | None = None
 
-    async def __call__(self, item: _Item) -> bool:
-        """Run one record; True when it needs no redelivery."""
+    def prepare(self, item: _Item) -> None:
+        """Read the record: its decoded payload, key and group; or why it is unreadable.
+
+        Nothing a record holds can fail the batch: a record that cannot be read (a body
+        with duplicate JSON members, Keys nested too deeply to compare) fails alone, and so
+        does one whose key cannot be derived (nested too deeply to hash, an integer too
+        wide for a key), when its own call derives it.
+        """
         try:
-            payload = self.source.decode(item.record)
+            # The group first, from the record as delivered: a record that cannot be
+            # decoded still stops its group.
+            if self.source.ordering is not None:
+                item.group = self.source.ordering(item.record)
+        except Exception as exc:  # e.g. DynamoDB Keys nested too deeply to compare
+            item.unreadable = f"its {self.source.group_field} cannot be read: {_reason(exc)}"
+            return
+        try:
+            item.payload = self.source.decode(item.record)
+        except Exception as exc:
+            item.unreadable = _reason(exc)
+            return
+        if disabled_by_environment():
+            return  # every record runs on its own, duplicates too
+        try:
+            item.key = self.manager.key_for(item.payload)
+        except Exception:
+            # No key to group by: the record's own call derives it again and fails alone
+            # with the reason (a payload that cannot be keyed, KeyMissingError).
+            item.key = None
+
+    async def __call__(self, item: _Item, *, duplicate: bool = False) -> bool:
+        """Run one record; True when it needs no redelivery.
+
+        ``duplicate``: an earlier record of the batch with the same key succeeded, so this
+        one replays it (or, when that one's result could not be recorded, counts as
+        processed with it).
+        """
+        if item.unreadable is not None or item.payload is None:
+            return self.unreadable(item)
+        payload = item.payload
+        try:
             with call_attributes(self.manager, {_ITEM_ID: item.identifier}):
                 await self.manager.execute(
                     payload, lambda: self.handler(payload), deadline=self.deadline
@@ -630,7 +716,44 @@ class _RecordRunner:
                 "%s record %s was processed, but: %s", self.source.name, item.identifier, exc
             )
             return True
-        except Exception:
+        except Exception as exc:
+            if duplicate and isinstance(exc, AlreadyInProgressError):
+                # Its first copy ran to completion in this batch, but the completion write
+                # did not land (in progress until the lease ends): processed with it.
+                _log.warning(
+                    "%s record %s is a duplicate of one processed in this batch: %s",
+                    self.source.name,
+                    item.identifier,
+                    exc,
+                )
+                return True
             _log.exception("%s record %s failed", self.source.name, item.identifier)
             return False
         return True
+
+    def unreadable(self, item: _Item) -> bool:
+        """A record that cannot be read fails alone, without running."""
+        _log.error(
+            "%s record %s cannot be read, failed without running it: %s",
+            self.source.name,
+            item.identifier,
+            item.unreadable,
+        )
+        return False
+
+    def failed_with_first(self, item: _Item) -> bool:
+        """A duplicate of a record that failed in this batch: redelivered with it, unrun."""
+        _log.info(
+            "%s record %s has the key of a record that failed in this batch: "
+            "reported failed with it, not run",
+            self.source.name,
+            item.identifier,
+        )
+        return False
+
+
+def _reason(exc: Exception, limit: int = 300) -> str:
+    """Why a record cannot be read, short enough for a log line (a path 600 levels deep
+    is not)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"

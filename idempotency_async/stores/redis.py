@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Final, Literal, Self
 
+from idempotency_async._redact import redact, redact_url, secrets_in
 from idempotency_async.errors import ConfigError, StoreUnavailableError, StoreValidationError
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores import _redis_scripts as scripts
@@ -178,7 +179,8 @@ class RedisStore:
         check_record_format(record_format)
         if not isinstance(url, str) or not url.startswith(_SCHEMES):
             raise ConfigError(
-                f"a Redis URL starts with redis://, rediss:// (TLS) or unix://, got {url!r}"
+                "a Redis URL starts with redis://, rediss:// (TLS) or unix://, got "
+                f"{redact_url(url) if isinstance(url, str) else url!r}"
             )
         try:
             import redis.asyncio as redis_asyncio
@@ -191,7 +193,11 @@ class RedisStore:
         try:
             client = factory.from_url(url, **options)
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"cannot build a Redis client from {url!r}: {exc}") from exc
+            # Services log this at start-up: never with the password.
+            raise ConfigError(
+                f"cannot build a Redis client from {redact_url(url)!r}: "
+                f"{redact(str(exc), secrets_in(url))}"
+            ) from exc
         store = cls(
             client,
             key_prefix=key_prefix,

@@ -1,0 +1,41 @@
+"""Credentials out of messages: the one redaction every quoted URL goes through."""
+
+from __future__ import annotations
+
+import pytest
+
+from idempotency_async._redact import redact, redact_url, secrets_in
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://admin:hunter22@host:6379x/0", "redis://admin:***@host:6379x/0"),
+        ("redis://:hunter22@host/0", "redis://:***@host/0"),
+        ("rediss://hunter22@host/0", "rediss://***@host/0"),  # a lone token: hidden whole
+        ("redis://admin:p@ss@[::1/0", "redis://admin:***@[::1/0"),  # "@" in the password
+        ("redis://host/0?password=hunter22&db=1", "redis://host/0?password=***&db=1"),
+        ("redis://host/0?db=1&AuthToken=hunter22", "redis://host/0?db=1&AuthToken=***"),
+        ("redis://host:6379/0?key_prefix=a@b", "redis://host:6379/0?key_prefix=a@b"),
+        ("dynamodb://table?region=eu-west-1", "dynamodb://table?region=eu-west-1"),
+    ],
+)
+def test_redact_url_hides_passwords_and_keeps_the_rest(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_redact_removes_decoded_and_nested_secrets_from_any_text() -> None:
+    url = "dynamodb://t?endpoint=http%3A%2F%2Fuser%3Ap%C3%A4ss%21word%40host&region=x"
+    secrets = secrets_in(url)
+    assert "päss!word" in secrets and "p%C3%A4ss%21word" in secrets
+    message = f"connecting to http://user:päss!word@host failed; the URL was {url}"
+    shown = redact(message, secrets)
+    assert "päss" not in shown and "p%C3%A4ss" not in shown
+    assert "host" in shown and "region=x" in shown
+
+
+def test_short_secrets_are_hidden_in_urls_but_not_everywhere() -> None:
+    url = "redis://admin:a@host/0"
+    assert redact(f"bad port in {url}: 'a'", secrets_in(url)) == (
+        "bad port in redis://admin:***@host/0: 'a'"
+    )
