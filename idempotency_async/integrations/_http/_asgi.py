@@ -81,6 +81,9 @@ class AsgiAdapter:
         self.path: str = scope["path"]
         self.query = scope.get("query_string", b"").decode("latin-1")
         self.request = request
+        # A list, as Starlette keeps it (a server may send any iterable, read more than once).
+        self.raw_headers: list[tuple[bytes, bytes]] = list(scope["headers"])
+        scope["headers"] = self.raw_headers
         self.gate: ResponseGate | None = None
         # The head is held until the first body message shows whether the whole body is in
         # hand (a plain response) or more follows (a stream).
@@ -90,7 +93,7 @@ class AsgiAdapter:
     def headers(self, name: str) -> list[str]:
         # As Starlette's ``Headers.getlist``: ASGI servers send lower-cased names.
         wanted = name.lower().encode("latin-1")
-        return [value.decode("latin-1") for key, value in self.scope["headers"] if key == wanted]
+        return [value.decode("latin-1") for key, value in self.raw_headers if key == wanted]
 
     def install(self, state: RequestState) -> None:
         self.scope[STATE_KEY] = state

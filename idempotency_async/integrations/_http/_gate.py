@@ -1,16 +1,18 @@
 """The point of no return of one response, and the capture of its body for the record.
 
-Its phases (every transition is one of these arrows; anything else leaves the phase as
-it is and writes nothing)::
+Its phases (every transition is one of these arrows; any other call leaves the phase as
+it is and writes nothing, except a second head, which raises)::
 
-    AWAITING_HEAD ──start: 5xx, or the endpoint did not run──> PASSING    (released at the end)
-          │
-          └─start: < 500──> RECORDING_HEAD ──plain body──────────────> ENDED
-                            (the completion     ──stream──> STREAMING ──end──> ENDED
-                             write, before the              │ too large, or a file
-                             head goes out)                 └─────> OVERFLOWED ──end──> ENDED
+    AWAITING_HEAD ─start: 5xx (not stored), or not the endpoint's─> PASSING (released at the end)
+        │
+        └─start: < 500─> RECORDING_HEAD  (the completion is written before the head goes out)
+                           ├─ plain: the whole body in hand ──────────────────────> ENDED
+                           ├─ stream ─> STREAMING ─end─> ENDED (the body attached)
+                           │               │ too large, or sent from a file
+                           └─ stream with a Content-Length past the limit
+                                         └──> OVERFLOWED ─end─> ENDED (not stored, and why)
 
-    STREAMING, OVERFLOWED, RECORDING_HEAD ──the endpoint returned or raised──> ENDED
+    RECORDING_HEAD, STREAMING, OVERFLOWED ─the endpoint returned or raised─> ENDED
 
 Adapters call :meth:`ResponseGate.start` with the response head *before* forwarding it,
 then :meth:`~ResponseGate.write` for each body chunk of a stream and
