@@ -13,8 +13,14 @@ import orjson
 import pytest
 
 from idempotency_async import Manager, MemoryStore, errors
-from idempotency_async.integrations._exchange import ResponseGate, run
-from idempotency_async.integrations._http import HttpIdempotency, Rejection, RequestState
+from idempotency_async.integrations._http import (
+    HttpIdempotency,
+    HttpSettings,
+    Rejection,
+    RequestState,
+    ResponseGate,
+    run,
+)
 
 
 class FakeManager:
@@ -46,18 +52,20 @@ class FakeCall:
 def _rules(manager: FakeManager) -> HttpIdempotency:
     rules = HttpIdempotency(
         Manager(MemoryStore()),
-        methods=("POST",),
-        paths=None,
-        required=False,
-        caller_scope=lambda request: "c",
-        request_timeout=7.0,
-        max_body_bytes=1000,
-        max_body_depth=10,
-        max_response_bytes=1000,
-        store_server_errors=False,
-        replay_headers=(),
-        wait=None,
-        wait_timeout=None,
+        HttpSettings(
+            methods=("POST",),
+            paths=None,
+            required=False,
+            caller_scope=lambda request: "c",
+            request_timeout=7.0,
+            max_body_bytes=1000,
+            max_body_depth=10,
+            max_response_bytes=1000,
+            store_server_errors=False,
+            replay_headers=(),
+            wait=None,
+            wait_timeout=None,
+        ),
     )
     rules.manager = manager  # type: ignore[assignment]
     return rules

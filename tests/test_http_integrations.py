@@ -32,7 +32,8 @@ from support import RecordingStore, checkout_env
 
 from idempotency_async import Manager, MemoryStore, Options, errors
 from idempotency_async.canonical import canonical_bytes
-from idempotency_async.integrations._http import HttpIdempotency, Rejection, _sliced
+from idempotency_async.integrations._http import HttpIdempotency, Rejection
+from idempotency_async.integrations._http._fingerprint import _sliced
 from idempotency_async.integrations.aiohttp import idempotency_middleware, idempotent_endpoint
 from idempotency_async.integrations.fastapi import (
     IdempotencyKey,

@@ -7,7 +7,7 @@
     @idempotent_endpoint
     async def create_order(request: web.Request) -> web.Response: ...
 
-The rules are those of :mod:`idempotency_async.integrations._http`; see ``docs/http.md``.
+The behaviour is described in ``docs/http.md``.
 """
 
 from __future__ import annotations
@@ -27,19 +27,23 @@ from aiohttp.typedefs import Handler, Middleware
 from multidict import CIMultiDict
 
 from idempotency_async.errors import ConfigError
-from idempotency_async.integrations._exchange import ResponseGate, exchange
 from idempotency_async.integrations._http import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_BODY_DEPTH,
     DEFAULT_METHODS,
+    DEFAULT_REQUEST_TIMEOUT,
     STORED_HEADER,
     CallerScope,
     HttpIdempotency,
     HttpResponse,
+    HttpSettings,
     PathPattern,
     Rejection,
     RequestState,
+    ResponseGate,
+    exchange,
     host_route,
+    too_large,
 )
 from idempotency_async.manager import Manager
 
@@ -96,7 +100,7 @@ def idempotency_middleware(
     paths: Iterable[PathPattern] | None = None,
     required: bool = False,
     caller_scope: CallerScope | None = None,
-    request_timeout: float = 30.0,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_body_depth: int = DEFAULT_MAX_BODY_DEPTH,
     max_response_bytes: int | None = None,
@@ -116,18 +120,20 @@ def idempotency_middleware(
     """
     rules = HttpIdempotency(
         manager,
-        methods=methods,
-        paths=paths,
-        required=required,
-        caller_scope=caller_scope,
-        request_timeout=request_timeout,
-        max_body_bytes=max_body_bytes,
-        max_body_depth=max_body_depth,
-        max_response_bytes=max_response_bytes,
-        store_server_errors=store_server_errors,
-        replay_headers=replay_headers,
-        wait=wait,
-        wait_timeout=wait_timeout,
+        HttpSettings(
+            methods=methods,
+            paths=paths,
+            required=required,
+            caller_scope=caller_scope,
+            request_timeout=request_timeout,
+            max_body_bytes=max_body_bytes,
+            max_body_depth=max_body_depth,
+            max_response_bytes=max_response_bytes,
+            store_server_errors=store_server_errors,
+            replay_headers=replay_headers,
+            wait=wait,
+            wait_timeout=wait_timeout,
+        ),
     )
 
     @web.middleware
@@ -137,7 +143,7 @@ def idempotency_middleware(
         if match_info.http_exception is not None or resource is None:
             return await handler(request)
         marked = match_info.handler in _MARKED
-        if not rules.applies(request.method, request.path, marked=marked):
+        if not rules.settings.applies(request.method, request.path, marked=marked):
             return await handler(request)
         template = resource.canonical
         if _by_domain(match_info.apps):
@@ -163,7 +169,7 @@ def _by_domain(apps: tuple[web.Application, ...]) -> bool:
 
 
 class _Aiohttp:
-    """The aiohttp side of one idempotent request (see :mod:`._exchange` for the algorithm)."""
+    """The aiohttp side of one idempotent request (algorithm: :mod:`._http._exchange`)."""
 
     def __init__(
         self,
@@ -222,7 +228,7 @@ class _Aiohttp:
         while chunk := await content.readany():
             body += chunk
             if len(body) > limit:
-                raise Rejection(self.rules.too_large())
+                raise Rejection(too_large(self.rules.settings.max_body_bytes))
         data = bytes(body)
         self._replay_body(data)
         return data

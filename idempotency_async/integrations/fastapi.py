@@ -27,8 +27,8 @@ from typing import Annotated, Any, Final, TypeAlias
 from fastapi import Depends, Header, Request
 
 from idempotency_async.errors import ConfigError
-from idempotency_async.integrations._http import RequestState
-from idempotency_async.integrations.starlette import _ROUTE_MARKERS, request_state
+from idempotency_async.integrations._http import RequestState, register_marker
+from idempotency_async.integrations.starlette import request_state
 
 __all__ = [
     "IdempotencyKey",
@@ -99,8 +99,8 @@ def _state(request: Request) -> RequestState:
     return state
 
 
-_ROUTE_MARKERS[idempotency_dependency] = False
-_ROUTE_MARKERS[required_idempotency_dependency] = True
+register_marker(idempotency_dependency, requires_key=False)
+register_marker(required_idempotency_dependency, requires_key=True)
 
 IdempotencyKey: TypeAlias = Annotated[str, Depends(required_idempotency_dependency)]
 """Endpoint parameter type that opts the route in, requires the key and receives it."""

@@ -13,57 +13,47 @@ The response lifecycle (the point of no return is the first response head)::
                            attached (or the reason it is not is written)
     after the head: background tasks, slow or vanished clients, failures ──> never a release
 
-Each framework supplies an :class:`Adapter` that moves bytes; the algorithm is here once.
+Each framework supplies an :class:`Adapter` that moves bytes; the algorithm is here once,
+and the head's decisions are the :class:`~._gate.ResponseGate`'s.
 """
 
 from __future__ import annotations
 
-import base64
 import logging
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol, TypeVar
-
-import orjson
 
 from idempotency_async._call import Call
 from idempotency_async.errors import (
     AlreadyInProgressError,
     CompletionError,
     DeadlineExceededError,
-    IdempotencyError,
     InconsistentStateError,
     PayloadValidationError,
     PersistenceError,
     ResponseNotStoredError,
 )
 from idempotency_async.instrumentation import annotate, call_attributes
-from idempotency_async.integrations._http import (
-    KEY_HEADER,
-    REPLAYED_ATTRIBUTE,
-    HttpIdempotency,
+from idempotency_async.integrations._http._fingerprint import check_length
+from idempotency_async.integrations._http._gate import ResponseGate
+from idempotency_async.integrations._http._keys import KEY_HEADER, parse_key
+from idempotency_async.integrations._http._markers import RequestState
+from idempotency_async.integrations._http._responses import (
     HttpResponse,
     Rejection,
-    RequestState,
-    content_length,
     not_available,
-    parse_key,
     problem,
 )
+from idempotency_async.integrations._http._rules import HttpIdempotency
 
-__all__ = ["Adapter", "ResponseGate", "exchange", "retry_after", "run"]
+__all__ = ["REPLAYED_ATTRIBUTE", "Adapter", "exchange", "retry_after", "run"]
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
-_FORMAT: Final = 1
-# Written when a stream starts; a later write replaces it when the stream ends.  It stays
-# only when the request was cancelled mid-stream (after which nothing may be written).
-_STREAMING: Final = (
-    "streamed response, not captured: it was still being sent, or was cut off before its "
-    "end (the client disconnected or the request was cancelled)"
-)
-
+REPLAYED_ATTRIBUTE: Final = "idempotency.http.replayed"
+"""Set on the current (server) span when a stored response is replayed."""
 # Retry-After of a 503 for a record the store found inconsistent (at least a minute).
 _INCONSISTENT_RETRY_AFTER: Final = 60
 
@@ -78,7 +68,7 @@ class Adapter(Protocol[R_co]):
     query: str
     template: str
     """The matched route's path template (after the matched host on host-routed routes,
-    see :func:`._http.host_route`)."""
+    see :func:`._keys.host_route`)."""
     marked: bool
     """The route is opted in by a marker that tells whether the endpoint ran."""
     key_required: bool
@@ -115,7 +105,7 @@ async def exchange(rules: HttpIdempotency, adapter: Adapter[R]) -> R:
         if key is None:
             return await adapter.passthrough()
         declared = adapter.headers("content-length")
-        rules.check_length(declared[0] if declared else None)
+        check_length(declared[0] if declared else None, rules.settings.max_body_bytes)
         body = await adapter.read_body(rules.settings.max_body_bytes)
         if body is None:
             return adapter.live()  # the client went away before sending its body
@@ -160,7 +150,8 @@ async def run(
         except Exception as exc:
             await gate.endpoint_failed(exc)
             raise
-        await gate.endpoint_returned()
+        if not await gate.endpoint_returned():
+            raise _Release("the response was a server error or the endpoint did not run")
         if gate.status:
             annotate(rules.manager, {"http.response.status_code": gate.status})
         return None
@@ -222,153 +213,6 @@ async def run(
         return None
     annotate(rules.manager, {**attributes, REPLAYED_ATTRIBUTE: True})
     return rules.replay(stored)
-
-
-class ResponseGate:
-    """The point of no return of one response, and the capture of its body for the record.
-
-    Adapters call :meth:`start` with the response head *before* forwarding it, then
-    :meth:`write` for each body chunk of a stream (``more=False`` for the last, before
-    forwarding it), and :meth:`client_gone` when sending failed.
-    """
-
-    def __init__(self, rules: HttpIdempotency, state: RequestState, marked: bool) -> None:
-        self.rules = rules
-        self.state = state
-        self.marked = marked
-        self.call: Call | None = None
-        """The manager's handle once the endpoint runs (None: it did not run here)."""
-        self.forwarded = False
-        """A head went (or is going) to the client."""
-        self.recording = False
-        """The response is past the point of no return: the record is completed."""
-        self.status = 0
-        self.headers: list[tuple[str, str]] = []
-        self.body = bytearray()
-        self.ended = False
-        self.overflow: str | None = None
-        """Why the body cannot be stored, once that is known while streaming."""
-        self.gone = False
-
-    async def start(self, status: int, headers: list[tuple[str, str]], body: bytes | None) -> bool:
-        """The response head, before it is forwarded; ``body`` is the whole body when it is
-        in hand (a plain response), None for a stream.  True: the head must carry
-        ``Idempotency-Response-Stored: false``."""
-        self.status, self.headers = status, headers
-        ran = not self.marked or self.state.endpoint_ran
-        if not ran or (status >= 500 and not self.rules.settings.store_server_errors):
-            self.forwarded = True
-            return False  # released once the endpoint ends: the callback counts as raising
-        flagged = await self._record_head(body)
-        self.forwarded = True  # only now: a cutoff during the write leaves room for a 504
-        return flagged
-
-    async def _record_head(self, body: bytes | None) -> bool:
-        self.recording = True
-        if body is not None:
-            self.ended = True
-            result, reason = self._stored(body)
-            if result is not None:
-                await self._complete(result)
-                return False
-            await self._complete_without(reason)
-            return True
-        limit = self.rules.settings.max_response_bytes
-        declared = content_length(self.headers)
-        if declared is not None and declared > limit:
-            self.overflow = f"its Content-Length ({declared} bytes) is over the limit of {limit}"
-        await self._complete_without(_STREAMING)
-        return self.overflow is not None
-
-    def write(self, chunk: bytes) -> None:
-        """A chunk of a streamed body, before it is forwarded."""
-        if not self.recording or self.overflow is not None:
-            return
-        self.body += chunk
-        limit = self.rules.settings.max_response_bytes
-        if len(self.body) > limit:
-            self.overflow = f"the streamed body grew past the limit of {limit} bytes"
-            self.body = bytearray()
-
-    async def end(self) -> None:
-        """The streamed body is complete (before its last chunk is forwarded): attach it."""
-        if not self.recording or self.ended:
-            return
-        self.ended = True
-        if self.overflow is not None:
-            await self._complete_without(f"too large: {self.overflow}")
-            return
-        result, reason = self._stored(bytes(self.body))
-        if result is not None:
-            await self._complete(result)
-        else:
-            await self._complete_without(reason)
-
-    def untrackable(self) -> None:
-        """Part of the body bypassed the capture (a file sent by path)."""
-        self.overflow = "its body was sent from a file, bypassing the capture"
-        self.body = bytearray()
-
-    def client_gone(self) -> None:
-        self.gone = True
-
-    async def endpoint_returned(self) -> None:
-        if not self.recording:
-            raise _Release("the response was a server error or the endpoint did not run")
-        if not self.ended:
-            self.ended = True
-            why = "the response stream stopped before its end"
-            if self.gone:
-                why = "the client disconnected before the streamed response was complete"
-            await self._complete_without(why)
-
-    async def endpoint_failed(self, exc: Exception) -> None:
-        if self.recording and not self.ended:
-            self.ended = True
-            await self._complete_without(
-                f"the endpoint raised {type(exc).__name__} while streaming the response"
-            )
-
-    def _stored(self, body: bytes) -> tuple[dict[str, Any] | None, str]:
-        """The JSON value to store for a whole body, or why it cannot be stored."""
-        settings = self.rules.settings
-        declared = content_length(self.headers)
-        if declared is not None and declared != len(body):
-            return None, f"the body ({len(body)} bytes) did not match its Content-Length"
-        if len(body) > settings.max_response_bytes:
-            return None, (
-                f"too large: the body ({len(body)} bytes) is over the limit of "
-                f"{settings.max_response_bytes}"
-            )
-        headers = [[name, value] for name, value in self.headers if name in settings.replay_headers]
-        result = {
-            "v": _FORMAT,
-            "status": self.status,
-            "headers": headers,
-            "body_b64": base64.b64encode(body).decode("ascii"),
-        }
-        size = len(orjson.dumps(result))
-        limit = self.rules.manager.store.max_response_bytes
-        if size > limit:
-            return None, f"too large: {size} bytes to store, over the store's limit of {limit}"
-        return result, ""
-
-    async def _complete(self, result: dict[str, Any]) -> None:
-        if self.call is not None:
-            await _recorded(self.call.complete(result))
-
-    async def _complete_without(self, reason: str) -> None:
-        if self.call is not None:
-            await _recorded(self.call.complete_without_response(f"HTTP {self.status}: {reason}"))
-
-
-async def _recorded(write: Awaitable[None]) -> None:
-    """Await a completion write; its failure is logged, never the client's answer: the
-    response goes out all the same (the key may stay in progress until its lease ends)."""
-    try:
-        await write
-    except IdempotencyError as exc:
-        _log.error("recording the response failed; it is sent all the same: %s", exc)
 
 
 def retry_after(exc: AlreadyInProgressError, rules: HttpIdempotency) -> int:

@@ -1,0 +1,182 @@
+"""The middleware's own answers, and the stored form of a response (written and read here).
+
+A stored response is the JSON value ``{"v": 1, "status", "headers", "body_b64"}``; its
+writer (:func:`stored_response`) and its reader (:func:`replay`) sit side by side so the
+format has one definition.  Every other answer is an RFC 9457 problem.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from idempotency_async.integrations._http._settings import (
+    NEVER_REPLAYED,
+    REPLAYED_HEADER,
+    STORED_HEADER,
+)
+
+__all__ = [
+    "HttpResponse",
+    "Rejection",
+    "content_length",
+    "not_available",
+    "problem",
+    "replay",
+    "stored_response",
+]
+
+_FORMAT: Final = 1
+# RFC 9110 field names (tokens) and values (no control characters: CR, LF and NUL split
+# or end a header).
+_TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
+_FIELD_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+_NO_BODY: Final = frozenset({204, 304})
+_REASON: Final = re.compile(r"HTTP ([1-5][0-9][0-9]): (.*)", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResponse:
+    """A complete response an adapter sends as it is (problems and replays)."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+class Rejection(Exception):
+    """Raised by the rules to answer the request with ``response`` instead of running it."""
+
+    def __init__(self, response: HttpResponse) -> None:
+        super().__init__(response.status)
+        self.response = response
+
+
+def problem(
+    status: int, title: str, detail: str, *, headers: Iterable[tuple[str, str]] = ()
+) -> HttpResponse:
+    """An RFC 9457 ``application/problem+json`` response."""
+    body = orjson.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail})
+    return HttpResponse(status, (("content-type", "application/problem+json"), *headers), body)
+
+
+def not_available(reason: str | None) -> HttpResponse:
+    """The answer to a duplicate of a request whose response was not stored: the original
+    status (written first in the record's reason), and the reason it was not stored."""
+    match = None if reason is None else _REASON.fullmatch(reason)
+    status = 409 if match is None else int(match[1])
+    why = reason if match is None else match[2]
+    return problem(
+        status,
+        "Response not available",
+        f"the request with this Idempotency-Key was processed, but its response was not "
+        f"stored ({why or 'no reason recorded'}), so it cannot be replayed: use a new key to "
+        "run the request again",
+        headers=((STORED_HEADER, "false"), (REPLAYED_HEADER, "true")),
+    )
+
+
+def content_length(headers: list[tuple[str, str]]) -> int | None:
+    """The declared Content-Length of a response head (lower-cased names), if readable."""
+    for name, value in headers:
+        if name == "content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def stored_response(
+    status: int,
+    headers: list[tuple[str, str]],
+    body: bytes,
+    *,
+    replay_headers: Iterable[str],
+    max_body_bytes: int,
+    max_stored_bytes: int,
+) -> tuple[dict[str, Any] | None, str]:
+    """The JSON value to store for a whole response, or why it cannot be stored.
+
+    ``max_body_bytes`` bounds the body, ``max_stored_bytes`` (the store's limit) the
+    encoded value; only the ``replay_headers`` are kept.
+    """
+    declared = content_length(headers)
+    if declared is not None and declared != len(body):
+        return None, f"the body ({len(body)} bytes) did not match its Content-Length"
+    if len(body) > max_body_bytes:
+        return None, (
+            f"too large: the body ({len(body)} bytes) is over the limit of {max_body_bytes}"
+        )
+    result = {
+        "v": _FORMAT,
+        "status": status,
+        "headers": [[name, value] for name, value in headers if name in replay_headers],
+        "body_b64": base64.b64encode(body).decode("ascii"),
+    }
+    size = len(orjson.dumps(result))
+    if size > max_stored_bytes:
+        return (
+            None,
+            f"too large: {size} bytes to store, over the store's limit of {max_stored_bytes}",
+        )
+    return result, ""
+
+
+def replay(stored: Any, replay_headers: Iterable[str]) -> HttpResponse:
+    """The response a duplicate gets for a stored result.
+
+    A stored response is untrusted input (other writers share the store): one that is
+    not what :func:`stored_response` writes answers as "not stored", and its headers pass
+    the allow-list again.
+    """
+    if not isinstance(stored, dict) or stored.get("v") != _FORMAT:
+        return not_available("the stored response is not one this middleware wrote")
+    status = stored.get("status")
+    if type(status) is not int or not 100 <= status <= 599:
+        return not_available(f"the stored response has an invalid status ({status!r:.40})")
+    if stored.get("stored") is False:  # written by earlier versions
+        return not_available(f"HTTP {status}: too large or not complete")
+    if status < 200:
+        return not_available(f"HTTP {status}: an informational status is not a response")
+    headers, why = _stored_headers(stored.get("headers"), replay_headers)
+    if why:
+        return not_available(f"HTTP {status}: the stored response {why}")
+    encoded = stored.get("body_b64")
+    try:
+        if not isinstance(encoded, str):
+            raise ValueError("not a string")
+        body = base64.b64decode(encoded, validate=True)
+    except (ValueError, binascii.Error):
+        return not_available(f"HTTP {status}: the stored response has no valid body")
+    if body and status in _NO_BODY:
+        return not_available(f"HTTP {status}: the stored response has a body it cannot carry")
+    return HttpResponse(status, (*headers, (REPLAYED_HEADER, "true")), body)
+
+
+def _stored_headers(stored: Any, allowed: Iterable[str]) -> tuple[tuple[tuple[str, str], ...], str]:
+    """The stored headers the allow-list passes, or why the stored ones are unusable."""
+    if not isinstance(stored, list):
+        return (), "has no header list"
+    kept: list[tuple[str, str]] = []
+    for pair in stored:
+        if (
+            not isinstance(pair, list)
+            or len(pair) != 2
+            or not all(isinstance(part, str) for part in pair)
+        ):
+            return (), "has a malformed header"
+        name, value = pair[0].lower(), pair[1]
+        if _TOKEN.fullmatch(name) is None or _FIELD_VALUE.fullmatch(value) is None:
+            return (), "has a header with characters HTTP does not allow"
+        if name in NEVER_REPLAYED:
+            return (), f"holds a {name} header, which is never replayed"
+        if name in allowed:
+            kept.append((name, value))
+    return tuple(kept), ""
