@@ -14,7 +14,6 @@ and metrics are listed in ``docs/observability.md``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from importlib import metadata
 
 try:
@@ -24,24 +23,17 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "idempotency_async.otel needs the OpenTelemetry API: pip install 'idempotency-async[otel]'"
     ) from exc
 
-from opentelemetry.metrics import Counter, Histogram, MeterProvider, NoOpMeterProvider
+from opentelemetry.metrics import MeterProvider, NoOpMeterProvider
 from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Tracer, TracerProvider
 
 from idempotency_async.otel import _names as names
+from idempotency_async.otel._instruments import Instruments, create_instruments
 from idempotency_async.otel._observer import BoundTelemetry
 from idempotency_async.stores.base import Store
 
 __all__ = ["Telemetry"]
 
 _RECHECK_SECONDS = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Instruments:
-    calls: Counter
-    callback: Histogram
-    store: Histogram
-    wait: Histogram
 
 
 class Telemetry:
@@ -62,7 +54,7 @@ class Telemetry:
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
         self.tracer: Tracer | None = None
-        self.instruments: _Instruments | None = None
+        self.instruments: Instruments | None = None
         self._next_check = 0.0
         self._version = _version()
 
@@ -90,33 +82,12 @@ class Telemetry:
         if self.instruments is None:
             meters = self._meter_provider or metrics.get_meter_provider()
             if not _is_noop(meters):
-                self.instruments = _instruments(meters, self._version)
+                self.instruments = create_instruments(meters, self._version)
 
 
 def _is_noop(provider: MeterProvider) -> bool:
     # The API returns a private proxy class until a provider is set.
     return isinstance(provider, NoOpMeterProvider) or type(provider).__name__.startswith("_Proxy")
-
-
-def _instruments(provider: MeterProvider, version: str | None) -> _Instruments:
-    meter = provider.get_meter(names.SCOPE, version)
-
-    def histogram(name: str, description: str) -> Histogram:
-        return meter.create_histogram(
-            name,
-            unit="s",
-            description=description,
-            explicit_bucket_boundaries_advisory=names.DURATION_BUCKETS,
-        )
-
-    return _Instruments(
-        calls=meter.create_counter(
-            names.CALLS, unit="{call}", description="Idempotent calls, by outcome"
-        ),
-        callback=histogram(names.CALLBACK_METRIC, "Run time of callbacks that ran"),
-        store=histogram(names.STORE_METRIC, "Store round trips, by operation"),
-        wait=histogram(names.WAIT_METRIC, "Time calls spent waiting on another holder"),
-    )
 
 
 def _version() -> str | None:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import Final, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -21,11 +21,9 @@ from idempotency_async.errors import (
 from idempotency_async.events import EventKind
 from idempotency_async.instrumentation import Attributes, take_call_attributes
 from idempotency_async.otel import _names as names
+from idempotency_async.otel._instruments import Providers
 from idempotency_async.otel._store import ObservedStore, system_of
 from idempotency_async.stores.base import Store
-
-if TYPE_CHECKING:
-    from idempotency_async.otel import Telemetry
 
 __all__ = ["BoundTelemetry"]
 
@@ -50,9 +48,10 @@ _CURRENT: ContextVar[_Call | None] = ContextVar("idempotency_async_otel_call", d
 
 
 class BoundTelemetry:
-    """A :class:`Telemetry` bound to one manager: its key prefix and its store."""
+    """A :class:`~idempotency_async.otel.Telemetry` bound to one manager: its key prefix
+    and its store."""
 
-    def __init__(self, telemetry: Telemetry, key_prefix: str, store: Store) -> None:
+    def __init__(self, telemetry: Providers, key_prefix: str, store: Store) -> None:
         self.telemetry = telemetry
         self.store: Store = ObservedStore(store, self)
         # The telemetry's own method: one call, not two, per unobserved call.
