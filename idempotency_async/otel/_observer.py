@@ -21,7 +21,7 @@ from idempotency_async.errors import (
 from idempotency_async.events import EventKind
 from idempotency_async.instrumentation import Attributes, take_call_attributes
 from idempotency_async.otel import _names as names
-from idempotency_async.otel._instruments import Providers
+from idempotency_async.otel._providers import Providers
 from idempotency_async.otel._store import ObservedStore, system_of
 from idempotency_async.stores.base import Store
 
@@ -51,11 +51,11 @@ class BoundTelemetry:
     """A :class:`~idempotency_async.otel.Telemetry` bound to one manager: its key prefix
     and its store."""
 
-    def __init__(self, telemetry: Providers, key_prefix: str, store: Store) -> None:
-        self.telemetry = telemetry
+    def __init__(self, providers: Providers, key_prefix: str, store: Store) -> None:
+        self.providers = providers
         self.store: Store = ObservedStore(store, self)
-        # The telemetry's own method: one call, not two, per unobserved call.
-        self.active: Callable[[], bool] = telemetry.active
+        # The providers' own method: one call, not two, per unobserved call.
+        self.active: Callable[[], bool] = providers.active
         self._span_name = f"{names.CALL_SPAN} {key_prefix}" if key_prefix else names.CALL_SPAN
         self._prefix: dict[str, AttributeValue] = {names.KEY_PREFIX: key_prefix}
         self._store_attributes: dict[str, AttributeValue] = {
@@ -73,10 +73,10 @@ class BoundTelemetry:
         run: Callable[[Callable[[], Awaitable[T]]], Awaitable[T]],
         callback: Callable[[], Awaitable[T]],
     ) -> T:
-        telemetry = self.telemetry
+        providers = self.providers
         extra = take_call_attributes()
         span = None
-        tracer = telemetry.tracer
+        tracer = providers.tracer
         if tracer is not None:
             attributes: dict[str, AttributeValue] = dict(self._prefix)
             if extra:
@@ -107,7 +107,7 @@ class BoundTelemetry:
             failure = None  # an answer to the caller (HTTP 409, 422, not stored), not an error
         if failure is not None:
             metric[names.ERROR_TYPE] = names.error_type(failure)
-        instruments = self.telemetry.instruments
+        instruments = self.providers.instruments
         if instruments is not None:
             instruments.calls.add(1, metric)
             if call.callback_duration is not None:
@@ -183,7 +183,7 @@ class BoundTelemetry:
         }
         if failure is not None:
             attributes[names.ERROR_TYPE] = names.error_type(failure)
-        instruments = self.telemetry.instruments
+        instruments = self.providers.instruments
         if instruments is not None:
             instruments.store.record(seconds, attributes)
         call = _CURRENT.get()
