@@ -96,7 +96,8 @@ async def process_batch(
     key of an earlier record) join that first record: they replay its result, or fail with
     it without running.
 
-    ``event_type`` (:class:`EventType` or its value) makes the expected kind explicit.
+    ``event_type`` (:class:`~idempotency_async.integrations.aws_lambda.EventType` or
+    its value) makes the expected kind explicit.
     :class:`~idempotency_async.errors.BatchEventError` is raised, before any record
     runs, for an event that is not a batch (no ``Records`` list), of another kind than
     ``event_type``, or holding a record that cannot be named (not an object, no id).

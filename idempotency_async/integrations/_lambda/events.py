@@ -24,7 +24,8 @@ __all__ = ["EventType", "Source", "parse_event_type", "records_of", "source_of"]
 
 
 class EventType(enum.StrEnum):
-    """The kind of batch :func:`process_batch` expects (the names of Powertools' ``EventType``)."""
+    """The kind of batch :func:`~idempotency_async.integrations.aws_lambda.process_batch`
+    expects (the names of Powertools' ``EventType``)."""
 
     SQS = "SQS"
     KinesisDataStreams = "KinesisDataStreams"
