@@ -7,8 +7,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Generic, ParamSpec, Protocol, TypeVar, cast
 
-from idempotency_async._derive import derive
-from idempotency_async._keys import function_prefix
+from idempotency_async._function_manager import function_manager
 from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
 
@@ -53,7 +52,7 @@ def idempotent_function(
                 f"{func.__qualname__} has no parameter {payload!r}; name the argument that "
                 f"identifies the request (one of: {', '.join(signature.parameters)})"
             )
-        bound_manager = _manager_for(manager, func)
+        bound_manager = function_manager(manager, func)
 
         @functools.wraps(func)
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
@@ -68,14 +67,3 @@ def idempotent_function(
         return decorated
 
     return decorate
-
-
-def _manager_for(
-    manager: Manager, func: Callable[..., object], *, handler: bool = False
-) -> Manager:
-    """The decorator's derivation: it owns nothing, and adjusts only an implicit prefix
-    (the function's, or Powertools' for ``key_format="powertools-python"``)."""
-    prefix = function_prefix(manager.options, func, handler=handler)
-    if prefix is None:
-        return derive(manager, "idempotent_function", {})
-    return derive(manager, "idempotent_function", {}, kept={"key_prefix": prefix})

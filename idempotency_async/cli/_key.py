@@ -16,9 +16,9 @@ from typing import Any
 import orjson
 
 from idempotency_async._codec import loads_strict
+from idempotency_async._function_manager import function_manager
 from idempotency_async._keys import key_deriver
 from idempotency_async.cli._errors import CliError
-from idempotency_async.decorators import _manager_for
 from idempotency_async.errors import KeyMissingError
 from idempotency_async.integrations._http import Rejection, http_manager, parse_key, request_scope
 from idempotency_async.manager import Manager
@@ -58,7 +58,7 @@ def _payload_keys(manager: Manager, args: argparse.Namespace) -> tuple[str, str 
         raise CliError("--caller is the HTTP middleware's caller scope: use it with --http")
     payload = _read_payload(args.payload)
     if args.function is not None:
-        manager = _manager_for(manager, _named(args.function))
+        manager = function_manager(manager, _named(args.function))
     try:
         key = manager.key_for(payload)
     except KeyMissingError as exc:

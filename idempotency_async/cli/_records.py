@@ -11,7 +11,8 @@ from typing import TextIO
 
 from idempotency_async.cli._errors import EXIT_NOT_FOUND, CliError
 from idempotency_async.cli._render import ROW_HEADER, record_json, record_lines, record_row
-from idempotency_async.cli._targets import AwsSettings, Listing, Target, parse_target
+from idempotency_async.cli._schemes import parse_target
+from idempotency_async.cli._targets import AwsSettings, Listing, Target
 from idempotency_async.cli._terminal import printable
 from idempotency_async.record import Record, Status
 

@@ -1,9 +1,9 @@
-"""Stores named by URL: one parser per scheme, registered in ``_SCHEMES``.
+"""What a store URL's backend provides, and the helpers every backend's parser shares.
 
-``dynamodb://TABLE?region=…&endpoint=…`` and, when the Redis store is installed,
-``redis://…`` / ``rediss://…``.  A new backend is one module with a ``parse`` function
-returning a :class:`Target` (a :class:`Listing` too if ``list`` should work on it) and one
-entry in ``_SCHEMES``.
+A backend is one module (``_dynamodb``, ``_redis``) with a ``parse(parts)`` function
+returning a :class:`Target` (a :class:`Listing` too if ``list`` should work on it).  It
+imports only this module; ``_schemes`` maps each URL scheme to its parser, so nothing
+here knows the backends.
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
-from urllib.parse import SplitResult, parse_qsl, urlsplit
+from urllib.parse import SplitResult, parse_qsl
 
-from idempotency_async._redact import redact_url
 from idempotency_async.cli._errors import CliError
 from idempotency_async.record import Record, Status
 from idempotency_async.stores._record_formats import RECORD_FORMATS
@@ -24,7 +23,7 @@ __all__ = [
     "Listing",
     "Page",
     "Target",
-    "parse_target",
+    "TargetParser",
     "query_params",
     "record_format",
 ]
@@ -67,41 +66,8 @@ class Listing(Protocol):
         ...
 
 
-def _dynamodb(parts: SplitResult) -> Target:
-    from idempotency_async.cli import _dynamodb
-
-    return _dynamodb.parse(parts)
-
-
-def _redis(parts: SplitResult) -> Target:
-    from idempotency_async.cli import _redis
-
-    return _redis.parse(parts)
-
-
-_SCHEMES: dict[str, Callable[[SplitResult], Target]] = {
-    "dynamodb": _dynamodb,
-    "redis": _redis,
-    "rediss": _redis,
-}
-
-
-def parse_target(url: str | None) -> Target:
-    """The store a URL names; CliError saying what is wrong otherwise."""
-    if not url:
-        raise CliError(
-            "no store given: pass --store URL (e.g. dynamodb://TABLE?region=eu-west-1) "
-            "or set IDEMPOTENCY_ASYNC_STORE"
-        )
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:
-        raise CliError(f"bad store URL {redact_url(url)!r}: {exc}") from exc
-    parse = _SCHEMES.get(parts.scheme.lower())
-    if parse is None:
-        known = ", ".join(f"{scheme}://" for scheme in _SCHEMES)
-        raise CliError(f"bad store URL {redact_url(url)!r}: the scheme must be one of {known}")
-    return parse(parts)
+TargetParser = Callable[[SplitResult], Target]
+"""A backend's ``parse``: the split store URL → the :class:`Target` it names (or CliError)."""
 
 
 def query_params(parts: SplitResult, known: Collection[str]) -> dict[str, str]:

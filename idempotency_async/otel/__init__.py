@@ -13,35 +13,21 @@ and metrics are listed in ``docs/observability.md``.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-from importlib import metadata
-
 try:
-    from opentelemetry import metrics, trace
+    import opentelemetry.trace  # noqa: F401 - checks that the extra is installed
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "idempotency_async.otel needs the OpenTelemetry API: pip install 'idempotency-async[otel]'"
     ) from exc
 
-from opentelemetry.metrics import Counter, Histogram, MeterProvider, NoOpMeterProvider
-from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Tracer, TracerProvider
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
 
-from idempotency_async.otel import _names as names
 from idempotency_async.otel._observer import BoundTelemetry
+from idempotency_async.otel._providers import Providers
 from idempotency_async.stores.base import Store
 
 __all__ = ["Telemetry"]
-
-_RECHECK_SECONDS = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Instruments:
-    calls: Counter
-    callback: Histogram
-    store: Histogram
-    wait: Histogram
 
 
 class Telemetry:
@@ -59,68 +45,12 @@ class Telemetry:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        self._tracer_provider = tracer_provider
-        self._meter_provider = meter_provider
-        self.tracer: Tracer | None = None
-        self.instruments: _Instruments | None = None
-        self._next_check = 0.0
-        self._version = _version()
+        self._providers = Providers(tracer_provider, meter_provider)
 
     def bind(self, key_prefix: str, store: Store) -> BoundTelemetry:
         """The view of one manager (called by the manager at construction)."""
-        return BoundTelemetry(self, key_prefix, store)
+        return BoundTelemetry(self._providers, key_prefix, store)
 
     def active(self) -> bool:
         """Whether calls are observed: a tracer or a meter provider is really there."""
-        if self.tracer is not None and self.instruments is not None:
-            return True
-        now = time.monotonic()
-        if now >= self._next_check:
-            # The global providers can be set later than the managers are built; a check
-            # costs microseconds, so it runs at most once a second.
-            self._next_check = now + _RECHECK_SECONDS
-            self._resolve()
-        return self.tracer is not None or self.instruments is not None
-
-    def _resolve(self) -> None:
-        if self.tracer is None:
-            tracers = self._tracer_provider or trace.get_tracer_provider()
-            if not isinstance(tracers, ProxyTracerProvider | NoOpTracerProvider):
-                self.tracer = tracers.get_tracer(names.SCOPE, self._version)
-        if self.instruments is None:
-            meters = self._meter_provider or metrics.get_meter_provider()
-            if not _is_noop(meters):
-                self.instruments = _instruments(meters, self._version)
-
-
-def _is_noop(provider: MeterProvider) -> bool:
-    # The API returns a private proxy class until a provider is set.
-    return isinstance(provider, NoOpMeterProvider) or type(provider).__name__.startswith("_Proxy")
-
-
-def _instruments(provider: MeterProvider, version: str | None) -> _Instruments:
-    meter = provider.get_meter(names.SCOPE, version)
-
-    def histogram(name: str, description: str) -> Histogram:
-        return meter.create_histogram(
-            name,
-            unit="s",
-            description=description,
-            explicit_bucket_boundaries_advisory=names.DURATION_BUCKETS,
-        )
-
-    return _Instruments(
-        calls=meter.create_counter(
-            names.CALLS, unit="{call}", description="Idempotent calls, by outcome"
-        ),
-        callback=histogram(names.CALLBACK_METRIC, "Run time of callbacks that ran"),
-        store=histogram(names.STORE_METRIC, "Store round trips, by operation"),
-        wait=histogram(names.WAIT_METRIC, "Time calls spent waiting on another holder"),
-    )
-
-
-def _version() -> str | None:
-    try:
-        return metadata.version("idempotency-async")
-    except metadata.PackageNotFoundError:  # pragma: no cover - running from a checkout
-        return None
+        return self._providers.active()

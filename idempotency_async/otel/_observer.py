@@ -6,7 +6,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import Final, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -21,11 +21,9 @@ from idempotency_async.errors import (
 from idempotency_async.events import EventKind
 from idempotency_async.instrumentation import Attributes, take_call_attributes
 from idempotency_async.otel import _names as names
+from idempotency_async.otel._providers import Providers
 from idempotency_async.otel._store import ObservedStore, system_of
 from idempotency_async.stores.base import Store
-
-if TYPE_CHECKING:
-    from idempotency_async.otel import Telemetry
 
 __all__ = ["BoundTelemetry"]
 
@@ -50,13 +48,14 @@ _CURRENT: ContextVar[_Call | None] = ContextVar("idempotency_async_otel_call", d
 
 
 class BoundTelemetry:
-    """A :class:`Telemetry` bound to one manager: its key prefix and its store."""
+    """A :class:`~idempotency_async.otel.Telemetry` bound to one manager: its key prefix
+    and its store."""
 
-    def __init__(self, telemetry: Telemetry, key_prefix: str, store: Store) -> None:
-        self.telemetry = telemetry
+    def __init__(self, providers: Providers, key_prefix: str, store: Store) -> None:
+        self.providers = providers
         self.store: Store = ObservedStore(store, self)
-        # The telemetry's own method: one call, not two, per unobserved call.
-        self.active: Callable[[], bool] = telemetry.active
+        # The providers' own method: one call, not two, per unobserved call.
+        self.active: Callable[[], bool] = providers.active
         self._span_name = f"{names.CALL_SPAN} {key_prefix}" if key_prefix else names.CALL_SPAN
         self._prefix: dict[str, AttributeValue] = {names.KEY_PREFIX: key_prefix}
         self._store_attributes: dict[str, AttributeValue] = {
@@ -74,10 +73,10 @@ class BoundTelemetry:
         run: Callable[[Callable[[], Awaitable[T]]], Awaitable[T]],
         callback: Callable[[], Awaitable[T]],
     ) -> T:
-        telemetry = self.telemetry
+        providers = self.providers
         extra = take_call_attributes()
         span = None
-        tracer = telemetry.tracer
+        tracer = providers.tracer
         if tracer is not None:
             attributes: dict[str, AttributeValue] = dict(self._prefix)
             if extra:
@@ -108,7 +107,7 @@ class BoundTelemetry:
             failure = None  # an answer to the caller (HTTP 409, 422, not stored), not an error
         if failure is not None:
             metric[names.ERROR_TYPE] = names.error_type(failure)
-        instruments = self.telemetry.instruments
+        instruments = self.providers.instruments
         if instruments is not None:
             instruments.calls.add(1, metric)
             if call.callback_duration is not None:
@@ -184,7 +183,7 @@ class BoundTelemetry:
         }
         if failure is not None:
             attributes[names.ERROR_TYPE] = names.error_type(failure)
-        instruments = self.telemetry.instruments
+        instruments = self.providers.instruments
         if instruments is not None:
             instruments.store.record(seconds, attributes)
         call = _CURRENT.get()

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores.base import Store, Verdict, Written
 
-if TYPE_CHECKING:
-    from idempotency_async.otel._observer import BoundTelemetry
-
-__all__ = ["ObservedStore", "system_of"]
+__all__ = ["ObservedStore", "RoundTripObserver", "system_of"]
 
 T = TypeVar("T")
 
@@ -30,11 +27,25 @@ def system_of(store: Store) -> str:
     return _SYSTEMS.get(name, name)
 
 
+class RoundTripObserver(Protocol):
+    """Who the wrapper reports each round trip to (the manager's bound telemetry)."""
+
+    def store_round_trip(
+        self,
+        operation: str,
+        key: str,
+        seconds: float,
+        started_ns: int,
+        result: str | None,
+        failure: BaseException | None,
+    ) -> None: ...
+
+
 class ObservedStore:
     """Implements the store protocol over ``inner`` for one observed manager (which
     switches to it from its first observed call on)."""
 
-    def __init__(self, inner: Store, bound: BoundTelemetry) -> None:
+    def __init__(self, inner: Store, bound: RoundTripObserver) -> None:
         self.inner = inner
         self._bound = bound
         self.max_response_bytes = inner.max_response_bytes
