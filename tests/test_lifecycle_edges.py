@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import math
 import os
 import time
 from collections.abc import AsyncIterator
@@ -21,7 +22,16 @@ from aiohttp import web
 from support import Clock, RecordingStore, record_of, start_holding
 from test_dynamodb_store import _Proxy
 
-from idempotency_async import Event, Manager, MemoryStore, Options, errors
+from idempotency_async import (
+    Event,
+    Manager,
+    MemoryStore,
+    Options,
+    deadline,
+    errors,
+    idempotent_function,
+)
+from idempotency_async.integrations.aws_lambda import idempotent_handler
 from idempotency_async.record import Status
 from idempotency_async.stores.base import Store
 from idempotency_async.stores.dynamodb import DynamoDBStore
@@ -510,3 +520,292 @@ async def test_a_completion_answered_with_nonsense_is_an_unknown_outcome(store: 
     with pytest.raises(errors.CompletionError) as caught:
         await manager.execute_call({"id": 2}, completes_early, timeout=5)
     assert caught.value.outcome_unknown is True
+
+
+# -- issue 21, defect 1: a plain function passed as the callback -------------------------
+
+
+class Plain:
+    """A plain (sync) function: its side effect happens when it is called."""
+
+    def __init__(self, result: Any = "charged") -> None:
+        self.runs = 0
+        self.result = result
+
+    def __call__(self, *call: Any) -> Any:
+        self.runs += 1
+        return self.result
+
+
+async def test_a_plain_function_runs_once_and_completes_without_a_response(
+    store: Store,
+) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording)
+    charge = Plain({"charged": True})
+    with pytest.raises(errors.ConfigError, match="not an awaitable") as caught:
+        await manager.execute({"id": 1}, charge, timeout=5)
+    assert not isinstance(caught.value.__cause__, TypeError)
+    assert "release" not in recording.calls  # it ran: the key is never released
+    record = await record_of(store, manager.key_for({"id": 1}))
+    assert record is not None and record.status is Status.COMPLETED
+    assert not record.response_stored and record.not_stored is not None
+    # Retries, here and in other processes, replay "not stored" instead of running it again.
+    with pytest.raises(errors.ResponseNotStoredError, match="not an awaitable"):
+        await manager.execute({"id": 1}, charge, timeout=5)
+    with pytest.raises(errors.ResponseNotStoredError):
+        await make(store).execute({"id": 1}, charge)
+    assert charge.runs == 1
+
+
+async def test_a_plain_function_given_to_execute_call_runs_once(store: Store) -> None:
+    manager = make(store)
+    charge = Plain()
+    with pytest.raises(errors.ConfigError, match="not an awaitable"):
+        await manager.execute_call({"id": 1}, charge, timeout=5)
+    with pytest.raises(errors.ResponseNotStoredError):
+        await manager.execute_call({"id": 1}, charge, timeout=5)
+    with pytest.raises(errors.ResponseNotStoredError):
+        await make(store).execute({"id": 1}, charge, timeout=5)
+    assert charge.runs == 1
+
+
+async def test_a_plain_function_without_a_key_is_a_config_error(store: Store) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording, event_key_jmespath="id")
+    charge = Plain()
+    with pytest.raises(errors.ConfigError, match="not an awaitable"):
+        await manager.execute({"no-id": 1}, charge)
+    with pytest.raises(errors.ConfigError, match="not an awaitable"):
+        await manager.execute({"no-id": 1}, charge, timeout=5)
+    with pytest.raises(errors.ConfigError, match="not an awaitable"):
+        await manager.execute_call({"no-id": 1}, charge, timeout=5)
+    assert charge.runs == 3 and recording.calls == []
+
+
+async def test_a_lambda_returning_an_awaitable_still_works(store: Store) -> None:
+    manager = make(store)
+    loop = asyncio.get_running_loop()
+
+    def ready() -> asyncio.Future[str]:
+        future: asyncio.Future[str] = loop.create_future()
+        future.set_result("from a future")
+        return future
+
+    assert await manager.execute({"id": 1}, ready, timeout=5) == "from a future"
+    assert await make(store).execute({"id": 1}, Plain(), timeout=5) == "from a future"
+
+
+# -- issue 21, defect 2: a BaseException that is not an Exception -----------------------
+
+
+class _Abort(BaseException):
+    """What sys.exit or a test framework's fail() raises: not an Exception."""
+
+
+async def _aborts(*call: Any) -> Any:
+    raise _Abort
+
+
+async def test_a_base_exception_is_a_crash_and_leaves_no_cutoff_armed(store: Store) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording)
+    with pytest.raises(_Abort):
+        await manager.execute({"id": 1}, _aborts, timeout=0.5)
+    # Past the cutoff (0.4 s): on the landed code it cancelled this task here.
+    await asyncio.sleep(0.6)
+    with pytest.raises(_Abort):
+        await manager.execute_call({"id": 2}, _aborts, timeout=0.5)
+    await asyncio.sleep(0.6)
+    assert recording.calls == ["claim", "claim"]  # no store write after the claims
+    for n in (1, 2):
+        record = await record_of(store, manager.key_for({"id": n}))
+        assert record is not None and record.status is Status.INPROGRESS  # waits for its lease
+
+
+async def test_a_base_exception_without_a_key_leaves_no_cutoff_armed(store: Store) -> None:
+    manager = make(store, event_key_jmespath="id")
+    with pytest.raises(_Abort):
+        await manager.execute({"no-id": 1}, _aborts, timeout=0.3)
+    with pytest.raises(_Abort):
+        await manager.execute_call({"no-id": 1}, _aborts, timeout=0.3)
+    await asyncio.sleep(0.5)
+
+
+# -- issue 21, defect 4: a claim whose outcome stays unknown is released -----------------
+
+
+class _ClaimAppliesThenFails(RecordingStore):
+    """The claim applies; its answer is lost and the SDK's retry fails with ``answer``
+    (an exception to raise, or a nonsense object to return)."""
+
+    answer: Any = None
+
+    async def claim(self, claim: Any) -> Any:
+        self.calls.append("claim")
+        await self.inner.claim(claim)
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        errors.StoreThrottledError("throttled after a lost answer (injected)"),
+        errors.PersistenceError("an answer the SDK could not parse (injected)"),
+        RuntimeError("a driver bug (injected)"),
+        "OK",  # an answer that is not a verdict
+    ],
+    ids=["throttled", "persistence", "driver", "nonsense"],
+)
+async def test_a_claim_with_an_unknown_outcome_is_released_whatever_the_failure(
+    store: Store, answer: Any
+) -> None:
+    faulty = _ClaimAppliesThenFails(store)
+    faulty.answer = answer
+    manager = make(faulty)
+    work = Runs()
+    raised = type(answer) if isinstance(answer, BaseException) else errors.StoreUnavailableError
+    with pytest.raises(raised):
+        await manager.execute({"id": 1}, work, timeout=60)
+    assert work.starts == 0
+    assert faulty.calls == ["claim", "release"]
+    # The key is not blocked for the 60 s lease by a claim nobody holds.
+    assert await record_of(store, manager.key_for({"id": 1})) is None
+    with pytest.raises(raised):
+        await manager.execute_call({"id": 2}, _ignore_call, timeout=60)
+    assert faulty.calls[-2:] == ["claim", "release"]
+    assert await record_of(store, manager.key_for({"id": 2})) is None
+
+
+async def test_a_refused_claim_is_not_released(store: Store) -> None:
+    refused = RecordingStore(
+        store, fail_on={"claim": errors.StoreAccessDeniedError("denied (injected)")}
+    )
+    manager = make(refused)
+    with pytest.raises(errors.StoreAccessDeniedError):
+        await manager.execute({"id": 1}, Runs(), timeout=60)
+    assert refused.calls == ["claim"]
+
+
+# -- issue 21, defect 7: force_release and replays that ran meanwhile --------------------
+
+
+async def test_force_release_leaves_no_cache_entry_after_a_replay_during_the_release(
+    store: Store,
+) -> None:
+    slow = RecordingStore(store, delay={"force_release": 0.3})
+    manager = make(slow, use_local_cache=True)
+    await manager.execute({"id": 1}, Runs("first"), timeout=5)
+    key = manager.key_for({"id": 1}) or ""
+    releasing = asyncio.create_task(manager.force_release(key))
+    await asyncio.sleep(0.05)
+    # The record is still in the store: this replays it while the release is under way.
+    assert await manager.execute({"id": 1}, Runs(), timeout=5) == "first"
+    assert await releasing is not None
+    second = Runs("second")
+    assert await manager.execute({"id": 1}, second, timeout=5) == "second"
+    assert second.starts == 1
+
+
+class _ClaimAnswersLate(RecordingStore):
+    """Claims apply at once; their answers arrive ``late`` seconds later."""
+
+    late = 0.3
+
+    async def claim(self, claim: Any) -> Any:
+        verdict = await self.inner.claim(claim)
+        await asyncio.sleep(self.late)
+        return verdict
+
+
+async def test_force_release_leaves_no_cache_entry_after_a_replay_answered_later(
+    store: Store,
+) -> None:
+    await make(store).execute({"id": 1}, Runs("first"), timeout=5)
+    manager = make(_ClaimAnswersLate(store), use_local_cache=True)
+    key = manager.key_for({"id": 1}) or ""
+    replay = asyncio.create_task(manager.execute({"id": 1}, Runs(), timeout=5))
+    await asyncio.sleep(0.05)  # the claim met the completed record; its answer is late
+    assert await manager.force_release(key) is not None
+    assert await replay == "first"  # answered after the release finished
+    second = Runs("second")
+    assert await manager.execute({"id": 1}, second, timeout=5) == "second"
+    assert second.starts == 1
+
+
+# -- issue 21, defect 8: deadlines, timeouts and leases are finite positive numbers -------
+
+
+_NOT_DURATIONS = [math.inf, -math.inf, math.nan, 0, -1.0, True, "5"]
+_NOT_INSTANTS = [math.inf, -math.inf, math.nan, "5"]
+
+
+@pytest.mark.parametrize("timeout", _NOT_DURATIONS, ids=repr)
+async def test_a_timeout_that_is_not_finite_and_positive_is_a_config_error(
+    timeout: Any,
+) -> None:
+    recording = RecordingStore(MemoryStore())
+    manager = make(recording)
+    work = Runs()
+    with pytest.raises(errors.ConfigError, match="timeout must be a finite positive"):
+        await manager.execute({"id": 1}, work, timeout=timeout)
+    with pytest.raises(errors.ConfigError, match="timeout must be a finite positive"):
+        await manager.execute_call({"id": 1}, _ignore_call, timeout=timeout)
+    with pytest.raises(errors.ConfigError, match="timeout"):
+        idempotent_function(manager, payload="order", timeout=timeout)
+    assert work.starts == 0 and recording.calls == []
+
+
+@pytest.mark.parametrize("when", _NOT_INSTANTS, ids=repr)
+async def test_a_deadline_that_is_not_finite_is_a_config_error(when: Any) -> None:
+    recording = RecordingStore(MemoryStore())
+    manager = make(recording)
+    work = Runs()
+    with pytest.raises(errors.ConfigError, match="deadline must be a finite"):
+        await manager.execute({"id": 1}, work, deadline=when)
+    with pytest.raises(errors.ConfigError, match="deadline must be a finite"):
+        await manager.execute_call({"id": 1}, _ignore_call, deadline=when)
+    with pytest.raises(errors.ConfigError, match="finite"):
+        async with deadline(at=when):
+            pass
+    assert work.starts == 0 and recording.calls == []
+
+
+@pytest.mark.parametrize("seconds", _NOT_DURATIONS, ids=repr)
+async def test_an_ambient_deadline_that_is_not_finite_and_positive_is_a_config_error(
+    seconds: Any,
+) -> None:
+    with pytest.raises(errors.ConfigError, match="finite positive"):
+        async with deadline(seconds):
+            pass
+
+
+@pytest.mark.parametrize("millis", [math.inf, math.nan], ids=repr)
+async def test_a_lambda_context_without_a_finite_remaining_time_is_a_config_error(
+    millis: float,
+) -> None:
+    class Context:
+        def get_remaining_time_in_millis(self) -> float:
+            return millis
+
+    work = Runs()
+
+    @idempotent_handler(make(MemoryStore()))
+    async def handler(event: Any, context: Any) -> Any:
+        return await work()
+
+    with pytest.raises(errors.ConfigError, match="finite"):
+        await handler({"id": 1}, Context())
+    assert work.starts == 0
+
+
+async def test_finite_deadlines_still_work(store: Store) -> None:
+    manager = make(store)
+    loop = asyncio.get_running_loop()
+    assert await manager.execute({"id": 1}, Runs("a"), timeout=5) == "a"
+    assert await manager.execute({"id": 2}, Runs("b"), timeout=5.0) == "b"
+    assert await manager.execute({"id": 3}, Runs("c"), deadline=loop.time() + 5) == "c"
+    async with deadline(5):
+        assert await manager.execute({"id": 4}, Runs("d")) == "d"
