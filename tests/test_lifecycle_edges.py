@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from _moto import fresh_store, new_session
+from _redis import RedisServer, fresh_redis_store
 from aiobotocore.config import AioConfig
 from aiohttp import web
 from support import Clock, RecordingStore, record_of, start_holding
@@ -809,3 +810,60 @@ async def test_finite_deadlines_still_work(store: Store) -> None:
     assert await manager.execute({"id": 3}, Runs("c"), deadline=loop.time() + 5) == "c"
     async with deadline(5):
         assert await manager.execute({"id": 4}, Runs("d")) == "d"
+
+
+# -- issue 21, defect 5: the local cache by the store's clock ----------------------------
+
+
+@pytest.mark.redis
+async def test_the_local_cache_keeps_a_server_clock_record_as_long_as_the_server_says(
+    redis_server: RedisServer,
+) -> None:
+    async with fresh_redis_store(redis_server) as store:  # judges by the server's TIME
+        assert store.clock == "server"
+        events: list[Event] = []
+        behind = make(
+            store,
+            use_local_cache=True,
+            on_event=events.append,
+            clock=lambda: time.time() - 120,  # two minutes behind the server
+        )
+        writer = make(store, expires_after=1)
+        assert await writer.execute({"id": 1}, Runs("first"), timeout=5) == "first"
+        # The worker behind replays the record and caches it, then hits its cache.
+        assert await behind.execute({"id": 1}, Runs(), timeout=5) == "first"
+        assert await behind.execute({"id": 1}, Runs(), timeout=5) == "first"
+        assert events[-1].kind == "cache_hit"
+        # The record expires in Redis within ~2 s (whole seconds); another worker replaces it.
+        second = Runs("second")
+        other = make(store, expires_after=60)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + 10
+        while second.starts == 0 and loop.time() < give_up:
+            await asyncio.sleep(0.2)
+            assert await other.execute({"id": 1}, second, timeout=5) in ("first", "second")
+        assert second.starts == 1
+        # The worker behind replays what the store holds now, not its stale entry (by its
+        # own clock the replaced record had two more minutes to live).
+        assert await behind.execute({"id": 1}, Runs(), timeout=5) == "second"
+        assert await behind.execute({"id": 1}, Runs(), timeout=5) == "second"
+        assert events[-1].kind == "cache_hit"
+
+
+async def test_the_local_cache_counts_a_replayed_records_life_from_the_request(
+    store: Store,
+) -> None:
+    # The record was completed 2 s of its 3 s ago (by the writer's clock, which the
+    # client-clock stores use): a replay may be cached for what is left, no longer.
+    clock = Clock(float(int(time.time())))  # a whole second: expiry is ceil(now + ttl)
+    await make(store, expires_after=3, clock=clock).execute({"id": 1}, Runs("first"))
+    clock.advance(2)
+    recording = RecordingStore(store)
+    cached = make(recording, use_local_cache=True, clock=clock)
+    assert await cached.execute({"id": 1}, Runs(), timeout=5) == "first"
+    claims = recording.calls.count("claim")
+    assert await cached.execute({"id": 1}, Runs(), timeout=5) == "first"
+    assert recording.calls.count("claim") == claims  # a cache hit
+    await asyncio.sleep(1.1)  # past the 1 s the store said was left
+    clock.advance(3)
+    assert await cached.execute({"id": 1}, Runs("second"), timeout=5) == "second"
