@@ -867,3 +867,22 @@ async def test_the_local_cache_counts_a_replayed_records_life_from_the_request(
     await asyncio.sleep(1.1)  # past the 1 s the store said was left
     clock.advance(3)
     assert await cached.execute({"id": 1}, Runs("second"), timeout=5) == "second"
+
+
+async def test_a_plain_function_runs_once_with_telemetry_on(store: Store) -> None:
+    # Telemetry's timing wrapper awaits the callback itself: the check comes first.
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from idempotency_async.otel import Telemetry
+
+    manager = make(store, telemetry=Telemetry(tracer_provider=TracerProvider()))
+    charge = Plain()
+    with pytest.raises(errors.ConfigError, match="not an awaitable"):
+        await manager.execute({"id": 1}, charge, timeout=5)
+    with pytest.raises(errors.ConfigError, match="not an awaitable"):
+        await manager.execute_call({"id": 2}, charge, timeout=5)
+    with pytest.raises(errors.ResponseNotStoredError):
+        await manager.execute({"id": 1}, charge, timeout=5)
+    with pytest.raises(errors.ResponseNotStoredError):
+        await manager.execute_call({"id": 2}, charge, timeout=5)
+    assert charge.runs == 2
