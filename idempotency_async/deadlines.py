@@ -80,8 +80,8 @@ def effective_deadline(
         deadline is None
         and ambient is None
         and timeout is not None
-        and timeout.__class__ is float
-        and 0.0 < timeout < math.inf  # False for NaN
+        and (timeout.__class__ is float or timeout.__class__ is int)
+        and 0 < timeout < math.inf  # False for NaN
     ):
         return loop.time() + timeout  # the common case, cheaply
     candidates = [] if ambient is None else [ambient]
