@@ -26,12 +26,15 @@ __all__ = [
 T = TypeVar("T")
 
 
-class ReturnedNotAwaitable(Exception):
-    """Raised where the lifecycle would await a callback's return value that is not
-    awaitable; the lifecycle turns it into ``ConfigError`` (never seen by users)."""
+class ReturnedNotAwaitable(ConfigError):
+    """Raised where a callback's return value would be awaited and is not awaitable.
+
+    An idempotent call completes its record without a response and raises a plain
+    ``ConfigError`` in its place; a call without a key (nothing to record) raises this.
+    """
 
     def __init__(self, value: object) -> None:
-        super().__init__("the callback returned a value that is not awaitable")
+        super().__init__(str(not_awaitable_error(value, None)))
         self.value = value
 
 

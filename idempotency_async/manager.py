@@ -76,8 +76,6 @@ class _Lease(NamedTuple):
     ends_at: float
     """When the lease ends; cleanup and completion writes are abandoned here."""
     reserve: float
-    sent: float
-    """When the claim was sent (loop time): a verdict it brings back counts from here."""
 
 
 class _Replayed(NamedTuple):
@@ -168,7 +166,8 @@ class Manager:
         when = effective_deadline(loop, deadline=deadline, timeout=timeout)
         keys = None if self._disabled else self._keys.derive(payload)
         if keys is None:
-            return await self._unprotected(callback, when, loop)
+            # A plain function given by mistake: ConfigError once it ran (nothing to record).
+            return await self._unprotected(checked(callback), when, loop)
         if self._cache is not None:
             entry = self._cache.get(keys.key, loop.time())
             if entry is not None:
@@ -275,7 +274,7 @@ class Manager:
         when = effective_deadline(loop, deadline=deadline, timeout=timeout)
         keys = None if self._disabled else self._keys.derive(payload)
         if keys is None:
-            return await self._unprotected(lambda: callback(Unprotected()), when, loop)
+            return await self._unprotected(checked(lambda: callback(Unprotected())), when, loop)
         if self._cache is not None:
             entry = self._cache.get(keys.key, loop.time())
             if entry is not None:
@@ -335,8 +334,9 @@ class Manager:
             raise not_stored_error(outcome.record)
         return self._responses.present(decode_json(outcome.encoded), outcome.record)
 
-    def _replay_record(self, verdict: Verdict, flight: Flight, sent: float) -> Any:
-        """Replay the COMPLETED record of ``verdict``, answered to a request sent at ``sent``."""
+    def _replay_record(self, verdict: Verdict, flight: Flight) -> Any:
+        """Replay the COMPLETED record of ``verdict``, the answer to the request ``flight``
+        sent last (at ``flight.sent``)."""
         record = verdict.record
         assert record is not None
         self._keys.validate(record.validation, flight.keys)
@@ -347,7 +347,7 @@ class Manager:
             encoded = encode_json(record.response)
             flight.settle(Outcome(record, encoded))
             if self._cache is not None and verdict.expires_in is not None:
-                self._fill(record, encoded, sent, verdict.expires_in)
+                self._fill(record, encoded, flight.sent, verdict.expires_in)
         self._emit("replayed", record.key)
         return self._responses.present(record.response, record)
 
@@ -385,7 +385,7 @@ class Manager:
             if verdict is not CLAIMED:
                 record = verdict.record if verdict.__class__ is Verdict else None
                 if record is not None and verdict.state is State.COMPLETED:
-                    return self._replay_record(verdict, flight, lease.sent)  # type: ignore[no-any-return]
+                    return self._replay_record(verdict, flight)  # type: ignore[no-any-return]
                 contended = await self._contend(flight, lease, verdict, loop)
                 if isinstance(contended, _Replayed):
                     return contended.value  # type: ignore[no-any-return]
@@ -400,6 +400,9 @@ class Manager:
                 if not hasattr(pending, "__await__"):
                     pending = awaitable(pending)  # a plain function: it has run already
                 result = await pending
+            except ReturnedNotAwaitable as returned:
+                timer.close()
+                await self._complete_not_awaitable(flight, lease, returned, loop, started)
             except asyncio.CancelledError as exc:
                 cut_off = timer.fired()
                 timer.close()
@@ -411,8 +414,6 @@ class Manager:
                 raise
             except Exception as exc:
                 timer.close()  # only the callback runs under the cutoff
-                if exc.__class__ is ReturnedNotAwaitable:
-                    await self._complete_not_awaitable(flight, lease, exc, loop, started)
                 await self._release_after_failure(lease, exc, loop)
                 raise
             except BaseException:
@@ -421,11 +422,11 @@ class Manager:
                 # the callback and cancel the caller later, in unrelated code.
                 timer.close()
                 raise
+            sent = loop.time()  # the completion's life counts from (before) its write
             timer.close()
             completion = self._completion_for(claim, result)
             # _write_completion, inline: a coroutine frame less on every first call.
-            sent = loop.time()
-            timer = cutoffs.start(max(lease.ends_at, sent + lease.reserve))
+            timer = cutoffs.start(max(lease.ends_at, loop.time() + lease.reserve))
             try:
                 written = await self._store.complete(completion)
                 if written.__class__ is not Written:
@@ -466,6 +467,7 @@ class Manager:
                     key=flight.keys.key,
                 )
         reserve = reserve_for(left, options.completion_reserve)
+        flight.sent = started  # the claim goes out now: a verdict it brings counts from here
         claim = Claim(
             flight.keys.key,
             flight.owner,
@@ -474,7 +476,7 @@ class Manager:
             options.expires_after,
             flight.keys.validation,
         )
-        return _Lease(claim, started + left - reserve, started + left, reserve, started)
+        return _Lease(claim, started + left - reserve, started + left, reserve)
 
     async def _acquire(self, flight: Flight, loop: asyncio.AbstractEventLoop) -> _Lease | _Replayed:
         """Claim the key for ``flight``: the lease it now holds, or the result to replay.
@@ -486,7 +488,7 @@ class Manager:
         if verdict is not CLAIMED:
             record = verdict.record if verdict.__class__ is Verdict else None
             if record is not None and verdict.state is State.COMPLETED:
-                return _Replayed(self._replay_record(verdict, flight, lease.sent))
+                return _Replayed(self._replay_record(verdict, flight))
             contended = await self._contend(flight, lease, verdict, loop)
             if isinstance(contended, _Replayed):
                 return contended
@@ -535,7 +537,6 @@ class Manager:
         """The claim met a record: replay it, wait for it, or claim again once it is free."""
         raced = 0
         wait_until: float | None = None
-        sent = lease.sent
         while True:
             if not isinstance(verdict, Verdict):  # a store that broke its protocol
                 nonsense = StoreUnavailableError(  # type: ignore[unreachable]
@@ -549,12 +550,12 @@ class Manager:
             if state is State.CLAIMED:
                 return lease
             if state is State.COMPLETED and record is not None:
-                return _Replayed(self._replay_record(verdict, flight, sent))
+                return _Replayed(self._replay_record(verdict, flight))
             if state is State.IN_PROGRESS and record is not None:
                 self._keys.validate(record.validation, flight.keys)
                 if wait_until is None:
                     wait_until = self._wait_limit(flight.deadline, loop)
-                verdict, sent = await self._poll(flight.keys, verdict, wait_until, loop)
+                verdict, flight.sent = await self._poll(flight.keys, verdict, wait_until, loop)
                 if verdict.state is State.COMPLETED:
                     continue
             else:
@@ -567,7 +568,6 @@ class Manager:
                         "judged claimable; check that every worker's clock is synchronised"
                     )
             lease = self._lease_for(flight, loop)
-            sent = lease.sent
             verdict = await self._claim(lease, loop)
 
     async def _poll(
@@ -711,13 +711,12 @@ class Manager:
         self,
         flight: Flight,
         lease: _Lease,
-        returned: BaseException,
+        returned: ReturnedNotAwaitable,
         loop: asyncio.AbstractEventLoop,
         started: float,
     ) -> NoReturn:
         """The callback returned something that is not awaitable: it ran (a plain function),
         so the key is completed without a response, never released, and ConfigError raised."""
-        assert isinstance(returned, ReturnedNotAwaitable)
         claim = lease.claim
         error = not_awaitable_error(returned.value, claim.key)
         self._emit("response_not_stored", claim.key, error=error)
@@ -859,15 +858,10 @@ class Manager:
     ) -> T:
         """Run a call without idempotency (no key, or disabled), still bounded by its deadline."""
         if deadline is None:
-            try:
-                return await awaitable(callback())
-            except ReturnedNotAwaitable as returned:
-                raise not_awaitable_error(returned.value, None) from None
+            return await callback()
         timer = self._cutoffs_of(loop).start(deadline)
         try:
-            return await awaitable(callback())
-        except ReturnedNotAwaitable as returned:
-            raise not_awaitable_error(returned.value, None) from None
+            return await callback()
         except asyncio.CancelledError as exc:
             if timer.fired():
                 raise DeadlineExceededError(
