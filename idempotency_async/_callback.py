@@ -29,8 +29,10 @@ T = TypeVar("T")
 class ReturnedNotAwaitable(ConfigError):
     """Raised where a callback's return value would be awaited and is not awaitable.
 
-    An idempotent call completes its record without a response and raises a plain
-    ``ConfigError`` in its place; a call without a key (nothing to record) raises this.
+    Every door of the lifecycle turns it into a plain ``ConfigError`` before it leaves the
+    manager (after completing the record without a response when there is one), so one
+    seen by a lifecycle is always about that call's own callback — never about a nested
+    call inside it.
     """
 
     def __init__(self, value: object) -> None:

@@ -166,8 +166,11 @@ class Manager:
         when = effective_deadline(loop, deadline=deadline, timeout=timeout)
         keys = None if self._disabled else self._keys.derive(payload)
         if keys is None:
-            # A plain function given by mistake: ConfigError once it ran (nothing to record).
-            return await self._unprotected(checked(callback), when, loop)
+            try:
+                return await self._unprotected(checked(callback), when, loop)
+            except ReturnedNotAwaitable as returned:
+                # A plain function given by mistake: it ran, and there is nothing to record.
+                raise not_awaitable_error(returned.value, None) from None
         if self._cache is not None:
             entry = self._cache.get(keys.key, loop.time())
             if entry is not None:
@@ -274,7 +277,10 @@ class Manager:
         when = effective_deadline(loop, deadline=deadline, timeout=timeout)
         keys = None if self._disabled else self._keys.derive(payload)
         if keys is None:
-            return await self._unprotected(checked(lambda: callback(Unprotected())), when, loop)
+            try:
+                return await self._unprotected(checked(lambda: callback(Unprotected())), when, loop)
+            except ReturnedNotAwaitable as returned:
+                raise not_awaitable_error(returned.value, None) from None
         if self._cache is not None:
             entry = self._cache.get(keys.key, loop.time())
             if entry is not None:

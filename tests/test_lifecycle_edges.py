@@ -886,3 +886,21 @@ async def test_a_plain_function_runs_once_with_telemetry_on(store: Store) -> Non
     with pytest.raises(errors.ResponseNotStoredError):
         await manager.execute_call({"id": 2}, charge, timeout=5)
     assert charge.runs == 2
+
+
+async def test_a_nested_call_given_a_plain_function_is_the_outer_callbacks_failure(
+    store: Store,
+) -> None:
+    inner = make(store, event_key_jmespath="id", key_prefix="inner")
+    outer = make(store)
+    charge = Plain()
+
+    async def work() -> Any:
+        return await inner.execute({"no-id": 1}, charge)
+
+    for _ in range(2):
+        with pytest.raises(errors.ConfigError, match="not an awaitable"):
+            await outer.execute({"id": 1}, work, timeout=5)
+    # The outer callback raised: its key was released and the retry ran it again.
+    assert charge.runs == 2
+    assert await record_of(store, outer.key_for({"id": 1})) is None
