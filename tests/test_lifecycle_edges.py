@@ -21,7 +21,7 @@ from _redis import RedisServer, fresh_redis_store
 from aiobotocore.config import AioConfig
 from aiohttp import web
 from support import Clock, RecordingStore, record_of, start_holding
-from test_dynamodb_store import _Proxy
+from test_dynamodb_store import _answer_with_error, _Proxy
 
 from idempotency_async import (
     Event,
@@ -904,3 +904,52 @@ async def test_a_nested_call_given_a_plain_function_is_the_outer_callbacks_failu
     # The outer callback raised: its key was released and the retry ran it again.
     assert charge.runs == 2
     assert await record_of(store, outer.key_for({"id": 1})) is None
+
+
+class _ThrottlingProxy(_Proxy):
+    """``_Proxy``, answering the next ``throttled`` connections (once no answer is left to
+    lose) with DynamoDB's ThrottlingException."""
+
+    throttled = 0
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.throttled > 0 and self.lose_answers == 0:
+            self.throttled -= 1
+            await _answer_with_error("ThrottlingException", reader, writer)
+            return
+        await super()._handle(reader, writer)
+
+
+@pytest.mark.dynamodb
+async def test_dynamodb_claim_throttled_after_a_lost_answer_is_released(
+    dynamodb_client: Any, moto_endpoint: str
+) -> None:
+    table = await fresh_store(dynamodb_client)
+    proxy = _ThrottlingProxy(moto_endpoint)
+    await proxy.start()
+    config = AioConfig(
+        retries={"mode": "standard", "total_max_attempts": 3},
+        connect_timeout=1,
+        read_timeout=2,
+    )
+    try:
+        async with new_session().client(
+            "dynamodb", endpoint_url=proxy.url, config=config
+        ) as client:
+            store = DynamoDBStore(client, table_name=table.table_name)
+            manager = make(store)
+            # The PutItem applies and its answer is lost; botocore's retries are throttled.
+            proxy.lose_answers = 1
+            proxy.throttled = 2
+            work = Runs()
+            with pytest.raises(errors.StoreThrottledError):
+                await manager.execute({"id": 1}, work, timeout=60)
+            assert work.starts == 0 and proxy.throttled == 0
+            # Released: not blocked for the 60 s lease by a claim nobody holds.
+            assert (
+                await table.get(manager.key_for({"id": 1}) or "", now=time.time())
+            ).record is None
+            retried = Runs("retried")
+            assert await make(table).execute({"id": 1}, retried, timeout=5) == "retried"
+    finally:
+        await proxy.aclose()
