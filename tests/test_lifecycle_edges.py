@@ -34,7 +34,7 @@ from idempotency_async import (
 )
 from idempotency_async.integrations.aws_lambda import idempotent_handler
 from idempotency_async.record import Status
-from idempotency_async.stores.base import Store
+from idempotency_async.stores.base import State, Store
 from idempotency_async.stores.dynamodb import DynamoDBStore
 
 
@@ -953,3 +953,21 @@ async def test_dynamodb_claim_throttled_after_a_lost_answer_is_released(
             assert await make(table).execute({"id": 1}, retried, timeout=5) == "retried"
     finally:
         await proxy.aclose()
+
+
+async def test_a_replay_without_a_remaining_life_is_not_cached(store: Store) -> None:
+    class Lifeless(RecordingStore):
+        async def claim(self, claim: Any) -> Any:
+            verdict = await super().claim(claim)
+            return (
+                verdict
+                if verdict.state is not State.COMPLETED
+                else verdict._replace(expires_in=None)
+            )
+
+    await make(store).execute({"id": 1}, Runs("first"), timeout=5)
+    lifeless = Lifeless(store)
+    manager = make(lifeless, use_local_cache=True)
+    for _ in range(2):
+        assert await manager.execute({"id": 1}, Runs(), timeout=5) == "first"
+    assert lifeless.calls == ["claim", "claim"]  # never judged by this process's clock
