@@ -971,3 +971,14 @@ async def test_a_replay_without_a_remaining_life_is_not_cached(store: Store) -> 
     for _ in range(2):
         assert await manager.execute({"id": 1}, Runs(), timeout=5) == "first"
     assert lifeless.calls == ["claim", "claim"]  # never judged by this process's clock
+
+
+@pytest.mark.parametrize(
+    "option", ["lease", "expires_after", "wait_timeout", "lease_margin", "completion_reserve"]
+)
+@pytest.mark.parametrize("value", [math.inf, math.nan, -math.inf], ids=repr)
+def test_a_lease_or_duration_option_that_is_not_finite_is_a_config_error(
+    option: str, value: float
+) -> None:
+    with pytest.raises(errors.ConfigError, match=option):
+        Options(**{option: value})
