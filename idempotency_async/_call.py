@@ -13,12 +13,16 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from idempotency_async._callback import (
+    ReturnedNotAwaitable,
+    awaitable,
+    not_awaitable_error,
+    not_awaitable_reason,
+)
 from idempotency_async._cutoff import Cutoff
 from idempotency_async._downstream import Run
 from idempotency_async._flight import Flight
-from idempotency_async.errors import (
-    ConfigError,
-)
+from idempotency_async.errors import CompletionError, ConfigError
 from idempotency_async.record import Completion
 
 if TYPE_CHECKING:
@@ -119,13 +123,14 @@ class Call:
         self.answered = True
         manager, lease, loop = self._manager, self._lease, self._loop
         key = completion.key
+        sent = loop.time()
         written = await manager._write_completion(lease, completion, result, loop)
         flight = self._flight
         # Duplicates of this process go to the store (or the cache) from now on: the key
         # is completed, so they must replay, never hear "in progress".
         if manager._inflight.get(key) is flight:
             del manager._inflight[key]
-        manager._completed(completion, written, result, flight, loop.time() - self._started)
+        manager._completed(completion, written, result, flight, loop.time() - self._started, sent)
         flight.settle(None)
         self.stored = completion.encoded is not None
 
@@ -173,7 +178,10 @@ async def own_call(
         run = Run(key)  # what downstream keys see while the callback runs
         try:
             try:
-                result = await callback(call)
+                pending = callback(call)
+                if not hasattr(pending, "__await__"):
+                    pending = awaitable(pending)  # a plain function: it has run already
+                result = await pending
             finally:
                 run.end()
         except asyncio.CancelledError as exc:
@@ -183,10 +191,26 @@ async def own_call(
                 manager._emit("cut_off", key)
                 raise _cut_off(key) from exc
             raise
+        except ReturnedNotAwaitable as returned:
+            call._cutoff.close()
+            # It ran and cannot be undone: complete without a response, never release.
+            error = not_awaitable_error(returned.value, key)
+            if not call.answered:
+                manager._emit("response_not_stored", key, error=error)
+                try:
+                    await call.complete_without_response(not_awaitable_reason(returned.value))
+                except CompletionError as failed:
+                    raise error from failed
+            raise error from None
         except Exception as exc:
             call._cutoff.close()
             if not call.answered:
                 await manager._release_after_failure(lease, exc, loop)
+            raise
+        except BaseException:
+            # Like a crash: no store write, the record waits for its lease; the cutoff
+            # must not outlive the callback and cancel the caller later.
+            call._cutoff.close()
             raise
         call._cutoff.close()
         if not call.answered:

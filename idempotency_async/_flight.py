@@ -46,6 +46,9 @@ class Flight:
     waiters: int = 0
     settled: bool = False
     result: Outcome | None = None
+    sent: float = 0.0
+    """When (loop time) its latest claim or read was sent: the remaining life a store
+    reports in the answer counts from here (for the local cache)."""
 
     def hold(self, lease_end: float) -> None:
         self.holding = True

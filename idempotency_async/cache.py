@@ -15,13 +15,18 @@ class CachedResponse:
     record: Record
     """The COMPLETED record, without its response (that is kept encoded)."""
     encoded: bytes
+    expires_at: float
+    """When the entry dies, in ``loop.time()`` units: the record's remaining life as the
+    store judged it, counted from when the request that brought it was sent."""
 
 
 class LocalCache:
     """A bounded LRU of COMPLETED records; in-progress records are never cached.
 
-    Entries die with their record's ``expiration``.  Responses are kept encoded so every
-    hit decodes an independent copy.
+    Entries die at their ``expires_at`` on the event loop's monotonic clock — never by
+    comparing a record's ``expiration`` with this process's wall clock, which may differ
+    from the clock the store judges by.  Responses are kept encoded so every hit decodes an
+    independent copy.
     """
 
     def __init__(self, max_items: int) -> None:
@@ -32,10 +37,11 @@ class LocalCache:
         return len(self._entries)
 
     def get(self, key: str, now: float) -> CachedResponse | None:
+        """The live entry of ``key`` at ``now`` (``loop.time()`` units), if any."""
         entry = self._entries.get(key)
         if entry is None:
             return None
-        if entry.record.is_expired(now):
+        if entry.expires_at <= now:
             del self._entries[key]
             return None
         self._entries.move_to_end(key)
@@ -45,7 +51,7 @@ class LocalCache:
         if self._max_items == 0:
             return
         # An exact-size copy: orjson's bytes keep their whole output buffer (4 KB and up).
-        entry = CachedResponse(entry.record, bytes(memoryview(entry.encoded)))
+        entry = CachedResponse(entry.record, bytes(memoryview(entry.encoded)), entry.expires_at)
         self._entries[key] = entry
         self._entries.move_to_end(key)
         while len(self._entries) > self._max_items:

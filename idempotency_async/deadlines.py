@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from idempotency_async.errors import ConfigError
 
-__all__ = ["current_deadline", "deadline", "effective_deadline", "reserve_for"]
+__all__ = [
+    "check_duration",
+    "check_instant",
+    "current_deadline",
+    "deadline",
+    "effective_deadline",
+    "reserve_for",
+]
 
 _ambient: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "idempotency_async_deadline", default=None
@@ -33,12 +41,15 @@ async def deadline(
 
     Give either ``seconds`` from now or an absolute ``at`` (``loop.time()`` units).  The
     block itself is bounded with ``asyncio.timeout_at``; nested deadlines keep the earliest.
-    Yields the effective deadline.
+    Yields the effective deadline.  ``seconds`` must be a finite positive number and
+    ``at`` a finite one (:class:`~idempotency_async.errors.ConfigError` otherwise).
     """
     if (seconds is None) == (at is None):
         raise ConfigError("deadline() takes exactly one of seconds or at=")
-    when = asyncio.get_running_loop().time() + seconds if seconds is not None else at
-    assert when is not None
+    if seconds is not None:
+        when = asyncio.get_running_loop().time() + check_duration("deadline(seconds)", seconds)
+    else:
+        when = check_instant("deadline(at=)", at)
     outer = _ambient.get()
     if outer is not None:
         when = min(when, outer)
@@ -58,16 +69,51 @@ def current_deadline() -> float | None:
 def effective_deadline(
     loop: asyncio.AbstractEventLoop, *, deadline: float | None, timeout: float | None
 ) -> float | None:
-    """The earliest of an explicit deadline, a timeout from now and the ambient deadline."""
+    """The earliest of an explicit deadline, a timeout from now and the ambient deadline.
+
+    ``timeout`` must be a finite positive number and ``deadline`` a finite one: anything
+    else (NaN, infinities, a timeout <= 0) is :class:`~idempotency_async.errors.ConfigError`
+    here, at the call, rather than a lease that never lapses or an overflow later.
+    """
     ambient = _ambient.get()
-    if deadline is None and ambient is None and timeout is not None and timeout > 0:
-        return loop.time() + timeout  # the common case, without building a list
-    candidates = [when for when in (deadline, ambient) if when is not None]
+    if (
+        deadline is None
+        and ambient is None
+        and timeout is not None
+        and (timeout.__class__ is float or timeout.__class__ is int)
+        and 0 < timeout < math.inf  # False for NaN
+    ):
+        return loop.time() + timeout  # the common case, cheaply
+    candidates = [] if ambient is None else [ambient]
+    if deadline is not None:
+        candidates.append(check_instant("deadline", deadline))
     if timeout is not None:
-        if timeout <= 0:
-            raise ConfigError(f"timeout must be positive, got {timeout!r}")
-        candidates.append(loop.time() + timeout)
+        candidates.append(loop.time() + check_duration("timeout", timeout))
     return min(candidates) if candidates else None
+
+
+def check_duration(name: str, value: object) -> float:
+    """``value`` if it is a finite positive number of seconds, else ConfigError."""
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and 0 < value < math.inf  # False for NaN
+    ):
+        return value
+    raise ConfigError(
+        f"{name} must be a finite positive number of seconds, got {value!r}: give the time "
+        "the call may take (no deadline at all: leave it out)"
+    )
+
+
+def check_instant(name: str, value: object) -> float:
+    """``value`` if it is a finite ``loop.time()`` value, else ConfigError."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return value
+    raise ConfigError(
+        f"{name} must be a finite loop.time() value, got {value!r}: e.g. "
+        "asyncio.get_running_loop().time() + seconds (no deadline at all: leave it out)"
+    )
 
 
 def reserve_for(time_left: float, override: float | None = None) -> float:

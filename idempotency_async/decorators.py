@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Generic, ParamSpec, Protocol, TypeVar, cast
 
 from idempotency_async._function_manager import function_manager
+from idempotency_async.deadlines import check_duration
 from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
 
@@ -40,8 +41,11 @@ def idempotent_function(
     function runs (that derived one, or ``manager`` itself) is its ``.manager`` attribute:
     ``func.manager.key_for(value)`` is the key a call with that argument stores under.
     Dataclass arguments are hashed by their fields, pydantic models by
-    ``model_dump(mode="json")``.  ``timeout`` bounds each call (and its lease).
+    ``model_dump(mode="json")``.  ``timeout`` bounds each call (and its lease): a finite
+    positive number of seconds, checked here, at decoration.
     """
+    if timeout is not None:
+        check_duration("idempotent_function(timeout=)", timeout)
 
     def decorate(func: Callable[P, Awaitable[T]]) -> IdempotentFunction[P, T]:
         if not inspect.iscoroutinefunction(func):

@@ -10,11 +10,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
 from idempotency_async._call import Call, Unprotected, own_call
+from idempotency_async._callback import (
+    ReturnedNotAwaitable,
+    awaitable,
+    checked,
+    not_awaitable_error,
+    not_awaitable_reason,
+)
 from idempotency_async._codec import decode_json, encode_json
 from idempotency_async._cutoff import Cutoffs
 from idempotency_async._downstream import Run
@@ -36,7 +44,9 @@ from idempotency_async.errors import (
     InconsistentStateError,
     LeaseLostError,
     ResponseTooLargeError,
+    StoreAccessDeniedError,
     StoreUnavailableError,
+    StoreValidationError,
 )
 from idempotency_async.events import Event, EventKind
 from idempotency_async.instrumentation import Observer
@@ -51,6 +61,9 @@ T = TypeVar("T")
 _log = logging.getLogger("idempotency_async")
 
 _CLAIM_RETRIES = 2
+# Store errors that refuse a claim outright (the request, or the record it met, cannot be
+# processed): nothing was written.  Any other failure may hide a claim that applied.
+_REFUSALS = (StoreAccessDeniedError, StoreValidationError)
 _FIRST_POLL = 0.05
 _MAX_POLL = 1.0
 
@@ -100,6 +113,10 @@ class Manager:
         self._owner_prefix = secrets.token_hex(12) + "-"
         self._claims = itertools.count()
         self._cutoffs: Cutoffs | None = None
+        # force_release: how many are under way, and when (loop time) the last one ended.
+        # A cache fill for a request sent before then may hold the released record.
+        self._releasing = 0
+        self._released_at = -math.inf
         self._warned_no_deadline = False
         self._disabled = disabled_by_environment()
         telemetry = self.options.telemetry
@@ -150,9 +167,13 @@ class Manager:
         when = effective_deadline(loop, deadline=deadline, timeout=timeout)
         keys = None if self._disabled else self._keys.derive(payload)
         if keys is None:
-            return await self._unprotected(callback, when, loop)
+            try:
+                return await self._unprotected(checked(callback), when, loop)
+            except ReturnedNotAwaitable as returned:
+                # A plain function given by mistake: it ran, and there is nothing to record.
+                raise not_awaitable_error(returned.value, None) from None
         if self._cache is not None:
-            entry = self._cache.get(keys.key, self.options.clock())
+            entry = self._cache.get(keys.key, loop.time())
             if entry is not None:
                 return self._cache_hit(entry, keys)  # type: ignore[no-any-return]
         while True:
@@ -202,7 +223,8 @@ class Manager:
         def run(observed: Callable[[], Awaitable[T]]) -> Awaitable[T]:
             return Manager.execute(self, payload, observed, deadline=deadline, timeout=timeout)
 
-        return await observer.call(run, callback)
+        # The observer awaits the callback's value itself: check it can be awaited first.
+        return await observer.call(run, checked(callback))
 
     async def execute_call(
         self,
@@ -243,7 +265,7 @@ class Manager:
 
             return self._execute_call(payload, with_call, deadline, timeout)
 
-        return await observer.call(run, lambda: callback(handle[-1]))
+        return await observer.call(run, lambda: awaitable(callback(handle[-1])))
 
     async def _execute_call(
         self,
@@ -256,9 +278,12 @@ class Manager:
         when = effective_deadline(loop, deadline=deadline, timeout=timeout)
         keys = None if self._disabled else self._keys.derive(payload)
         if keys is None:
-            return await self._unprotected(lambda: callback(Unprotected()), when, loop)
+            try:
+                return await self._unprotected(checked(lambda: callback(Unprotected())), when, loop)
+            except ReturnedNotAwaitable as returned:
+                raise not_awaitable_error(returned.value, None) from None
         if self._cache is not None:
-            entry = self._cache.get(keys.key, self.options.clock())
+            entry = self._cache.get(keys.key, loop.time())
             if entry is not None:
                 return self._cache_hit(entry, keys)  # type: ignore[no-any-return]
         while True:
@@ -280,12 +305,22 @@ class Manager:
         """Delete the record of ``key`` whatever its state (operators: unstick a key).
 
         Returns the record deleted, if there was one.  Dangerous: if the original call is
-        still running, a retry will run the side effect a second time.  Other processes'
+        still running, a retry will run the side effect a second time.  This manager's local
+        cache keeps no entry of the key, whatever replays ran meanwhile; other processes'
         local caches keep replaying the key until their entries expire.
         """
-        if self._cache is not None:
-            self._cache.discard(key)
-        deleted = await self._store.force_release(key)
+        cache = self._cache
+        self._releasing += 1
+        try:
+            if cache is not None:
+                cache.discard(key)
+            deleted = await self._store.force_release(key)
+        finally:
+            # Replays whose requests were sent before now are not cached (see _fill).
+            self._releasing -= 1
+            self._released_at = asyncio.get_running_loop().time()
+            if cache is not None:
+                cache.discard(key)
         self._emit("released", key)
         return deleted
 
@@ -306,7 +341,11 @@ class Manager:
             raise not_stored_error(outcome.record)
         return self._responses.present(decode_json(outcome.encoded), outcome.record)
 
-    def _replay_record(self, record: Record, flight: Flight) -> Any:
+    def _replay_record(self, verdict: Verdict, flight: Flight) -> Any:
+        """Replay the COMPLETED record of ``verdict``, the answer to the request ``flight``
+        sent last (at ``flight.sent``)."""
+        record = verdict.record
+        assert record is not None
         self._keys.validate(record.validation, flight.keys)
         if not record.response_stored:
             flight.settle(Outcome(record, None))
@@ -314,10 +353,20 @@ class Manager:
         if flight.waiters or self._cache is not None:
             encoded = encode_json(record.response)
             flight.settle(Outcome(record, encoded))
-            if self._cache is not None:
-                self._cache.put(record.key, CachedResponse(record, encoded))
+            if self._cache is not None and verdict.expires_in is not None:
+                self._fill(record, encoded, flight.sent, verdict.expires_in)
         self._emit("replayed", record.key)
         return self._responses.present(record.response, record)
+
+    def _fill(self, record: Record, encoded: bytes, sent: float, life: float) -> None:
+        """Cache a completed record for ``life`` seconds (as the store judged it) counted
+        from ``sent``, on the loop's clock: never by comparing its expiration with this
+        process's wall clock, which may be off the store's."""
+        cache = self._cache
+        if cache is None or self._releasing or sent <= self._released_at:
+            # A force_release ran since the request was sent: the record may be gone.
+            return
+        cache.put(record.key, CachedResponse(record, encoded, sent + life))
 
     # ------------------------------------------------------------------ claim and run
 
@@ -335,13 +384,15 @@ class Manager:
             lease = self._lease_for(flight, loop)
             try:
                 verdict = await self._store.claim(lease.claim)
-            except StoreUnavailableError as exc:
+            except _REFUSALS:
+                raise
+            except Exception as exc:
                 await self._release_unknown_claim(lease, exc, loop)
                 raise
             if verdict is not CLAIMED:
                 record = verdict.record if verdict.__class__ is Verdict else None
                 if record is not None and verdict.state is State.COMPLETED:
-                    return self._replay_record(record, flight)  # type: ignore[no-any-return]
+                    return self._replay_record(verdict, flight)  # type: ignore[no-any-return]
                 contended = await self._contend(flight, lease, verdict, loop)
                 if isinstance(contended, _Replayed):
                     return contended.value  # type: ignore[no-any-return]
@@ -354,9 +405,15 @@ class Manager:
             run = Run(key)  # what downstream keys see while the callback runs
             try:
                 try:
-                    result = await callback()
+                    pending = callback()
+                    if not hasattr(pending, "__await__"):
+                        pending = awaitable(pending)  # a plain function: it has run already
+                    result = await pending
                 finally:
                     run.end()
+            except ReturnedNotAwaitable as returned:
+                timer.close()
+                await self._complete_not_awaitable(flight, lease, returned, loop, started)
             except asyncio.CancelledError as exc:
                 cut_off = timer.fired()
                 timer.close()
@@ -370,6 +427,13 @@ class Manager:
                 timer.close()  # only the callback runs under the cutoff
                 await self._release_after_failure(lease, exc, loop)
                 raise
+            except BaseException:
+                # SystemExit, KeyboardInterrupt, a test framework's failure: like a crash, no
+                # store write; the record waits for its lease.  The cutoff must not outlive
+                # the callback and cancel the caller later, in unrelated code.
+                timer.close()
+                raise
+            sent = loop.time()  # the completion's life counts from (before) its write
             timer.close()
             completion = self._completion_for(claim, result)
             # _write_completion, inline: a coroutine frame less on every first call.
@@ -392,7 +456,7 @@ class Manager:
                 raise _completion_failed(key, result, exc, unknown=unknown) from exc
             finally:
                 timer.close()
-            self._completed(completion, written, result, flight, loop.time() - started)
+            self._completed(completion, written, result, flight, loop.time() - started, sent)
             return result
         finally:
             if self._inflight.get(key) is flight:
@@ -414,6 +478,7 @@ class Manager:
                     key=flight.keys.key,
                 )
         reserve = reserve_for(left, options.completion_reserve)
+        flight.sent = started  # the claim goes out now: a verdict it brings counts from here
         claim = Claim(
             flight.keys.key,
             flight.owner,
@@ -434,7 +499,7 @@ class Manager:
         if verdict is not CLAIMED:
             record = verdict.record if verdict.__class__ is Verdict else None
             if record is not None and verdict.state is State.COMPLETED:
-                return _Replayed(self._replay_record(record, flight))
+                return _Replayed(self._replay_record(verdict, flight))
             contended = await self._contend(flight, lease, verdict, loop)
             if isinstance(contended, _Replayed):
                 return contended
@@ -458,15 +523,19 @@ class Manager:
     async def _claim(self, lease: _Lease, loop: asyncio.AbstractEventLoop) -> Verdict:
         try:
             return await self._store.claim(lease.claim)
-        except StoreUnavailableError as exc:
+        except _REFUSALS:
+            raise
+        except Exception as exc:
             await self._release_unknown_claim(lease, exc, loop)
             raise
 
     async def _release_unknown_claim(
-        self, lease: _Lease, exc: StoreUnavailableError, loop: asyncio.AbstractEventLoop
+        self, lease: _Lease, exc: BaseException, loop: asyncio.AbstractEventLoop
     ) -> None:
-        # The write may have applied with its answer lost: without this release the key
-        # would stay blocked for the whole lease by a claim nobody holds.
+        """One owner-fenced release after a claim whose outcome is unknown (unavailable,
+        throttled after a lost answer, an answer that is not one): the write may have
+        applied, and without this release the key would stay blocked for the whole lease by
+        a claim nobody holds.  A failed release is a note on ``exc``."""
         await self._release(lease, exc, loop)
 
     async def _contend(
@@ -480,21 +549,24 @@ class Manager:
         raced = 0
         wait_until: float | None = None
         while True:
-            if not isinstance(verdict, Verdict):
-                raise StoreUnavailableError(
+            if not isinstance(verdict, Verdict):  # a store that broke its protocol
+                nonsense = StoreUnavailableError(  # type: ignore[unreachable]
                     f"the store answered a claim of key {flight.keys.key} with {verdict!r}, "
                     "not a verdict: the callback was not run"
                 )
+                # Whether the claim applied is unknown.
+                await self._release_unknown_claim(lease, nonsense, loop)
+                raise nonsense
             state, record = verdict.state, verdict.record
             if state is State.CLAIMED:
                 return lease
             if state is State.COMPLETED and record is not None:
-                return _Replayed(self._replay_record(record, flight))
+                return _Replayed(self._replay_record(verdict, flight))
             if state is State.IN_PROGRESS and record is not None:
                 self._keys.validate(record.validation, flight.keys)
                 if wait_until is None:
                     wait_until = self._wait_limit(flight.deadline, loop)
-                verdict = await self._poll(flight.keys, verdict, wait_until, loop)
+                verdict, flight.sent = await self._poll(flight.keys, verdict, wait_until, loop)
                 if verdict.state is State.COMPLETED:
                     continue
             else:
@@ -511,10 +583,11 @@ class Manager:
 
     async def _poll(
         self, keys: Keys, verdict: Verdict, wait_until: float, loop: asyncio.AbstractEventLoop
-    ) -> Verdict:
+    ) -> tuple[Verdict, float]:
         """Read an in-progress record with bounded backoff until the store judges it
-        completed or claimable.  Reads, not claim attempts: in DynamoDB a refused conditional
-        write costs write capacity, a strongly consistent read a fifth of it."""
+        completed or claimable; returns that verdict and when its read was sent.  Reads, not
+        claim attempts: in DynamoDB a refused conditional write costs write capacity, a
+        strongly consistent read a fifth of it."""
         delay = _FIRST_POLL
         started = loop.time()
         try:
@@ -524,9 +597,10 @@ class Manager:
                     self._reject(keys.key, verdict.retry_after)
                 await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, _MAX_POLL)
+                sent = loop.time()
                 verdict = await self._store.get(keys.key, now=self.options.clock())
                 if verdict.state is not State.IN_PROGRESS:
-                    return verdict
+                    return verdict, sent
                 if verdict.record is not None:
                     self._keys.validate(verdict.record.validation, keys)
         finally:
@@ -606,7 +680,9 @@ class Manager:
         result: Any,
         flight: Flight,
         duration: float,
+        sent: float,
     ) -> None:
+        """Settle a completion written by a request sent at ``sent`` (loop time)."""
         key = completion.key
         if written is Written.NOTHING:
             error = LeaseLostError(
@@ -638,8 +714,40 @@ class Manager:
             record = completion.to_record(completion.now)
             flight.settle(Outcome(record, encoded))
             if self._cache is not None and encoded is not None:
-                self._cache.put(key, CachedResponse(record, encoded))
+                # The record lives expires_after from the completion, by the store's clock.
+                self._fill(record, encoded, sent, completion.ttl)
         self._emit("completed", key, duration=duration)
+
+    async def _complete_not_awaitable(
+        self,
+        flight: Flight,
+        lease: _Lease,
+        returned: ReturnedNotAwaitable,
+        loop: asyncio.AbstractEventLoop,
+        started: float,
+    ) -> NoReturn:
+        """The callback returned something that is not awaitable: it ran (a plain function),
+        so the key is completed without a response, never released, and ConfigError raised."""
+        claim = lease.claim
+        error = not_awaitable_error(returned.value, claim.key)
+        self._emit("response_not_stored", claim.key, error=error)
+        completion = Completion(
+            claim.key,
+            claim.owner,
+            self.options.clock(),
+            self.options.expires_after,
+            claim.validation,
+            None,
+            None,
+            not_awaitable_reason(returned.value),
+        )
+        sent = loop.time()
+        try:
+            written = await self._write_completion(lease, completion, None, loop)
+            self._completed(completion, written, None, flight, loop.time() - started, sent)
+        except CompletionError as failed:
+            raise error from failed
+        raise error from None
 
     async def _release_after_failure(
         self, lease: _Lease, exc: BaseException, loop: asyncio.AbstractEventLoop

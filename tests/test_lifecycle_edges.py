@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import math
 import os
 import time
 from collections.abc import AsyncIterator
@@ -16,14 +17,24 @@ from typing import Any
 
 import pytest
 from _moto import fresh_store, new_session
+from _redis import RedisServer, fresh_redis_store
 from aiobotocore.config import AioConfig
 from aiohttp import web
 from support import Clock, RecordingStore, record_of, start_holding
-from test_dynamodb_store import _Proxy
+from test_dynamodb_store import _answer_with_error, _Proxy
 
-from idempotency_async import Event, Manager, MemoryStore, Options, errors
+from idempotency_async import (
+    Event,
+    Manager,
+    MemoryStore,
+    Options,
+    deadline,
+    errors,
+    idempotent_function,
+)
+from idempotency_async.integrations.aws_lambda import idempotent_handler
 from idempotency_async.record import Status
-from idempotency_async.stores.base import Store
+from idempotency_async.stores.base import State, Store
 from idempotency_async.stores.dynamodb import DynamoDBStore
 
 
@@ -510,3 +521,464 @@ async def test_a_completion_answered_with_nonsense_is_an_unknown_outcome(store: 
     with pytest.raises(errors.CompletionError) as caught:
         await manager.execute_call({"id": 2}, completes_early, timeout=5)
     assert caught.value.outcome_unknown is True
+
+
+# -- issue 21, defect 1: a plain function passed as the callback -------------------------
+
+
+class Plain:
+    """A plain (sync) function: its side effect happens when it is called."""
+
+    def __init__(self, result: Any = "charged") -> None:
+        self.runs = 0
+        self.result = result
+
+    def __call__(self, *call: Any) -> Any:
+        self.runs += 1
+        return self.result
+
+
+async def test_a_plain_function_runs_once_and_completes_without_a_response(
+    store: Store,
+) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording)
+    charge = Plain({"charged": True})
+    with pytest.raises(errors.ConfigError, match="not an awaitable") as caught:
+        await manager.execute({"id": 1}, charge, timeout=5)
+    assert not isinstance(caught.value.__cause__, TypeError)
+    assert "release" not in recording.calls  # it ran: the key is never released
+    record = await record_of(store, manager.key_for({"id": 1}))
+    assert record is not None and record.status is Status.COMPLETED
+    assert not record.response_stored and record.not_stored is not None
+    # Retries, here and in other processes, replay "not stored" instead of running it again.
+    with pytest.raises(errors.ResponseNotStoredError, match="not an awaitable"):
+        await manager.execute({"id": 1}, charge, timeout=5)
+    with pytest.raises(errors.ResponseNotStoredError):
+        await make(store).execute({"id": 1}, charge)
+    assert charge.runs == 1
+
+
+async def test_a_plain_function_given_to_execute_call_runs_once(store: Store) -> None:
+    manager = make(store)
+    charge = Plain()
+    with pytest.raises(errors.ConfigError, match="not an awaitable"):
+        await manager.execute_call({"id": 1}, charge, timeout=5)
+    with pytest.raises(errors.ResponseNotStoredError):
+        await manager.execute_call({"id": 1}, charge, timeout=5)
+    with pytest.raises(errors.ResponseNotStoredError):
+        await make(store).execute({"id": 1}, charge, timeout=5)
+    assert charge.runs == 1
+
+
+async def test_a_plain_function_without_a_key_is_a_config_error(store: Store) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording, event_key_jmespath="id")
+    charge = Plain()
+    with pytest.raises(errors.ConfigError, match="not an awaitable"):
+        await manager.execute({"no-id": 1}, charge)
+    with pytest.raises(errors.ConfigError, match="not an awaitable"):
+        await manager.execute({"no-id": 1}, charge, timeout=5)
+    with pytest.raises(errors.ConfigError, match="not an awaitable"):
+        await manager.execute_call({"no-id": 1}, charge, timeout=5)
+    assert charge.runs == 3 and recording.calls == []
+
+
+async def test_a_lambda_returning_an_awaitable_still_works(store: Store) -> None:
+    manager = make(store)
+    loop = asyncio.get_running_loop()
+
+    def ready() -> asyncio.Future[str]:
+        future: asyncio.Future[str] = loop.create_future()
+        future.set_result("from a future")
+        return future
+
+    assert await manager.execute({"id": 1}, ready, timeout=5) == "from a future"
+    assert await make(store).execute({"id": 1}, Plain(), timeout=5) == "from a future"
+
+
+# -- issue 21, defect 2: a BaseException that is not an Exception -----------------------
+
+
+class _Abort(BaseException):
+    """What sys.exit or a test framework's fail() raises: not an Exception."""
+
+
+async def _aborts(*call: Any) -> Any:
+    raise _Abort
+
+
+async def test_a_base_exception_is_a_crash_and_leaves_no_cutoff_armed(store: Store) -> None:
+    recording = RecordingStore(store)
+    manager = make(recording)
+    with pytest.raises(_Abort):
+        await manager.execute({"id": 1}, _aborts, timeout=0.5)
+    # Past the cutoff (0.4 s): on the landed code it cancelled this task here.
+    await asyncio.sleep(0.6)
+    with pytest.raises(_Abort):
+        await manager.execute_call({"id": 2}, _aborts, timeout=0.5)
+    await asyncio.sleep(0.6)
+    assert recording.calls == ["claim", "claim"]  # no store write after the claims
+    for n in (1, 2):
+        record = await record_of(store, manager.key_for({"id": n}))
+        assert record is not None and record.status is Status.INPROGRESS  # waits for its lease
+
+
+async def test_a_base_exception_without_a_key_leaves_no_cutoff_armed(store: Store) -> None:
+    manager = make(store, event_key_jmespath="id")
+    with pytest.raises(_Abort):
+        await manager.execute({"no-id": 1}, _aborts, timeout=0.3)
+    with pytest.raises(_Abort):
+        await manager.execute_call({"no-id": 1}, _aborts, timeout=0.3)
+    await asyncio.sleep(0.5)
+
+
+# -- issue 21, defect 4: a claim whose outcome stays unknown is released -----------------
+
+
+class _ClaimAppliesThenFails(RecordingStore):
+    """The claim applies; its answer is lost and the SDK's retry fails with ``answer``
+    (an exception to raise, or a nonsense object to return)."""
+
+    answer: Any = None
+
+    async def claim(self, claim: Any) -> Any:
+        self.calls.append("claim")
+        await self.inner.claim(claim)
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        errors.StoreThrottledError("throttled after a lost answer (injected)"),
+        errors.PersistenceError("an answer the SDK could not parse (injected)"),
+        RuntimeError("a driver bug (injected)"),
+        "OK",  # an answer that is not a verdict
+    ],
+    ids=["throttled", "persistence", "driver", "nonsense"],
+)
+async def test_a_claim_with_an_unknown_outcome_is_released_whatever_the_failure(
+    store: Store, answer: Any
+) -> None:
+    faulty = _ClaimAppliesThenFails(store)
+    faulty.answer = answer
+    manager = make(faulty)
+    work = Runs()
+    raised = type(answer) if isinstance(answer, BaseException) else errors.StoreUnavailableError
+    with pytest.raises(raised):
+        await manager.execute({"id": 1}, work, timeout=60)
+    assert work.starts == 0
+    assert faulty.calls == ["claim", "release"]
+    # The key is not blocked for the 60 s lease by a claim nobody holds.
+    assert await record_of(store, manager.key_for({"id": 1})) is None
+    with pytest.raises(raised):
+        await manager.execute_call({"id": 2}, _ignore_call, timeout=60)
+    assert faulty.calls[-2:] == ["claim", "release"]
+    assert await record_of(store, manager.key_for({"id": 2})) is None
+
+
+async def test_a_refused_claim_is_not_released(store: Store) -> None:
+    refused = RecordingStore(
+        store, fail_on={"claim": errors.StoreAccessDeniedError("denied (injected)")}
+    )
+    manager = make(refused)
+    with pytest.raises(errors.StoreAccessDeniedError):
+        await manager.execute({"id": 1}, Runs(), timeout=60)
+    assert refused.calls == ["claim"]
+
+
+# -- issue 21, defect 7: force_release and replays that ran meanwhile --------------------
+
+
+async def test_force_release_leaves_no_cache_entry_after_a_replay_during_the_release(
+    store: Store,
+) -> None:
+    slow = RecordingStore(store, delay={"force_release": 0.3})
+    manager = make(slow, use_local_cache=True)
+    await manager.execute({"id": 1}, Runs("first"), timeout=5)
+    key = manager.key_for({"id": 1}) or ""
+    releasing = asyncio.create_task(manager.force_release(key))
+    await asyncio.sleep(0.05)
+    # The record is still in the store: this replays it while the release is under way.
+    assert await manager.execute({"id": 1}, Runs(), timeout=5) == "first"
+    assert await releasing is not None
+    second = Runs("second")
+    assert await manager.execute({"id": 1}, second, timeout=5) == "second"
+    assert second.starts == 1
+
+
+class _ClaimAnswersLate(RecordingStore):
+    """Claims apply at once; their answers arrive ``late`` seconds later."""
+
+    late = 0.3
+
+    async def claim(self, claim: Any) -> Any:
+        verdict = await self.inner.claim(claim)
+        await asyncio.sleep(self.late)
+        return verdict
+
+
+async def test_force_release_leaves_no_cache_entry_after_a_replay_answered_later(
+    store: Store,
+) -> None:
+    await make(store).execute({"id": 1}, Runs("first"), timeout=5)
+    manager = make(_ClaimAnswersLate(store), use_local_cache=True)
+    key = manager.key_for({"id": 1}) or ""
+    replay = asyncio.create_task(manager.execute({"id": 1}, Runs(), timeout=5))
+    await asyncio.sleep(0.05)  # the claim met the completed record; its answer is late
+    assert await manager.force_release(key) is not None
+    assert await replay == "first"  # answered after the release finished
+    second = Runs("second")
+    assert await manager.execute({"id": 1}, second, timeout=5) == "second"
+    assert second.starts == 1
+
+
+# -- issue 21, defect 8: deadlines, timeouts and leases are finite positive numbers -------
+
+
+_NOT_DURATIONS = [math.inf, -math.inf, math.nan, 0, -1.0, True, "5"]
+_NOT_INSTANTS = [math.inf, -math.inf, math.nan, "5"]
+
+
+@pytest.mark.parametrize("timeout", _NOT_DURATIONS, ids=repr)
+async def test_a_timeout_that_is_not_finite_and_positive_is_a_config_error(
+    timeout: Any,
+) -> None:
+    recording = RecordingStore(MemoryStore())
+    manager = make(recording)
+    work = Runs()
+    with pytest.raises(errors.ConfigError, match="timeout must be a finite positive"):
+        await manager.execute({"id": 1}, work, timeout=timeout)
+    with pytest.raises(errors.ConfigError, match="timeout must be a finite positive"):
+        await manager.execute_call({"id": 1}, _ignore_call, timeout=timeout)
+    with pytest.raises(errors.ConfigError, match="timeout"):
+        idempotent_function(manager, payload="order", timeout=timeout)
+    assert work.starts == 0 and recording.calls == []
+
+
+@pytest.mark.parametrize("when", _NOT_INSTANTS, ids=repr)
+async def test_a_deadline_that_is_not_finite_is_a_config_error(when: Any) -> None:
+    recording = RecordingStore(MemoryStore())
+    manager = make(recording)
+    work = Runs()
+    with pytest.raises(errors.ConfigError, match="deadline must be a finite"):
+        await manager.execute({"id": 1}, work, deadline=when)
+    with pytest.raises(errors.ConfigError, match="deadline must be a finite"):
+        await manager.execute_call({"id": 1}, _ignore_call, deadline=when)
+    with pytest.raises(errors.ConfigError, match="finite"):
+        async with deadline(at=when):
+            pass
+    assert work.starts == 0 and recording.calls == []
+
+
+@pytest.mark.parametrize("seconds", _NOT_DURATIONS, ids=repr)
+async def test_an_ambient_deadline_that_is_not_finite_and_positive_is_a_config_error(
+    seconds: Any,
+) -> None:
+    with pytest.raises(errors.ConfigError, match="finite positive"):
+        async with deadline(seconds):
+            pass
+
+
+@pytest.mark.parametrize("millis", [math.inf, math.nan], ids=repr)
+async def test_a_lambda_context_without_a_finite_remaining_time_is_a_config_error(
+    millis: float,
+) -> None:
+    class Context:
+        def get_remaining_time_in_millis(self) -> float:
+            return millis
+
+    work = Runs()
+
+    @idempotent_handler(make(MemoryStore()))
+    async def handler(event: Any, context: Any) -> Any:
+        return await work()
+
+    with pytest.raises(errors.ConfigError, match="finite"):
+        await handler({"id": 1}, Context())
+    assert work.starts == 0
+
+
+async def test_finite_deadlines_still_work(store: Store) -> None:
+    manager = make(store)
+    loop = asyncio.get_running_loop()
+    assert await manager.execute({"id": 1}, Runs("a"), timeout=5) == "a"
+    assert await manager.execute({"id": 2}, Runs("b"), timeout=5.0) == "b"
+    assert await manager.execute({"id": 3}, Runs("c"), deadline=loop.time() + 5) == "c"
+    async with deadline(5):
+        assert await manager.execute({"id": 4}, Runs("d")) == "d"
+
+
+# -- issue 21, defect 5: the local cache by the store's clock ----------------------------
+
+
+@pytest.mark.redis
+async def test_the_local_cache_keeps_a_server_clock_record_as_long_as_the_server_says(
+    redis_server: RedisServer,
+) -> None:
+    async with fresh_redis_store(redis_server) as store:  # judges by the server's TIME
+        assert store.clock == "server"
+        events: list[Event] = []
+        behind = make(
+            store,
+            use_local_cache=True,
+            on_event=events.append,
+            clock=lambda: time.time() - 120,  # two minutes behind the server
+        )
+        writer = make(store, expires_after=1)
+        assert await writer.execute({"id": 1}, Runs("first"), timeout=5) == "first"
+        # The worker behind replays the record and caches it, then hits its cache.
+        assert await behind.execute({"id": 1}, Runs(), timeout=5) == "first"
+        assert await behind.execute({"id": 1}, Runs(), timeout=5) == "first"
+        assert events[-1].kind == "cache_hit"
+        # The record expires in Redis within ~2 s (whole seconds); another worker replaces it.
+        second = Runs("second")
+        other = make(store, expires_after=60)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + 10
+        while second.starts == 0 and loop.time() < give_up:
+            await asyncio.sleep(0.2)
+            assert await other.execute({"id": 1}, second, timeout=5) in ("first", "second")
+        assert second.starts == 1
+        # The worker behind replays what the store holds now, not its stale entry (by its
+        # own clock the replaced record had two more minutes to live).
+        assert await behind.execute({"id": 1}, Runs(), timeout=5) == "second"
+        assert await behind.execute({"id": 1}, Runs(), timeout=5) == "second"
+        assert events[-1].kind == "cache_hit"
+
+
+async def test_the_local_cache_counts_a_replayed_records_life_from_the_request(
+    store: Store,
+) -> None:
+    # The record was completed 2 s of its 3 s ago (by the writer's clock, which the
+    # client-clock stores use): a replay may be cached for what is left, no longer.
+    clock = Clock(float(int(time.time())))  # a whole second: expiry is ceil(now + ttl)
+    await make(store, expires_after=3, clock=clock).execute({"id": 1}, Runs("first"))
+    clock.advance(2)
+    recording = RecordingStore(store)
+    cached = make(recording, use_local_cache=True, clock=clock)
+    assert await cached.execute({"id": 1}, Runs(), timeout=5) == "first"
+    claims = recording.calls.count("claim")
+    assert await cached.execute({"id": 1}, Runs(), timeout=5) == "first"
+    assert recording.calls.count("claim") == claims  # a cache hit
+    await asyncio.sleep(1.1)  # past the 1 s the store said was left
+    clock.advance(3)
+    assert await cached.execute({"id": 1}, Runs("second"), timeout=5) == "second"
+
+
+async def test_a_plain_function_runs_once_with_telemetry_on(store: Store) -> None:
+    # Telemetry's timing wrapper awaits the callback itself: the check comes first.
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from idempotency_async.otel import Telemetry
+
+    manager = make(store, telemetry=Telemetry(tracer_provider=TracerProvider()))
+    charge = Plain()
+    with pytest.raises(errors.ConfigError, match="not an awaitable"):
+        await manager.execute({"id": 1}, charge, timeout=5)
+    with pytest.raises(errors.ConfigError, match="not an awaitable"):
+        await manager.execute_call({"id": 2}, charge, timeout=5)
+    with pytest.raises(errors.ResponseNotStoredError):
+        await manager.execute({"id": 1}, charge, timeout=5)
+    with pytest.raises(errors.ResponseNotStoredError):
+        await manager.execute_call({"id": 2}, charge, timeout=5)
+    assert charge.runs == 2
+
+
+async def test_a_nested_call_given_a_plain_function_is_the_outer_callbacks_failure(
+    store: Store,
+) -> None:
+    inner = make(store, event_key_jmespath="id", key_prefix="inner")
+    outer = make(store)
+    charge = Plain()
+
+    async def work() -> Any:
+        return await inner.execute({"no-id": 1}, charge)
+
+    for _ in range(2):
+        with pytest.raises(errors.ConfigError, match="not an awaitable"):
+            await outer.execute({"id": 1}, work, timeout=5)
+    # The outer callback raised: its key was released and the retry ran it again.
+    assert charge.runs == 2
+    assert await record_of(store, outer.key_for({"id": 1})) is None
+
+
+class _ThrottlingProxy(_Proxy):
+    """``_Proxy``, answering the next ``throttled`` connections (once no answer is left to
+    lose) with DynamoDB's ThrottlingException."""
+
+    throttled = 0
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.throttled > 0 and self.lose_answers == 0:
+            self.throttled -= 1
+            await _answer_with_error("ThrottlingException", reader, writer)
+            return
+        await super()._handle(reader, writer)
+
+
+@pytest.mark.dynamodb
+async def test_dynamodb_claim_throttled_after_a_lost_answer_is_released(
+    dynamodb_client: Any, moto_endpoint: str
+) -> None:
+    table = await fresh_store(dynamodb_client)
+    proxy = _ThrottlingProxy(moto_endpoint)
+    await proxy.start()
+    config = AioConfig(
+        retries={"mode": "standard", "total_max_attempts": 3},
+        connect_timeout=1,
+        read_timeout=2,
+    )
+    try:
+        async with new_session().client(
+            "dynamodb", endpoint_url=proxy.url, config=config
+        ) as client:
+            store = DynamoDBStore(client, table_name=table.table_name)
+            manager = make(store)
+            # The PutItem applies and its answer is lost; botocore's retries are throttled.
+            proxy.lose_answers = 1
+            proxy.throttled = 2
+            work = Runs()
+            with pytest.raises(errors.StoreThrottledError):
+                await manager.execute({"id": 1}, work, timeout=60)
+            assert work.starts == 0 and proxy.throttled == 0
+            # Released: not blocked for the 60 s lease by a claim nobody holds.
+            assert (
+                await table.get(manager.key_for({"id": 1}) or "", now=time.time())
+            ).record is None
+            retried = Runs("retried")
+            assert await make(table).execute({"id": 1}, retried, timeout=5) == "retried"
+    finally:
+        await proxy.aclose()
+
+
+async def test_a_replay_without_a_remaining_life_is_not_cached(store: Store) -> None:
+    class Lifeless(RecordingStore):
+        async def claim(self, claim: Any) -> Any:
+            verdict = await super().claim(claim)
+            return (
+                verdict
+                if verdict.state is not State.COMPLETED
+                else verdict._replace(expires_in=None)
+            )
+
+    await make(store).execute({"id": 1}, Runs("first"), timeout=5)
+    lifeless = Lifeless(store)
+    manager = make(lifeless, use_local_cache=True)
+    for _ in range(2):
+        assert await manager.execute({"id": 1}, Runs(), timeout=5) == "first"
+    assert lifeless.calls == ["claim", "claim"]  # never judged by this process's clock
+
+
+@pytest.mark.parametrize(
+    "option", ["lease", "expires_after", "wait_timeout", "lease_margin", "completion_reserve"]
+)
+@pytest.mark.parametrize("value", [math.inf, math.nan, -math.inf], ids=repr)
+def test_a_lease_or_duration_option_that_is_not_finite_is_a_config_error(
+    option: str, value: float
+) -> None:
+    with pytest.raises(errors.ConfigError, match=option):
+        Options(**{option: value})
