@@ -1,7 +1,7 @@
 """The run of a callback, as downstream keys see it: its key, and whether it still runs.
 
 The manager opens a :class:`Run` where a claimed callback starts and ends it where the
-callback ends (``Manager._own`` and ``own_call``); nothing else here knows the manager.
+callback ends (``Lifecycle.run`` in ``_lifecycle``); nothing else here knows the manager.
 Opening one is a context-variable set and closing it a reset plus one attribute write: the
 plain path pays nothing more, whether or not anything reads it.  Tasks the callback spawns
 copy the context and so see the same ``Run``; ``open`` is how they learn that the call has

@@ -49,6 +49,10 @@ class Flight:
     sent: float = 0.0
     """When (loop time) its latest claim or read was sent: the remaining life a store
     reports in the answer counts from here (for the local cache)."""
+    wait_until: float | None = None
+    """While its claim meets another worker's record: how long (loop time) it may wait."""
+    raced: int = 0
+    """Claims refused on a record the store judged claimable (a clock problem past a few)."""
 
     def hold(self, lease_end: float) -> None:
         self.holding = True

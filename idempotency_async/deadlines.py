@@ -21,16 +21,11 @@ __all__ = [
     "check_instant",
     "current_deadline",
     "deadline",
-    "effective_deadline",
-    "reserve_for",
 ]
 
 _ambient: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "idempotency_async_deadline", default=None
 )
-
-_MAX_RESERVE = 0.5
-_RESERVE_SHARE = 0.2
 
 
 @asynccontextmanager
@@ -66,32 +61,6 @@ def current_deadline() -> float | None:
     return _ambient.get()
 
 
-def effective_deadline(
-    loop: asyncio.AbstractEventLoop, *, deadline: float | None, timeout: float | None
-) -> float | None:
-    """The earliest of an explicit deadline, a timeout from now and the ambient deadline.
-
-    ``timeout`` must be a finite positive number and ``deadline`` a finite one: anything
-    else (NaN, infinities, a timeout <= 0) is :class:`~idempotency_async.errors.ConfigError`
-    here, at the call, rather than a lease that never lapses or an overflow later.
-    """
-    ambient = _ambient.get()
-    if (
-        deadline is None
-        and ambient is None
-        and timeout is not None
-        and (timeout.__class__ is float or timeout.__class__ is int)
-        and 0 < timeout < math.inf  # False for NaN
-    ):
-        return loop.time() + timeout  # the common case, cheaply
-    candidates = [] if ambient is None else [ambient]
-    if deadline is not None:
-        candidates.append(check_instant("deadline", deadline))
-    if timeout is not None:
-        candidates.append(loop.time() + check_duration("timeout", timeout))
-    return min(candidates) if candidates else None
-
-
 def check_duration(name: str, value: object) -> float:
     """``value`` if it is a finite positive number of seconds, else ConfigError."""
     if (
@@ -114,11 +83,3 @@ def check_instant(name: str, value: object) -> float:
         f"{name} must be a finite loop.time() value, got {value!r}: e.g. "
         "asyncio.get_running_loop().time() + seconds (no deadline at all: leave it out)"
     )
-
-
-def reserve_for(time_left: float, override: float | None = None) -> float:
-    """Time kept back between the callback's cutoff and the lease end for the completion
-    write: min(0.5 s, 20 % of the time left), or ``override`` (never more than the time left)."""
-    if override is not None:
-        return min(override, time_left)
-    return min(_MAX_RESERVE, _RESERVE_SHARE * time_left)

@@ -10,15 +10,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar
+from typing import Protocol, TypeAlias, TypeVar
 
 from idempotency_async.events import EventKind
 from idempotency_async.stores.base import Store
 
-if TYPE_CHECKING:
-    from idempotency_async.manager import Manager
-
-__all__ = ["Attributes", "Instrumentation", "Observer"]
+__all__ = ["Attributes", "Instrumentation", "Observed", "Observer"]
 
 T = TypeVar("T")
 
@@ -68,24 +65,31 @@ class Observer(Protocol):
         ...
 
 
+class Observed(Protocol):
+    """What the helpers below take: a manager, whose observer is set when it has telemetry."""
+
+    @property
+    def observer(self) -> Observer | None: ...
+
+
 class Instrumentation(Protocol):
     """What ``Options(telemetry=...)`` accepts; each manager binds it once."""
 
     def bind(self, key_prefix: str, store: Store) -> Observer: ...
 
 
-def observer_of(manager: Manager) -> Observer | None:
-    return manager._observer
+def observer_of(manager: Observed) -> Observer | None:
+    return manager.observer
 
 
 @contextlib.contextmanager
-def call_attributes(manager: Manager, attributes: Attributes) -> Iterator[None]:
+def call_attributes(manager: Observed, attributes: Attributes) -> Iterator[None]:
     """Attributes the next calls of ``manager`` in this context put on their call spans.
 
     For integrations that know more than the payload (route template, batch item id).
     Free when the manager has no telemetry.
     """
-    if manager._observer is None:
+    if manager.observer is None:
         yield
         return
     token = _CALL_ATTRIBUTES.set([attributes])
@@ -101,8 +105,8 @@ def take_call_attributes() -> Attributes | None:
     return pending.pop() if pending else None
 
 
-def annotate(manager: Manager, attributes: Attributes) -> None:
+def annotate(manager: Observed, attributes: Attributes) -> None:
     """Add ``attributes`` to the current span when ``manager`` has telemetry."""
-    observer = manager._observer
+    observer = manager.observer
     if observer is not None:
         observer.annotate(attributes)

@@ -31,7 +31,7 @@ class FakeManager:
         self.runs = runs
         self.store = MemoryStore()
         self.options = Manager(self.store).options
-        self._observer = None  # no telemetry
+        self.observer = None  # no telemetry
 
     async def execute_call(
         self, payload: Any, callback: Callable[[Any], Awaitable[Any]], **_: Any

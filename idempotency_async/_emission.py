@@ -1,0 +1,52 @@
+"""Emission: one place where a lifecycle step becomes a log line, a telemetry event and a
+call of the ``on_event`` hook."""
+
+from __future__ import annotations
+
+import logging
+
+from idempotency_async.events import Event, EventKind
+from idempotency_async.instrumentation import Observer
+from idempotency_async.options import Options
+
+__all__ = ["Emitter"]
+
+_log = logging.getLogger("idempotency_async")
+
+
+class Emitter:
+    """Emits the events of one manager; a failing hook never changes a call's outcome."""
+
+    __slots__ = ("_options", "observer")
+
+    def __init__(self, options: Options, observer: Observer | None) -> None:
+        self._options = options
+        self.observer = observer
+
+    def emit(
+        self,
+        kind: EventKind,
+        key: str,
+        *,
+        duration: float | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug(
+                "idempotency %s", kind, extra={"idempotency_event": kind, "idempotency_key": key}
+            )
+        if self.observer is not None:
+            self.observer.event(kind, key, duration, error)
+        hook = self._options.on_event
+        if hook is None:
+            return
+        try:
+            hook(Event(kind, key, duration, error))
+        except Exception:
+            # Metrics must never change the outcome of a call.
+            _log.exception("on_event hook failed", extra={"idempotency_event": kind})
+
+    def waited(self, seconds: float) -> None:
+        """A call spent ``seconds`` waiting on another holder of its key."""
+        if self.observer is not None:
+            self.observer.waited(seconds)

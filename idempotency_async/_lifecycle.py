@@ -1,0 +1,839 @@
+"""The lifecycle of one idempotent call: claim → hold → run under the cutoff → complete or
+release.  There is one implementation, :meth:`Lifecycle.run`; every entry point is a door
+into it (``Manager.execute`` runs a zero-argument callback, ``Manager.execute_call`` one
+that receives the :class:`Call` and may complete the record before it returns).
+
+The uncontended path — claim, callback, completion — awaits from the one frame of
+:meth:`Lifecycle.run`: with thousands of calls in flight every live coroutine frame is
+garbage-collector work.  What it shares with the other paths is plain functions returning
+values (:func:`_completion_failure` maps a completion write's failures, around the write's
+own ``try``), so sharing costs no frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple, NoReturn, TypeVar
+
+from idempotency_async._callback import (
+    ReturnedNotAwaitable,
+    awaitable,
+    not_awaitable_error,
+    not_awaitable_reason,
+)
+from idempotency_async._codec import decode_json, encode_json
+from idempotency_async._cutoff import Cutoff, Cutoffs
+from idempotency_async._downstream import Run
+from idempotency_async._emission import Emitter
+from idempotency_async._flight import Flight, Outcome, wait_for
+from idempotency_async._keys import KeyDeriver, Keys
+from idempotency_async._lease import Lease, lease_for
+from idempotency_async._responses import (
+    Responses,
+    log_not_stored,
+    not_stored_error,
+    not_stored_reason,
+)
+from idempotency_async.cache import CachedResponse, LocalCache
+from idempotency_async.errors import (
+    AlreadyInProgressError,
+    CompletionError,
+    ConfigError,
+    DeadlineExceededError,
+    InconsistentStateError,
+    LeaseLostError,
+    ResponseTooLargeError,
+    StoreAccessDeniedError,
+    StoreUnavailableError,
+    StoreValidationError,
+)
+from idempotency_async.options import Options
+from idempotency_async.record import Completion, Record
+from idempotency_async.stores.base import CLAIMED, State, Store, Verdict, Written
+
+__all__ = ["Call", "Lifecycle", "Unprotected"]
+
+T = TypeVar("T")
+
+_log = logging.getLogger("idempotency_async")
+
+_CLAIM_RETRIES = 2
+# Store errors that refuse a claim outright (the request, or the record it met, cannot be
+# processed): nothing was written.  Any other failure may hide a claim that applied.
+_REFUSALS = (StoreAccessDeniedError, StoreValidationError)
+_FIRST_POLL = 0.05
+_MAX_POLL = 1.0
+
+
+class _Replayed(NamedTuple):
+    """A claim that found the key completed: the value to return instead of running."""
+
+    value: Any
+
+
+class _Unanswered:
+    """Another call's claim stayed unanswered for as long as a duplicate may wait."""
+
+
+_UNANSWERED = _Unanswered()
+# What a contended claim does next: claim again (a fresh lease), or hold the key.
+_AGAIN = object()
+_HELD = object()
+
+
+class Lifecycle:
+    """The one implementation of an idempotent call, for one manager.
+
+    Holds what a call needs — the store round trips go to, the single-flight table, the
+    local cache, the cutoffs — and nothing of the manager that wires it.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        options: Options,
+        keys: KeyDeriver,
+        emitter: Emitter,
+    ) -> None:
+        self.store = store
+        """Where round trips go: the observer's timing wrapper once calls are observed."""
+        self.options = options
+        self.keys = keys
+        self.emitter = emitter
+        self.responses = Responses(options)
+        self.cache = LocalCache(options.local_cache_max_items) if options.use_local_cache else None
+        self.inflight: dict[str, Flight] = {}
+        # Owner tokens: random per manager, unique per claim, cheap to make.
+        self._owner_prefix = secrets.token_hex(12) + "-"
+        self._claims = itertools.count()
+        self._cutoffs: Cutoffs | None = None
+        # force_release: how many are under way, and when (loop time) the last one ended.
+        # A cache fill for a request sent before then may hold the released record.
+        self._releasing = 0
+        self._released_at = -math.inf
+        self._warned_no_deadline = False
+
+    # ------------------------------------------------------------------ the one lifecycle
+
+    async def run(
+        self,
+        keys: Keys,
+        when: float | None,
+        callback: Callable[..., Awaitable[T]],
+        loop: asyncio.AbstractEventLoop,
+        held: bool,
+    ) -> T:
+        """Replay, join, or claim the key and run ``callback`` — ``callback(call)`` when
+        ``held``, ``callback()`` otherwise — then complete or release the record."""
+        key = keys.key
+        if self.cache is not None:
+            entry = self.cache.get(key, loop.time())
+            if entry is not None:
+                return self._cache_hit(entry, keys)  # type: ignore[no-any-return]
+        while True:
+            flight = self.inflight.get(key)
+            if flight is None:
+                break
+            outcome = await self._duplicate(flight, keys, when, loop)
+            if outcome is _UNANSWERED:
+                break  # the other call's claim is still unanswered: ask the store ourselves
+            if outcome is not None:
+                assert isinstance(outcome, Outcome)
+                self.keys.validate(outcome.record.validation, keys)
+                self.emitter.emit("joined", key)
+                return self._replay_outcome(outcome)  # type: ignore[no-any-return]
+        flight = Flight(keys, when, f"{self._owner_prefix}{next(self._claims)}")
+        self.inflight[key] = flight
+        try:
+            lease = self._lease(flight, loop)
+            while True:
+                try:
+                    verdict = await self.store.claim(lease.claim)
+                except _REFUSALS:
+                    raise
+                except Exception as exc:
+                    await self._release_unknown_claim(lease, exc, loop)
+                    raise
+                if verdict is CLAIMED:
+                    break
+                record = verdict.record if verdict.__class__ is Verdict else None
+                if record is not None and verdict.state is State.COMPLETED:
+                    # The common replay, answered here: no frame for it.
+                    return self._replay_record(verdict, flight)  # type: ignore[no-any-return]
+                step = await self._contend(flight, lease, verdict, loop)
+                if step is _HELD:
+                    break
+                if step is not _AGAIN:
+                    assert isinstance(step, _Replayed)
+                    return step.value  # type: ignore[no-any-return]
+                lease = self._lease(flight, loop)
+            self._start_holding(flight, lease, loop)
+            started = loop.time()
+            cutoffs = self._cutoffs_of(loop)
+            timer = cutoffs.start(lease.cutoff_at)
+            call = Call(self, flight, lease, loop, timer) if held else None
+            run = Run(key)  # what downstream keys see while the callback runs
+            try:
+                try:
+                    pending = callback() if call is None else callback(call)
+                    if not hasattr(pending, "__await__"):
+                        pending = awaitable(pending)  # a plain function: it has run already
+                    result = await pending
+                finally:
+                    run.end()
+            except ReturnedNotAwaitable as returned:
+                timer.close()
+                if call is None or not call.answered:
+                    await self._complete_not_awaitable(flight, lease, returned, loop, started)
+                raise not_awaitable_error(returned.value, key) from None
+            except asyncio.CancelledError as exc:
+                cut_off = timer.fired()
+                timer.close()
+                if cut_off and (call is None or not call.answered):
+                    # Our own cutoff: like a cancellation, no store write.  The record stays
+                    # in progress until its lease ends, a reserve from now.
+                    self.emitter.emit("cut_off", key)
+                    raise _cut_off(key) from exc
+                raise
+            except Exception as exc:
+                timer.close()  # only the callback runs under the cutoff
+                if call is None or not call.answered:
+                    await self._release_after_failure(lease, exc, loop)
+                raise
+            except BaseException:
+                # SystemExit, KeyboardInterrupt, a test framework's failure: like a crash, no
+                # store write; the record waits for its lease.  The cutoff must not outlive
+                # the callback and cancel the caller later, in unrelated code.
+                timer.close()
+                raise
+            sent = loop.time()  # the completion's life counts from (before) its write
+            timer.close()
+            if call is not None and call.answered:
+                return result
+            completion = self.completion_for(lease, result)
+            timer = cutoffs.start(max(lease.ends_at, loop.time() + lease.reserve))
+            try:
+                written = await self.store.complete(completion)
+                if written.__class__ is not Written:
+                    raise _not_an_answer(key, written)
+            except BaseException as exc:
+                failure = _completion_failure(timer, exc, key, result)
+                if failure is None:
+                    raise
+                raise failure from exc
+            finally:
+                timer.close()
+            self.completed(completion, written, result, flight, loop.time() - started, sent)
+            return result
+        finally:
+            if self.inflight.get(key) is flight:
+                del self.inflight[key]
+            flight.settle(None)
+
+    # ------------------------------------------------------------------ claim
+
+    def _lease(self, flight: Flight, loop: asyncio.AbstractEventLoop) -> Lease:
+        """The lease to claim now; the claim goes out now, so a verdict counts from here."""
+        now = loop.time()
+        if flight.deadline is None:
+            self._diagnose_no_deadline()
+        lease = lease_for(flight.keys, flight.owner, flight.deadline, self.options, now)
+        flight.sent = now
+        return lease
+
+    def _start_holding(self, flight: Flight, lease: Lease, loop: asyncio.AbstractEventLoop) -> None:
+        """The claim is confirmed: hold the key in this process, unless it came too late."""
+        key = lease.claim.key
+        flight.hold(lease.claim.now + lease.claim.lease - self.options.lease_margin)
+        self.emitter.emit("claimed", key)
+        if loop.time() >= lease.cutoff_at:
+            # The claim was answered after the cutoff (a slow store): its lease may have
+            # ended already, so the callback must not start.
+            self.emitter.emit("cut_off", key)
+            raise _cut_off(key)
+
+    async def _release_unknown_claim(
+        self, lease: Lease, exc: BaseException, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """One owner-fenced release after a claim whose outcome is unknown (unavailable,
+        throttled after a lost answer, an answer that is not one): the write may have
+        applied, and without this release the key would stay blocked for the whole lease by
+        a claim nobody holds.  A failed release is a note on ``exc``."""
+        await self._release(lease, exc, loop)
+
+    async def _contend(
+        self,
+        flight: Flight,
+        lease: Lease,
+        verdict: Verdict,
+        loop: asyncio.AbstractEventLoop,
+    ) -> object:
+        """The claim met a record: replay it (``_Replayed``), wait for it and claim again
+        (``_AGAIN``), or find the claim applied after all (``_HELD``)."""
+        if not isinstance(verdict, Verdict):  # a store that broke its protocol
+            nonsense = StoreUnavailableError(  # type: ignore[unreachable]
+                f"the store answered a claim of key {flight.keys.key} with {verdict!r}, "
+                "not a verdict: the callback was not run"
+            )
+            # Whether the claim applied is unknown.
+            await self._release_unknown_claim(lease, nonsense, loop)
+            raise nonsense
+        state, record = verdict.state, verdict.record
+        if state is State.CLAIMED:
+            return _HELD
+        if state is State.COMPLETED and record is not None:
+            return _Replayed(self._replay_record(verdict, flight))
+        if state is State.IN_PROGRESS and record is not None:
+            self.keys.validate(record.validation, flight.keys)
+            if flight.wait_until is None:
+                flight.wait_until = self._wait_limit(flight.deadline, loop)
+            verdict, flight.sent = await self._poll(flight.keys, verdict, flight.wait_until, loop)
+            if verdict.state is State.COMPLETED:
+                return await self._contend(flight, lease, verdict, loop)
+        else:
+            # CLAIMABLE after a refused claim: it expired between the write and the
+            # store's answer.
+            flight.raced += 1
+            if flight.raced > _CLAIM_RETRIES:
+                raise InconsistentStateError(
+                    f"key {flight.keys.key}: the store kept refusing claims on a record it "
+                    "judged claimable; check that every worker's clock is synchronised"
+                )
+        return _AGAIN
+
+    async def _poll(
+        self, keys: Keys, verdict: Verdict, wait_until: float, loop: asyncio.AbstractEventLoop
+    ) -> tuple[Verdict, float]:
+        """Read an in-progress record with bounded backoff until the store judges it
+        completed or claimable; returns that verdict and when its read was sent.  Reads, not
+        claim attempts: in DynamoDB a refused conditional write costs write capacity, a
+        strongly consistent read a fifth of it."""
+        delay = _FIRST_POLL
+        started = loop.time()
+        try:
+            while True:
+                left = wait_until - loop.time()
+                if not self.options.wait or left <= 0:
+                    self._reject(keys.key, verdict.retry_after)
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, _MAX_POLL)
+                sent = loop.time()
+                verdict = await self.store.get(keys.key, now=self.options.clock())
+                if verdict.state is not State.IN_PROGRESS:
+                    return verdict, sent
+                if verdict.record is not None:
+                    self.keys.validate(verdict.record.validation, keys)
+        finally:
+            self.emitter.waited(loop.time() - started)
+
+    def _wait_limit(self, deadline: float | None, loop: asyncio.AbstractEventLoop) -> float:
+        limit = loop.time() + self.options.wait_timeout
+        return limit if deadline is None else min(limit, deadline)
+
+    def _reject(self, key: str, retry_after: float | None) -> NoReturn:
+        self.emitter.emit("rejected_in_progress", key)
+        raise AlreadyInProgressError(
+            f"key {key} is being processed by another call: retry after its lease ends, or "
+            "set Options(wait=True, wait_timeout=...) to wait for its result",
+            key=key,
+            lease_end=None if retry_after is None else self.options.clock() + retry_after,
+            retry_after=retry_after,
+        )
+
+    def _cutoffs_of(self, loop: asyncio.AbstractEventLoop) -> Cutoffs:
+        cutoffs = self._cutoffs
+        if cutoffs is None or cutoffs.loop is not loop:
+            cutoffs = self._cutoffs = Cutoffs(loop)
+        return cutoffs
+
+    # ------------------------------------------------------------------ completion
+
+    def completion_for(self, lease: Lease, result: Any) -> Completion:
+        """The completion recording ``result`` (encoded once; a failure becomes a reason)."""
+        claim = lease.claim
+        encoded = self.responses.encode(result, self.store.max_response_bytes)
+        reason = None
+        if encoded.reason is not None:
+            reason = not_stored_reason(encoded.reason)
+            log_not_stored(claim.key, encoded.reason)
+            self.emitter.emit("response_not_stored", claim.key, error=encoded.reason)
+        return Completion(
+            claim.key,
+            claim.owner,
+            self.options.clock(),
+            self.options.expires_after,
+            claim.validation,
+            encoded.encoded,
+            encoded.value,
+            reason,
+        )
+
+    def completion_without_response(self, lease: Lease, reason: str | None) -> Completion:
+        claim = lease.claim
+        return Completion(
+            claim.key,
+            claim.owner,
+            self.options.clock(),
+            self.options.expires_after,
+            claim.validation,
+            None,
+            None,
+            reason,
+        )
+
+    async def complete_held(
+        self,
+        flight: Flight,
+        lease: Lease,
+        completion: Completion,
+        result: Any,
+        loop: asyncio.AbstractEventLoop,
+        started: float,
+    ) -> Written:
+        """Write a completion while the callback may still run, and settle the flight:
+        duplicates of this process go to the store (or the cache) from now on — the key is
+        completed, so they must replay, never hear "in progress"."""
+        sent = loop.time()
+        key = completion.key
+        timer = self._cutoffs_of(loop).start(max(lease.ends_at, loop.time() + lease.reserve))
+        try:
+            written = await self.store.complete(completion)
+            if written.__class__ is not Written:
+                raise _not_an_answer(key, written)
+        except BaseException as exc:
+            failure = _completion_failure(timer, exc, key, result)
+            if failure is None:
+                raise
+            raise failure from exc
+        finally:
+            timer.close()
+        if self.inflight.get(completion.key) is flight:
+            del self.inflight[completion.key]
+        self.completed(completion, written, result, flight, loop.time() - started, sent)
+        flight.settle(None)
+        return written
+
+    def completed(
+        self,
+        completion: Completion,
+        written: Written,
+        result: Any,
+        flight: Flight,
+        duration: float,
+        sent: float,
+    ) -> None:
+        """Settle a completion written by a request sent at ``sent`` (loop time)."""
+        key = completion.key
+        if written is Written.NOTHING:
+            error = LeaseLostError(
+                f"the lease of key {key} ended before the call finished and another worker "
+                "claimed the key; its record was left intact. Give calls a deadline that covers "
+                "their work. The result is on this error.",
+                key=key,
+                result=result,
+            )
+            self.emitter.emit("lease_lost", key, error=error)
+            raise error
+        encoded = completion.encoded
+        if written is Written.WITHOUT_RESPONSE and encoded is not None:
+            # The store could not fit what the manager encoded: every caller, here and in
+            # other processes, now gets ResponseNotStoredError — one key, one answer.
+            too_large = ResponseTooLargeError(
+                f"the store could not fit the response ({len(encoded)} bytes of JSON) even "
+                "compressed",
+                size=len(encoded),
+                limit=self.store.max_response_bytes,
+            )
+            log_not_stored(key, too_large)
+            self.emitter.emit("response_not_stored", key, error=too_large)
+            completion = completion._replace(
+                encoded=None, response=None, not_stored=not_stored_reason(too_large)
+            )
+            encoded = None
+        if flight.waiters or self.cache is not None:
+            record = completion.to_record(completion.now)
+            flight.settle(Outcome(record, encoded))
+            if self.cache is not None and encoded is not None:
+                # The record lives expires_after from the completion, by the store's clock.
+                self._fill(record, encoded, sent, completion.ttl)
+        self.emitter.emit("completed", key, duration=duration)
+
+    async def _complete_not_awaitable(
+        self,
+        flight: Flight,
+        lease: Lease,
+        returned: ReturnedNotAwaitable,
+        loop: asyncio.AbstractEventLoop,
+        started: float,
+    ) -> None:
+        """The callback returned something that is not awaitable: it ran (a plain function),
+        so the key is completed without a response, never released; the caller raises
+        ConfigError."""
+        key = lease.claim.key
+        error = not_awaitable_error(returned.value, key)
+        self.emitter.emit("response_not_stored", key, error=error)
+        completion = self.completion_without_response(lease, not_awaitable_reason(returned.value))
+        try:
+            await self.complete_held(flight, lease, completion, None, loop, started)
+        except CompletionError as failed:
+            raise error from failed
+
+    # ------------------------------------------------------------------ release
+
+    async def _release_after_failure(
+        self, lease: Lease, exc: BaseException, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        released = await self._release(lease, exc, loop)
+        if released is True:
+            self.emitter.emit("released", lease.claim.key)
+        elif released is False:
+            self.emitter.emit("lease_lost", lease.claim.key, error=exc)
+
+    async def _release(
+        self, lease: Lease, exc: BaseException, loop: asyncio.AbstractEventLoop
+    ) -> bool | None:
+        """Owner-fenced release, abandoned at the lease end; a failure becomes a note on
+        ``exc`` (None returned), never the caller's outcome."""
+        key = lease.claim.key
+        timer = self._cutoffs_of(loop).start(max(lease.ends_at, loop.time() + lease.reserve))
+        try:
+            return await self.store.release(key, lease.claim.owner)
+        except asyncio.CancelledError as cancelled:
+            if not timer.fired():
+                raise
+            failure: BaseException = cancelled
+            why = "was abandoned at the lease end"
+        except Exception as error:
+            failure = error
+            why = f"failed ({error!r})"
+        finally:
+            timer.close()
+        exc.add_note(
+            f"idempotency-async: releasing key {key} {why}; the key stays in progress until "
+            "its lease ends"
+        )
+        self.emitter.emit("release_failed", key, error=failure)
+        return None
+
+    async def force_release(self, key: str) -> Record | None:
+        """Delete the record of ``key`` whatever its state; the cache keeps no entry of it."""
+        cache = self.cache
+        self._releasing += 1
+        try:
+            if cache is not None:
+                cache.discard(key)
+            deleted = await self.store.force_release(key)
+        finally:
+            # Replays whose requests were sent before now are not cached (see _fill).
+            self._releasing -= 1
+            self._released_at = asyncio.get_running_loop().time()
+            if cache is not None:
+                cache.discard(key)
+        self.emitter.emit("released", key)
+        return deleted
+
+    # ------------------------------------------------------------------ replay
+
+    def _cache_hit(self, entry: CachedResponse, keys: Keys) -> Any:
+        self.keys.validate(entry.record.validation, keys)
+        self.emitter.emit("cache_hit", keys.key)
+        return self._replay_outcome(Outcome(entry.record, entry.encoded))
+
+    def _replay_outcome(self, outcome: Outcome) -> Any:
+        if outcome.encoded is None:
+            raise not_stored_error(outcome.record)
+        return self.responses.present(decode_json(outcome.encoded), outcome.record)
+
+    def _replay_record(self, verdict: Verdict, flight: Flight) -> Any:
+        """Replay the COMPLETED record of ``verdict``, the answer to the request ``flight``
+        sent last (at ``flight.sent``)."""
+        record = verdict.record
+        assert record is not None
+        self.keys.validate(record.validation, flight.keys)
+        if not record.response_stored:
+            flight.settle(Outcome(record, None))
+            raise not_stored_error(record)
+        if flight.waiters or self.cache is not None:
+            encoded = encode_json(record.response)
+            flight.settle(Outcome(record, encoded))
+            if self.cache is not None and verdict.expires_in is not None:
+                self._fill(record, encoded, flight.sent, verdict.expires_in)
+        self.emitter.emit("replayed", record.key)
+        return self.responses.present(record.response, record)
+
+    def _fill(self, record: Record, encoded: bytes, sent: float, life: float) -> None:
+        """Cache a completed record for ``life`` seconds (as the store judged it) counted
+        from ``sent``, on the loop's clock: never by comparing its expiration with this
+        process's wall clock, which may be off the store's."""
+        cache = self.cache
+        if cache is None or self._releasing or sent <= self._released_at:
+            # A force_release ran since the request was sent: the record may be gone.
+            return
+        cache.put(record.key, CachedResponse(record, encoded, sent + life))
+
+    # ------------------------------------------------------------------ duplicates
+
+    async def _duplicate(
+        self, flight: Flight, keys: Keys, deadline: float | None, loop: asyncio.AbstractEventLoop
+    ) -> Outcome | _Unanswered | None:
+        """A call for a key another call of this process claims or holds.
+
+        Returns the outcome to replay, None to look again (the other call failed), or
+        ``_UNANSWERED`` when the other call's claim stayed unanswered as long as this one
+        may wait.
+        """
+        if not flight.holding:
+            # Its claim is unanswered, and may turn out to be a replay: wait for the answer.
+            if flight.answered is None:
+                flight.answered = loop.create_future()
+            if not await self._wait_on(flight, flight.answered, keys.key, deadline, loop):
+                return _UNANSWERED
+            outcome = flight.result
+            if flight.settled or not flight.holding:
+                return outcome
+        self.keys.validate(flight.keys.validation, keys)
+        if not self.options.wait:
+            retry_after = None
+            if flight.lease_end is not None:
+                retry_after = max(flight.lease_end - self.options.clock(), 0.0)
+            self._reject(keys.key, retry_after)
+        if flight.finished is None:
+            flight.finished = loop.create_future()
+        await self._wait_on(flight, flight.finished, keys.key, deadline, loop)
+        return flight.result
+
+    async def _wait_on(
+        self,
+        flight: Flight,
+        future: asyncio.Future[Any],
+        key: str,
+        deadline: float | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> bool:
+        """Wait for ``future`` at most min(wait_timeout, own deadline) — own deadline only
+        while the other call's claim is unanswered and waiting is off.  False when it did
+        not resolve and the other call's claim is still unanswered."""
+        if self.options.wait or flight.holding:
+            limit = self._wait_limit(deadline, loop)
+        else:
+            limit = float("inf") if deadline is None else deadline
+        flight.waiters += 1
+        started = loop.time()
+        try:
+            await wait_for(future, limit)
+        except TimeoutError:
+            if deadline is not None and loop.time() >= deadline:
+                raise DeadlineExceededError(
+                    f"the deadline of key {key} passed while waiting for another call of this "
+                    "process holding it",
+                    key=key,
+                ) from None
+            if not flight.holding:
+                return False
+            retry_after = None
+            if flight.lease_end is not None:
+                retry_after = max(flight.lease_end - self.options.clock(), 0.0)
+            self.emitter.emit("rejected_in_progress", key)
+            raise AlreadyInProgressError(
+                f"key {key} was still in progress after waiting {self.options.wait_timeout} s",
+                key=key,
+                lease_end=flight.lease_end,
+                retry_after=retry_after,
+            ) from None
+        finally:
+            flight.waiters -= 1
+            self.emitter.waited(loop.time() - started)
+        return True
+
+    # ------------------------------------------------------------------ no key
+
+    async def unprotected(
+        self,
+        callback: Callable[[], Awaitable[T]],
+        deadline: float | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> T:
+        """Run a call without idempotency (no key, or disabled), still bounded by its deadline."""
+        if deadline is None:
+            return await callback()
+        timer = self._cutoffs_of(loop).start(deadline)
+        try:
+            return await callback()
+        except asyncio.CancelledError as exc:
+            if timer.fired():
+                raise DeadlineExceededError(
+                    "the call (run without idempotency: no key) passed its deadline"
+                ) from exc
+            raise
+        finally:
+            timer.close()
+
+    # ------------------------------------------------------------------ diagnostics
+
+    def _diagnose_no_deadline(self) -> None:
+        if self._warned_no_deadline:
+            return
+        self._warned_no_deadline = True
+        _log.warning(
+            "idempotent calls of this manager run without a deadline: each callback is cut off "
+            "before its lease of %s s ends, and a crash leaves the key in progress that long. "
+            "Pass timeout=, use `async with deadline(...)`, or set Options(lease=...)",
+            self.options.lease or self.options.expires_after,
+            extra={"idempotency_prefix": self.keys.prefix},
+        )
+
+
+def _not_an_answer(key: str, answer: object) -> StoreUnavailableError:
+    # Not an answer: whether (and what) the completion wrote is unknown.
+    return StoreUnavailableError(f"the store answered a completion of key {key} with {answer!r}")
+
+
+def _completion_failure(
+    timer: Cutoff, exc: BaseException, key: str, result: Any
+) -> CompletionError | None:
+    """What a failed completion write raises (None: ``exc`` itself, e.g. the caller's
+    cancellation).  A plain function around the write's own try, so the write is awaited
+    from its caller's frame."""
+    if isinstance(exc, asyncio.CancelledError):
+        if timer.fired():
+            abandoned = TimeoutError("abandoned at the lease end")
+            return _completion_failed(key, result, abandoned, unknown=True)
+        return None
+    if isinstance(exc, Exception):
+        # A lost answer (StoreUnavailableError) may hide a write that applied.
+        return _completion_failed(key, result, exc, unknown=isinstance(exc, StoreUnavailableError))
+    return None
+
+
+class Call:
+    """The handle an :meth:`~idempotency_async.Manager.execute_call` callback receives.
+
+    ``complete(result)`` or ``complete_without_response(reason)`` completes the record at
+    once, while the callback goes on: from then on the cutoff no longer applies, and an
+    exception or cancellation of the callback no longer releases the key (it propagates,
+    the record stays completed).  A record completed without a response may be completed
+    once more, by this call only (the write is fenced by its owner token), e.g. to attach a
+    response captured after the answer went out; one completed with a response is final.
+    """
+
+    __slots__ = (
+        "_cutoff",
+        "_flight",
+        "_lease",
+        "_lifecycle",
+        "_loop",
+        "_started",
+        "answered",
+        "stored",
+    )
+
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        flight: Flight,
+        lease: Lease,
+        loop: asyncio.AbstractEventLoop,
+        cutoff: Cutoff,
+    ) -> None:
+        self._lifecycle = lifecycle
+        self._flight = flight
+        self._lease = lease
+        self._loop = loop
+        self._cutoff = cutoff
+        self._started = loop.time()
+        self.answered = False
+        """Whether a completion was attempted (the key is never released after that)."""
+        self.stored = False
+        """Whether the record holds a response (no further completion is allowed)."""
+
+    @property
+    def key(self) -> str:
+        return self._flight.keys.key
+
+    async def complete(self, result: Any) -> None:
+        """Complete the record with ``result`` now (encoded as ``execute`` would store it).
+
+        Raises :class:`~idempotency_async.errors.LeaseLostError` or
+        :class:`~idempotency_async.errors.CompletionError` as ``execute`` does; the key is
+        not released either way.
+        """
+        await self._write(self._lifecycle.completion_for(self._lease, result), result)
+
+    async def complete_without_response(self, reason: str) -> None:
+        """Complete the record now without a response; duplicates get
+        :class:`~idempotency_async.errors.ResponseNotStoredError` naming ``reason``."""
+        if not isinstance(reason, str) or not reason:
+            raise ConfigError("complete_without_response needs the reason as a non-empty str")
+        completion = self._lifecycle.completion_without_response(self._lease, reason[:300])
+        await self._write(completion, None)
+
+    async def _write(self, completion: Completion, result: Any) -> None:
+        if self.stored:
+            raise ConfigError(
+                f"key {self.key} was already completed with a response: one key, one answer"
+            )
+        cutoff = self._cutoff
+        if not self.answered:
+            if cutoff.expired:
+                # The cutoff already cancelled the callback's task: it ends with
+                # DeadlineExceededError, and nothing may be written after that.
+                raise asyncio.CancelledError
+            cutoff.close()  # from here on the callback runs outside the cutoff
+        self.answered = True
+        await self._lifecycle.complete_held(
+            self._flight, self._lease, completion, result, self._loop, self._started
+        )
+        self.stored = completion.encoded is not None
+
+
+class Unprotected(Call):
+    """The handle of a call run without idempotency (no key): completing writes nothing."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        self.answered = False
+        self.stored = False
+
+    @property
+    def key(self) -> str:
+        return ""
+
+    async def _write(self, completion: Completion | None, result: Any) -> None:
+        self.answered = True
+
+    async def complete(self, result: Any) -> None:
+        await self._write(None, result)
+
+    async def complete_without_response(self, reason: str) -> None:
+        await self._write(None, None)
+
+
+def _cut_off(key: str) -> DeadlineExceededError:
+    return DeadlineExceededError(
+        f"the call for key {key} was cut off before its lease ended, leaving time to record "
+        "it; nothing was recorded, and the key is claimable again once the lease ends",
+        key=key,
+    )
+
+
+def _completion_failed(
+    key: str, result: Any, exc: BaseException, *, unknown: bool
+) -> CompletionError:
+    if unknown:
+        what = f"did not get an answer ({exc!r}), so its outcome is unknown: the record may be "
+        what += "completed, or stay in progress until its lease ends"
+    else:
+        what = f"failed ({exc}); the key stays in progress until its lease ends"
+    return CompletionError(
+        f"the call for key {key} succeeded but recording its result {what}. The result is on "
+        "this error",
+        key=key,
+        result=result,
+        outcome_unknown=unknown,
+    )
