@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from enum import Enum
 from typing import NamedTuple
 
 from idempotency_async._keys import Keys
 from idempotency_async.record import Record
 
-__all__ = ["Flight", "Outcome", "wait_for"]
+__all__ = ["Flight", "Outcome", "Phase", "wait_for"]
 
 
 class Outcome(NamedTuple):
@@ -25,26 +26,35 @@ class Outcome(NamedTuple):
     encoded: bytes | None
 
 
+class Phase(Enum):
+    """Where one call of the single-flight table is; it only moves down this list."""
+
+    CLAIMING = "claiming"
+    """Its claim is sent and unanswered: it may yet turn out to be a replay."""
+    HOLDING = "holding"
+    """The store confirmed its claim: the key is in progress here."""
+    SETTLED = "settled"
+    """It ended; ``result`` is the outcome duplicates replay (None: look again)."""
+
+
 @dataclass(slots=True)
 class Flight:
     """One call that claims or holds a key in this process.
 
-    ``answered`` resolves when its claim is answered for good (claimed, replayed, or the
-    call gave up); ``finished`` when the call ends.  ``result`` is then the outcome
-    duplicates replay (None: it failed, so they claim for themselves).  The futures are
-    created by the first duplicate that waits, so an uncontended call pays nothing for them.
+    ``claim_answered`` resolves when its claim is answered for good (held, replayed, or the
+    call gave up); ``finished`` when the call settles.  The futures are created by the
+    first duplicate that waits, so an uncontended call pays nothing for them.
     """
 
     keys: Keys
     deadline: float | None
     owner: str
-    holding: bool = False
+    phase: Phase = Phase.CLAIMING
     lease_end: float | None = None
     """Unix time (seconds, this process's clock) at which the held lease ends."""
-    answered: asyncio.Future[None] | None = None
+    claim_answered: asyncio.Future[None] | None = None
     finished: asyncio.Future[None] | None = None
     waiters: int = 0
-    settled: bool = False
     result: Outcome | None = None
     sent: float = 0.0
     """When (loop time) its latest claim or read was sent: the remaining life a store
@@ -54,19 +64,23 @@ class Flight:
     raced: int = 0
     """Claims refused on a record the store judged claimable (a clock problem past a few)."""
 
+    def holding(self) -> bool:
+        """Whether the key is in progress here (its claim confirmed, the call not ended)."""
+        return self.phase is Phase.HOLDING
+
     def hold(self, lease_end: float) -> None:
-        self.holding = True
+        self.phase = Phase.HOLDING
         self.lease_end = lease_end
-        if self.answered is not None and not self.answered.done():
-            self.answered.set_result(None)
+        if self.claim_answered is not None and not self.claim_answered.done():
+            self.claim_answered.set_result(None)
 
     def settle(self, outcome: Outcome | None) -> None:
         """Record how the call ended (first settlement wins) and wake its duplicates."""
-        if self.settled:
+        if self.phase is Phase.SETTLED:
             return
-        self.settled = True
+        self.phase = Phase.SETTLED
         self.result = outcome
-        for future in (self.answered, self.finished):
+        for future in (self.claim_answered, self.finished):
             if future is not None and not future.done():
                 future.set_result(None)
 

@@ -20,6 +20,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, NoReturn, TypeVar
 
+from idempotency_async._cache import CachedResponse, LocalCache
 from idempotency_async._callback import (
     ReturnedNotAwaitable,
     awaitable,
@@ -30,7 +31,7 @@ from idempotency_async._codec import decode_json, encode_json
 from idempotency_async._cutoff import Cutoff, Cutoffs
 from idempotency_async._downstream import Run
 from idempotency_async._emission import Emitter
-from idempotency_async._flight import Flight, Outcome, wait_for
+from idempotency_async._flight import Flight, Outcome, Phase, wait_for
 from idempotency_async._keys import KeyDeriver, Keys
 from idempotency_async._lease import Lease, lease_for
 from idempotency_async._responses import (
@@ -39,7 +40,6 @@ from idempotency_async._responses import (
     not_stored_error,
     not_stored_reason,
 )
-from idempotency_async.cache import CachedResponse, LocalCache
 from idempotency_async.errors import (
     AlreadyInProgressError,
     CompletionError,
@@ -587,15 +587,14 @@ class Lifecycle:
         ``_UNANSWERED`` when the other call's claim stayed unanswered as long as this one
         may wait.
         """
-        if not flight.holding:
+        if flight.phase is Phase.CLAIMING:
             # Its claim is unanswered, and may turn out to be a replay: wait for the answer.
-            if flight.answered is None:
-                flight.answered = loop.create_future()
-            if not await self._wait_on(flight, flight.answered, keys.key, deadline, loop):
+            if flight.claim_answered is None:
+                flight.claim_answered = loop.create_future()
+            if not await self._wait_on(flight, flight.claim_answered, keys.key, deadline, loop):
                 return _UNANSWERED
-            outcome = flight.result
-            if flight.settled or not flight.holding:
-                return outcome
+            if not flight.holding():
+                return flight.result
         self.keys.validate(flight.keys.validation, keys)
         if not self.options.wait:
             retry_after = None
@@ -618,7 +617,7 @@ class Lifecycle:
         """Wait for ``future`` at most min(wait_timeout, own deadline) — own deadline only
         while the other call's claim is unanswered and waiting is off.  False when it did
         not resolve and the other call's claim is still unanswered."""
-        if self.options.wait or flight.holding:
+        if self.options.wait or flight.holding():
             limit = self._wait_limit(deadline, loop)
         else:
             limit = float("inf") if deadline is None else deadline
@@ -633,7 +632,7 @@ class Lifecycle:
                     "process holding it",
                     key=key,
                 ) from None
-            if not flight.holding:
+            if not flight.holding():
                 return False
             retry_after = None
             if flight.lease_end is not None:
