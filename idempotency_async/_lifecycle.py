@@ -15,19 +15,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, NoReturn, TypeVar
 
-from idempotency_async._cache import CachedResponse, LocalCache
 from idempotency_async._callback import (
     ReturnedNotAwaitable,
     awaitable,
     not_awaitable_error,
     not_awaitable_reason,
 )
-from idempotency_async._codec import decode_json, encode_json
 from idempotency_async._cutoff import Cutoff, Cutoffs
 from idempotency_async._downstream import Run
 from idempotency_async._emission import Emitter
@@ -35,9 +32,8 @@ from idempotency_async._flight import Flight, Outcome, Phase, wait_for
 from idempotency_async._keys import KeyDeriver, Keys
 from idempotency_async._lease import Lease, lease_for
 from idempotency_async._responses import (
-    Responses,
+    Replays,
     log_not_stored,
-    not_stored_error,
     not_stored_reason,
 )
 from idempotency_async.errors import (
@@ -105,17 +101,12 @@ class Lifecycle:
         self.options = options
         self.keys = keys
         self.emitter = emitter
-        self.responses = Responses(options)
-        self.cache = LocalCache(options.local_cache_max_items) if options.use_local_cache else None
+        self.replays = Replays(options, keys, emitter)
         self.inflight: dict[str, Flight] = {}
         # Owner tokens: random per manager, unique per claim, cheap to make.
         self._owner_prefix = secrets.token_hex(12) + "-"
         self._claims = itertools.count()
         self._cutoffs: Cutoffs | None = None
-        # force_release: how many are under way, and when (loop time) the last one ended.
-        # A cache fill for a request sent before then may hold the released record.
-        self._releasing = 0
-        self._released_at = -math.inf
         self._warned_no_deadline = False
 
     # ------------------------------------------------------------------ the one lifecycle
@@ -131,10 +122,11 @@ class Lifecycle:
         """Replay, join, or claim the key and run ``callback`` — ``callback(call)`` when
         ``held``, ``callback()`` otherwise — then complete or release the record."""
         key = keys.key
-        if self.cache is not None:
-            entry = self.cache.get(key, loop.time())
+        replays = self.replays
+        if replays.cache is not None:
+            entry = replays.cache.get(key, loop.time())
             if entry is not None:
-                return self._cache_hit(entry, keys)  # type: ignore[no-any-return]
+                return replays.hit(entry, keys)  # type: ignore[no-any-return]
         while True:
             flight = self.inflight.get(key)
             if flight is None:
@@ -146,7 +138,7 @@ class Lifecycle:
                 assert isinstance(outcome, Outcome)
                 self.keys.validate(outcome.record.validation, keys)
                 self.emitter.emit("joined", key)
-                return self._replay_outcome(outcome)  # type: ignore[no-any-return]
+                return replays.outcome(outcome)  # type: ignore[no-any-return]
         flight = Flight(keys, when, f"{self._owner_prefix}{next(self._claims)}")
         self.inflight[key] = flight
         try:
@@ -164,7 +156,7 @@ class Lifecycle:
                 record = verdict.record if verdict.__class__ is Verdict else None
                 if record is not None and verdict.state is State.COMPLETED:
                     # The common replay, answered here: no frame for it.
-                    return self._replay_record(verdict, flight)  # type: ignore[no-any-return]
+                    return replays.record(verdict, flight)  # type: ignore[no-any-return]
                 step = await self._contend(flight, lease, verdict, loop)
                 if step is _HELD:
                     break
@@ -287,7 +279,7 @@ class Lifecycle:
         if state is State.CLAIMED:
             return _HELD
         if state is State.COMPLETED and record is not None:
-            return _Replayed(self._replay_record(verdict, flight))
+            return _Replayed(self.replays.record(verdict, flight))
         if state is State.IN_PROGRESS and record is not None:
             self.keys.validate(record.validation, flight.keys)
             if flight.wait_until is None:
@@ -356,7 +348,7 @@ class Lifecycle:
     def completion_for(self, lease: Lease, result: Any) -> Completion:
         """The completion recording ``result`` (encoded once; a failure becomes a reason)."""
         claim = lease.claim
-        encoded = self.responses.encode(result, self.store.max_response_bytes)
+        encoded = self.replays.responses.encode(result, self.store.max_response_bytes)
         reason = None
         if encoded.reason is not None:
             reason = not_stored_reason(encoded.reason)
@@ -455,12 +447,13 @@ class Lifecycle:
                 encoded=None, response=None, not_stored=not_stored_reason(too_large)
             )
             encoded = None
-        if flight.waiters or self.cache is not None:
+        replays = self.replays
+        if flight.waiters or replays.cache is not None:
             record = completion.to_record(completion.now)
             flight.settle(Outcome(record, encoded))
-            if self.cache is not None and encoded is not None:
+            if replays.cache is not None and encoded is not None:
                 # The record lives expires_after from the completion, by the store's clock.
-                self._fill(record, encoded, sent, completion.ttl)
+                replays.fill(record, encoded, sent, completion.ttl)
         self.emitter.emit("completed", key, duration=duration)
 
     async def _complete_not_awaitable(
@@ -522,59 +515,14 @@ class Lifecycle:
 
     async def force_release(self, key: str) -> Record | None:
         """Delete the record of ``key`` whatever its state; the cache keeps no entry of it."""
-        cache = self.cache
-        self._releasing += 1
+        replays = self.replays
+        replays.releasing(key)
         try:
-            if cache is not None:
-                cache.discard(key)
             deleted = await self.store.force_release(key)
         finally:
-            # Replays whose requests were sent before now are not cached (see _fill).
-            self._releasing -= 1
-            self._released_at = asyncio.get_running_loop().time()
-            if cache is not None:
-                cache.discard(key)
+            replays.released(key, asyncio.get_running_loop().time())
         self.emitter.emit("released", key)
         return deleted
-
-    # ------------------------------------------------------------------ replay
-
-    def _cache_hit(self, entry: CachedResponse, keys: Keys) -> Any:
-        self.keys.validate(entry.record.validation, keys)
-        self.emitter.emit("cache_hit", keys.key)
-        return self._replay_outcome(Outcome(entry.record, entry.encoded))
-
-    def _replay_outcome(self, outcome: Outcome) -> Any:
-        if outcome.encoded is None:
-            raise not_stored_error(outcome.record)
-        return self.responses.present(decode_json(outcome.encoded), outcome.record)
-
-    def _replay_record(self, verdict: Verdict, flight: Flight) -> Any:
-        """Replay the COMPLETED record of ``verdict``, the answer to the request ``flight``
-        sent last (at ``flight.sent``)."""
-        record = verdict.record
-        assert record is not None
-        self.keys.validate(record.validation, flight.keys)
-        if not record.response_stored:
-            flight.settle(Outcome(record, None))
-            raise not_stored_error(record)
-        if flight.waiters or self.cache is not None:
-            encoded = encode_json(record.response)
-            flight.settle(Outcome(record, encoded))
-            if self.cache is not None and verdict.expires_in is not None:
-                self._fill(record, encoded, flight.sent, verdict.expires_in)
-        self.emitter.emit("replayed", record.key)
-        return self.responses.present(record.response, record)
-
-    def _fill(self, record: Record, encoded: bytes, sent: float, life: float) -> None:
-        """Cache a completed record for ``life`` seconds (as the store judged it) counted
-        from ``sent``, on the loop's clock: never by comparing its expiration with this
-        process's wall clock, which may be off the store's."""
-        cache = self.cache
-        if cache is None or self._releasing or sent <= self._released_at:
-            # A force_release ran since the request was sent: the record may be gone.
-            return
-        cache.put(record.key, CachedResponse(record, encoded, sent + life))
 
     # ------------------------------------------------------------------ duplicates
 

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, NamedTuple
 
-from idempotency_async._codec import encode_json
+from idempotency_async._cache import CachedResponse, LocalCache
+from idempotency_async._codec import decode_json, encode_json
+from idempotency_async._emission import Emitter
+from idempotency_async._flight import Flight, Outcome
+from idempotency_async._keys import KeyDeriver, Keys
 from idempotency_async.errors import ResponseNotStoredError, ResponseTooLargeError
 from idempotency_async.options import Options
 from idempotency_async.record import JSONValue, Record
+from idempotency_async.stores.base import Verdict
 
-__all__ = ["Encoded", "Responses", "log_not_stored", "not_stored_error", "not_stored_reason"]
+__all__ = [
+    "Encoded",
+    "Replays",
+    "Responses",
+    "log_not_stored",
+    "not_stored_error",
+    "not_stored_reason",
+]
 
 _log = logging.getLogger("idempotency_async")
 
@@ -55,6 +68,81 @@ class Responses:
         """What a replay returns: the stored value decoded, then passed through the hook."""
         response = stored if self._codec is None else self._codec.decode(stored)
         return response if self._hook is None else self._hook(response, record)
+
+
+class Replays:
+    """Replaying a completed record to a caller, and the local cache of completed records.
+
+    The cache is filled by the loop's clock from when the request that brought a record was
+    sent, and never across a ``force_release`` (see :meth:`fill`).
+    """
+
+    def __init__(self, options: Options, keys: KeyDeriver, emitter: Emitter) -> None:
+        self.responses = Responses(options)
+        self.cache = LocalCache(options.local_cache_max_items) if options.use_local_cache else None
+        self._keys = keys
+        self._emitter = emitter
+        # force_release: how many are under way, and when (loop time) the last one ended.
+        # A cache fill for a request sent before then may hold the released record.
+        self._releasing = 0
+        self._released_at = -math.inf
+
+    def hit(self, entry: CachedResponse, keys: Keys) -> Any:
+        """Replay a live cache entry."""
+        self._keys.validate(entry.record.validation, keys)
+        self._emitter.emit("cache_hit", keys.key)
+        return self.outcome(Outcome(entry.record, entry.encoded))
+
+    def outcome(self, outcome: Outcome) -> Any:
+        """Replay what another call of this process settled with."""
+        if outcome.encoded is None:
+            raise not_stored_error(outcome.record)
+        return self.responses.present(decode_json(outcome.encoded), outcome.record)
+
+    def record(self, verdict: Verdict, flight: Flight) -> Any:
+        """Replay the COMPLETED record of ``verdict``, the answer to the request ``flight``
+        sent last (at ``flight.sent``); the flight settles with it for its duplicates."""
+        record = verdict.record
+        assert record is not None
+        self._keys.validate(record.validation, flight.keys)
+        if not record.response_stored:
+            flight.settle(Outcome(record, None))
+            raise not_stored_error(record)
+        if flight.waiters or self.cache is not None:
+            encoded = encode_json(record.response)
+            flight.settle(Outcome(record, encoded))
+            if self.cache is not None and verdict.expires_in is not None:
+                self.fill(record, encoded, flight.sent, verdict.expires_in)
+        self._emitter.emit("replayed", record.key)
+        return self.responses.present(record.response, record)
+
+    def fill(self, record: Record, encoded: bytes, sent: float, life: float) -> None:
+        """Cache a completed record for ``life`` seconds (as the store judged it) counted
+        from ``sent``, on the loop's clock: never by comparing its expiration with this
+        process's wall clock, which may be off the store's."""
+        cache = self.cache
+        if cache is None or self._releasing or sent <= self._released_at:
+            # A force_release ran since the request was sent: the record may be gone.
+            return
+        cache.put(record.key, CachedResponse(record, encoded, sent + life))
+
+    def releasing(self, key: str) -> None:
+        """A force_release of ``key`` starts: no fill from now until it has ended."""
+        self._releasing += 1
+        if self.cache is not None:
+            self.cache.discard(key)
+
+    def released(self, key: str, now: float) -> None:
+        """The force_release of ``key`` ended at loop time ``now`` (whatever its outcome):
+        replays whose requests were sent before then are not cached."""
+        self._releasing -= 1
+        self._released_at = now
+        if self.cache is not None:
+            self.cache.discard(key)
+
+    def clear(self) -> None:
+        if self.cache is not None:
+            self.cache.clear()
 
 
 def not_stored_reason(reason: Exception) -> str:

@@ -222,8 +222,7 @@ class Manager:
 
     def clear_cache(self) -> None:
         """Forget locally cached responses; the store is left alone."""
-        if self._lifecycle.cache is not None:
-            self._lifecycle.cache.clear()
+        self._lifecycle.replays.clear()
 
 
 def _check_record_format(store: Store, options: Options) -> None:
