@@ -10,16 +10,29 @@ in seconds counted from the store clock's ``now`` on the :class:`~idempotency_as
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 from typing import NamedTuple
 
 from idempotency_async._keys import Keys
-from idempotency_async.deadlines import check_duration, check_instant, current_deadline
-from idempotency_async.errors import DeadlineExceededError
+from idempotency_async.errors import ConfigError, DeadlineExceededError
 from idempotency_async.options import Options
 from idempotency_async.record import Claim
 
-__all__ = ["Lease", "effective_deadline", "lease_for", "reserve_for"]
+__all__ = [
+    "AMBIENT",
+    "Lease",
+    "check_duration",
+    "check_instant",
+    "effective_deadline",
+    "lease_for",
+    "reserve_for",
+]
+
+AMBIENT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "idempotency_async_deadline", default=None
+)
+"""The ambient deadline of the running task (``deadlines.deadline``, the Lambda context)."""
 
 _MAX_RESERVE = 0.5
 _RESERVE_SHARE = 0.2
@@ -45,7 +58,7 @@ def effective_deadline(
     else (NaN, infinities, a timeout <= 0) is :class:`~idempotency_async.errors.ConfigError`
     here, at the call, rather than a lease that never lapses or an overflow later.
     """
-    ambient = current_deadline()
+    ambient = AMBIENT.get()
     if (
         deadline is None
         and ambient is None
@@ -94,3 +107,27 @@ def lease_for(
         keys.validation,
     )
     return Lease(claim, now + left - reserve, now + left, reserve)
+
+
+def check_duration(name: str, value: object) -> float:
+    """``value`` if it is a finite positive number of seconds, else ConfigError."""
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and 0 < value < math.inf  # False for NaN
+    ):
+        return value
+    raise ConfigError(
+        f"{name} must be a finite positive number of seconds, got {value!r}: give the time "
+        "the call may take (no deadline at all: leave it out)"
+    )
+
+
+def check_instant(name: str, value: object) -> float:
+    """``value`` if it is a finite ``loop.time()`` value, else ConfigError."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return value
+    raise ConfigError(
+        f"{name} must be a finite loop.time() value, got {value!r}: e.g. "
+        "asyncio.get_running_loop().time() + seconds (no deadline at all: leave it out)"
+    )

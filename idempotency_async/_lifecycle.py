@@ -142,8 +142,12 @@ class Lifecycle:
         flight = Flight(keys, when, f"{self._owner_prefix}{next(self._claims)}")
         self.inflight[key] = flight
         try:
-            lease = self._lease(flight, loop)
             while True:
+                # A claim goes out now: a verdict it brings counts from here.
+                flight.sent = now = loop.time()
+                if when is None:
+                    self._diagnose_no_deadline()
+                lease = lease_for(keys, flight.owner, when, self.options, now)
                 try:
                     verdict = await self.store.claim(lease.claim)
                 except _REFUSALS:
@@ -163,7 +167,6 @@ class Lifecycle:
                 if step is not _AGAIN:
                     assert isinstance(step, _Replayed)
                     return step.value  # type: ignore[no-any-return]
-                lease = self._lease(flight, loop)
             self._start_holding(flight, lease, loop)
             started = loop.time()
             cutoffs = self._cutoffs_of(loop)
@@ -228,15 +231,6 @@ class Lifecycle:
             flight.settle(None)
 
     # ------------------------------------------------------------------ claim
-
-    def _lease(self, flight: Flight, loop: asyncio.AbstractEventLoop) -> Lease:
-        """The lease to claim now; the claim goes out now, so a verdict counts from here."""
-        now = loop.time()
-        if flight.deadline is None:
-            self._diagnose_no_deadline()
-        lease = lease_for(flight.keys, flight.owner, flight.deadline, self.options, now)
-        flight.sent = now
-        return lease
 
     def _start_holding(self, flight: Flight, lease: Lease, loop: asyncio.AbstractEventLoop) -> None:
         """The claim is confirmed: hold the key in this process, unless it came too late."""

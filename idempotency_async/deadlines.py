@@ -9,11 +9,10 @@ registered by the Lambda integration (through the same context variable).
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from idempotency_async._lease import AMBIENT, check_duration, check_instant
 from idempotency_async.errors import ConfigError
 
 __all__ = [
@@ -22,10 +21,6 @@ __all__ = [
     "current_deadline",
     "deadline",
 ]
-
-_ambient: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "idempotency_async_deadline", default=None
-)
 
 
 @asynccontextmanager
@@ -45,41 +40,17 @@ async def deadline(
         when = asyncio.get_running_loop().time() + check_duration("deadline(seconds)", seconds)
     else:
         when = check_instant("deadline(at=)", at)
-    outer = _ambient.get()
+    outer = AMBIENT.get()
     if outer is not None:
         when = min(when, outer)
-    token = _ambient.set(when)
+    token = AMBIENT.set(when)
     try:
         async with asyncio.timeout_at(when):
             yield when
     finally:
-        _ambient.reset(token)
+        AMBIENT.reset(token)
 
 
 def current_deadline() -> float | None:
     """The ambient deadline of the calling task, if any (``loop.time()`` units)."""
-    return _ambient.get()
-
-
-def check_duration(name: str, value: object) -> float:
-    """``value`` if it is a finite positive number of seconds, else ConfigError."""
-    if (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and 0 < value < math.inf  # False for NaN
-    ):
-        return value
-    raise ConfigError(
-        f"{name} must be a finite positive number of seconds, got {value!r}: give the time "
-        "the call may take (no deadline at all: leave it out)"
-    )
-
-
-def check_instant(name: str, value: object) -> float:
-    """``value`` if it is a finite ``loop.time()`` value, else ConfigError."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return value
-    raise ConfigError(
-        f"{name} must be a finite loop.time() value, got {value!r}: e.g. "
-        "asyncio.get_running_loop().time() + seconds (no deadline at all: leave it out)"
-    )
+    return AMBIENT.get()
