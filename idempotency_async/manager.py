@@ -2,7 +2,7 @@
 
 A manager is wiring around one lifecycle (``_lifecycle``): it derives the key
 (``_keys``), takes the call's deadline (``_lease``), and hands the call to
-:meth:`Lifecycle.run <idempotency_async._lifecycle.Lifecycle.run>`, which claims, holds,
+``Lifecycle.run``, which claims, holds,
 runs, completes or releases.  Its doors are :meth:`Manager.execute` and
 :meth:`Manager.execute_call`.
 """

@@ -1,7 +1,7 @@
 """Per-call CPU with 2,000 calls in flight at 5 ms store latency, against sequential calls.
 
-    python benchmarks/bench_inflight_cpu.py 3d78990            # medians of 5 interleaved runs
-    python benchmarks/bench_inflight_cpu.py 3d78990 --rounds 3
+    python benchmarks/inflight_cpu.py 3d78990            # medians of 5 interleaved runs
+    python benchmarks/inflight_cpu.py 3d78990 --rounds 3
 
 Both versions (now, and an earlier commit exported as in ``compare_baseline.py``) run in one
 process, interleaved.  CPU is ``time.process_time()``; "sequential" is one call at a time on
