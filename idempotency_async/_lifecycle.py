@@ -17,7 +17,7 @@ import itertools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple, NoReturn, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from idempotency_async._callback import (
     ReturnedNotAwaitable,
@@ -28,7 +28,7 @@ from idempotency_async._callback import (
 from idempotency_async._cutoff import Cutoff, Cutoffs
 from idempotency_async._downstream import Run
 from idempotency_async._emission import Emitter
-from idempotency_async._flight import Flight, Outcome, Phase, wait_for
+from idempotency_async._flight import Flight, Outcome
 from idempotency_async._keys import KeyDeriver, Keys
 from idempotency_async._lease import Lease, lease_for
 from idempotency_async._responses import (
@@ -36,8 +36,8 @@ from idempotency_async._responses import (
     log_not_stored,
     not_stored_reason,
 )
+from idempotency_async._waiting import UNANSWERED, Waiting
 from idempotency_async.errors import (
-    AlreadyInProgressError,
     CompletionError,
     ConfigError,
     DeadlineExceededError,
@@ -62,8 +62,6 @@ _CLAIM_RETRIES = 2
 # Store errors that refuse a claim outright (the request, or the record it met, cannot be
 # processed): nothing was written.  Any other failure may hide a claim that applied.
 _REFUSALS = (StoreAccessDeniedError, StoreValidationError)
-_FIRST_POLL = 0.05
-_MAX_POLL = 1.0
 
 
 class _Replayed(NamedTuple):
@@ -72,11 +70,6 @@ class _Replayed(NamedTuple):
     value: Any
 
 
-class _Unanswered:
-    """Another call's claim stayed unanswered for as long as a duplicate may wait."""
-
-
-_UNANSWERED = _Unanswered()
 # What a contended claim does next: claim again (a fresh lease), or hold the key.
 _AGAIN = object()
 _HELD = object()
@@ -102,6 +95,7 @@ class Lifecycle:
         self.keys = keys
         self.emitter = emitter
         self.replays = Replays(options, keys, emitter)
+        self.waiting = Waiting(options, keys, emitter)
         self.inflight: dict[str, Flight] = {}
         # Owner tokens: random per manager, unique per claim, cheap to make.
         self._owner_prefix = secrets.token_hex(12) + "-"
@@ -131,8 +125,8 @@ class Lifecycle:
             flight = self.inflight.get(key)
             if flight is None:
                 break
-            outcome = await self._duplicate(flight, keys, when, loop)
-            if outcome is _UNANSWERED:
+            outcome = await self.waiting.join(flight, keys, when, loop)
+            if outcome is UNANSWERED:
                 break  # the other call's claim is still unanswered: ask the store ourselves
             if outcome is not None:
                 assert isinstance(outcome, Outcome)
@@ -277,8 +271,10 @@ class Lifecycle:
         if state is State.IN_PROGRESS and record is not None:
             self.keys.validate(record.validation, flight.keys)
             if flight.wait_until is None:
-                flight.wait_until = self._wait_limit(flight.deadline, loop)
-            verdict, flight.sent = await self._poll(flight.keys, verdict, flight.wait_until, loop)
+                flight.wait_until = self.waiting.limit(flight.deadline, loop)
+            verdict, flight.sent = await self.waiting.poll(
+                self.store, flight.keys, verdict, flight.wait_until, loop
+            )
             if verdict.state is State.COMPLETED:
                 return await self._contend(flight, lease, verdict, loop)
         else:
@@ -291,45 +287,6 @@ class Lifecycle:
                     "judged claimable; check that every worker's clock is synchronised"
                 )
         return _AGAIN
-
-    async def _poll(
-        self, keys: Keys, verdict: Verdict, wait_until: float, loop: asyncio.AbstractEventLoop
-    ) -> tuple[Verdict, float]:
-        """Read an in-progress record with bounded backoff until the store judges it
-        completed or claimable; returns that verdict and when its read was sent.  Reads, not
-        claim attempts: in DynamoDB a refused conditional write costs write capacity, a
-        strongly consistent read a fifth of it."""
-        delay = _FIRST_POLL
-        started = loop.time()
-        try:
-            while True:
-                left = wait_until - loop.time()
-                if not self.options.wait or left <= 0:
-                    self._reject(keys.key, verdict.retry_after)
-                await asyncio.sleep(min(delay, left))
-                delay = min(delay * 2, _MAX_POLL)
-                sent = loop.time()
-                verdict = await self.store.get(keys.key, now=self.options.clock())
-                if verdict.state is not State.IN_PROGRESS:
-                    return verdict, sent
-                if verdict.record is not None:
-                    self.keys.validate(verdict.record.validation, keys)
-        finally:
-            self.emitter.waited(loop.time() - started)
-
-    def _wait_limit(self, deadline: float | None, loop: asyncio.AbstractEventLoop) -> float:
-        limit = loop.time() + self.options.wait_timeout
-        return limit if deadline is None else min(limit, deadline)
-
-    def _reject(self, key: str, retry_after: float | None) -> NoReturn:
-        self.emitter.emit("rejected_in_progress", key)
-        raise AlreadyInProgressError(
-            f"key {key} is being processed by another call: retry after its lease ends, or "
-            "set Options(wait=True, wait_timeout=...) to wait for its result",
-            key=key,
-            lease_end=None if retry_after is None else self.options.clock() + retry_after,
-            retry_after=retry_after,
-        )
 
     def _cutoffs_of(self, loop: asyncio.AbstractEventLoop) -> Cutoffs:
         cutoffs = self._cutoffs
@@ -517,79 +474,6 @@ class Lifecycle:
             replays.released(key, asyncio.get_running_loop().time())
         self.emitter.emit("released", key)
         return deleted
-
-    # ------------------------------------------------------------------ duplicates
-
-    async def _duplicate(
-        self, flight: Flight, keys: Keys, deadline: float | None, loop: asyncio.AbstractEventLoop
-    ) -> Outcome | _Unanswered | None:
-        """A call for a key another call of this process claims or holds.
-
-        Returns the outcome to replay, None to look again (the other call failed), or
-        ``_UNANSWERED`` when the other call's claim stayed unanswered as long as this one
-        may wait.
-        """
-        if flight.phase is Phase.CLAIMING:
-            # Its claim is unanswered, and may turn out to be a replay: wait for the answer.
-            if flight.claim_answered is None:
-                flight.claim_answered = loop.create_future()
-            if not await self._wait_on(flight, flight.claim_answered, keys.key, deadline, loop):
-                return _UNANSWERED
-            if not flight.holding():
-                return flight.result
-        self.keys.validate(flight.keys.validation, keys)
-        if not self.options.wait:
-            retry_after = None
-            if flight.lease_end is not None:
-                retry_after = max(flight.lease_end - self.options.clock(), 0.0)
-            self._reject(keys.key, retry_after)
-        if flight.finished is None:
-            flight.finished = loop.create_future()
-        await self._wait_on(flight, flight.finished, keys.key, deadline, loop)
-        return flight.result
-
-    async def _wait_on(
-        self,
-        flight: Flight,
-        future: asyncio.Future[Any],
-        key: str,
-        deadline: float | None,
-        loop: asyncio.AbstractEventLoop,
-    ) -> bool:
-        """Wait for ``future`` at most min(wait_timeout, own deadline) — own deadline only
-        while the other call's claim is unanswered and waiting is off.  False when it did
-        not resolve and the other call's claim is still unanswered."""
-        if self.options.wait or flight.holding():
-            limit = self._wait_limit(deadline, loop)
-        else:
-            limit = float("inf") if deadline is None else deadline
-        flight.waiters += 1
-        started = loop.time()
-        try:
-            await wait_for(future, limit)
-        except TimeoutError:
-            if deadline is not None and loop.time() >= deadline:
-                raise DeadlineExceededError(
-                    f"the deadline of key {key} passed while waiting for another call of this "
-                    "process holding it",
-                    key=key,
-                ) from None
-            if not flight.holding():
-                return False
-            retry_after = None
-            if flight.lease_end is not None:
-                retry_after = max(flight.lease_end - self.options.clock(), 0.0)
-            self.emitter.emit("rejected_in_progress", key)
-            raise AlreadyInProgressError(
-                f"key {key} was still in progress after waiting {self.options.wait_timeout} s",
-                key=key,
-                lease_end=flight.lease_end,
-                retry_after=retry_after,
-            ) from None
-        finally:
-            flight.waiters -= 1
-            self.emitter.waited(loop.time() - started)
-        return True
 
     # ------------------------------------------------------------------ no key
 

@@ -2,9 +2,8 @@
 
 A manager is wiring around one lifecycle (``_lifecycle``): it derives the key
 (``_keys``), takes the call's deadline (``_lease``), and hands the call to
-``Lifecycle.run``, which claims, holds,
-runs, completes or releases.  Its doors are :meth:`Manager.execute` and
-:meth:`Manager.execute_call`.
+``Lifecycle.run``, which claims, holds, runs, completes or releases.  Its doors are
+:meth:`Manager.execute` and :meth:`Manager.execute_call`.
 """
 
 from __future__ import annotations

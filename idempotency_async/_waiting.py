@@ -1,0 +1,155 @@
+"""Waiting on another call's claim: in this process (a duplicate joins the call that claims
+or holds its key) and across processes (reads of an in-progress record with backoff),
+bounded by ``Options.wait_timeout`` and the caller's deadline; and refusing with
+:class:`~idempotency_async.errors.AlreadyInProgressError` when waiting is off or over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, NoReturn
+
+from idempotency_async._emission import Emitter
+from idempotency_async._flight import Flight, Outcome, Phase, wait_for
+from idempotency_async._keys import KeyDeriver, Keys
+from idempotency_async.errors import AlreadyInProgressError, DeadlineExceededError
+from idempotency_async.options import Options
+from idempotency_async.stores.base import State, Store, Verdict
+
+__all__ = ["UNANSWERED", "Unanswered", "Waiting"]
+
+_FIRST_POLL = 0.05
+_MAX_POLL = 1.0
+
+
+class Unanswered:
+    """Another call's claim stayed unanswered for as long as a duplicate may wait."""
+
+
+UNANSWERED = Unanswered()
+
+
+class Waiting:
+    """How the calls of one manager wait for other holders of their key, or refuse."""
+
+    def __init__(self, options: Options, keys: KeyDeriver, emitter: Emitter) -> None:
+        self._options = options
+        self._keys = keys
+        self._emitter = emitter
+
+    async def poll(
+        self,
+        store: Store,
+        keys: Keys,
+        verdict: Verdict,
+        wait_until: float,
+        loop: asyncio.AbstractEventLoop,
+    ) -> tuple[Verdict, float]:
+        """Read an in-progress record with bounded backoff until the store judges it
+        completed or claimable; returns that verdict and when its read was sent.  Reads, not
+        claim attempts: in DynamoDB a refused conditional write costs write capacity, a
+        strongly consistent read a fifth of it."""
+        delay = _FIRST_POLL
+        started = loop.time()
+        try:
+            while True:
+                left = wait_until - loop.time()
+                if not self._options.wait or left <= 0:
+                    self.refuse(keys.key, verdict.retry_after)
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, _MAX_POLL)
+                sent = loop.time()
+                verdict = await store.get(keys.key, now=self._options.clock())
+                if verdict.state is not State.IN_PROGRESS:
+                    return verdict, sent
+                if verdict.record is not None:
+                    self._keys.validate(verdict.record.validation, keys)
+        finally:
+            self._emitter.waited(loop.time() - started)
+
+    def limit(self, deadline: float | None, loop: asyncio.AbstractEventLoop) -> float:
+        """Until when (loop time) a call may wait: ``wait_timeout`` from now, or its
+        deadline if earlier."""
+        limit = loop.time() + self._options.wait_timeout
+        return limit if deadline is None else min(limit, deadline)
+
+    def refuse(self, key: str, retry_after: float | None) -> NoReturn:
+        self._emitter.emit("rejected_in_progress", key)
+        raise AlreadyInProgressError(
+            f"key {key} is being processed by another call: retry after its lease ends, or "
+            "set Options(wait=True, wait_timeout=...) to wait for its result",
+            key=key,
+            lease_end=None if retry_after is None else self._options.clock() + retry_after,
+            retry_after=retry_after,
+        )
+
+    async def join(
+        self, flight: Flight, keys: Keys, deadline: float | None, loop: asyncio.AbstractEventLoop
+    ) -> Outcome | Unanswered | None:
+        """A call for a key another call of this process claims or holds.
+
+        Returns the outcome to replay, None to look again (the other call failed), or
+        ``UNANSWERED`` when the other call's claim stayed unanswered as long as this one
+        may wait.
+        """
+        if flight.phase is Phase.CLAIMING:
+            # Its claim is unanswered, and may turn out to be a replay: wait for the answer.
+            if flight.claim_answered is None:
+                flight.claim_answered = loop.create_future()
+            if not await self._wait_on(flight, flight.claim_answered, keys.key, deadline, loop):
+                return UNANSWERED
+            if not flight.holding():
+                return flight.result
+        self._keys.validate(flight.keys.validation, keys)
+        if not self._options.wait:
+            retry_after = None
+            if flight.lease_end is not None:
+                retry_after = max(flight.lease_end - self._options.clock(), 0.0)
+            self.refuse(keys.key, retry_after)
+        if flight.finished is None:
+            flight.finished = loop.create_future()
+        await self._wait_on(flight, flight.finished, keys.key, deadline, loop)
+        return flight.result
+
+    async def _wait_on(
+        self,
+        flight: Flight,
+        future: asyncio.Future[Any],
+        key: str,
+        deadline: float | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> bool:
+        """Wait for ``future`` at most min(wait_timeout, own deadline) — own deadline only
+        while the other call's claim is unanswered and waiting is off.  False when it did
+        not resolve and the other call's claim is still unanswered."""
+        if self._options.wait or flight.holding():
+            limit = self.limit(deadline, loop)
+        else:
+            limit = float("inf") if deadline is None else deadline
+        flight.waiters += 1
+        started = loop.time()
+        try:
+            await wait_for(future, limit)
+        except TimeoutError:
+            if deadline is not None and loop.time() >= deadline:
+                raise DeadlineExceededError(
+                    f"the deadline of key {key} passed while waiting for another call of this "
+                    "process holding it",
+                    key=key,
+                ) from None
+            if not flight.holding():
+                return False
+            retry_after = None
+            if flight.lease_end is not None:
+                retry_after = max(flight.lease_end - self._options.clock(), 0.0)
+            self._emitter.emit("rejected_in_progress", key)
+            raise AlreadyInProgressError(
+                f"key {key} was still in progress after waiting {self._options.wait_timeout} s",
+                key=key,
+                lease_end=flight.lease_end,
+                retry_after=retry_after,
+            ) from None
+        finally:
+            flight.waiters -= 1
+            self._emitter.waited(loop.time() - started)
+        return True
