@@ -94,7 +94,9 @@ class Lifecycle:
         self.options = options
         self.keys = keys
         self.emitter = emitter
+        self.emit = emitter.emit  # bound once: the plain path emits twice per call
         self.replays = Replays(options, keys, emitter)
+        self.encode = self.replays.responses.encode
         self.waiting = Waiting(options, keys, emitter)
         self.inflight: dict[str, Flight] = {}
         # Owner tokens: random per manager, unique per claim, cheap to make.
@@ -131,7 +133,7 @@ class Lifecycle:
             if outcome is not None:
                 assert isinstance(outcome, Outcome)
                 self.keys.validate(outcome.record.validation, keys)
-                self.emitter.emit("joined", key)
+                self.emit("joined", key)
                 return replays.outcome(outcome)  # type: ignore[no-any-return]
         flight = Flight(keys, when, f"{self._owner_prefix}{next(self._claims)}")
         self.inflight[key] = flight
@@ -186,7 +188,7 @@ class Lifecycle:
                 if cut_off and (call is None or not call.answered):
                     # Our own cutoff: like a cancellation, no store write.  The record stays
                     # in progress until its lease ends, a reserve from now.
-                    self.emitter.emit("cut_off", key)
+                    self.emit("cut_off", key)
                     raise _cut_off(key) from exc
                 raise
             except Exception as exc:
@@ -230,11 +232,11 @@ class Lifecycle:
         """The claim is confirmed: hold the key in this process, unless it came too late."""
         key = lease.claim.key
         flight.hold(lease.claim.now + lease.claim.lease - self.options.lease_margin)
-        self.emitter.emit("claimed", key)
+        self.emit("claimed", key)
         if loop.time() >= lease.cutoff_at:
             # The claim was answered after the cutoff (a slow store): its lease may have
             # ended already, so the callback must not start.
-            self.emitter.emit("cut_off", key)
+            self.emit("cut_off", key)
             raise _cut_off(key)
 
     async def _release_unknown_claim(
@@ -299,12 +301,12 @@ class Lifecycle:
     def completion_for(self, lease: Lease, result: Any) -> Completion:
         """The completion recording ``result`` (encoded once; a failure becomes a reason)."""
         claim = lease.claim
-        encoded = self.replays.responses.encode(result, self.store.max_response_bytes)
+        encoded = self.encode(result, self.store.max_response_bytes)
         reason = None
         if encoded.reason is not None:
             reason = not_stored_reason(encoded.reason)
             log_not_stored(claim.key, encoded.reason)
-            self.emitter.emit("response_not_stored", claim.key, error=encoded.reason)
+            self.emit("response_not_stored", claim.key, error=encoded.reason)
         return Completion(
             claim.key,
             claim.owner,
@@ -380,7 +382,7 @@ class Lifecycle:
                 key=key,
                 result=result,
             )
-            self.emitter.emit("lease_lost", key, error=error)
+            self.emit("lease_lost", key, error=error)
             raise error
         encoded = completion.encoded
         if written is Written.WITHOUT_RESPONSE and encoded is not None:
@@ -393,7 +395,7 @@ class Lifecycle:
                 limit=self.store.max_response_bytes,
             )
             log_not_stored(key, too_large)
-            self.emitter.emit("response_not_stored", key, error=too_large)
+            self.emit("response_not_stored", key, error=too_large)
             completion = completion._replace(
                 encoded=None, response=None, not_stored=not_stored_reason(too_large)
             )
@@ -405,7 +407,7 @@ class Lifecycle:
             if replays.cache is not None and encoded is not None:
                 # The record lives expires_after from the completion, by the store's clock.
                 replays.fill(record, encoded, sent, completion.ttl)
-        self.emitter.emit("completed", key, duration=duration)
+        self.emit("completed", key, duration=duration)
 
     async def _complete_not_awaitable(
         self,
@@ -420,7 +422,7 @@ class Lifecycle:
         ConfigError."""
         key = lease.claim.key
         error = not_awaitable_error(returned.value, key)
-        self.emitter.emit("response_not_stored", key, error=error)
+        self.emit("response_not_stored", key, error=error)
         completion = self.completion_without_response(lease, not_awaitable_reason(returned.value))
         try:
             await self.complete_held(flight, lease, completion, None, loop, started)
@@ -434,9 +436,9 @@ class Lifecycle:
     ) -> None:
         released = await self._release(lease, exc, loop)
         if released is True:
-            self.emitter.emit("released", lease.claim.key)
+            self.emit("released", lease.claim.key)
         elif released is False:
-            self.emitter.emit("lease_lost", lease.claim.key, error=exc)
+            self.emit("lease_lost", lease.claim.key, error=exc)
 
     async def _release(
         self, lease: Lease, exc: BaseException, loop: asyncio.AbstractEventLoop
@@ -461,7 +463,7 @@ class Lifecycle:
             f"idempotency-async: releasing key {key} {why}; the key stays in progress until "
             "its lease ends"
         )
-        self.emitter.emit("release_failed", key, error=failure)
+        self.emit("release_failed", key, error=failure)
         return None
 
     async def force_release(self, key: str) -> Record | None:
@@ -472,7 +474,7 @@ class Lifecycle:
             deleted = await self.store.force_release(key)
         finally:
             replays.released(key, asyncio.get_running_loop().time())
-        self.emitter.emit("released", key)
+        self.emit("released", key)
         return deleted
 
     # ------------------------------------------------------------------ no key
