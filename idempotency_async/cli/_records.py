@@ -127,13 +127,28 @@ async def run_create_table(args: argparse.Namespace) -> int:
     from idempotency_async.cli._dynamodb import DynamoDBTarget
 
     target = _target(args)
+    if hasattr(target, "sql"):  # postgres://
+        return await _create_sql_table(target, print_sql=args.print_sql)
+    if args.print_sql:
+        raise CliError("--print-sql is for postgres:// stores")
     if not isinstance(target, DynamoDBTarget):
-        raise CliError("create-table is for dynamodb:// stores (other stores need no table)")
+        raise CliError(
+            "create-table is for dynamodb:// and postgres:// stores (Redis needs no table)"
+        )
     await target.create_table(_aws(args))
     sort_key = target.options.get("sort_key_attr")
     mode = f", sort key {sort_key!r}" if sort_key else ""
     expiry = target.options.get("expiry_attr", "expiration")
     print(f"created table {target.table!r}{mode}, TTL on {expiry!r}")
+    return 0
+
+
+async def _create_sql_table(target: Any, *, print_sql: bool) -> int:
+    if print_sql:
+        print(target.sql(), end="")
+        return 0
+    await target.create_table()
+    print(f"created table {target.table!r} and its expiry index (or they existed)")
     return 0
 
 

@@ -1,8 +1,8 @@
 """Stores named by URL: one parser per scheme, registered in ``_SCHEMES``.
 
 ``dynamodb://TABLE?region=…&endpoint=…`` and, when the Redis store is installed,
-``redis://…`` / ``rediss://…``.  A new backend is one module with a ``parse`` function
-and one entry in ``_SCHEMES``.
+``redis://…`` / ``rediss://…``, and ``postgres://…`` / ``postgresql://…``.  A new backend
+is one module with a ``parse`` function and one entry in ``_SCHEMES``.
 """
 
 from __future__ import annotations
@@ -46,10 +46,18 @@ def _redis(parts: SplitResult) -> Target:
     return _redis.parse(parts)
 
 
+def _postgres(parts: SplitResult) -> Target:
+    from idempotency_async.cli import _postgres
+
+    return _postgres.parse(parts)
+
+
 _SCHEMES: dict[str, Callable[[SplitResult], Target]] = {
     "dynamodb": _dynamodb,
     "redis": _redis,
     "rediss": _redis,
+    "postgres": _postgres,
+    "postgresql": _postgres,
 }
 
 

@@ -56,6 +56,7 @@ class Statements(NamedTuple):
     extend: str
     force_release: str
     vacuum: str
+    page: str
 
 
 def quote_table(name: str) -> str:
@@ -137,4 +138,7 @@ doomed AS (
 ),
 d AS (DELETE FROM {t} AS r USING doomed WHERE r.key = doomed.key RETURNING 1)
 SELECT count(*) FROM d"""
-    return Statements(create, claim, get, complete, release, extend, force_release, vacuum)
+    # Operators' listing: keyset pages in key order, optionally one status.
+    page = f"""SELECT r.key, {_RECORD} FROM {t} AS r
+WHERE r.key > $1 AND ($2::text IS NULL OR r.status = $2) ORDER BY r.key LIMIT $3"""
+    return Statements(create, claim, get, complete, release, extend, force_release, vacuum, page)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from types import TracebackType
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Literal, NamedTuple, Self
 
 from idempotency_async.errors import ConfigError, StoreUnavailableError
 from idempotency_async.record import Claim, Completion, Record, Status
@@ -28,7 +28,7 @@ from idempotency_async.stores.base import (
     judge,
 )
 
-__all__ = ["DEFAULT_TABLE", "PostgresStore", "create_table", "table_sql"]
+__all__ = ["DEFAULT_TABLE", "PostgresStore", "RecordPage", "create_table", "table_sql"]
 
 logger = logging.getLogger("idempotency_async.postgres")
 
@@ -36,6 +36,14 @@ _SCHEMES: Final = ("postgres://", "postgresql://")
 _DEFAULT_POOL: Final = {"min_size": 1, "max_size": 10}
 _VACUUM_BATCH: Final = 1000
 _LATER: Final = object()  # from_url: the pool is created on first use
+_PAGE: Final = 1000
+
+
+class RecordPage(NamedTuple):
+    """One page of :meth:`PostgresStore.pages`: the records it matched, the rows it read."""
+
+    records: list[Record]
+    scanned: int
 
 
 class PostgresStore:
@@ -271,6 +279,32 @@ class PostgresStore:
         if row is None:
             return None
         return record_from_row(key, row, self.max_response_bytes)
+
+    # -- operators ------------------------------------------------------------------
+
+    async def pages(
+        self, *, status: Status | None = None, page_size: int | None = None
+    ) -> AsyncGenerator[RecordPage, None]:
+        """The table's records in key order, ``page_size`` (default 1000) per statement,
+        optionally only those with ``status``; expired rows not vacuumed yet included.
+        Meant for operators (``idempotency-async list``), not for the request path."""
+        size = _PAGE if page_size is None else page_size
+        wanted = None if status is None else Status(status).value
+        after = ""
+        while True:
+            pool = await self._open()
+            try:
+                rows = await pool.fetch(self._sql.page, after, wanted, size)
+            except Exception as exc:
+                error = translated(exc, "list", "", self.table)
+                if error is exc:
+                    raise
+                raise error from exc
+            records = [record_from_row(row[0], row[1:], self.max_response_bytes) for row in rows]
+            yield RecordPage(records, len(rows))
+            if len(rows) < size:
+                return
+            after = rows[-1][0]
 
     # -- maintenance ----------------------------------------------------------------
 

@@ -1,0 +1,88 @@
+"""``postgres://…`` / ``postgresql://…`` URLs: a PostgresStore, its table, and ``vacuum``.
+
+``table=NAME`` (``name`` or ``schema.name``) picks the table; every other query parameter
+stays in the DSN that asyncpg reads (``sslmode``, …).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import SplitResult, parse_qsl, urlencode
+
+from idempotency_async.cli._errors import CliError
+from idempotency_async.cli._targets import AwsSettings, parse_target
+
+__all__ = ["PostgresTarget", "parse", "run_vacuum"]
+
+_STORE_OPTIONS: Final = ("table",)
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresTarget:
+    dsn: str
+    table: str
+
+    def store(self, aws: AwsSettings) -> Any:
+        return _module().PostgresStore.from_url(self.dsn, table=self.table)
+
+    def sql(self) -> str:
+        """The SQL that creates the table (for migrations)."""
+        return str(_module().table_sql(self.table))
+
+    async def create_table(self) -> None:
+        await _module().create_table(self.dsn, table=self.table)
+
+
+def parse(parts: SplitResult) -> PostgresTarget:
+    if not parts.netloc and not parts.path.strip("/"):
+        raise CliError("bad store URL: write postgres://USER@HOST:PORT/DATABASE?table=NAME")
+    table = ""
+    rest: list[tuple[str, str]] = []
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name in _STORE_OPTIONS:
+            if table:
+                raise CliError(f"parameter {name!r} appears twice in the store URL")
+            table = value
+        else:
+            rest.append((name, value))
+    module = _module()
+    table = table or module.DEFAULT_TABLE
+    try:
+        module.table_sql(table)  # checks the name
+    except ValueError as exc:  # ConfigError
+        raise CliError(f"bad table= in the store URL: {exc}") from exc
+    return PostgresTarget(parts._replace(query=urlencode(rest)).geturl(), table)
+
+
+async def run_vacuum(args: argparse.Namespace) -> int:
+    """``vacuum``: delete expired records in bounded batches."""
+    target = parse_target(args.store)
+    if not isinstance(target, PostgresTarget):
+        raise CliError(
+            "vacuum is for postgres:// stores (DynamoDB and Redis delete expired records "
+            "themselves, by TTL)"
+        )
+    store = target.store(AwsSettings())
+    try:
+        deleted = await store.vacuum(batch_size=args.batch_size, max_batches=args.max_batches)
+    finally:
+        await store.aclose()
+    what = "record" if deleted == 1 else "records"
+    print(f"deleted {deleted} expired {what} from {target.table}")
+    return 0
+
+
+def _module() -> Any:
+    try:
+        # By name: the Postgres store needs asyncpg (extra "postgres"), which may be absent.
+        module: Any = importlib.import_module("idempotency_async.stores.postgres")
+        importlib.import_module("asyncpg")
+    except ImportError as exc:
+        raise CliError(
+            "the Postgres store is not available: install the postgres extra "
+            f"(pip install 'idempotency-async[postgres]') ({exc})"
+        ) from exc
+    return module
