@@ -29,15 +29,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_key(args)
         from idempotency_async.cli import _records
 
-        if args.command == "vacuum":
-            from idempotency_async.cli._postgres import run_vacuum
-
-            return asyncio.run(run_vacuum(args))
         command = {
             "get": _records.run_get,
             "list": _records.run_list,
             "release": _records.run_release,
             "create-table": _records.run_create_table,
+            "vacuum": _records.run_vacuum,
         }[args.command]
         return asyncio.run(command(args))
     except CliError as exc:

@@ -6,16 +6,14 @@ stays in the DSN that asyncpg reads (``sslmode``, …).
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import SplitResult, parse_qsl, urlencode
 
 from idempotency_async.cli._errors import CliError
-from idempotency_async.cli._targets import AwsSettings, parse_target
 
-__all__ = ["PostgresTarget", "parse", "run_vacuum"]
+__all__ = ["PostgresTarget", "parse"]
 
 _STORE_OPTIONS: Final = ("table",)
 
@@ -25,8 +23,17 @@ class PostgresTarget:
     dsn: str
     table: str
 
-    def store(self, aws: AwsSettings) -> Any:
+    def store(self, aws: Any) -> Any:
         return _module().PostgresStore.from_url(self.dsn, table=self.table)
+
+    async def vacuum(self, *, batch_size: int, max_batches: int | None) -> int:
+        """Delete expired records in bounded batches; how many were deleted."""
+        store = self.store(None)
+        try:
+            deleted: int = await store.vacuum(batch_size=batch_size, max_batches=max_batches)
+        finally:
+            await store.aclose()
+        return deleted
 
     def sql(self) -> str:
         """The SQL that creates the table (for migrations)."""
@@ -55,24 +62,6 @@ def parse(parts: SplitResult) -> PostgresTarget:
     except ValueError as exc:  # ConfigError
         raise CliError(f"bad table= in the store URL: {exc}") from exc
     return PostgresTarget(parts._replace(query=urlencode(rest)).geturl(), table)
-
-
-async def run_vacuum(args: argparse.Namespace) -> int:
-    """``vacuum``: delete expired records in bounded batches."""
-    target = parse_target(args.store)
-    if not isinstance(target, PostgresTarget):
-        raise CliError(
-            "vacuum is for postgres:// stores (DynamoDB and Redis delete expired records "
-            "themselves, by TTL)"
-        )
-    store = target.store(AwsSettings())
-    try:
-        deleted = await store.vacuum(batch_size=args.batch_size, max_batches=args.max_batches)
-    finally:
-        await store.aclose()
-    what = "record" if deleted == 1 else "records"
-    print(f"deleted {deleted} expired {what} from {target.table}")
-    return 0
 
 
 def _module() -> Any:

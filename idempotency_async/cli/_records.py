@@ -15,7 +15,7 @@ from idempotency_async.cli._render import ROW_HEADER, record_json, record_lines,
 from idempotency_async.cli._targets import AwsSettings, Target, parse_target
 from idempotency_async.record import Record, Status
 
-__all__ = ["run_create_table", "run_get", "run_list", "run_release"]
+__all__ = ["run_create_table", "run_get", "run_list", "run_release", "run_vacuum"]
 
 
 @runtime_checkable
@@ -140,6 +140,19 @@ async def run_create_table(args: argparse.Namespace) -> int:
     mode = f", sort key {sort_key!r}" if sort_key else ""
     expiry = target.options.get("expiry_attr", "expiration")
     print(f"created table {target.table!r}{mode}, TTL on {expiry!r}")
+    return 0
+
+
+async def run_vacuum(args: argparse.Namespace) -> int:
+    target: Any = _target(args)
+    if not hasattr(target, "vacuum"):
+        raise CliError(
+            "vacuum is for postgres:// stores (DynamoDB and Redis delete expired records "
+            "themselves, by TTL)"
+        )
+    deleted = await target.vacuum(batch_size=args.batch_size, max_batches=args.max_batches)
+    what = "record" if deleted == 1 else "records"
+    print(f"deleted {deleted} expired {what} from {target.table}")
     return 0
 
 
