@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from idempotency_async._codec import encode_json
 from idempotency_async.record import Claim, Completion, Status
 from idempotency_async.stores.base import CLAIMED, State, Written
 from idempotency_async.stores.postgres import PostgresStore, create_table, table_sql
+from idempotency_async.testing import StoreContract
 
 NOW = 1_700_000_000.0
 
@@ -296,3 +298,47 @@ async def test_expiry_is_whole_seconds_after_the_server_now(
         assert record is not None
         assert record.expiration == math.ceil(record.expiration)
         assert before + 9 < record.expiration <= time.time() + 11
+
+
+class TestPsycopgPool(StoreContract):
+    """The store on psycopg 3's AsyncConnectionPool: the same contract, one adapter."""
+
+    @pytest.fixture
+    async def store(self, postgres_server: PostgresServer) -> AsyncIterator[PostgresStore]:
+        psycopg_pool = pytest.importorskip("psycopg_pool")
+        pool = psycopg_pool.AsyncConnectionPool(
+            postgres_server.dsn, kwargs={"autocommit": True}, min_size=1, max_size=4, open=False
+        )
+        await pool.open()
+        try:
+            table = fresh_table_name()
+            await create_table(pool, table=table)
+            yield PostgresStore(pool, table=table, clock="client")
+        finally:
+            await pool.close()
+
+
+async def test_a_psycopg_pool_outside_autocommit_is_refused(
+    postgres_server: PostgresServer,
+) -> None:
+    psycopg_pool = pytest.importorskip("psycopg_pool")
+    pool = psycopg_pool.AsyncConnectionPool(postgres_server.dsn, min_size=1, open=False)
+    await pool.open()
+    try:
+        with pytest.raises(errors.ConfigError, match="autocommit"):
+            await PostgresStore(pool, table=fresh_table_name()).claim(_claim())
+    finally:
+        await pool.close()
+
+
+async def test_psycopg_failures_are_translated(postgres_server: PostgresServer) -> None:
+    psycopg_pool = pytest.importorskip("psycopg_pool")
+    pool = psycopg_pool.AsyncConnectionPool(
+        postgres_server.dsn, kwargs={"autocommit": True}, min_size=1, open=False
+    )
+    await pool.open()
+    try:
+        with pytest.raises(errors.StoreValidationError, match="create-table"):
+            await PostgresStore(pool, table=fresh_table_name()).claim(_claim())
+    finally:
+        await pool.close()

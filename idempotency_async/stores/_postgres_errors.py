@@ -25,12 +25,16 @@ _UNAVAILABLE_STATES: Final = frozenset({"55P03", "25006"})
 _DENIED_CLASSES: Final = ("28",)
 _DENIED_STATES: Final = frozenset({"42501"})
 _MISSING_STATES: Final = frozenset({"42P01", "42703", "3F000"})
+# asyncpg's, then psycopg's (OperationalError: no connection; the pool's timeouts).
 _CLIENT_FAILURES: Final = frozenset(
     {
         "InterfaceError",
         "InternalClientError",
         "ConnectionDoesNotExistError",
         "ClientConfigurationError",
+        "OperationalError",
+        "PoolTimeout",
+        "PoolClosed",
     }
 )
 

@@ -35,7 +35,7 @@ COLUMNS: Final = (
     "response",
     "not_stored",
 )
-_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _NOW: Final = "coalesce({param}::float8, extract(epoch FROM clock_timestamp())::float8)"
 # What a statement returns about a record: its fields, instants as Unix seconds.
 _RECORD: Final = (
@@ -67,7 +67,7 @@ def quote_table(name: str) -> str:
     parts = name.split(".") if isinstance(name, str) else []
     if not 1 <= len(parts) <= 2 or not all(_NAME.fullmatch(part) for part in parts):
         raise ValueError(
-            f"a table name is 'table' or 'schema.table', each part letters, digits, _ or $ "
+            f"a table name is 'table' or 'schema.table', each part letters, digits or _ "
             f"(at most 63, not starting with a digit), got {name!r}"
         )
     return ".".join(f'"{part}"' for part in parts)

@@ -17,6 +17,7 @@ from typing import Any, Final, Literal, NamedTuple, Self
 from idempotency_async.errors import ConfigError, StoreUnavailableError
 from idempotency_async.record import Claim, Completion, Record, Status
 from idempotency_async.stores._postgres_errors import is_data_error, translated
+from idempotency_async.stores._postgres_psycopg import PsycopgPool, is_psycopg_pool
 from idempotency_async.stores._postgres_sql import DEFAULT_TABLE, Statements, statements
 from idempotency_async.stores._postgres_values import jsonb_text, record_from_row
 from idempotency_async.stores.base import (
@@ -49,8 +50,9 @@ class RecordPage(NamedTuple):
 class PostgresStore:
     """Keeps idempotency records in one PostgreSQL table, one row per key.
 
-    ``pool`` is an ``asyncpg.Pool`` the caller opens and closes; :meth:`from_url` builds one
-    that the store owns and closes in :meth:`aclose`.  Create the table first with
+    ``pool`` is an ``asyncpg.Pool`` the caller opens and closes — or a psycopg 3
+    ``psycopg_pool.AsyncConnectionPool`` in autocommit mode; :meth:`from_url` builds an
+    asyncpg pool that the store owns and closes in :meth:`aclose`.  Create the table first with
     :func:`create_table` (or ``idempotency-async create-table postgres://…``; the SQL is in
     :func:`table_sql` for migrations).
 
@@ -68,6 +70,8 @@ class PostgresStore:
         clock: Literal["server", "client"] = "server",
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
+        if is_psycopg_pool(pool):
+            pool = PsycopgPool(pool)
         if pool is not _LATER and (
             hasattr(pool, "is_in_transaction") or not callable(getattr(pool, "fetchrow", None))
         ):
@@ -345,13 +349,15 @@ def table_sql(table: str = DEFAULT_TABLE) -> str:
 async def create_table(pool_or_dsn: Any, *, table: str = DEFAULT_TABLE) -> None:
     """Create the store's table and its expiry index if they do not exist.
 
-    ``pool_or_dsn``: an asyncpg pool or connection, or a ``postgres://`` DSN (a connection
-    is opened and closed for it).
+    ``pool_or_dsn``: an asyncpg pool or connection, a psycopg ``AsyncConnectionPool`` in
+    autocommit mode, or a ``postgres://`` DSN (a connection is opened and closed for it).
     """
     try:
         create = statements(table).create
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    if is_psycopg_pool(pool_or_dsn):
+        pool_or_dsn = PsycopgPool(pool_or_dsn)
     if isinstance(pool_or_dsn, str):
         if not pool_or_dsn.startswith(_SCHEMES):
             raise ConfigError(
