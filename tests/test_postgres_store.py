@@ -253,6 +253,16 @@ async def test_an_owned_pool_closes_with_the_store_and_a_callers_pool_does_not(
         await pool.close()
 
 
+def test_a_wrong_dsn_is_refused_without_echoing_its_password() -> None:
+    for call in (
+        lambda: PostgresStore.from_url("mysql://user:s3cret@db/app"),
+        lambda: asyncio.run(create_table("mysql://user:s3cret@db/app")),
+    ):
+        with pytest.raises(errors.ConfigError, match="postgres://") as refused:
+            call()
+        assert "s3cret" not in str(refused.value)
+
+
 def test_bad_arguments_are_config_errors() -> None:
     with pytest.raises(errors.ConfigError, match="postgres://"):
         PostgresStore.from_url("redis://localhost")

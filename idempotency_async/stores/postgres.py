@@ -76,9 +76,9 @@ class PostgresStore:
             hasattr(pool, "is_in_transaction") or not callable(getattr(pool, "fetchrow", None))
         ):
             raise ConfigError(
-                "PostgresStore needs an asyncpg pool (await asyncpg.create_pool(dsn)), got "
-                f"{pool!r}; a single connection cannot serve concurrent calls. Or use "
-                "PostgresStore.from_url('postgres://…')"
+                "PostgresStore needs an asyncpg pool (await asyncpg.create_pool(dsn)) or a "
+                f"psycopg AsyncConnectionPool, got {type(pool).__name__}; a single connection "
+                "cannot serve concurrent calls. Or use PostgresStore.from_url('postgres://…')"
             )
         if clock not in ("server", "client"):
             raise ConfigError(f"clock must be 'server' or 'client', got {clock!r}")
@@ -120,7 +120,7 @@ class PostgresStore:
         """
         if not isinstance(dsn, str) or not dsn.startswith(_SCHEMES):
             raise ConfigError(
-                f"a Postgres DSN starts with postgres:// or postgresql://, got {dsn!r}"
+                f"a Postgres DSN starts with postgres:// or postgresql://, got {_scheme(dsn)!r}"
             )
         _asyncpg()
         store = cls(_LATER, table=table, clock=clock, max_response_bytes=max_response_bytes)
@@ -361,7 +361,8 @@ async def create_table(pool_or_dsn: Any, *, table: str = DEFAULT_TABLE) -> None:
     if isinstance(pool_or_dsn, str):
         if not pool_or_dsn.startswith(_SCHEMES):
             raise ConfigError(
-                f"a Postgres DSN starts with postgres:// or postgresql://, got {pool_or_dsn!r}"
+                "a Postgres DSN starts with postgres:// or postgresql://, got "
+                f"{_scheme(pool_or_dsn)!r}"
             )
         try:
             connection = await _asyncpg().connect(pool_or_dsn)
@@ -384,6 +385,13 @@ async def _create(target: Any, create: tuple[str, ...], table: str) -> None:
         if error is exc:
             raise
         raise error from exc
+
+
+def _scheme(dsn: object) -> str:
+    """What a DSN-like value starts with: never its credentials."""
+    if not isinstance(dsn, str):
+        return type(dsn).__name__
+    return dsn.split("//", 1)[0] + "//…" if "//" in dsn else "a string without //"
 
 
 def _asyncpg() -> Any:
