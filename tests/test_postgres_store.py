@@ -5,6 +5,7 @@ the table helpers, vacuum, owned pools and error translation."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import AsyncIterator
@@ -208,6 +209,29 @@ async def test_create_table_is_idempotent_and_prints_the_same_sql(
     await _sql(postgres_server, sql.replace(f'"{table}"', f'"{table}_copy"'))
     async with PostgresStore.from_url(postgres_server.dsn, table=f"{table}_copy") as store:
         assert await store.claim(_claim(now=0)) is CLAIMED
+
+
+async def test_a_pool_with_its_own_jsonb_codec_stores_responses_unchanged(
+    postgres_server: PostgresServer,
+) -> None:
+    async def codec(connection: Any) -> None:
+        # What many applications set up: jsonb to and from Python objects.
+        await connection.set_type_codec(
+            "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
+
+    table = fresh_table_name()
+    await create_table(postgres_server.dsn, table=table)
+    pool = await postgres_server.pool(init=codec)
+    try:
+        store = PostgresStore(pool, table=table)
+        await store.claim(_claim(now=0))
+        assert await store.complete(_done("k", {"a": [1, 2**70]})) is Written.RESPONSE
+        record = (await store.get("k", now=0)).record
+        assert record is not None and record.response == {"a": [1, 2**70]}
+        assert await pool.fetchval(f"SELECT response FROM {table}") == {"a": [1, 2**70]}
+    finally:
+        await pool.close()
 
 
 def test_table_names_are_checked_before_any_sql() -> None:

@@ -113,10 +113,12 @@ w AS (
 SELECT w.*, n.now FROM w, n"""
     get = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$2")} AS now)
 SELECT {_RECORD}, n.now FROM n LEFT JOIN {t} AS r ON r.key = $1"""
+    # The response travels as text and is cast on the server: an application's pool may
+    # carry its own jsonb codec (json.dumps), which would encode the text a second time.
     complete = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$3")} AS now)
 UPDATE {t} AS r SET status = 'COMPLETED',
   expires_at = to_timestamp(ceil(n.now + greatest($4::float8, 0))),
-  lease_ends_at = NULL, validation = $5, response = $6::jsonb, not_stored = $7
+  lease_ends_at = NULL, validation = $5, response = $6::text::jsonb, not_stored = $7
 FROM n WHERE r.key = $1 AND r.owner = $2
 RETURNING 1"""
     # Gone counts as released; a record another claim holds is not.
