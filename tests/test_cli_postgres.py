@@ -6,11 +6,14 @@ import asyncio
 import json
 import time
 
+import pytest
 from _cli import cli
 from _postgres import PostgresServer, fresh_table_name
 
 from idempotency_async import Manager, Options
 from idempotency_async.stores.postgres import PostgresStore
+
+pytestmark = pytest.mark.postgres
 
 
 async def test_every_record_command_speaks_postgres(postgres_server: PostgresServer) -> None:

@@ -8,8 +8,11 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from _postgres import PostgresServer, fresh_table_name
 from test_examples_http import _exercise, running
+
+pytestmark = pytest.mark.postgres
 
 # The example imports this checkout's package, whatever is installed.
 _PATH = {"PYTHONPATH": str(Path(__file__).parents[1])}

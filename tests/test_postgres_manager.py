@@ -27,6 +27,8 @@ from idempotency_async import Manager, Options, errors
 from idempotency_async.stores.postgres import PostgresStore, create_table
 from idempotency_async.testing import simulate_live
 
+pytestmark = pytest.mark.postgres
+
 _WORKER = Path(__file__).with_name("_postgres_worker.py")
 _ENV = {
     **os.environ,

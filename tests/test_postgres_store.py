@@ -21,6 +21,8 @@ from idempotency_async.stores.base import CLAIMED, State, Written
 from idempotency_async.stores.postgres import PostgresStore, create_table, table_sql
 from idempotency_async.testing import StoreContract
 
+pytestmark = pytest.mark.postgres
+
 NOW = 1_700_000_000.0
 
 
