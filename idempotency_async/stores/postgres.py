@@ -320,7 +320,8 @@ class PostgresStore:
         ``max_batches`` ran.  Returns how many were deleted.
 
         Expired rows never block a claim (a claim replaces them), so this only keeps the
-        table small: run it from a scheduled job or ``idempotency-async vacuum``.
+        table small: run it from a scheduled job or ``idempotency-async vacuum``.  Expiry
+        is judged by the server's clock, whatever the store's ``clock``.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
