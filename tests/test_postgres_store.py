@@ -145,6 +145,80 @@ async def _sql(server: PostgresServer, *statements: str) -> None:
         await connection.close()
 
 
+async def test_a_claim_racing_an_uncommitted_insert_answers_with_the_committed_row(
+    postgres_server: PostgresServer,
+) -> None:
+    # The row is committed after the claim's snapshot: the claim waits on its lock, then
+    # answers with it (the snapshot alone would have seen no row).
+    async with fresh_postgres_store(postgres_server) as store:
+        other = await postgres_server.connect()
+        try:
+            transaction = other.transaction()
+            await transaction.start()
+            await other.execute(
+                f"INSERT INTO {store.table} VALUES ('k', 'INPROGRESS', 'other', "
+                "clock_timestamp() + interval '1 hour', clock_timestamp() + interval '60 s', "
+                "NULL, NULL, NULL)"
+            )
+            claim = asyncio.create_task(store.claim(_claim(owner="b", now=0)))
+            await asyncio.sleep(0.3)
+            assert not claim.done()  # waiting for the other transaction's row
+            await transaction.commit()
+            verdict = await claim
+        finally:
+            await other.close()
+        assert verdict.state is State.IN_PROGRESS
+        assert verdict.record is not None and verdict.record.owner == "other"
+        assert verdict.retry_after is not None and 50 < verdict.retry_after <= 60
+
+
+async def test_a_claim_racing_a_completion_replays_it(postgres_server: PostgresServer) -> None:
+    # The claim's snapshot holds a lapsed claim; the latest version, committed while the
+    # claim waited for its lock, is completed: the duplicate replays it (never claims, never
+    # "in progress").
+    async with fresh_postgres_store(postgres_server) as store:
+        other = await postgres_server.connect()
+        try:
+            await other.execute(
+                f"INSERT INTO {store.table} VALUES ('k', 'INPROGRESS', 'a', "
+                "clock_timestamp() + interval '1 hour', clock_timestamp() - interval '1 s', "
+                "'v', NULL, NULL)"
+            )
+            transaction = other.transaction()
+            await transaction.start()
+            await other.execute(
+                f"UPDATE {store.table} SET status = 'COMPLETED', lease_ends_at = NULL, "
+                "response = '{\"paid\": true}' WHERE key = 'k'"
+            )
+            claim = asyncio.create_task(store.claim(_claim(owner="b", now=0)))
+            await asyncio.sleep(0.3)
+            assert not claim.done()
+            await transaction.commit()
+            verdict = await claim
+        finally:
+            await other.close()
+        assert verdict.state is State.COMPLETED
+        assert verdict.record is not None and verdict.record.response == {"paid": True}
+        record = (await store.get("k", now=0)).record
+        assert record is not None and record.owner == "a" and record.response == {"paid": True}
+
+
+async def test_a_refused_claim_writes_nothing(postgres_server: PostgresServer) -> None:
+    async with fresh_postgres_store(postgres_server) as store:
+        await store.claim(_claim(now=0))
+        await store.complete(_done("k", 1))
+        other = await postgres_server.connect()
+        try:
+            before = await other.fetchval(f"SELECT ctid::text FROM {store.table}")
+            for _ in range(3):
+                assert (await store.claim(_claim(owner="b", now=0))).state is State.COMPLETED
+            # The same row version: no rewrite, no lock (a replay is a read).
+            assert await other.fetchval(f"SELECT ctid::text FROM {store.table}") == before
+            assert await other.fetchval(f"SELECT xmax::text FROM {store.table}") == "0"
+        finally:
+            await other.close()
+
+
 async def test_a_stored_response_nested_too_deep_answers_not_stored(
     postgres_server: PostgresServer,
 ) -> None:

@@ -5,14 +5,20 @@ Every statement is one round trip and judges by one instant, ``now`` (Unix secon
 the server's ``clock_timestamp()`` — never ``now()``, which is the start of the
 transaction and stands still behind a pooler that keeps transactions open.
 
-The claim must return the row that refused it, read in the same atomic step.  Before
-PostgreSQL 18, ``RETURNING`` sees only the new row version, and a second ``SELECT`` in the
-same statement sees the statement's snapshot, which misses a row another transaction
-committed while this one waited for its lock.  So the claim's ``ON CONFLICT DO UPDATE``
-always updates: each column becomes the claim's value when the key is claimable, and stays
-as it was otherwise.  ``RETURNING`` then gives the row as the claim left it — the new
-claim, or the unchanged record that blocked it, as the server judged it under the row
-lock.  The refused claim's rewrite is a HOT update (no indexed value changes).
+The claim must return the row that refused it, read in the same atomic step, and should
+not write when it is refused (a replay or a 409 is then a plain read: no row lock, no WAL,
+no commit to flush).  The statement reads the key's row in its snapshot (``old``):
+
+- a row there that is not claimable answers the claim as it is — the statement is
+  judged at its snapshot, like any read — and the ``INSERT`` gets no row to insert;
+- otherwise the ``INSERT … ON CONFLICT DO UPDATE`` runs.  Under the row lock it judges
+  the latest version, which may differ from the snapshot's (a row committed while this
+  statement waited): when that version is claimable, every column takes the claim's
+  value; when it is another version than the snapshot's but not claimable, every column
+  keeps its value — a rewrite, only in that race — so that ``RETURNING`` shows it (before
+  PostgreSQL 18 ``RETURNING`` sees only new row versions, and the snapshot never sees a
+  row committed after it).  ``ctid`` tells the versions apart: the snapshot keeps its
+  version from being vacuumed while the statement runs.
 
 Instants follow :mod:`idempotency_async.record`: expiry ``ceil(now + max(ttl, lease))``
 in whole seconds, lease end ``now + lease`` (microseconds, ``timestamptz``).
@@ -94,23 +100,35 @@ def statements(table: str) -> Statements:
         "(r.expires_at < to_timestamp(n.now) OR (r.status = 'INPROGRESS' AND "
         "(r.owner = $3 OR r.lease_ends_at < to_timestamp(n.now))))"
     )
+    claimable_old = (
+        "(o.expires < n.now OR (o.status = 'INPROGRESS' AND (o.owner = $3 OR o.lease_end < n.now)))"
+    )
     keep_or_take = ",\n    ".join(
         f"{column} = CASE WHEN c.claimable THEN excluded.{column} ELSE r.{column} END"
         for column in COLUMNS
     )
     # The CASEs read ``claimable`` from a sub-select over the conflicting row (``r``).
     keep_or_take = keep_or_take.replace("c.claimable", f"(SELECT {claimable} FROM n)")
+    fields = "status, owner, expires, lease_end, validation, response, not_stored"
     claim = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$2")} AS now),
+old AS MATERIALIZED (SELECT r.ctid AS version, {_RECORD} FROM {t} AS r WHERE r.key = $1),
 w AS (
   INSERT INTO {t} AS r (key, {", ".join(COLUMNS)})
   SELECT $1, 'INPROGRESS', $3, to_timestamp(ceil(n.now + greatest($5::float8, $4::float8))),
          to_timestamp(n.now + $4::float8), $6, NULL, NULL
   FROM n
+  WHERE NOT EXISTS (SELECT 1 FROM old AS o WHERE {claimable_old} IS NOT TRUE)
   ON CONFLICT (key) DO UPDATE SET
     {keep_or_take}
+  WHERE (SELECT {claimable} FROM n) OR r.ctid IS DISTINCT FROM (SELECT version FROM old)
   RETURNING {_RECORD}
 )
-SELECT w.*, n.now FROM w, n"""
+SELECT {fields}, n.now FROM (
+  SELECT 1 AS pick, {fields} FROM w
+  UNION ALL
+  SELECT 2, {fields} FROM old
+) AS answer, n
+ORDER BY pick LIMIT 1"""
     get = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$2")} AS now)
 SELECT {_RECORD}, n.now FROM n LEFT JOIN {t} AS r ON r.key = $1"""
     # The response travels as text and is cast on the server: an application's pool may
