@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import pytest
 from _cli import cli
@@ -95,3 +96,23 @@ async def test_postgres_usage_errors_are_one_line() -> None:
 async def test_an_unreachable_postgres_is_a_one_line_error() -> None:
     down = await cli("get", "--store", "postgres://postgres@127.0.0.1:1/postgres", "k")
     assert "Postgres" in down.error()
+
+
+async def test_the_postgres_target_lists_the_stores_records_page_by_page(
+    postgres_server: PostgresServer,
+) -> None:
+    from idempotency_async.cli._targets import AwsSettings, parse_target
+    from idempotency_async.record import Claim, Status
+
+    table = fresh_table_name()
+    target: Any = parse_target(f"{postgres_server.dsn}?table={table}")
+    await target.create_table()
+    store = target.store(AwsSettings())
+    try:
+        for key in ("a", "b", "c"):
+            await store.claim(Claim(key, "o", 0, 30.0, 60.0, None))
+        pages = [page async for page in target.pages(store, status=Status.INPROGRESS, page_size=2)]
+    finally:
+        await store.aclose()
+    assert [[record.key for record in page.records] for page in pages] == [["a", "b"], ["c"]]
+    assert [page.scanned for page in pages] == [2, 1]

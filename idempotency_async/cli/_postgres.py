@@ -7,6 +7,7 @@ stays in the DSN that asyncpg reads (``sslmode``, …).
 from __future__ import annotations
 
 import importlib
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import SplitResult, parse_qsl, urlencode
@@ -25,6 +26,11 @@ class PostgresTarget:
 
     def store(self, aws: Any) -> Any:
         return _module().PostgresStore.from_url(self.dsn, table=self.table)
+
+    def pages(self, store: Any, *, status: Any, page_size: int | None) -> AsyncGenerator[Any, None]:
+        """``list``: the store's records in key order (keyset pages)."""
+        pages: AsyncGenerator[Any, None] = store.pages(status=status, page_size=page_size)
+        return pages
 
     async def vacuum(self, *, batch_size: int, max_batches: int | None) -> int:
         """Delete expired records in bounded batches; how many were deleted."""
