@@ -11,6 +11,7 @@ from contextlib import aclosing
 from typing import Any, Protocol, TextIO, runtime_checkable
 
 from idempotency_async.cli._errors import EXIT_NOT_FOUND, CliError
+from idempotency_async.cli._postgres import PostgresTarget
 from idempotency_async.cli._render import ROW_HEADER, record_json, record_lines, record_row
 from idempotency_async.cli._targets import AwsSettings, Target, parse_target
 from idempotency_async.record import Record, Status
@@ -127,7 +128,7 @@ async def run_create_table(args: argparse.Namespace) -> int:
     from idempotency_async.cli._dynamodb import DynamoDBTarget
 
     target = _target(args)
-    if hasattr(target, "sql"):  # postgres://
+    if isinstance(target, PostgresTarget):
         return await _create_sql_table(target, print_sql=args.print_sql)
     if args.print_sql:
         raise CliError("--print-sql is for postgres:// stores")
@@ -144,8 +145,8 @@ async def run_create_table(args: argparse.Namespace) -> int:
 
 
 async def run_vacuum(args: argparse.Namespace) -> int:
-    target: Any = _target(args)
-    if not hasattr(target, "vacuum"):
+    target = _target(args)
+    if not isinstance(target, PostgresTarget):
         raise CliError(
             "vacuum is for postgres:// stores (DynamoDB and Redis delete expired records "
             "themselves, by TTL)"
@@ -156,7 +157,7 @@ async def run_vacuum(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _create_sql_table(target: Any, *, print_sql: bool) -> int:
+async def _create_sql_table(target: PostgresTarget, *, print_sql: bool) -> int:
     if print_sql:
         print(target.sql(), end="")
         return 0
