@@ -62,6 +62,9 @@ class PostgresStore:
     ``"schema.name"``, quoted as given.
     """
 
+    db_system_name: Final = "postgresql"
+    """What OpenTelemetry calls this store's database (``db.system.name``)."""
+
     def __init__(
         self,
         pool: Any,
@@ -100,6 +103,11 @@ class PostgresStore:
         self._opening: asyncio.Lock | None = None
         self._owns_pool = False
         self._closed = False
+
+    @property
+    def table_name(self) -> str:
+        """The table, as OpenTelemetry reports it (``db.collection.name``)."""
+        return self.table
 
     @classmethod
     def from_url(
