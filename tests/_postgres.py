@@ -27,9 +27,11 @@ from typing import Any
 import pytest
 
 __all__ = [
+    "PgBouncer",
     "PostgresServer",
     "fresh_postgres_store",
     "fresh_table_name",
+    "pgbouncer",
     "postgres_binaries",
     "postgres_server",
     "start_postgres",
@@ -205,6 +207,84 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield server
     finally:
         stop_postgres(server)
+
+
+@dataclass
+class PgBouncer:
+    """A PgBouncer in transaction pooling mode in front of a test server."""
+
+    port: int
+    directory: str
+    process: subprocess.Popen[bytes]
+
+    @property
+    def dsn(self) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/postgres"
+
+
+def start_pgbouncer(server: PostgresServer) -> PgBouncer:
+    """PgBouncer (Debian's ``pgbouncer``) on a free loopback port, ``pool_mode =
+    transaction`` and few server connections, so clients share them statement by
+    statement."""
+    binary = shutil.which("pgbouncer") or (
+        "/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None
+    )
+    if binary is None:
+        _give_up("pgbouncer is not installed (apt-get install -y pgbouncer; .ci/run installs it)")
+    assert binary is not None
+    directory = tempfile.mkdtemp(prefix="idem-pgbouncer-")
+    port = _free_port()
+    Path(directory, "users.txt").write_text('"postgres" ""\n')
+    Path(directory, "pgbouncer.ini").write_text(
+        "[databases]\n"
+        f"postgres = host=127.0.0.1 port={server.port} dbname=postgres user=postgres\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+        f"auth_type = trust\nauth_file = {directory}/users.txt\n"
+        "pool_mode = transaction\ndefault_pool_size = 3\nmax_client_conn = 200\n"
+        "ignore_startup_parameters = extra_float_digits,options\n"
+        f"logfile = {directory}/pgbouncer.log\n"
+    )
+    if _as_server_user():
+        for name in ("", "users.txt", "pgbouncer.ini"):
+            shutil.chown(Path(directory, name), "postgres", "postgres")
+    process = subprocess.Popen(
+        [binary, f"{directory}/pgbouncer.ini"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        cwd=directory,
+        **_as_server_user(),
+    )
+    bouncer = PgBouncer(port, directory, process)
+    deadline = time.monotonic() + _STARTUP_SECONDS
+    while time.monotonic() < deadline and process.poll() is None:
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return bouncer
+        time.sleep(0.05)
+    stop_pgbouncer(bouncer)
+    _give_up(f"pgbouncer did not listen on port {port}")
+    return bouncer
+
+
+def stop_pgbouncer(bouncer: PgBouncer) -> None:
+    bouncer.process.terminate()
+    try:
+        bouncer.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        bouncer.process.kill()
+        bouncer.process.wait()
+    shutil.rmtree(bouncer.directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(postgres_server: PostgresServer) -> Iterator[PgBouncer]:
+    """One PgBouncer (transaction pooling) in front of the session's postgres."""
+    bouncer = start_pgbouncer(postgres_server)
+    try:
+        yield bouncer
+    finally:
+        stop_pgbouncer(bouncer)
 
 
 def fresh_table_name() -> str:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from _moto import dynamodb_client, fresh_store, moto_endpoint, open_client
-from _postgres import fresh_postgres_store, postgres_server
+from _postgres import fresh_postgres_store, pgbouncer, postgres_server
 from _redis import fresh_redis_store, redis_cluster, redis_server
 from hypothesis import HealthCheck, settings
 from support import Clock
@@ -29,6 +29,7 @@ __all__ = [
     "clock",
     "dynamodb_client",
     "moto_endpoint",
+    "pgbouncer",
     "postgres_server",
     "redis_cluster",
     "redis_server",

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from _postgres import (
+    PgBouncer,
     PostgresServer,
     fresh_table_name,
     launch,
@@ -130,6 +131,36 @@ async def test_four_processes_run_each_shared_key_once(
     lines = side_effects.read_text().splitlines()
     per_key = Counter(line.split()[0] for line in lines)
     assert per_key == Counter({str(key): 1 for key in range(20)})
+
+
+async def test_calls_through_pgbouncer_in_transaction_mode_run_each_key_once(
+    postgres_server: PostgresServer, pgbouncer: PgBouncer
+) -> None:
+    # 20 client connections share 3 server connections statement by statement: no session
+    # state may leak between them (asyncpg's named prepared statements are turned off, as
+    # docs/postgres.md says for PgBouncer before 1.21).
+    table = await _table(postgres_server)
+    runs: Counter[int] = Counter()
+    options = {"statement_cache_size": 0, "min_size": 1, "max_size": 20}
+    async with PostgresStore.from_url(pgbouncer.dsn, table=table, pool_options=options) as store:
+        manager = Manager(
+            store,
+            Options(key_prefix="bouncer", event_key_jmespath="id", wait=True, wait_timeout=30),
+        )
+
+        async def call(n: int) -> None:
+            key = n % 10
+
+            async def effect() -> dict[str, int]:
+                runs[key] += 1
+                await asyncio.sleep(0.01)
+                return {"key": key, "big": 2**70}
+
+            result = await manager.execute({"id": key}, effect, timeout=30)
+            assert result == {"key": key, "big": 2**70}
+
+        await asyncio.gather(*(call(n) for n in range(100)))
+    assert runs == Counter({key: 1 for key in range(10)})
 
 
 async def test_a_killed_holder_blocks_until_its_lease_ends_then_the_key_is_reclaimed(
