@@ -2,8 +2,8 @@
 
 ``dynamodb://TABLE?region=…&endpoint=…`` and, when the Redis store is installed,
 ``redis://…`` / ``rediss://…``, and ``postgres://…`` / ``postgresql://…``.  Registering
-a backend is one entry in ``_SCHEMES``; its module is imported when a URL names it, so a command that never touches Redis never
-imports the Redis client.  Backends import only ``_targets``, never this module.
+a backend is one entry in ``_SCHEMES``; its module is imported when a URL names it, so a
+command that never touches Redis never imports the Redis client.  Backends import only ``_targets``, never this module.
 """
 
 from __future__ import annotations
