@@ -1,9 +1,9 @@
 """Store URLs: each scheme the command knows, mapped to its backend's parser.
 
-``dynamodb://TABLE?region=…&endpoint=…`` and, when the Redis store is installed,
-``redis://…`` / ``rediss://…``, and ``postgres://…`` / ``postgresql://…``.  Registering
-a backend is one entry in ``_SCHEMES``; its module is imported when a URL names it, so a
-command that never touches Redis never imports the Redis client.  Backends import only ``_targets``, never this module.
+``dynamodb://TABLE?region=…&endpoint=…``, ``redis://…`` / ``rediss://…`` and
+``postgres://…`` / ``postgresql://…``.  Registering a backend is one entry in
+``_SCHEMES``; its module is imported when a URL names it, so a command that never touches
+Redis never imports the Redis client.  Backends import only ``_targets``, never this module.
 """
 
 from __future__ import annotations
