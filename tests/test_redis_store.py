@@ -150,14 +150,14 @@ async def test_typescript_records_are_read_and_judged(redis_server: RedisServer)
         assert verdict.record.response == {"x": 1}
 
 
-async def test_unreadable_records_are_validation_errors(redis_server: RedisServer) -> None:
+async def test_unreadable_records_are_inconsistent_state(redis_server: RedisServer) -> None:
     async with fresh_redis_store(redis_server) as store, redis_server.client() as client:
         await client.set(store.key_prefix + "bad", b"not json")
-        with pytest.raises(errors.StoreValidationError, match="force_release"):
+        with pytest.raises(errors.InconsistentStateError, match="force_release"):
             await store.claim(claim("bad"))
-        with pytest.raises(errors.StoreValidationError, match="cannot be read"):
+        with pytest.raises(errors.InconsistentStateError, match="cannot be read"):
             await store.get("bad", now=time.time())
-        with pytest.raises(errors.StoreValidationError, match="was deleted"):
+        with pytest.raises(errors.InconsistentStateError, match="was deleted"):
             await store.force_release("bad")
         assert await client.exists(store.key_prefix + "bad") == 0
 
