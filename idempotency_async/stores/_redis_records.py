@@ -84,7 +84,11 @@ def decode_record(key: str, raw: bytes, *, python: bool = False) -> Record:
     not_stored = None
     if isinstance(data_format, str) and data_format.startswith(FORMAT_NOT_STORED):
         not_stored = data_format[len(FORMAT_NOT_STORED) :].lstrip(": ")
-    record = Record(
+    response, stored = None, not_stored is None
+    if status is Status.COMPLETED and stored and data is not _ABSENT:
+        response, not_stored = _response(data, data_error, python=python)
+        stored = not_stored is None
+    return Record(
         key=key,
         status=status,
         # No expiration: the claim script never treats the record as expired.
@@ -92,23 +96,26 @@ def decode_record(key: str, raw: bytes, *, python: bool = False) -> Record:
         lease_end=None if lease_end is None else _instant(lease_end) / 1000,
         validation=_text_or_none(fields, "validation"),
         owner=_text_or_none(fields, "owner"),
-        response_stored=not_stored is None,
+        response=response,
+        response_stored=stored,
         not_stored=not_stored or None,
     )
-    if status is not Status.COMPLETED or not_stored is not None or data is _ABSENT:
-        return record
-    if data_error is None and python and data is not None:
+
+
+def _response(data: Any, error: Exception | None, *, python: bool) -> tuple[Any, str | None]:
+    """(the response, None), or (None, why it cannot be read)."""
+    if error is None and python and data is not None:
         try:
             if not isinstance(data, str):
                 raise TypeError(f"data is {type(data).__name__}, not JSON text")
             # Powertools replays empty text as None.
             data = python_response(data) if data else None
         except (ValueError, TypeError) as exc:
-            data_error = exc
-    if data_error is not None:
-        why = f"the stored response cannot be read: {type(data_error).__name__}: {data_error}"
-        return record._replace(response_stored=False, not_stored=why[:300])
-    return record._replace(response=data)
+            error = exc
+    if error is not None:
+        why = f"the stored response cannot be read: {type(error).__name__}: {error}"
+        return None, why[:300]
+    return data, None
 
 
 _ABSENT: Final = object()
