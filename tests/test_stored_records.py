@@ -23,9 +23,14 @@ from typing import Any
 import pytest
 from _moto import fresh_table
 from _redis import RedisServer, fresh_redis_store
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from idempotency_async import Manager, Options, errors
+from idempotency_async._codec import decode_json, encode_json
 from idempotency_async.events import Event
+from idempotency_async.record import Status
+from idempotency_async.stores._redis_records import decode_record
 from idempotency_async.stores.base import Store
 from idempotency_async.stores.dynamodb import DynamoDBStore
 from idempotency_async.stores.redis import RedisStore
@@ -459,3 +464,100 @@ class _Answer:
         self.status_code = status_code
         self.headers: dict[str, str] = {}
         self.content = b""
+
+
+# -- any text, any item: a record or an error of the documented kind ---------------------
+
+RECORD_MEMBERS = ["status", "expiration", "in_progress_expiration", "owner", "data", "x"]
+_NUMBER = st.sampled_from([math.inf, -math.inf, math.nan, 1e308, 2**64, 10**30, FUTURE]) | (
+    st.floats() | st.integers()
+)
+_JSON_VALUE = st.recursive(
+    st.none() | st.booleans() | _NUMBER | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=3), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+_JSON_ATOMS = st.sampled_from(
+    ["1e999", "-1e999", "NaN", "Infinity", '"\\ud800"', "1" * 5000, "[" * 600, "{}", "null"]
+)
+
+
+@settings(max_examples=250)
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        st.lists(
+            st.one_of(_JSON_ATOMS, st.sampled_from(['{"status":', ',"data":', "]", "}", ","])),
+            max_size=12,
+        ).map(lambda parts: "".join(parts).encode()),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "status": st.sampled_from(["COMPLETED", "INPROGRESS", "DONE", 1]),
+                "expiration": _NUMBER | _JSON_VALUE,
+                "in_progress_expiration": _NUMBER | _JSON_VALUE,
+                "owner": st.text(max_size=3) | _JSON_VALUE,
+                "data_format": st.sampled_from(["not-stored: x", "json"]) | _JSON_VALUE,
+                "data": _JSON_VALUE | _JSON_VALUE.map(json.dumps),
+            },
+        ).map(lambda value: json.dumps(value).encode()),
+    ),
+    st.booleans(),
+)
+def test_any_redis_record_text_decodes_or_is_a_typed_refusal(raw: bytes, python: bool) -> None:
+    try:
+        record = decode_record("k", raw, python=python)
+    except (KeyError, ValueError, TypeError):
+        return  # what RedisStore turns into InconsistentStateError
+    assert record.status in (Status.COMPLETED, Status.INPROGRESS)
+    assert math.isfinite(record.expiration - time.time())
+    if record.response_stored and record.response is not None:
+        assert decode_json(encode_json(record.response)) == record.response
+
+
+_ATTRIBUTE = st.recursive(
+    st.builds(lambda text: {"S": text}, st.text(max_size=5))
+    | st.builds(lambda n: {"N": n}, st.sampled_from(["1", "1.5", "9.9E+125", "-1", "NaN", "x"]))
+    | st.builds(lambda flag: {"BOOL": flag}, st.booleans())
+    | st.just({"NULL": True})
+    | st.builds(lambda data: {"B": data}, st.binary(max_size=8)),
+    lambda children: (
+        st.builds(lambda items: {"L": items}, st.lists(children, max_size=3))
+        | st.builds(
+            lambda members: {"M": members},
+            st.dictionaries(st.text(max_size=3), children, max_size=3),
+        )
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=250)
+@given(
+    st.dictionaries(
+        st.sampled_from([*RECORD_MEMBERS[:-1], "validation", "data_format"]),
+        _ATTRIBUTE
+        | st.sampled_from(
+            [{"S": "COMPLETED"}, {"S": "INPROGRESS"}, {"S": "json"}, {"S": "json+zlib"}]
+        ),
+        max_size=7,
+    ),
+    st.booleans(),
+)
+def test_any_dynamodb_item_decodes_or_is_inconsistent_state(
+    attributes: dict[str, Any], python: bool
+) -> None:
+    store = DynamoDBStore(
+        object(),
+        table_name="t",
+        record_format="powertools-python" if python else "typescript",
+    )
+    try:
+        record = store._decode({"id": {"S": "k"}, **attributes})
+    except errors.InconsistentStateError:
+        return
+    assert math.isfinite(record.expiration - time.time())
+    if record.response_stored and record.response is not None:
+        assert decode_json(encode_json(record.response)) == record.response
