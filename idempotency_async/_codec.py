@@ -82,12 +82,10 @@ def decode_stored(data: bytes | str, *, exact: bool = False) -> Any:
     lone surrogates, marked by a leading space, or escapes other writers produce).
     Raises :class:`StoredDataError`.
     """
-    if _openers(data) > MAX_STORED_DEPTH:
-        depth = nesting_depth(data)
-        if depth > MAX_STORED_DEPTH:
-            raise StoredDataError(
-                f"nested {depth} levels deep, more than the {MAX_STORED_DEPTH} accepted"
-            )
+    if _openers(data) > MAX_STORED_DEPTH and _stored_depth(data) > MAX_STORED_DEPTH:
+        raise StoredDataError(
+            f"nested {nesting_depth(data)} levels deep, more than the {MAX_STORED_DEPTH} accepted"
+        )
     if not exact and data[:1] not in (b" ", " "):
         try:
             return orjson.loads(data)
@@ -99,6 +97,40 @@ def decode_stored(data: bytes | str, *, exact: bool = False) -> Any:
         raise
     except (ValueError, RecursionError) as exc:
         raise StoredDataError(f"not JSON ({exc})") from None
+
+
+# Everything but the quotes and brackets, deleted by bytes.translate.
+_NOT_STRUCTURE: Final = bytes(sorted(set(range(256)) - set(b'[]{}"')))
+_PAIRS: Final = re.compile(rb"\[\]|\{\}")
+_QUICK_PASSES: Final = 8
+
+
+def _stored_depth(data: bytes | str) -> int:
+    """:func:`nesting_depth` for stored responses, where most text is inside strings and
+    most nesting is shallow: the same answer for valid JSON, several times faster on a
+    large response (a replay reads one on every duplicate)."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    if b"\\" in raw:
+        raw = _ESCAPE.sub(b"", raw)
+    structure = raw.translate(None, _NOT_STRUCTURE).replace(b'""', b"")
+    # Removing two adjacent quotes keeps every other quote's role (opening or closing)
+    # and changes nothing outside strings; what is left of the strings holds brackets.
+    if b'"' in structure:
+        structure = b"".join(structure.split(b'"')[::2])
+    # Each pass removes the innermost pairs: one level.  Wide, shallow text (the usual
+    # case) empties in a few passes, each shrinking it a lot; deep or narrow text is
+    # measured in one linear pass.
+    depth = 0
+    while structure:
+        if depth == _QUICK_PASSES:
+            break
+        shorter = _PAIRS.sub(b"", structure)
+        depth += 1
+        if 4 * len(shorter) > 3 * len(structure):
+            structure = shorter
+            break
+        structure = shorter
+    return depth + max(accumulate(map(_STEP.__getitem__, structure)), default=0)
 
 
 def _refuse_constant(name: str) -> Any:

@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from idempotency_async import Manager, Options, errors
-from idempotency_async._codec import decode_json, encode_json
+from idempotency_async._codec import _stored_depth, decode_json, encode_json, nesting_depth
 from idempotency_async.events import Event
 from idempotency_async.record import Status
 from idempotency_async.stores._redis_records import decode_record
@@ -561,3 +561,24 @@ def test_any_dynamodb_item_decodes_or_is_inconsistent_state(
     assert math.isfinite(record.expiration - time.time())
     if record.response_stored and record.response is not None:
         assert decode_json(encode_json(record.response)) == record.response
+
+
+_TRICKY_JSON = st.recursive(
+    st.none() | st.integers() | st.text(alphabet='[]{}"\\ab', max_size=6),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(st.text(alphabet='[]{}"\\a', max_size=3), children, max_size=3)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300)
+@given(_TRICKY_JSON, st.integers(0, 20))
+def test_the_stored_depth_check_counts_as_the_exact_one(value: Any, wrap: int) -> None:
+    # Brackets and quotes inside strings, escapes, and nesting past the quick passes.
+    for _ in range(wrap):
+        value = [value]
+    text = json.dumps(value)
+    assert _stored_depth(text) == nesting_depth(text)
+    assert _stored_depth(text.encode()) == nesting_depth(text)
