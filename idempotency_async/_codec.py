@@ -22,6 +22,7 @@ __all__ = [
     "encode_json",
     "loads_strict",
     "nesting_depth",
+    "utf8_text",
 ]
 
 _ENCODE_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
@@ -64,6 +65,16 @@ def decode_json(data: bytes) -> Any:
     if data[:1] == _WIDE_MARK:
         return json.loads(data)
     return orjson.loads(data)
+
+
+def utf8_text(text: str) -> str:
+    """``text`` with lone surrogates written as ``\\udXXX`` escapes, so that it encodes as
+    UTF-8 (a reason kept on a record may quote anything, a callback's error included)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 class StoredDataError(ValueError):

@@ -582,3 +582,26 @@ def test_the_stored_depth_check_counts_as_the_exact_one(value: Any, wrap: int) -
     text = json.dumps(value)
     assert _stored_depth(text) == nesting_depth(text)
     assert _stored_depth(text.encode()) == nesting_depth(text)
+
+
+class _RefusingCodec:
+    """A response codec whose error quotes a lone surrogate from the result."""
+
+    def encode(self, result: Any) -> Any:
+        raise ValueError(f"cannot encode {result}")
+
+    def decode(self, stored: Any) -> Any:
+        return stored
+
+
+async def test_a_not_stored_reason_quoting_a_lone_surrogate_still_completes(
+    store: Store,
+) -> None:
+    # The reason rides on the record (Redis JSON text, a DynamoDB string): it must be
+    # UTF-8, or the completion fails and the record stays in progress.
+    payload = {"id": uuid.uuid4().hex}
+    first, _ = make(store, response_codec=_RefusingCodec())
+    assert await first.execute(payload, lambda: _value("x\ud800"), timeout=10) == "x\ud800"
+    with pytest.raises(errors.ResponseNotStoredError, match="cannot encode") as caught:
+        await make(store, response_codec=_RefusingCodec())[0].execute(payload, Never(), timeout=10)
+    assert caught.value.reason is not None and "cannot encode x" in caught.value.reason

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import orjson
 
-from idempotency_async._codec import StoredDataError, decode_stored
+from idempotency_async._codec import StoredDataError, decode_stored, utf8_text
 from idempotency_async.record import Completion, Record, Status
 from idempotency_async.stores._record_formats import python_response, python_response_text
 
@@ -57,7 +57,7 @@ def completion_tail(
         parts.append(b',"validation":' + orjson.dumps(completion.validation))
     parts.append(b',"owner":' + orjson.dumps(completion.owner))
     if encoded is None:
-        marker = FORMAT_NOT_STORED if not reason else f"{FORMAT_NOT_STORED}: {reason}"
+        marker = FORMAT_NOT_STORED if not reason else f"{FORMAT_NOT_STORED}: {utf8_text(reason)}"
         parts.append(b',"data_format":' + orjson.dumps(marker))
         parts.append(_DATA + b'"null"}' if python else b"}")
     else:

@@ -24,6 +24,7 @@ from decimal import Decimal
 from types import TracebackType
 from typing import Any, Final, NamedTuple, Self
 
+from idempotency_async._codec import utf8_text
 from idempotency_async.errors import (
     ConfigError,
     InconsistentStateError,
@@ -596,7 +597,9 @@ class _Data:
 def _not_stored(reason: str | None) -> _Data:
     # The reason rides in the format marker: readers that do not know it (the TypeScript
     # port) ignore data_format, and no attribute is added to the item.
-    return _Data(FORMAT_NOT_STORED if not reason else f"{FORMAT_NOT_STORED}: {reason}", None)
+    if not reason:
+        return _Data(FORMAT_NOT_STORED, None)
+    return _Data(f"{FORMAT_NOT_STORED}: {utf8_text(reason)}", None)
 
 
 # -- item decoding ------------------------------------------------------------------
