@@ -605,3 +605,16 @@ async def test_a_not_stored_reason_quoting_a_lone_surrogate_still_completes(
     with pytest.raises(errors.ResponseNotStoredError, match="cannot encode") as caught:
         await make(store, response_codec=_RefusingCodec())[0].execute(payload, Never(), timeout=10)
     assert caught.value.reason is not None and "cannot encode x" in caught.value.reason
+
+
+@pytest.mark.redis
+async def test_redis_record_with_members_after_data_replays(
+    redis_store: RedisStore, redis_server: RedisServer
+) -> None:
+    # Another writer's member order: the cut at "data" is not the end of the record.
+    payload = {"id": uuid.uuid4().hex}
+    key = make(redis_store)[0].key_for(payload)
+    assert key is not None
+    raw = f'{{"status":"COMPLETED","expiration":{FUTURE},"data":{{"a":[1]}},"note":"x"}}'
+    await put_raw(redis_server, redis_store, key, raw)
+    assert await make(redis_store)[0].execute(payload, Never(), timeout=10) == {"a": [1]}

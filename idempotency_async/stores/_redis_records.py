@@ -13,6 +13,7 @@ is decoded once, by the project's codec, with its exact Python types.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Final
 
@@ -125,21 +126,27 @@ def _split(raw: bytes) -> tuple[dict[str, Any], Any, Exception | None]:
     """(the members but ``data``, the decoded ``data`` or ``_ABSENT``, why ``data`` could
     not be decoded)."""
     cut = raw.find(_DATA)
+    fields: Any = None
+    data_error: StoredDataError | None = None
     if cut >= 0 and raw.endswith(b"}"):
-        try:
+        # Unreadable when "data" is not the last member: the whole record decides below.
+        with contextlib.suppress(StoredDataError):
             fields = decode_stored(raw[:cut] + b"}")
-        except StoredDataError:
-            fields = None  # "data" is not the last member: decode the whole record below
         if isinstance(fields, dict) and "status" in fields:
             try:
                 return fields, decode_stored(raw[cut + len(_DATA) : -1]), None
             except StoredDataError as exc:
-                return fields, None, exc
-    # Exact: the standard library keeps integers of any size.
-    fields = decode_stored(raw, exact=True)
-    if not isinstance(fields, dict):
-        raise TypeError(f"a record is a JSON object, not {type(fields).__name__}")
-    return fields, fields.get("data", _ABSENT), None
+                data_error = exc  # or other members follow "data": the whole record decides
+    try:
+        # Exact: the standard library keeps integers of any size.
+        whole = decode_stored(raw, exact=True)
+    except StoredDataError:
+        if data_error is None:
+            raise
+        return fields, None, data_error  # the members are readable, only "data" is not
+    if not isinstance(whole, dict):
+        raise TypeError(f"a record is a JSON object, not {type(whole).__name__}")
+    return whole, whole.get("data", _ABSENT), None
 
 
 def _instant(value: Any) -> int:
