@@ -136,12 +136,14 @@ def _stored_depth(data: bytes | str) -> int:
         if depth == _QUICK_PASSES:
             break
         shorter = _PAIRS.sub(b"", structure)
+        if len(shorter) == len(structure):
+            break  # not JSON: no innermost pair
         depth += 1
         if 4 * len(shorter) > 3 * len(structure):
             structure = shorter
             break
         structure = shorter
-    return depth + max(accumulate(map(_STEP.__getitem__, structure)), default=0)
+    return depth + max(max(accumulate(map(_STEP.__getitem__, structure)), default=0), 0)
 
 
 def _refuse_constant(name: str) -> Any:
