@@ -517,7 +517,10 @@ class DynamoDBStore:
             completion.key,
             exc,
         )
-        return _not_stored(f"DynamoDB refused a value of the response: {exc}"[:300])
+        cause = exc.__cause__
+        answer = getattr(cause, "response", None)
+        detail = answer.get("Error", {}).get("Message") if isinstance(answer, dict) else None
+        return _not_stored(f"DynamoDB refused a value of the response ({detail or exc})"[:300])
 
     # -- items ----------------------------------------------------------------------
 
