@@ -43,7 +43,7 @@ from idempotency_async.errors import (
     DeadlineExceededError,
     InconsistentStateError,
     LeaseLostError,
-    ResponseTooLargeError,
+    ResponseNotStoredError,
     StoreAccessDeniedError,
     StoreUnavailableError,
     StoreValidationError,
@@ -389,6 +389,9 @@ class Manager:
             except Exception as exc:
                 await self._release_unknown_claim(lease, exc, loop)
                 raise
+            except InconsistentStateError as exc:
+                self._emit("record_unreadable", key, error=exc)
+                raise
             if verdict is not CLAIMED:
                 record = verdict.record if verdict.__class__ is Verdict else None
                 if record is not None and verdict.state is State.COMPLETED:
@@ -528,6 +531,9 @@ class Manager:
         except Exception as exc:
             await self._release_unknown_claim(lease, exc, loop)
             raise
+        except InconsistentStateError as exc:
+            self._emit("record_unreadable", lease.claim.key, error=exc)
+            raise
 
     async def _release_unknown_claim(
         self, lease: _Lease, exc: BaseException, loop: asyncio.AbstractEventLoop
@@ -598,7 +604,11 @@ class Manager:
                 await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, _MAX_POLL)
                 sent = loop.time()
-                verdict = await self._store.get(keys.key, now=self.options.clock())
+                try:
+                    verdict = await self._store.get(keys.key, now=self.options.clock())
+                except InconsistentStateError as exc:
+                    self._emit("record_unreadable", keys.key, error=exc)
+                    raise
                 if verdict.state is not State.IN_PROGRESS:
                     return verdict, sent
                 if verdict.record is not None:
@@ -696,19 +706,14 @@ class Manager:
             raise error
         encoded = completion.encoded
         if written is Written.WITHOUT_RESPONSE and encoded is not None:
-            # The store could not fit what the manager encoded: every caller, here and in
-            # other processes, now gets ResponseNotStoredError — one key, one answer.
-            too_large = ResponseTooLargeError(
-                f"the store could not fit the response ({len(encoded)} bytes of JSON) even "
-                "compressed",
-                size=len(encoded),
-                limit=self.store.max_response_bytes,
-            )
-            log_not_stored(key, too_large)
-            self._emit("response_not_stored", key, error=too_large)
-            completion = completion._replace(
-                encoded=None, response=None, not_stored=not_stored_reason(too_large)
-            )
+            # The store could not keep what the manager encoded (too large for it, or a
+            # value it cannot hold; the store logs which, and its record says why): every
+            # caller, here and in other processes, now gets ResponseNotStoredError.
+            why = f"the store could not keep the response ({len(encoded)} bytes of JSON)"
+            not_kept = ResponseNotStoredError(why, key=key, reason=why)
+            log_not_stored(key, not_kept)
+            self._emit("response_not_stored", key, error=not_kept)
+            completion = completion._replace(encoded=None, response=None, not_stored=why)
             encoded = None
         if flight.waiters or self._cache is not None:
             record = completion.to_record(completion.now)

@@ -101,7 +101,8 @@ async def test_an_unreachable_postgres_is_a_one_line_error() -> None:
 async def test_the_postgres_target_lists_the_stores_records_page_by_page(
     postgres_server: PostgresServer,
 ) -> None:
-    from idempotency_async.cli._targets import AwsSettings, parse_target
+    from idempotency_async.cli._schemes import parse_target
+    from idempotency_async.cli._targets import AwsSettings
     from idempotency_async.record import Claim, Status
 
     table = fresh_table_name()

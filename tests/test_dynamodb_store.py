@@ -17,6 +17,7 @@ from aiobotocore.config import AioConfig
 from idempotency_async._codec import encode_json
 from idempotency_async.errors import (
     ConfigError,
+    InconsistentStateError,
     PersistenceError,
     StoreAccessDeniedError,
     StoreThrottledError,
@@ -356,14 +357,14 @@ async def test_native_response_has_the_typescript_layout(
     }
 
 
-async def test_unknown_status_is_a_validation_error(
+async def test_unknown_status_is_inconsistent_state(
     store: DynamoDBStore, dynamodb_client: Any
 ) -> None:
     await dynamodb_client.put_item(
         TableName=store.table_name,
         Item={"id": {"S": "k#odd"}, "status": {"S": "EXPIRED"}, "expiration": {"N": "1"}},
     )
-    with pytest.raises(StoreValidationError, match="cannot be read"):
+    with pytest.raises(InconsistentStateError, match="cannot be read"):
         await get_record(store, "k#odd")
 
 

@@ -23,7 +23,7 @@ from idempotency_async.errors import (
     StoreValidationError,
 )
 
-__all__ = ["ConditionFailed", "is_item_too_large", "translate_errors"]
+__all__ = ["ConditionFailed", "is_invalid_value", "is_item_too_large", "translate_errors"]
 
 _THROTTLED: Final = frozenset(
     {
@@ -131,3 +131,13 @@ def _client_error(
 def is_item_too_large(exc: StoreValidationError) -> bool:
     """Whether DynamoDB refused the write because the item exceeds 400 KB."""
     return "maximum allowed size" in str(exc)
+
+
+def is_invalid_value(exc: StoreValidationError) -> bool:
+    """Whether DynamoDB refused the request as malformed (``ValidationException``: a
+    number out of range, an invalid string), rather than a missing table."""
+    cause = exc.__cause__
+    if not isinstance(cause, botocore.exceptions.ClientError):
+        return False
+    code: object = cause.response.get("Error", {}).get("Code")
+    return code == "ValidationException"
