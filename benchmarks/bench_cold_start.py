@@ -138,7 +138,7 @@ PATHS = {
     "library": _LIBRARY,
     "anchor": _ANCHOR,
     "aioboto3": _AIOBOTO3,
-    # "light": _LIGHT,
+    "light": _LIGHT,
 }
 
 
