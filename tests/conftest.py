@@ -6,7 +6,15 @@ import os
 from collections.abc import AsyncIterator
 
 import pytest
-from _moto import dynamodb_client, fresh_store, moto_endpoint, open_client
+from _moto import (
+    dynamodb_client,
+    fresh_store,
+    moto_endpoint,
+    open_client,
+    open_light_client,
+    store_client,
+    transport,
+)
 from _redis import fresh_redis_store, redis_cluster, redis_server
 from hypothesis import HealthCheck, settings
 from support import Clock
@@ -24,9 +32,18 @@ settings.register_profile(
 )
 settings.load_profile("idempotency-async")
 
-__all__ = ["clock", "dynamodb_client", "moto_endpoint", "redis_cluster", "redis_server", "store"]
+__all__ = [
+    "clock",
+    "dynamodb_client",
+    "moto_endpoint",
+    "redis_cluster",
+    "redis_server",
+    "store",
+    "store_client",
+    "transport",
+]
 
-STORES = ["memory", "dynamodb", "redis", "redis-cluster"]
+STORES = ["memory", "dynamodb", "dynamodb-light", "redis", "redis-cluster"]
 
 
 @pytest.fixture(autouse=True)
@@ -59,6 +76,12 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
         server = request.getfixturevalue("redis_cluster" if cluster else "redis_server")
         async with fresh_redis_store(server, cluster=cluster, clock="client") as redis_store:
             yield redis_store
+    elif request.param == "dynamodb-light":
+        endpoint = request.getfixturevalue("moto_endpoint")
+        async with open_client(endpoint) as client, open_light_client(endpoint) as light:
+            dynamodb = await fresh_store(client, store_client=light)
+            yield dynamodb
+            await dynamodb.aclose()
     else:
         async with open_client(request.getfixturevalue("moto_endpoint")) as client:
             dynamodb = await fresh_store(client)

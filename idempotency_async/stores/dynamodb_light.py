@@ -330,6 +330,7 @@ def _decode_answer(status: int, headers: Mapping[bytes, bytes], payload: bytes) 
         if isinstance(answer.get("Item"), dict):
             response["Item"] = _decode_item(answer["Item"])
         raise ServiceError(response)
+    answer["ResponseMetadata"] = {"HTTPStatusCode": status}
     for field in _ITEM_FIELDS:
         if isinstance(answer.get(field), dict):
             answer[field] = _decode_item(answer[field])
