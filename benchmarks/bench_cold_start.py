@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -51,6 +52,7 @@ REGION = "us-east-1"
 IMPORT_BUDGET_MS = 30.0
 LIGHT_BUDGET = 1.0
 PHASES = ("import", "client", "claim", "complete")
+COLUMNS = (*PHASES, "cpu")
 
 _PRELUDE = """
 import sys, time
@@ -143,13 +145,21 @@ PATHS = {
 
 
 def child_environment(scratch: str) -> dict[str, str]:
-    """What a Lambda has: credentials and region in the environment, no AWS config files."""
+    """What a Lambda has: credentials and region in the environment, no AWS config files,
+    and compiled bytecode for every module (as ``pip install`` leaves it).
+
+    Bytecode goes to a private cache (``PYTHONPYCACHEPREFIX``) that the untimed warm-up
+    run fills, so an editable checkout, or a shell with ``PYTHONDONTWRITEBYTECODE``, does
+    not make the library compile its source on every sample while the SDKs load theirs
+    from ``__pycache__``."""
     env = {
         name: value
         for name, value in os.environ.items()
         if not name.startswith(("AWS_", "POWERTOOLS_", "IDEMPOTENCY_ASYNC_"))
+        and name != "PYTHONDONTWRITEBYTECODE"
     }
     env.update(
+        PYTHONPYCACHEPREFIX=os.path.join(scratch, "pycache"),
         AWS_ACCESS_KEY_ID="testing",
         AWS_SECRET_ACCESS_KEY="testing",
         AWS_SESSION_TOKEN="testing",
@@ -163,6 +173,7 @@ def child_environment(scratch: str) -> dict[str, str]:
 
 def run_child(code: str, endpoint: str, table: str, env: dict[str, str]) -> dict[str, float]:
     script = _PRELUDE + code + _REPORT
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     spawned = time.time()
     done = subprocess.run(
         [sys.executable, "-c", script, repr(spawned), endpoint, table],
@@ -173,7 +184,12 @@ def run_child(code: str, endpoint: str, table: str, env: dict[str, str]) -> dict
     )
     if done.returncode != 0:
         raise SystemExit(f"a cold-start child failed:\n{done.stderr[-3000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     stamps: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    # The whole child's CPU time (user + system, exit included): far less sensitive than
+    # wall time to other processes competing for the machine's cores.
+    used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    stamps["cpu"] = used * 1000
     return stamps
 
 
@@ -195,18 +211,16 @@ def create_table(endpoint: str) -> str:
     return name
 
 
-def measure(endpoint: str, rounds: int) -> dict[str, list[dict[str, float]]]:
+def measure(endpoint: str, rounds: int, env: dict[str, str]) -> dict[str, list[dict[str, float]]]:
     table = create_table(endpoint)
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in PATHS}
     names = list(PATHS)
-    with tempfile.TemporaryDirectory() as scratch:
-        env = child_environment(scratch)
-        for name in names:  # warm the OS file cache once, untimed
-            run_child(PATHS[name], endpoint, table, env)
-        for index in range(rounds):
-            shift = index % len(names)
-            for name in names[shift:] + names[:shift]:
-                samples[name].append(run_child(PATHS[name], endpoint, table, env))
+    for name in names:  # untimed: fills the bytecode cache and the OS file cache
+        run_child(PATHS[name], endpoint, table, env)
+    for index in range(rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(run_child(PATHS[name], endpoint, table, env))
     return samples
 
 
@@ -224,10 +238,11 @@ def ratios(samples: dict[str, list[dict[str, float]]], name: str) -> list[float]
 
 def report(samples: dict[str, list[dict[str, float]]], rounds: int) -> list[str]:
     print(f"Cold start on a single-threaded moto server: ms since spawn, medians of {rounds}")
-    print(f"  {'path':<9}" + "".join(f"{phase:>10}" for phase in PHASES) + "   / anchor (range)")
+    print("(cpu: the child's CPU time, user + system; ratios: complete / anchor's, per round)")
+    print(f"  {'path':<9}" + "".join(f"{phase:>10}" for phase in COLUMNS) + "   / anchor (range)")
     for name, runs in samples.items():
         cells = ""
-        for phase in PHASES:
+        for phase in COLUMNS:
             value = median_phase(runs, phase)
             cells += f"{'-' if value is None else f'{value:.1f}':>10}"
         ratio = ""
@@ -236,32 +251,40 @@ def report(samples: dict[str, list[dict[str, float]]], rounds: int) -> list[str]
             ratio = f"   {statistics.median(each):.2f}x ({min(each):.2f}-{max(each):.2f})"
         print(f"  {name:<9}{cells}{ratio}")
     over: list[str] = []
-    library = [
-        lib["import"] - bare["import"]
+    for measure in ("import", "cpu"):
+        library = [
+            lib[measure] - bare[measure]
+            for lib, bare in zip(samples["library"], samples["bare"], strict=True)
+        ]
+        print(f"  library import above bare, {measure:<6}: {statistics.median(library):.1f} ms")
+    above = statistics.median(
+        lib["cpu"] - bare["cpu"]
         for lib, bare in zip(samples["library"], samples["bare"], strict=True)
-    ]
-    above = statistics.median(library)
-    print(f"  library import above bare: {above:.1f} ms (budget {IMPORT_BUDGET_MS:.0f} ms)")
+    )
+    print(f"  budget: {IMPORT_BUDGET_MS:.0f} ms, judged on CPU time (wall time moves with load)")
     if above > IMPORT_BUDGET_MS:
-        over.append(f"library import {above:.1f} ms above bare")
+        over.append(f"library import {above:.1f} ms of CPU above bare")
     light = statistics.median(ratios(samples, "light")) if "light" in samples else 0.0
     if light > LIGHT_BUDGET:
         over.append(f"light transport {light:.2f}x the anchor")
     return over
 
 
-def import_times(runs: int, top: int) -> None:
+def import_times(runs: int, top: int, env: dict[str, str]) -> None:
     """Median self time of each module ``import idempotency_async`` adds beyond bare."""
 
     def profile(code: str) -> dict[str, list[int]]:
         selves: dict[str, list[int]] = {}
-        for _ in range(runs):
+        for run in range(runs + 1):  # the first run fills the bytecode cache: not counted
             done = subprocess.run(
                 [sys.executable, "-X", "importtime", "-c", code],
                 capture_output=True,
                 text=True,
                 check=True,
+                env=env,
             )
+            if run == 0:
+                continue
             for line in done.stderr.splitlines():
                 parts = line.split("|")
                 if len(parts) != 3 or not parts[0].startswith("import time:"):
@@ -290,13 +313,15 @@ def main() -> None:
     args = parse_args(__doc__ or "")
     rounds = args.repeats or (2 if args.smoke else 15)
     process, endpoint = start_moto()
-    try:
-        samples = measure(endpoint, rounds)
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-    over = report(samples, rounds)
-    import_times(runs=1 if args.smoke else 5, top=8 if args.smoke else 25)
+    with tempfile.TemporaryDirectory() as scratch:
+        env = child_environment(scratch)
+        try:
+            samples = measure(endpoint, rounds, env)
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+        over = report(samples, rounds)
+        import_times(runs=1 if args.smoke else 5, top=8 if args.smoke else 25, env=env)
     if over:
         print("over budget: " + "; ".join(over))
         if args.smoke:

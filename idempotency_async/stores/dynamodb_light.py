@@ -4,9 +4,8 @@
 :class:`~idempotency_async.stores.dynamodb.DynamoDBStore` sends (``put_item``,
 ``get_item``, ``update_item``, ``delete_item``, ``query``, ``scan``), taking and returning
 the same dictionaries as an aioboto3 client.  It loads neither botocore nor aiohttp: HTTP
-is `h11 <https://h11.readthedocs.io>`_ (the HTTP/1.1 engine under httpx) on asyncio's own
-streams, signing is the standard library's ``hmac``.  Install with
-``pip install "idempotency-async[dynamodb-light]"``.
+is ``h11`` (the HTTP/1.1 engine under httpx) on asyncio's own streams, signing is the
+standard library's ``hmac``.  Install with ``pip install "idempotency-async[dynamodb-light]"``.
 
 Scope, on purpose: credentials passed in or taken from the environment
 (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``: what Lambda
@@ -77,8 +76,6 @@ class LightDynamoDBClient:
     ``connect_timeout`` and ``read_timeout`` bound each attempt (seconds);
     ``max_attempts`` counts the first attempt; ``max_connections`` bounds the requests in
     flight (further ones wait for a connection).
-
-    .. versionadded:: 0.1
     """
 
     def __init__(
