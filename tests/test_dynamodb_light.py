@@ -198,6 +198,7 @@ def test_missing_settings_are_config_errors_before_any_request(
         {"connect_timeout": -1},
         {"max_attempts": 0},
         {"max_connections": 0},
+        {"access_key_id": "AKIDALONE"},  # never half from here, half from the environment
     ],
 )
 @pytest.mark.usefixtures("lambda_environment")

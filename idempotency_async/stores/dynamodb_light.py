@@ -98,15 +98,18 @@ class LightDynamoDBClient:
                 "LightDynamoDBClient needs a region: pass region= or set AWS_REGION "
                 "(Lambda sets it)"
             )
-        access_key_id = access_key_id or env.get("AWS_ACCESS_KEY_ID")
-        secret_access_key = secret_access_key or env.get("AWS_SECRET_ACCESS_KEY")
+        from_environment = access_key_id is None and secret_access_key is None
+        if from_environment:
+            access_key_id = env.get("AWS_ACCESS_KEY_ID")
+            secret_access_key = env.get("AWS_SECRET_ACCESS_KEY")
         if not access_key_id or not secret_access_key:
             raise ConfigError(
                 "LightDynamoDBClient needs credentials: pass access_key_id= and "
                 "secret_access_key= or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                 "(Lambda sets them); for profiles, SSO or instance roles use an aioboto3 client"
             )
-        if access_key_id == env.get("AWS_ACCESS_KEY_ID") and session_token is None:
+        if from_environment and session_token is None:
+            # The environment's token belongs to the environment's key pair only.
             session_token = env.get("AWS_SESSION_TOKEN")
         self._credentials = Credentials(access_key_id, secret_access_key, session_token or None)
         for name, value in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout)):
@@ -361,7 +364,9 @@ def _retryable(exc: BaseException) -> bool:
         code = exc.response["Error"]["Code"]
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         return code in _RETRIED_CODES or status in _RETRIED_STATUS
-    return True  # connection errors, timeouts, protocol errors: transient, as for the SDK
+    # A certificate that fails verification will fail again; connection errors, timeouts
+    # and protocol errors are transient, as for the SDK.
+    return not isinstance(exc, ssl.SSLCertVerificationError)
 
 
 def _encode_bytes(value: Any) -> str:
