@@ -23,10 +23,14 @@ Paths:
 
 One round runs every path once, in an order that rotates every round; the tables give
 medians over rounds, and each ratio is taken within one round (path / anchor) so machine
-load moves both sides together.  Budgets: the library's own import at most 30 ms above
-``bare``; ``light`` at most 1.0x ``anchor`` end to end.  Last, ``python -X importtime``
-of ``import idempotency_async`` (median self time per module over a few runs): the
-modules this library's import loads beyond ``bare``.
+load moves both sides together; ``cpu`` is each child's whole CPU time, which moves far
+less with load than wall time.  Last, ``python -X importtime`` of
+``import idempotency_async`` and the store module (median self time per module over a few
+runs): the modules the library's import loads beyond ``bare``.  Budgets: that sum (the
+library's own import) at most 30 ms; ``light`` at most 1.0x ``anchor`` end to end.
+
+Children load compiled bytecode, as from an installed package: a private
+``PYTHONPYCACHEPREFIX`` filled by one untimed run of each path.
 """
 
 from __future__ import annotations
@@ -256,22 +260,17 @@ def report(samples: dict[str, list[dict[str, float]]], rounds: int) -> list[str]
             lib[measure] - bare[measure]
             for lib, bare in zip(samples["library"], samples["bare"], strict=True)
         ]
-        print(f"  library import above bare, {measure:<6}: {statistics.median(library):.1f} ms")
-    above = statistics.median(
-        lib["cpu"] - bare["cpu"]
-        for lib, bare in zip(samples["library"], samples["bare"], strict=True)
-    )
-    print(f"  budget: {IMPORT_BUDGET_MS:.0f} ms, judged on CPU time (wall time moves with load)")
-    if above > IMPORT_BUDGET_MS:
-        over.append(f"library import {above:.1f} ms of CPU above bare")
+        label = "wall" if measure == "import" else "CPU"
+        print(f"  library import above bare ({label}): {statistics.median(library):.1f} ms")
     light = statistics.median(ratios(samples, "light")) if "light" in samples else 0.0
     if light > LIGHT_BUDGET:
         over.append(f"light transport {light:.2f}x the anchor")
     return over
 
 
-def import_times(runs: int, top: int, env: dict[str, str]) -> None:
-    """Median self time of each module ``import idempotency_async`` adds beyond bare."""
+def import_times(runs: int, top: int, env: dict[str, str]) -> float:
+    """Median self time of each module ``import idempotency_async`` adds beyond bare;
+    returns their sum (ms): the library's own import, the budget's measure."""
 
     def profile(code: str) -> dict[str, list[int]]:
         selves: dict[str, list[int]] = {}
@@ -307,6 +306,7 @@ def import_times(runs: int, top: int, env: dict[str, str]) -> None:
     )
     for name, ms in sorted(added.items(), key=lambda item: -item[1])[:top]:
         print(f"  {ms:6.2f}  {name}")
+    return sum(added.values())
 
 
 def main() -> None:
@@ -321,7 +321,10 @@ def main() -> None:
             process.terminate()
             process.wait(timeout=10)
         over = report(samples, rounds)
-        import_times(runs=1 if args.smoke else 5, top=8 if args.smoke else 25, env=env)
+        own = import_times(runs=1 if args.smoke else 5, top=8 if args.smoke else 25, env=env)
+    print(f"the library's own import: {own:.1f} ms (budget {IMPORT_BUDGET_MS:.0f} ms)")
+    if own > IMPORT_BUDGET_MS:
+        over.append(f"the library's own import takes {own:.1f} ms")
     if over:
         print("over budget: " + "; ".join(over))
         if args.smoke:
