@@ -20,7 +20,7 @@ from packaging.version import Version
 
 ROOT = Path(__file__).parents[1]
 PACKAGE = "idempotency_async"
-EXTRAS = {"dynamodb", "redis", "starlette", "fastapi", "aiohttp", "dev", "docs"}
+EXTRAS = {"dynamodb", "dynamodb-light", "redis", "starlette", "fastapi", "aiohttp", "dev", "docs"}
 
 
 def main() -> int:
