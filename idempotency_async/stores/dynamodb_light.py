@@ -225,7 +225,9 @@ class LightDynamoDBClient:
                 async with asyncio.timeout(self._read_timeout):
                     status, answer_headers, payload = await connection.round_trip(signed, body)
             except BaseException:
-                await connection.aclose()
+                # Half-used (failed, timed out or cancelled): never reused, and closed
+                # without awaiting anything, so a cancellation propagates at once.
+                connection.abort()
                 raise
             if connection.reusable() and not self._closed:
                 self._idle.append(connection)
@@ -297,6 +299,9 @@ class _Connection:
             return True
         return False
 
+    def abort(self) -> None:
+        self.writer.transport.abort()
+
     async def aclose(self) -> None:
         self.writer.close()
         with contextlib.suppress(OSError):  # the peer had already gone
@@ -308,7 +313,7 @@ class _Connection:
 
 def _decode_answer(status: int, headers: Mapping[bytes, bytes], payload: bytes) -> dict[str, Any]:
     expected = headers.get(b"x-amz-crc32")
-    if expected is not None and zlib.crc32(payload) != int(expected):
+    if expected is not None and str(zlib.crc32(payload)).encode() != expected.strip():
         raise ConnectionError("DynamoDB's answer failed its CRC32 check (corrupted in transit)")
     try:
         answer = orjson.loads(payload) if payload else {}
