@@ -3,7 +3,8 @@
 Only what a JSON ``POST /`` to DynamoDB needs: no query string, no path to normalise, no
 chunked payloads.  Every header passed in is signed except ``user-agent`` (botocore leaves
 it out too: proxies may rewrite it).  Tested against botocore's ``SigV4Auth`` on generated
-requests (``tests/test_dynamodb_light.py``).
+requests and against published vectors of AWS's SigV4 test suite
+(``tests/test_dynamodb_light.py``).
 """
 
 from __future__ import annotations
