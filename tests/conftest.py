@@ -6,7 +6,15 @@ import os
 from collections.abc import AsyncIterator
 
 import pytest
-from _moto import dynamodb_client, fresh_store, moto_endpoint, open_client
+from _moto import (
+    dynamodb_client,
+    fresh_store,
+    moto_endpoint,
+    open_client,
+    open_light_client,
+    store_client,
+    transport,
+)
 from _postgres import fresh_postgres_store, pgbouncer, postgres_server
 from _redis import fresh_redis_store, redis_cluster, redis_server
 from hypothesis import HealthCheck, settings
@@ -34,9 +42,11 @@ __all__ = [
     "redis_cluster",
     "redis_server",
     "store",
+    "store_client",
+    "transport",
 ]
 
-STORES = ["memory", "dynamodb", "redis", "redis-cluster", "postgres"]
+STORES = ["memory", "dynamodb", "dynamodb-light", "redis", "redis-cluster", "postgres"]
 
 
 @pytest.fixture(autouse=True)
@@ -74,6 +84,12 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
         server = request.getfixturevalue("redis_cluster" if cluster else "redis_server")
         async with fresh_redis_store(server, cluster=cluster, clock="client") as redis_store:
             yield redis_store
+    elif request.param == "dynamodb-light":
+        endpoint = request.getfixturevalue("moto_endpoint")
+        async with open_client(endpoint) as client, open_light_client(endpoint) as light:
+            dynamodb = await fresh_store(client, store_client=light)
+            yield dynamodb
+            await dynamodb.aclose()
     else:
         async with open_client(request.getfixturevalue("moto_endpoint")) as client:
             dynamodb = await fresh_store(client)
