@@ -384,13 +384,15 @@ class Manager:
             lease = self._lease_for(flight, loop)
             try:
                 verdict = await self._store.claim(lease.claim)
+            except InconsistentStateError as exc:
+                # The store could not read the record that blocked the claim: nothing
+                # was written, so there is nothing to release.
+                self._emit("record_unreadable", key, error=exc)
+                raise
             except _REFUSALS:
                 raise
             except Exception as exc:
                 await self._release_unknown_claim(lease, exc, loop)
-                raise
-            except InconsistentStateError as exc:
-                self._emit("record_unreadable", key, error=exc)
                 raise
             if verdict is not CLAIMED:
                 record = verdict.record if verdict.__class__ is Verdict else None
@@ -526,13 +528,13 @@ class Manager:
     async def _claim(self, lease: _Lease, loop: asyncio.AbstractEventLoop) -> Verdict:
         try:
             return await self._store.claim(lease.claim)
+        except InconsistentStateError as exc:
+            self._emit("record_unreadable", lease.claim.key, error=exc)  # nothing written
+            raise
         except _REFUSALS:
             raise
         except Exception as exc:
             await self._release_unknown_claim(lease, exc, loop)
-            raise
-        except InconsistentStateError as exc:
-            self._emit("record_unreadable", lease.claim.key, error=exc)
             raise
 
     async def _release_unknown_claim(

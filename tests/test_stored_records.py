@@ -33,6 +33,7 @@ from idempotency_async.record import Status
 from idempotency_async.stores._redis_records import decode_record
 from idempotency_async.stores.base import Store
 from idempotency_async.stores.dynamodb import DynamoDBStore
+from idempotency_async.stores.postgres import PostgresStore
 from idempotency_async.stores.redis import RedisStore
 
 FUTURE = int(time.time()) + 3600
@@ -391,11 +392,24 @@ async def test_a_result_any_store_cannot_encode_natively_replays_exactly(
     payload = {"id": uuid.uuid4().hex}
     first, events = make(store)
     assert await first.execute(payload, work, timeout=10) == response
+    if isinstance(store, PostgresStore) and _has_lone_surrogate(response):
+        # jsonb cannot hold a lone surrogate (docs/postgres.md): the record completes
+        # without its response, and every duplicate hears so; nothing runs again.
+        assert "response_not_stored" in [event.kind for event in events]
+        for manager in (make(store)[0], make(store, use_local_cache=True)[0]):
+            with pytest.raises(errors.ResponseNotStoredError):
+                await manager.execute(payload, work, timeout=10)
+        assert calls == 1
+        return
     assert "response_not_stored" not in [event.kind for event in events]
     for manager in (make(store)[0], make(store, use_local_cache=True)[0]):
         assert await manager.execute(payload, work, timeout=10) == response
         assert await manager.execute(payload, work, timeout=10) == response
     assert calls == 1
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    return any(0xD800 <= ord(c) <= 0xDFFF for c in json.dumps(value, ensure_ascii=False))
 
 
 @pytest.mark.parametrize(

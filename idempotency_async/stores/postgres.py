@@ -264,7 +264,7 @@ class PostgresStore:
             float(completion.ttl),
             completion.validation,
             text,
-            None if text is not None else reason,
+            None if text is not None else _text_column(reason),
         )
         return row is not None
 
@@ -411,3 +411,11 @@ def _asyncpg() -> Any:
             "PostgresStore needs asyncpg: pip install 'idempotency-async[postgres]'"
         ) from exc
     return asyncpg
+
+
+def _text_column(reason: str | None) -> str | None:
+    """A reason a ``text`` column holds: Postgres refuses NUL, and a lone surrogate cannot
+    be sent as UTF-8 (a reason may quote the result that could not be stored)."""
+    if reason is None:
+        return None
+    return reason.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
