@@ -3,12 +3,20 @@
 Each check returns violations as text naming the invariant, the calls and the times.
 The documented exceptions are recognised, never assumed: a late holder (G1 a-c) is
 excused only when the caller was told (``CompletionError``/``LeaseLostError``).
+
+The oracle has a judgement of its own: it imports only the library's data types and
+errors, and computes from the contract's text what a store or the manager owed —
+verdicts, expiries, the lease, the cutoff (lease end minus the reserve) and validation
+hashes (``tests/test_simulator_oracle.py`` checks its imports).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import itertools
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +40,9 @@ class _Held:
     at: float
     lease_end: float
     """Loop time at which the lease ends without its margin (the call's deadline)."""
+    cutoff: float
+    """Loop time by which the callback must have been cut off: the lease end minus the
+    completion reserve."""
 
 
 class _Checker:
@@ -56,8 +67,10 @@ class _Checker:
             ):
                 claim: Claim = op.arg
                 plan = self.scenario.managers[self.scenario.calls[op.call].manager]
-                end = self.loop_time(claim.now, op.call) + claim.lease - plan.lease_margin
-                self.held[claim.owner] = _Held(op.call, claim, op.ended or op.started, end)
+                left = claim.lease - plan.lease_margin
+                end = self.loop_time(claim.now, op.call) + left
+                cutoff = end - reserve(left, plan.completion_reserve)
+                self.held[claim.owner] = _Held(op.call, claim, op.ended or op.started, end, cutoff)
         self.owners: dict[int, set[str]] = {}
         for op in trace.store.ops:
             if op.name == "claim" and op.call is not None:
@@ -153,13 +166,14 @@ class _Checker:
                 )
             seen[run.owner] = run.call
             held = self.held[run.owner]
-            late = run.ended is not None and run.ended > held.lease_end + self.tol
+            late = run.ended is not None and run.ended > held.cutoff + self.tol
             if late and self.cooperative(run):
-                where = "started" if run.started > held.lease_end else "was still running"
+                where = "started" if run.started > held.cutoff else "was still running"
                 self.fail(
-                    f"G1: call {run.call}'s callback {where} after its lease ended "
-                    f"(lease end t={held.lease_end:.3f}, callback t={run.started:.3f}-"
-                    f"{run.ended}): a holder must be cut off before its lease ends"
+                    f"G1: call {run.call}'s callback {where} after its cutoff (lease end "
+                    f"t={held.lease_end:.3f} minus the reserve: t={held.cutoff:.3f}; callback "
+                    f"t={run.started:.3f}-{run.ended}): a holder must be cut off a reserve "
+                    "before its lease ends"
                 )
             if run.returned:
                 self.check_no_way_back(run)
@@ -349,9 +363,13 @@ class _Checker:
     def replayed(self, outcome: Outcome, record: Record) -> bool:
         error = outcome.error
         if error is None:
-            return bool(record.response_stored and outcome.value == record.response)
+            return bool(
+                record.response_stored
+                and outcome.value == record.response
+                and self.validation_matches(outcome.call, record)
+            )
         if isinstance(error, errors.ResponseNotStoredError):
-            return not record.response_stored
+            return not record.response_stored and self.validation_matches(outcome.call, record)
         if isinstance(error, errors.PayloadValidationError):
             return self.validation_of(outcome.call) != record.validation
         return self.allowed_anyway(outcome)
@@ -368,11 +386,28 @@ class _Checker:
             return self.troubled(outcome.call)
         return False
 
+    def validation_matches(self, call: int, record: Record) -> bool:
+        """A replay requires the caller's validation hash to match the record's."""
+        mine = self.validation_of(call)
+        return mine is None or record.validation is None or record.validation == mine
+
+    def check_validation(self) -> None:
+        """Every claim carries the validation hash of its caller's payload."""
+        for op in self.trace.store.ops:
+            if op.name != "claim" or op.call is None:
+                continue
+            expected = self.validation_of(op.call)
+            if op.arg.validation != expected:
+                self.fail(
+                    f"validation: call {op.call} claimed {op.key} with validation hash "
+                    f"{op.arg.validation!r}; its payload's is {expected!r}"
+                )
+
     def validation_of(self, call: int) -> str | None:
         plan = self.scenario.calls[call]
-        manager = self.trace.managers[plan.manager]
-        keys = manager._keys.derive({"id": plan.key, "amount": plan.amount})
-        return None if keys is None else keys.validation
+        if not self.scenario.validate or plan.key is None:
+            return None
+        return validation_hash(plan.amount)
 
     def deadline_reached(self, outcome: Outcome) -> bool:
         assert outcome.exited is not None
@@ -462,6 +497,7 @@ class _Checker:
                 and application.after is not None
                 and application.after.status is Status.COMPLETED
                 and application.after.response_stored
+                and self.validation_matches(outcome.call, application.after)
             ]
             if outcome.value in responses:
                 return None
@@ -550,10 +586,26 @@ class _Checker:
             self.fail(f"G6: a task of the library outlived the scenario: {task}")
 
 
+def reserve(left: float, option: float | None) -> float:
+    """The completion reserve from the contract: min(0.5 s, 20 % of the time left at the
+    claim), or the ``completion_reserve`` option (never more than the time left)."""
+    if option is not None:
+        return min(option, left)
+    return min(0.5, 0.2 * left)
+
+
+def validation_hash(value: Any) -> str:
+    """The validation hash of the simulator's tiny payload parts (ints, short strings):
+    Base64 of the MD5 of their canonical JSON, built here, not by the library."""
+    text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    return base64.b64encode(hashlib.md5(text.encode()).digest()).decode("ascii")
+
+
 def check(trace: Trace, *, tolerance: float = 1e-6) -> list[str]:
     """Every violation of the guarantee in ``trace`` (empty when the scenario passed)."""
     checker = _Checker(trace, tolerance)
     StoreChecks(checker.applications, checker.max_wall, checker.fail).check()
+    checker.check_validation()
     checker.check_runs()
     checker.check_at_most_once()
     checker.check_replays()

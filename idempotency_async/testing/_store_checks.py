@@ -1,21 +1,45 @@
 """The oracle's store checks: each operation answered and wrote what the record before it
-called for (protocol v2), and no live record changed without an operation (G4, G7)."""
+called for (protocol v2), and no live record changed without an operation (G4, G7).
+
+Independent of the library: the verdicts and expiries a store owes are computed here from
+the contract's text, never with the library's own judgement code (a bug the two shared
+would be invisible).  ``tests/test_simulator_oracle.py`` checks the imports.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 from idempotency_async.record import Claim, Completion, Record, Status
-from idempotency_async.stores.base import State, Verdict, Written, judge
+from idempotency_async.stores.base import State, Verdict, Written
 from idempotency_async.testing._faults import Application, Op
 
-__all__ = ["BOUNDARY", "StoreChecks", "shape"]
+__all__ = ["BOUNDARY", "StoreChecks", "expected_expiry", "expected_state", "shape"]
 
 
 BOUNDARY = 0.002
 """Seconds around a lease end or expiry within which a store's judgement is not checked
 (stores round to milliseconds and to whole seconds)."""
+
+
+def expected_state(record: Record | None, now: float) -> State:
+    """The state a store owes for ``record`` at ``now``, from the contract: absent or past
+    its expiry is claimable; completed and unexpired replays; in progress holds the key
+    until its lease ends (a foreign record without a lease: until it expires)."""
+    if record is None or record.expiration < now:
+        return State.CLAIMABLE
+    if record.status is Status.COMPLETED:
+        return State.COMPLETED
+    if record.lease_end is not None and record.lease_end < now:
+        return State.CLAIMABLE
+    return State.IN_PROGRESS
+
+
+def expected_expiry(now: float, ttl: float, lease: float) -> int:
+    """A record's expiry from the contract: ``ceil(now + ttl)``, never before its lease ends."""
+    return math.ceil(now + max(ttl, lease))
 
 
 def shape(record: Record | None) -> tuple[Any, ...] | None:
@@ -89,12 +113,14 @@ class StoreChecks:
                     f"{after} (record before: {before})"
                 )
         elif op.name == "get" and not near(before, op.arg):
-            expected = judge(before, op.arg).state
+            expected = expected_state(before, op.arg)
             if not isinstance(answer, Verdict) or answer.state is not expected:
                 self.fail(
                     f"store: get of {op.key} at {op.arg} answered {answer!r}, expected "
                     f"{expected} for {before}"
                 )
+            else:
+                self.check_durations(op, before, op.arg, answer)
 
     def check_claim(
         self, op: Op, claim: Claim, before: Record | None, after: Record | None, answer: Any
@@ -106,7 +132,7 @@ class StoreChecks:
             and before.status is Status.INPROGRESS
             and before.owner == claim.owner
         )
-        free = before is None or own or judge(before, claim.now).state is State.CLAIMABLE
+        free = before is None or own or expected_state(before, claim.now) is State.CLAIMABLE
         if free:
             ok = (
                 answer is not None
@@ -118,7 +144,7 @@ class StoreChecks:
                 and after.validation == claim.validation
                 and after.lease_end is not None
                 and abs(after.lease_end - (claim.now + claim.lease)) < BOUNDARY
-                and after.expiration >= after.lease_end
+                and after.expiration == expected_expiry(claim.now, claim.ttl, claim.lease)
             )
             if not ok:
                 self.fail(
@@ -126,16 +152,37 @@ class StoreChecks:
                     f"(record {before}) answered {answer!r} and left {after}"
                 )
             return
-        expected = judge(before, claim.now)
+        expected = expected_state(before, claim.now)
         if (
             not isinstance(answer, Verdict)
-            or answer.state is not expected.state
+            or answer.state is not expected
             or shape(answer.record) != shape(before)
             or shape(after) != shape(before)
         ):
             self.fail(
                 f"store: claim of {op.key} by {claim.owner} at {claim.now} met {before}: "
-                f"answered {answer!r} and left {after}; expected {expected.state}"
+                f"answered {answer!r} and left {after}; expected {expected}"
+            )
+        else:
+            self.check_durations(op, before, claim.now, answer)
+
+    def check_durations(self, op: Op, before: Record | None, now: float, answer: Verdict) -> None:
+        """A verdict's durations are the record's remaining life (completed) or lease
+        (in progress), counted from the ``now`` the store judged by."""
+        if before is None:
+            return
+        if answer.state is State.COMPLETED:
+            expected: float = before.expiration - now
+            got = answer.expires_in
+        elif answer.state is State.IN_PROGRESS:
+            end = before.lease_end if before.lease_end is not None else before.expiration
+            expected, got = end - now, answer.retry_after
+        else:
+            return
+        if got is None or abs(got - expected) > BOUNDARY:
+            self.fail(
+                f"store: {op.name} of {op.key} at {now} answered {answer.state} with "
+                f"{got!r} seconds left; the record ({before}) leaves {expected:.3f}"
             )
 
     def check_complete(
@@ -156,6 +203,7 @@ class StoreChecks:
             and after.owner == done.owner
             and after.response_stored is (answer is Written.RESPONSE)
             and (answer is not Written.RESPONSE or after.response == done.response)
+            and after.expiration == expected_expiry(done.now, done.ttl, 0.0)
         )
         if not ok:
             self.fail(
