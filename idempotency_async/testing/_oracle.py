@@ -17,6 +17,7 @@ import base64
 import hashlib
 import itertools
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,14 @@ from idempotency_async import errors
 from idempotency_async.record import Claim, Record, Status
 from idempotency_async.stores.base import State, Verdict
 from idempotency_async.testing._faults import Application, Op
-from idempotency_async.testing._run import BASE_TIME, CallbackFailed, Outcome, Run, Trace
+from idempotency_async.testing._run import (
+    CallbackExit,
+    CallbackFailed,
+    Outcome,
+    Run,
+    Trace,
+    clock_offset,
+)
 from idempotency_async.testing._store_checks import BOUNDARY, StoreChecks, shape
 
 __all__ = ["check"]
@@ -68,7 +76,8 @@ class _Checker:
                 claim: Claim = op.arg
                 plan = self.scenario.managers[self.scenario.calls[op.call].manager]
                 left = claim.lease - plan.lease_margin
-                end = self.loop_time(claim.now, op.call) + left
+                # The lease counts from when the claim was sent, whatever the clocks say.
+                end = op.started + left
                 cutoff = end - reserve(left, plan.completion_reserve)
                 self.held[claim.owner] = _Held(op.call, claim, op.ended or op.started, end, cutoff)
         self.owners: dict[int, set[str]] = {}
@@ -81,18 +90,47 @@ class _Checker:
     def fail(self, message: str) -> None:
         self.violations.append(message)
 
-    def skew(self, call: int) -> float:
-        return self.scenario.managers[self.scenario.calls[call].manager].skew
+    def skew(self, call: int, loop_time: float) -> float:
+        """How far the clock the store judged ``call`` by was ahead of true time."""
+        if self.scenario.server_clock:
+            return 0.0
+        plan = self.scenario.managers[self.scenario.calls[call].manager]
+        return clock_offset(plan, loop_time - self.trace.start)
 
-    def loop_time(self, wall: float, call: int) -> float:
-        return wall - BASE_TIME - self.skew(call) + self.trace.start
+    @property
+    def skewed(self) -> bool:
+        """Whether the store judged by clocks that disagree (exception (b) may apply)."""
+        if self.scenario.server_clock:
+            return False
+        plans = self.scenario.managers
+        return len({plan.skew for plan in plans}) > 1 or any(plan.jump for plan in plans)
 
     def wall(self, loop_time: float, call: int) -> float:
-        return loop_time - self.trace.start + BASE_TIME + self.skew(call)
+        return loop_time - self.trace.start + self.trace.base + self.skew(call, loop_time)
 
     def max_wall(self, loop_time: float) -> float:
-        skew = max(plan.skew for plan in self.scenario.managers)
-        return loop_time - self.trace.start + BASE_TIME + skew
+        skew = 0.0
+        if not self.scenario.server_clock:
+            at = loop_time - self.trace.start
+            skew = max(clock_offset(plan, at) for plan in self.scenario.managers)
+            if any(plan.jump for plan in self.scenario.managers):
+                # A clock that jumped back had run ahead before: count its past lead too.
+                skew = max(skew, *(plan.skew for plan in self.scenario.managers))
+        return loop_time - self.trace.start + self.trace.base + skew
+
+    def plan_of(self, call: int) -> Any:
+        return self.scenario.calls[call]
+
+    def operator(self, call: int) -> bool:
+        return bool(self.scenario.calls[call].door == "operator")
+
+    def force_released(self, key: str, after: int = -1, before: float = math.inf) -> bool:
+        """Whether an operator's force_release of ``key`` applied in that span of store
+        applications (its documented hazards are exempt)."""
+        return any(
+            op.name == "force_release" and after <= application.order < before
+            for op, application in self.applications.get(key, ())
+        )
 
     def key_of(self, call: int) -> str | None:
         index = self.scenario.calls[call].key
@@ -116,7 +154,8 @@ class _Checker:
     ) -> bool:
         """Whether a store operation of ``call`` failed, was faulted or was interrupted."""
         return any(
-            op.name in names and (op.fault is not None or op.raised is not None or op.ended is None)
+            op.name in names
+            and (op.fault is not None or _store_failure(op.raised) or op.ended is None)
             for op in self.ops_of(call)
         )
 
@@ -166,7 +205,8 @@ class _Checker:
                 )
             seen[run.owner] = run.call
             held = self.held[run.owner]
-            late = run.ended is not None and run.ended > held.cutoff + self.tol
+            end = run.answered if run.answered is not None else run.ended
+            late = end is not None and end > held.cutoff + self.tol
             if late and self.cooperative(run):
                 where = "started" if run.started > held.cutoff else "was still running"
                 self.fail(
@@ -180,7 +220,7 @@ class _Checker:
 
     def check_no_way_back(self, run: Run) -> None:
         for op in self.ops_of(run.call):
-            ended = run.ended
+            ended = run.answered if run.answered is not None else run.ended
             if op.name == "release" and op.arg == run.owner and ended and op.started >= ended:
                 self.fail(f"G2: call {run.call} released {op.key} after its callback returned")
 
@@ -218,6 +258,8 @@ class _Checker:
             if shape(application.after) != shape(completed) or nxt is None:
                 continue
             next_op, following = nxt
+            if next_op.name == "force_release":
+                return True  # an operator's documented hazard
             if shape(following.before) != shape(completed):
                 return completed.expiration < self.max_wall(following.at)  # dropped
             if shape(following.after) != shape(completed) and next_op.name == "claim":
@@ -230,13 +272,42 @@ class _Checker:
         if outcome.returned_value and outcome.value is run.value:
             return
         error = outcome.error
-        if isinstance(error, errors.CompletionError) and error.outcome_unknown:
+        if self.told_otherwise(run, outcome):
+            return
+        if isinstance(error, errors.CompletionError) and (
+            error.outcome_unknown or self.throttled_after_apply(run.call)
+        ):
             return
         if isinstance(error, asyncio.CancelledError) and outcome.cancel_requested is not None:
             return
         if self.ambient_deadline_fired(outcome):
             return  # its own deadline fired while the (applied) write was answered
         self.fail(f"G5: call {run.call}'s result was recorded, but the caller got {error!r}")
+
+    def throttled_after_apply(self, call: int) -> bool:
+        """A completion that applied, then met throttling on the SDK's retry: the contract
+        asks an unknown outcome only of claims, so either answer is accepted here."""
+        return any(
+            op.name == "complete"
+            and isinstance(op.raised, errors.StoreThrottledError)
+            and any(application.done for application in op.applications)
+            for op in self.ops_of(call)
+        )
+
+    def told_otherwise(self, run: Run, outcome: Outcome) -> bool:
+        """Documented outcomes besides the result: a plain function's ``ConfigError`` (it
+        ran, its record completes without a response), and an ``execute_call`` callback's
+        own exception or completion error after its point of no return."""
+        error = outcome.error
+        plan = self.plan_of(run.call)
+        if plan.shape == "plain" and isinstance(error, errors.ConfigError):
+            return True
+        if run.answered is not None:
+            if any(other.error is error for other in outcome.runs):
+                return True
+            if isinstance(error, errors.CompletionError):
+                return True
+        return False
 
     def ambient_deadline_fired(self, outcome: Outcome) -> bool:
         """The caller's own ``async with deadline()`` fired: it sees asyncio's TimeoutError."""
@@ -251,6 +322,7 @@ class _Checker:
         outcome = self.trace.outcomes[run.call]
         error = outcome.error
         told = isinstance(error, errors.CompletionError) and error.result is run.value
+        told = told or self.told_otherwise(run, outcome)
         # An ambient deadline (asyncio.timeout) that fires with the completion's own bound
         # wins, and the caller sees its TimeoutError: the contract's outcome for that case.
         told = told or self.ambient_deadline_fired(outcome)
@@ -263,6 +335,7 @@ class _Checker:
             )
             return
         held = self.held[run.owner or ""]
+        key_of_run = self.key_of(run.call) or ""
         late = run.ended is not None and run.ended > held.lease_end
         excused = (
             not self.cooperative(run)  # (a)
@@ -272,6 +345,7 @@ class _Checker:
             or self.troubled(run.call, ("complete",))  # (c)
             or self.completion_was_late(run.call, held)
             or self.overtaken_by_skew(run, held)  # (b)
+            or self.force_released(key_of_run)  # an operator's documented hazard
         )
         if not excused:
             self.fail(
@@ -287,7 +361,7 @@ class _Checker:
     def overtaken_by_skew(self, run: Run, held: _Held) -> bool:
         """Whether the run's record left the store before its lease ended in true time:
         replaced or dropped by a manager whose clock runs ahead (exception (b))."""
-        if len({plan.skew for plan in self.scenario.managers}) < 2:
+        if not self.skewed:
             return False
         key = self.key_of(run.call) or ""
         history = self.applications.get(key, [])
@@ -307,16 +381,18 @@ class _Checker:
     def check_replays(self) -> None:
         for outcome in self.trace.outcomes:
             key = self.key_of(outcome.call)
-            if key is None or outcome.exited is None:
+            if key is None or outcome.exited is None or self.operator(outcome.call):
+                continue
+            if self.force_released(key, outcome.entered_at, outcome.exited_at):
                 continue
             record = self.record_at(key, outcome.entered_at)
             if record is None or record.status is not Status.COMPLETED:
                 continue
             if record.expiration < self.wall(outcome.exited, outcome.call) + 1:
                 continue
-            if self.sibling_holding(outcome, key):
+            if self.sibling_holding(outcome, key) or self.skewed_cache(outcome):
                 continue
-            if not self.replayed(outcome, record):
+            if not self.replayed(outcome, record) and not self.replayed_attached(outcome, record):
                 got = outcome.value if outcome.error is None else outcome.error
                 self.fail(
                     f"G3: call {outcome.call} arrived while {key} was COMPLETED (by "
@@ -345,6 +421,26 @@ class _Checker:
                         f"COMPLETED record (by {record.owner}), and the call got {got!r}"
                     )
 
+    def skewed_cache(self, outcome: Outcome) -> bool:
+        """A local cache fed by a store that judged by a skewed client clock keeps an entry
+        as long as the store said (exception (b)); a server-clock store has no excuse."""
+        manager = self.scenario.managers[self.plan_of(outcome.call).manager]
+        return self.skewed and manager.use_local_cache
+
+    def replayed_attached(self, outcome: Outcome, record: Record) -> bool:
+        """The record completed without its response got it attached later by its owner
+        (``execute_call``): a replay of either is the key's one answer."""
+        key = record.key
+        return any(
+            application.done
+            and application.after is not None
+            and application.after.owner == record.owner
+            and application.after.status is Status.COMPLETED
+            and outcome.entered_at <= application.order < outcome.exited_at
+            and self.replayed(outcome, application.after)
+            for _, application in self.applications.get(key, ())
+        )
+
     def sibling_holding(self, outcome: Outcome, key: str) -> bool:
         """Whether a call of the same manager held the key (its claim confirmed) then."""
         manager = self.scenario.calls[outcome.call].manager
@@ -365,7 +461,7 @@ class _Checker:
         if error is None:
             return bool(
                 record.response_stored
-                and outcome.value == record.response
+                and same(outcome.value, record.response)
                 and self.validation_matches(outcome.call, record)
             )
         if isinstance(error, errors.ResponseNotStoredError):
@@ -382,7 +478,7 @@ class _Checker:
             return outcome.cancel_requested is not None
         if isinstance(error, TimeoutError):
             return self.deadline_reached(outcome)
-        if isinstance(error, errors.PersistenceError):
+        if isinstance(error, errors.PersistenceError | errors.InconsistentStateError):
             return self.troubled(outcome.call)
         return False
 
@@ -446,7 +542,7 @@ class _Checker:
 
     def check_left_unblocked(self, outcome: Outcome) -> None:
         key = self.key_of(outcome.call)
-        if key is None or outcome.exited is None:
+        if key is None or outcome.exited is None or self.operator(outcome.call):
             return
         record = self.record_at(key, outcome.exited_at)
         owners = self.owners.get(outcome.call, set())
@@ -455,8 +551,11 @@ class _Checker:
         error = outcome.error
         if (
             isinstance(error, asyncio.CancelledError | TimeoutError | errors.CompletionError)
-            or self.troubled(outcome.call)
+            # A claim whose answer was lost gets one owner-fenced release: only a failed
+            # release (or completion) explains a key left in progress.
+            or self.troubled(outcome.call, ("complete", "release"))
             or any(not self.cooperative(run) for run in outcome.runs)
+            or isinstance(error, CallbackExit)  # documented: treated like a crash
         ):
             return
         self.fail(
@@ -470,12 +569,37 @@ class _Checker:
         for index in self.trace.unfinished:
             self.fail(f"G5: call {index} never finished")
         for outcome in self.trace.outcomes:
-            if outcome.exited is None:
+            if outcome.stray is not None:
+                self.fail(
+                    f"G5: call {outcome.call} had returned ({outcome.error or 'a value'!r}) when "
+                    f"its caller's own code was interrupted by {outcome.stray!r}: the call left "
+                    "something armed behind it"
+                )
+            if outcome.exited is None or self.operator(outcome.call):
                 continue
+            self.check_refused(outcome)
             problem = self.outcome_problem(outcome)
             if problem is not None:
                 self.fail(f"G5: call {outcome.call}: {problem}")
             self.check_bounded(outcome)
+
+    def check_refused(self, outcome: Outcome) -> None:
+        """A deadline that is not a finite number is refused at the call, before any
+        store request."""
+        plan = self.plan_of(outcome.call)
+        if plan.deadline == "none" or math.isfinite(plan.timeout):
+            return
+        if not isinstance(outcome.error, errors.ConfigError):
+            got = outcome.value if outcome.error is None else outcome.error
+            self.fail(
+                f"deadlines: call {outcome.call} with timeout={plan.timeout} got {got!r}, "
+                "not ConfigError"
+            )
+        if any(True for _ in self.ops_of(outcome.call)) or outcome.runs:
+            self.fail(
+                f"deadlines: call {outcome.call} with timeout={plan.timeout} reached the "
+                "store or ran its callback"
+            )
 
     def outcome_problem(self, outcome: Outcome) -> str | None:
         error = outcome.error
@@ -499,18 +623,27 @@ class _Checker:
                 and application.after.response_stored
                 and self.validation_matches(outcome.call, application.after)
             ]
-            if outcome.value in responses:
+            if any(same(outcome.value, response) for response in responses):
                 return None
             return f"got {outcome.value!r}, which no completed record of {key} held (G6)"
-        if isinstance(error, CallbackFailed):
-            mine = any(run.error is error for run in outcome.runs)
+        mine = any(run.error is error for run in outcome.runs)
+        if isinstance(error, CallbackFailed | CallbackExit):
             return None if mine else "got a callback exception that is not its own"
         if isinstance(error, asyncio.CancelledError):
-            return None if outcome.cancel_requested is not None else "CancelledError, not cancelled"
+            if outcome.cancel_requested is not None or mine:
+                return None
+            return "CancelledError, not cancelled (and not its callback's own)"
         if isinstance(error, errors.CompletionError):
             if any(error.result is run.value for run in returned):
                 return None
+            if any(run.answered is not None for run in returned):
+                return None  # execute_call: a completion through the handle failed
             return f"{error!r} without a result of its own callback"
+        if isinstance(error, errors.ConfigError):
+            plan = self.plan_of(outcome.call)
+            if plan.shape == "plain" or not math.isfinite(plan.timeout):
+                return None
+            return f"{error!r}: nothing in the call was misconfigured"
         if isinstance(error, TimeoutError):
             ambient = self.scenario.calls[outcome.call].deadline == "ambient"
             if not isinstance(error, errors.IdempotencyError) and not ambient:
@@ -533,8 +666,9 @@ class _Checker:
                 else ("ResponseNotStoredError, but no record went without its response")
             )
         if isinstance(error, errors.InconsistentStateError):
-            skewed = len({plan.skew for plan in self.scenario.managers}) > 1
-            return None if skewed else f"{error!r} without clock skew"
+            if self.skewed or self.troubled(outcome.call):
+                return None
+            return f"{error!r} without clock skew or a store failure"
         return f"an undocumented outcome: {error!r}"
 
     def key_of_plan(self, plan: Any) -> str | None:
@@ -554,8 +688,8 @@ class _Checker:
         store request the manager does not bound (claims and reads)."""
         if outcome.deadline is None or outcome.exited is None:
             return
-        if any(not self.cooperative(run) for run in outcome.runs):
-            return
+        if any(not self.cooperative(run) or run.answered is not None for run in outcome.runs):
+            return  # blocked, or past its point of no return (the deadline no longer applies)
         if self.trace.paused_during(outcome.entered, outcome.exited):
             return
         latest = outcome.deadline
@@ -568,6 +702,41 @@ class _Checker:
                 f"deadline: call {outcome.call} ended at t={outcome.exited:.3f}, past its "
                 f"deadline t={outcome.deadline:.3f} and every bound after it"
             )
+
+    def check_force_released_cache(self) -> None:
+        """G6: after its own ``force_release`` returned, a manager never replays the
+        record it released (another manager's cache may, until its entry expires)."""
+        for op in self.trace.store.ops:
+            if op.name != "force_release" or op.call is None or op.ended is None:
+                continue
+            done = [a for a in op.applications if a.done]
+            if not done or done[0].before is None or done[0].before.status is not Status.COMPLETED:
+                continue
+            released = done[0].before
+            manager = self.plan_of(op.call).manager
+            later = [
+                application.after
+                for _, application in self.applications.get(op.key, ())
+                if application.order > done[0].order and application.after is not None
+            ]
+            for outcome in self.trace.outcomes:
+                if (
+                    self.plan_of(outcome.call).manager != manager
+                    or self.key_of(outcome.call) != op.key
+                    or self.operator(outcome.call)
+                    or outcome.entered < op.ended
+                    or outcome.error is not None
+                    or outcome.runs
+                    or not isinstance(outcome.value, dict)
+                ):
+                    continue
+                if same(outcome.value, released.response) and not any(
+                    same(outcome.value, record.response) for record in later
+                ):
+                    self.fail(
+                        f"G6: call {outcome.call} replayed {outcome.value!r} from {op.key}'s "
+                        f"record, which its own manager force-released at t={op.ended:.3f}"
+                    )
 
     def check_cancellation(self) -> None:
         for op in self.trace.store.ops:
@@ -584,6 +753,25 @@ class _Checker:
                 self.fail(f"G6: call {op.call} sent {op.name} of {op.key} after it was cancelled")
         for task in self.trace.leftover_tasks:
             self.fail(f"G6: a task of the library outlived the scenario: {task}")
+
+
+def _store_failure(error: BaseException | None) -> bool:
+    """An error a store may raise for a request it could not carry out.  Anything else
+    from a store (an encoder's ``UnicodeEncodeError``...) is a defect, never an excuse."""
+    return isinstance(
+        error,
+        errors.PersistenceError
+        | errors.InconsistentStateError
+        | asyncio.CancelledError
+        | TimeoutError,
+    )
+
+
+def same(one: Any, other: Any) -> bool:
+    """Equal as replayed values (NaN equals NaN here)."""
+    if one == other:
+        return True
+    return repr(one) == repr(other) and "nan" in repr(one)
 
 
 def reserve(left: float, option: float | None) -> float:
@@ -613,4 +801,5 @@ def check(trace: Trace, *, tolerance: float = 1e-6) -> list[str]:
     checker.check_unblocked()
     checker.check_outcomes()
     checker.check_cancellation()
+    checker.check_force_released_cache()
     return checker.violations

@@ -112,6 +112,12 @@ class StoreChecks:
                     f"store: release of {op.key} by {op.arg} answered {answer!r} and left "
                     f"{after} (record before: {before})"
                 )
+        elif op.name == "force_release":
+            if after is not None or shape(answer) != shape(before):
+                self.fail(
+                    f"store: force_release of {op.key} answered {answer!r} and left {after} "
+                    f"(record before: {before})"
+                )
         elif op.name == "get" and not near(before, op.arg):
             expected = expected_state(before, op.arg)
             if not isinstance(answer, Verdict) or answer.state is not expected:
