@@ -411,6 +411,7 @@ class _Checker:
                     record is None
                     or record.status is not Status.COMPLETED
                     or record.expiration < op.arg.now + BOUNDARY
+                    or self.trace.own_clock
                 ):
                     continue
                 outcome = self.trace.outcomes[op.call]
@@ -792,7 +793,14 @@ def validation_hash(value: Any) -> str:
 def check(trace: Trace, *, tolerance: float = 1e-6) -> list[str]:
     """Every violation of the guarantee in ``trace`` (empty when the scenario passed)."""
     checker = _Checker(trace, tolerance)
-    StoreChecks(checker.applications, checker.max_wall, checker.fail).check()
+    store_clock = None
+    if trace.own_clock:
+
+        def store_clock(application: Application) -> float:
+            return trace.base + application.at - trace.start
+
+    boundary = BOUNDARY if store_clock is None else max(BOUNDARY, tolerance)
+    StoreChecks(checker.applications, checker.max_wall, checker.fail, store_clock, boundary).check()
     checker.check_validation()
     checker.check_runs()
     checker.check_at_most_once()

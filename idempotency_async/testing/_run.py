@@ -120,6 +120,8 @@ class Trace:
     probed_at: float = 0.0
     base: float = BASE_TIME
     """Unix time at the scenario's start, in true time."""
+    own_clock: bool = False
+    """The store judged by a real clock of its own (true time: the machine's clock)."""
     pauses: list[tuple[float, float]] = field(default_factory=list)
     """Loop-time intervals during which a callback blocked the loop (every manager shares
     it, so each one paused)."""
@@ -139,6 +141,7 @@ async def run_scenario(
     stuck_after: float = 100_000.0,
     epilogue: bool = True,
     own_clock: bool = False,
+    namespace: str = "",
 ) -> Trace:
     """Run ``scenario`` against ``store`` on the running loop; return its trace.
 
@@ -146,7 +149,8 @@ async def run_scenario(
     ``epilogue``: after its call, each caller goes on with code of its own until its lease
     could have ended, to see whether the call left something behind that interrupts it.
     ``own_clock``: a server-clock scenario runs against a store that judges by a real clock
-    of its own (Redis ``TIME``): true time is then the real wall clock.
+    of its own (Redis ``TIME``): true time is then the real wall clock.  ``namespace`` goes
+    into the keys (runs sharing a server's keyspace).
     """
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -156,7 +160,8 @@ async def run_scenario(
     if scenario.server_clock and not own_clock:
         front = ServerClockStore(faulty, lambda: base + loop.time() - start)
     managers = [
-        _manager(scenario, index, front, start, base) for index in range(len(scenario.managers))
+        _manager(scenario, index, front, start, base, namespace)
+        for index in range(len(scenario.managers))
     ]
     keys: dict[int, str] = {}
     for call in scenario.calls:
@@ -164,7 +169,7 @@ async def run_scenario(
             key = managers[0].key_for({"id": call.key})
             assert key is not None
             keys[call.key] = key
-    trace = Trace(scenario, faulty, managers, keys, start, [], [], base=base)
+    trace = Trace(scenario, faulty, managers, keys, start, [], [], base=base, own_clock=own_clock)
     tasks: list[asyncio.Task[None]] = []
     with quiet_library():
         for index, plan in enumerate(scenario.calls):
@@ -220,7 +225,9 @@ def clock_offset(plan: ManagerPlan, loop_time: float) -> float:
     return plan.skew
 
 
-def _manager(scenario: Scenario, index: int, store: Store, start: float, base: float) -> Manager:
+def _manager(
+    scenario: Scenario, index: int, store: Store, start: float, base: float, namespace: str
+) -> Manager:
     plan = scenario.managers[index]
     loop = asyncio.get_running_loop()
     offset = base - start
@@ -230,7 +237,7 @@ def _manager(scenario: Scenario, index: int, store: Store, start: float, base: f
         return offset + now + clock_offset(plan, now - start)
 
     options = Options(
-        key_prefix=f"sim{scenario.seed}",
+        key_prefix=f"sim{scenario.seed}{namespace}",
         event_key_jmespath="id",
         payload_validation_jmespath="amount" if scenario.validate else None,
         expires_after=plan.expires_after,
@@ -504,9 +511,11 @@ async def _probe(trace: Trace, start: float) -> None:
     last = loop.time()
     for op in trace.store.ops:
         if op.name == "claim":
-            # The lease counts from when the claim was sent, whatever the sender's clock.
-            last = max(last, op.started + op.arg.lease)
-    await asyncio.sleep(max(0.0, last - loop.time()) + 0.01)
+            # The lease counts from when the claim was sent (a store's own clock: from when
+            # it applied the claim), whatever the sender's clock.
+            for sent in (op.started, *(application.at for application in op.applications)):
+                last = max(last, sent + op.arg.lease)
+    await asyncio.sleep(max(0.0, last - loop.time()) + (0.05 if trace.own_clock else 0.01))
     ahead = 0.0
     if not trace.scenario.server_clock:
         # Ahead of every clock that ever wrote a lease (a clock that jumped back wrote

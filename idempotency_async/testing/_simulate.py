@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import multiprocessing
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
@@ -149,6 +150,8 @@ async def _violations(
             stuck_after=60.0 if live else 100_000.0,
             epilogue=not live,
             own_clock=live and scenario.server_clock,
+            # Live runs share a server's keyspace with other runs of the same seeds.
+            namespace=f"-{secrets.token_hex(4)}" if live else "",
         )
     finally:
         await store.aclose()
