@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import itertools
 import json
@@ -783,6 +784,7 @@ def reserve(left: float, option: float | None) -> float:
     return min(0.5, 0.2 * left)
 
 
+@functools.lru_cache(maxsize=64)
 def validation_hash(value: Any) -> str:
     """The validation hash of the simulator's tiny payload parts (ints, short strings):
     Base64 of the MD5 of their canonical JSON, built here, not by the library."""
