@@ -15,6 +15,7 @@ OPEN_DEFECTS: dict[str, str] = {
     "bad_timeouts": "defect 8: timeout=inf / nan (branch core)",
     "get_nonsense": "finding A: a nonsense answer to get ends in AttributeError (core)",
     "call_handle_cutoff": "finding B: execute_call, a callback that ignores its cutoff (core)",
+    "batch_duplicates": "finding C: an in-batch duplicate fails instead of joining (ops)",
 }
 
 EXCLUDE = tuple(sorted(OPEN_DEFECTS))

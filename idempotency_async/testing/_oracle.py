@@ -122,6 +122,23 @@ class _Checker:
     def plan_of(self, call: int) -> Any:
         return self.scenario.calls[call]
 
+    def ambient(self, call: int) -> bool:
+        """The call's deadline is an ``asyncio.timeout`` around it (a batch's always is)."""
+        plan = self.plan_of(call)
+        return bool(plan.deadline == "ambient" or (self.batch(call) and plan.deadline != "none"))
+
+    def batch(self, call: int) -> bool:
+        return bool(self.scenario.calls[call].door == "batch")
+
+    def failed_records(self, outcome: Outcome) -> list[str] | None:
+        """The records a batch reported failed (``None``: not a batch's answer)."""
+        value = outcome.value if outcome.returned_value else None
+        if not self.batch(outcome.call) or outcome.error is not None:
+            return None
+        if not isinstance(value, dict) or not isinstance(value.get("batchItemFailures"), list):
+            return None
+        return [item.get("itemIdentifier") for item in value["batchItemFailures"]]
+
     def operator(self, call: int) -> bool:
         return bool(self.scenario.calls[call].door == "operator")
 
@@ -275,6 +292,8 @@ class _Checker:
         error = outcome.error
         if self.told_otherwise(run, outcome):
             return
+        if self.batch(run.call) and error is None:
+            return  # process_batch reports records, not results
         if isinstance(error, errors.CompletionError) and (
             error.outcome_unknown or self.throttled_after_apply(run.call)
         ):
@@ -314,7 +333,7 @@ class _Checker:
         """The caller's own ``async with deadline()`` fired: it sees asyncio's TimeoutError."""
         return (
             type(outcome.error) is TimeoutError
-            and self.scenario.calls[outcome.call].deadline == "ambient"
+            and self.ambient(outcome.call)
             and self.deadline_reached(outcome)
         )
 
@@ -324,6 +343,8 @@ class _Checker:
         error = outcome.error
         told = isinstance(error, errors.CompletionError) and error.result is run.value
         told = told or self.told_otherwise(run, outcome)
+        # process_batch logs a completion that failed and does not redeliver the record.
+        told = told or (self.batch(run.call) and error is None)
         # An ambient deadline (asyncio.timeout) that fires with the completion's own bound
         # wins, and the caller sees its TimeoutError: the contract's outcome for that case.
         told = told or self.ambient_deadline_fired(outcome)
@@ -460,6 +481,15 @@ class _Checker:
 
     def replayed(self, outcome: Outcome, record: Record) -> bool:
         error = outcome.error
+        failed = self.failed_records(outcome)
+        if failed is not None:
+            if not failed:
+                return not any(run.returned for run in outcome.runs) or not record.response_stored
+            return (
+                self.validation_of(outcome.call) != record.validation
+                or self.troubled(outcome.call)
+                or (outcome.deadline is not None and self.deadline_reached(outcome))
+            )
         if error is None:
             return bool(
                 record.response_stored
@@ -529,6 +559,8 @@ class _Checker:
                 and verdict.state is State.IN_PROGRESS
                 and verdict.record is not None
                 and verdict.record.owner in self.owners.get(op.call, ())
+                # An in-batch duplicate is another request of the same call.
+                and self.plan_of(op.call).copies == 1
             ):
                 self.fail(
                     f"G4: call {op.call} was told its own claim ({verdict.record.owner}) "
@@ -546,6 +578,8 @@ class _Checker:
         key = self.key_of(outcome.call)
         if key is None or outcome.exited is None or self.operator(outcome.call):
             return
+        if self.failed_records(outcome):
+            return  # a failed record: its outcome (cutoff, store error...) is not seen
         record = self.record_at(key, outcome.exited_at)
         owners = self.owners.get(outcome.call, set())
         if record is None or record.status is not Status.INPROGRESS or record.owner not in owners:
@@ -603,8 +637,21 @@ class _Checker:
                 "store or ran its callback"
             )
 
+    def batch_problem(self, outcome: Outcome) -> str | None:
+        failed = self.failed_records(outcome)
+        if failed is None:
+            return f"process_batch answered {outcome.value!r}, not a batch response"
+        first, *duplicates = (f"m{outcome.call}-{copy}" for copy in range(2))
+        if first not in failed and any(
+            copy in failed for copy in duplicates[: self.plan_of(outcome.call).copies - 1]
+        ):
+            return f"an in-batch duplicate failed though the first record succeeded: {failed}"
+        return None
+
     def outcome_problem(self, outcome: Outcome) -> str | None:
         error = outcome.error
+        if self.batch(outcome.call) and error is None:
+            return self.batch_problem(outcome)
         returned = [run for run in outcome.runs if run.returned]
         key = self.key_of(outcome.call)
         if error is None:
@@ -647,7 +694,7 @@ class _Checker:
                 return None
             return f"{error!r}: nothing in the call was misconfigured"
         if isinstance(error, TimeoutError):
-            ambient = self.scenario.calls[outcome.call].deadline == "ambient"
+            ambient = self.ambient(outcome.call)
             if not isinstance(error, errors.IdempotencyError) and not ambient:
                 return f"a TimeoutError that is not DeadlineExceededError: {error!r}"
             if self.deadline_reached(outcome):

@@ -46,7 +46,7 @@ Behaviour = Literal[
     "attach_later",
 ]
 DeadlineMode = Literal["timeout", "deadline", "ambient", "none"]
-Door = Literal["execute", "execute_call", "decorated", "operator"]
+Door = Literal["execute", "execute_call", "decorated", "operator", "batch"]
 Shape = Literal["coroutine", "lambda", "plain"]
 
 OPS = ("claim", "get", "complete", "release")
@@ -73,6 +73,8 @@ FEATURES = frozenset(
         "full_store",  # a MemoryStore that fills up
         "clock_jumps",  # a manager's wall clock jumps
         "call_handle",  # execute_call and its Call handle
+        "batches",  # an SQS batch through process_batch
+        "batch_duplicates",  # ... holding an in-batch duplicate
         "call_handle_cutoff",  # ... with a callback that ignores its cutoff
         "own_cancel",  # a callback raising CancelledError on its own
     }
@@ -134,8 +136,10 @@ class CallPlan:
     cancel_after: float | None
     faults: tuple[Fault, ...] = ()
     door: Door = "execute"
-    """``operator``: a ``force_release`` of the key instead of a call."""
+    """``operator``: a ``force_release`` of the key instead of a call; ``batch``: an SQS
+    event through ``process_batch`` holding the payload ``copies`` times."""
     shape: Shape = "coroutine"
+    copies: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +268,9 @@ def _widen(rng: random.Random, call: CallPlan, on: frozenset[str], scale: float)
         door = "decorated"
     elif roll < 0.24 and "force_release" in on and call.key is not None:
         door = "operator"
+    elif roll < 0.32 and "batches" in on and call.key is not None:
+        door = "batch"
+    copies = 1 + round(call.at * 1000) % 2  # an in-batch duplicate half the time
     shape: Shape = rng.choice(["coroutine", "coroutine", "lambda"])
     if rng.random() < 0.04 and "plain_callbacks" in on and door in ("execute", "decorated"):
         shape = "plain"
@@ -290,15 +297,31 @@ def _widen(rng: random.Random, call: CallPlan, on: frozenset[str], scale: float)
     if shape == "plain" and behaviour not in ("return", "falsy", "raise"):
         behaviour = "return"
     timeout = call.timeout
-    if rng.random() < 0.03 and "bad_timeouts" in on and call.deadline in ("timeout", "ambient"):
+    bad = rng.random() < 0.03 and "bad_timeouts" in on
+    if bad and call.deadline in ("timeout", "ambient") and door != "batch":
         timeout = rng.choice([math.inf, math.nan])
+    deadline = call.deadline
+    if door == "batch":
+        # A batch has its Lambda context's deadline, or an ambient one, or none.
+        shape = "coroutine"
+        if behaviour in CALL_BEHAVIOURS:
+            behaviour = "return"
+        if deadline in ("timeout", "deadline"):
+            deadline = "ambient"
     faults = tuple(_widen_fault(rng, fault, on, scale) for fault in call.faults)
     if door == "operator":
         # An operator's release, often slow enough for calls to answer meanwhile.
         seconds = round(rng.uniform(0.001, 3.0) * scale, 3)
         faults = (Fault("force_release", 0, "delay", seconds),) if rng.random() < 0.7 else ()
     return replace(
-        call, door=door, shape=shape, behaviour=behaviour, timeout=timeout, faults=faults
+        call,
+        door=door,
+        shape=shape,
+        behaviour=behaviour,
+        timeout=timeout,
+        faults=faults,
+        deadline=deadline,
+        copies=copies if door == "batch" and "batch_duplicates" in on else 1,
     )
 
 
