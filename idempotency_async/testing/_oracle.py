@@ -409,6 +409,8 @@ class _Checker:
             key = self.key_of(outcome.call)
             if key is None or outcome.exited is None or self.operator(outcome.call):
                 continue
+            if self.refused_at_the_call(outcome.call):
+                continue  # judged by check_refused: ConfigError before any store request
             if self.force_released(key, outcome.entered_at, outcome.exited_at):
                 continue
             record = self.record_at(key, outcome.entered_at)
@@ -417,6 +419,8 @@ class _Checker:
             if record.expiration < self.wall(outcome.exited, outcome.call) + 1:
                 continue
             if self.sibling_holding(outcome, key) or self.skewed_cache(outcome):
+                continue
+            if self.released_elsewhere(outcome, key):
                 continue
             if not self.replayed(outcome, record) and not self.replayed_attached(outcome, record):
                 got = outcome.value if outcome.error is None else outcome.error
@@ -447,6 +451,20 @@ class _Checker:
                         f"G3: the store evaluated call {op.call}'s claim of {op.key} against its "
                         f"COMPLETED record (by {record.owner}), and the call got {got!r}"
                     )
+
+    def released_elsewhere(self, outcome: Outcome, key: str) -> bool:
+        """A local cache does not see another process's force release: it may replay the
+        released record until its entry expires (a documented hazard of force_release)."""
+        manager = self.plan_of(outcome.call).manager
+        if not self.scenario.managers[manager].use_local_cache:
+            return False
+        return any(
+            op.name == "force_release"
+            and op.call is not None
+            and self.plan_of(op.call).manager != manager
+            and application.order < outcome.exited_at
+            for op, application in self.applications.get(key, ())
+        )
 
     def skewed_cache(self, outcome: Outcome) -> bool:
         """A local cache fed by a store that judged by a skewed client clock keeps an entry
@@ -623,11 +641,16 @@ class _Checker:
                 self.fail(f"G5: call {outcome.call}: {problem}")
             self.check_bounded(outcome)
 
+    def refused_at_the_call(self, call: int) -> bool:
+        """Whether the call's deadline is not a finite number (refused before any I/O)."""
+        plan = self.plan_of(call)
+        return plan.deadline != "none" and not math.isfinite(plan.timeout)
+
     def check_refused(self, outcome: Outcome) -> None:
         """A deadline that is not a finite number is refused at the call, before any
         store request."""
         plan = self.plan_of(outcome.call)
-        if plan.deadline == "none" or math.isfinite(plan.timeout):
+        if not self.refused_at_the_call(outcome.call):
             return
         if not isinstance(outcome.error, errors.ConfigError):
             got = outcome.value if outcome.error is None else outcome.error
@@ -778,6 +801,8 @@ class _Checker:
                     or self.key_of(outcome.call) != op.key
                     or self.operator(outcome.call)
                     or outcome.entered < op.ended
+                    # same instant (virtual time): it started before the release applied
+                    or outcome.entered_at <= done[0].order
                     or outcome.error is not None
                     or outcome.runs
                     or not isinstance(outcome.value, dict)
