@@ -8,7 +8,6 @@ from __future__ import annotations
 OPEN_DEFECTS: dict[str, str] = {
     "get_nonsense": "finding A: a nonsense answer to get ends in AttributeError (core)",
     "call_handle_cutoff": "finding B: execute_call, a callback that ignores its cutoff (core)",
-    "batch_duplicates": "finding C: an in-batch duplicate fails instead of joining (ops)",
 }
 
 EXCLUDE = tuple(sorted(OPEN_DEFECTS))

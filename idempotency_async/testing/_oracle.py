@@ -506,7 +506,9 @@ class _Checker:
         failed = self.failed_records(outcome)
         if failed is not None:
             if not failed:
-                return not any(run.returned for run in outcome.runs) or not record.response_stored
+                # A batch's answer says only which records failed: a replay is a success.
+                # A callback that ran again while the record lived is G1's to judge.
+                return True
             return (
                 self.validation_of(outcome.call) != record.validation
                 or self.troubled(outcome.call)
@@ -669,8 +671,14 @@ class _Checker:
         if failed is None:
             return f"process_batch answered {outcome.value!r}, not a batch response"
         first, *duplicates = (f"m{outcome.call}-{copy}" for copy in range(2))
-        if first not in failed and any(
-            copy in failed for copy in duplicates[: self.plan_of(outcome.call).copies - 1]
+        if (
+            first not in failed
+            and any(copy in failed for copy in duplicates[: self.plan_of(outcome.call).copies - 1])
+            and not self.troubled(outcome.call)  # a store failure may fail a copy's replay
+            and not self.force_released(self.key_of(outcome.call) or "")  # operator's hazard
+            # the record expired meanwhile, so a copy ran for itself, and failed on its own
+            and all(run.returned for run in outcome.runs)
+            and not self.skewed  # exception (b): another clock took the key over meanwhile
         ):
             return f"an in-batch duplicate failed though the first record succeeded: {failed}"
         return None
