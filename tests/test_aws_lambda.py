@@ -1020,3 +1020,59 @@ def test_the_process_loop_outlives_each_entry_point_but_the_last() -> None:
         assert third.loop is not shared
     finally:
         third.close()
+
+
+async def test_handler_raising_its_own_cancelled_error_fails_only_its_record() -> None:
+    manager = Manager(MemoryStore(), Options(key_prefix="ship"))
+    template = load("sqs.json")["Records"][0]
+    records = [{**template, "messageId": str(uuid.uuid4())} for _ in range(2)]
+    finished: list[str] = []
+
+    async def handle(record: dict[str, Any]) -> None:
+        if record["messageId"] == records[0]["messageId"]:
+            raise asyncio.CancelledError  # nobody cancelled the batch
+        await asyncio.sleep(0.3)
+        finished.append(record["messageId"])
+
+    response = await process_batch(manager, {"Records": records}, handle)
+    # The batch response is returned, naming the record whose handler cancelled itself,
+    # and the other record finished before process_batch returned.
+    assert failures(response) == [records[0]["messageId"]]
+    assert finished == [records[1]["messageId"]]
+
+
+async def test_fifo_handler_raising_its_own_cancelled_error_fails_its_record() -> None:
+    manager = Manager(MemoryStore(), Options(key_prefix="ship"))
+    event = load("sqs_fifo.json")
+    first = event["Records"][0]["messageId"]
+
+    async def handle(record: dict[str, Any]) -> None:
+        if record["messageId"] == first:
+            raise asyncio.CancelledError
+
+    response = await process_batch(manager, event, handle)
+    assert first in failures(response)
+
+
+async def test_cancelling_a_batch_cancels_and_awaits_every_record() -> None:
+    manager = Manager(MemoryStore(), Options(key_prefix="ship"))
+    template = load("sqs.json")["Records"][0]
+    records = [{**template, "messageId": str(uuid.uuid4())} for _ in range(3)]
+    started = asyncio.Event()
+    ended: list[str] = []
+
+    async def handle(record: dict[str, Any]) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(5)
+        finally:
+            ended.append(record["messageId"])
+
+    batch = asyncio.create_task(process_batch(manager, {"Records": records}, handle))
+    await started.wait()
+    await asyncio.sleep(0.05)
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    # Every handler was cancelled and had ended by the time the batch task was done.
+    assert sorted(ended) == sorted(record["messageId"] for record in records)
