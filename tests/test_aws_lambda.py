@@ -768,6 +768,26 @@ def test_entrypoint_retries_init_after_it_failed() -> None:
         handler.close()
 
 
+def test_entrypoint_close_skips_shutdown_when_init_never_succeeded() -> None:
+    calls: list[str] = []
+
+    async def init() -> None:
+        calls.append("init")
+        raise ConnectionError("cold start hiccup")
+
+    async def shutdown() -> None:
+        calls.append("shutdown")
+
+    async def handle(event: dict[str, Any], context: Any) -> str:
+        return "ok"
+
+    handler = lambda_entrypoint(handle, init=init, shutdown=shutdown)
+    with pytest.raises(ConnectionError):
+        handler({}, FakeContext())
+    handler.close()
+    assert calls == ["init"]
+
+
 def test_entrypoint_refuses_a_sync_handler() -> None:
     with pytest.raises(errors.ConfigError):
         lambda_entrypoint(lambda event, context: None)  # type: ignore[arg-type, return-value]
