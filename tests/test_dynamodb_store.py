@@ -584,7 +584,7 @@ async def test_factory_client_is_opened_once_under_concurrency_and_closed(
     assert (factory.opened, factory.closed) == (1, 0)
     await store.aclose()
     assert factory.closed == 1
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ConfigError, match="closed"):
         await get_record(store, "k#1")
 
 
@@ -597,7 +597,7 @@ async def test_async_with_opens_the_factory_client_and_closes_it(
         assert factory.opened == 1
         assert await try_claim(store, claim_for("k#1", "A"), NOW) is None
     assert factory.closed == 1
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ConfigError):
         await store.__aenter__()
 
 
@@ -606,7 +606,7 @@ async def test_aclose_leaves_an_injected_client_open(
 ) -> None:
     store = await fresh_store(dynamodb_client, store_client=store_client)
     await store.aclose()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ConfigError):
         await get_record(store, "k#1")
     # The store's client still answers.  Not by list_tables: it returns the first 100
     # tables of the session-wide moto server, which leaves this one out once enough tests
