@@ -14,7 +14,10 @@ hidden:
   (``redis://host/0?x=a@b``) is taken for the end of a password, and the text before it is
   hidden too;
 * the values of query parameters whose name says they hold a secret
-  (``?password=…``, ``?token=…``, ``?aws_secret_access_key=…``).
+  (``?password=…``, ``?token=…``, ``?aws_secret_access_key=…``);
+* AWS session tokens written as a header or a canonical-request line
+  (``x-amz-security-token:…``, ``X-Amz-Security-Token=…``), as AWS quotes them back in
+  signature errors.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ _SECRET_NAME: Final = (
     r"[A-Za-z0-9_.-]*(?:pass|pwd|secret|token|auth|credential|signature)[A-Za-z0-9_.-]*"
 )
 _SECRET_PARAM: Final = re.compile(rf"(?P<name>[?&;]{_SECRET_NAME}=)(?P<value>[^&;#\s'\"]*)", re.I)
+# Anywhere, not only after "?" or "&": a header line, or a canonical query string's line.
+_AWS_TOKEN: Final = re.compile(
+    r"(?P<name>x-amz-security-token\s*[:=]\s*)(?P<value>[^\s&;,'\"]+)", re.I
+)
 
 
 def _mask_userinfo(match: re.Match[str]) -> str:
@@ -63,6 +70,7 @@ def _userinfo_secret(match: re.Match[str]) -> str:
 def _redact_text(text: str) -> str:
     text = _USERINFO_QUOTED.sub(_mask_userinfo, text)
     text = _USERINFO.sub(_mask_userinfo, text)
+    text = _AWS_TOKEN.sub(lambda match: f"{match['name']}{MASK}", text)
     return _SECRET_PARAM.sub(lambda match: f"{match['name']}{MASK}", text)
 
 
