@@ -409,8 +409,12 @@ async def test_cancellation_sends_nothing_more_and_drops_the_connection() -> Non
 async def test_a_closed_client_refuses_requests(moto_endpoint: str) -> None:
     client = open_light_client(moto_endpoint)
     await client.aclose()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ConfigError, match="LightDynamoDBClient was closed"):
         await client.get_item(TableName="t", Key={})
+    # Through a store that was handed the closed client: the same typed error (G5).
+    store = DynamoDBStore(client, table_name="t")
+    with pytest.raises(ConfigError, match="create a new one"):
+        await store.claim(claim_for("k#closed", "owner-1"))
 
 
 def _self_signed(directory: Path) -> tuple[Path, Path]:
@@ -505,7 +509,7 @@ async def test_the_store_owns_a_light_client_from_its_factory(
         assert await manager.execute({"id": 1}, charge, timeout=10) == {"charged": 12.5}
         assert await manager.execute({"id": 1}, charge, timeout=10) == {"charged": 12.5}
     assert len(opened) == 1
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ConfigError, match="closed"):
         await opened[0].get_item(TableName=table, Key={"id": {"S": "x"}})
 
 

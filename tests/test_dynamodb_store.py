@@ -584,7 +584,7 @@ async def test_factory_client_is_opened_once_under_concurrency_and_closed(
     assert (factory.opened, factory.closed) == (1, 0)
     await store.aclose()
     assert factory.closed == 1
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ConfigError, match="closed"):
         await get_record(store, "k#1")
 
 
@@ -597,7 +597,7 @@ async def test_async_with_opens_the_factory_client_and_closes_it(
         assert factory.opened == 1
         assert await try_claim(store, claim_for("k#1", "A"), NOW) is None
     assert factory.closed == 1
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ConfigError):
         await store.__aenter__()
 
 
@@ -606,7 +606,7 @@ async def test_aclose_leaves_an_injected_client_open(
 ) -> None:
     store = await fresh_store(dynamodb_client, store_client=store_client)
     await store.aclose()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ConfigError):
         await get_record(store, "k#1")
     # The store's client still answers.  Not by list_tables: it returns the first 100
     # tables of the session-wide moto server, which leaves this one out once enough tests
@@ -803,3 +803,44 @@ async def test_service_errors_map_to_typed_errors(
         await server.wait_closed()
     assert type(caught.value) is error
     assert caught.value.__cause__ is not None
+
+
+# A realistic InvalidSignatureException from DynamoDB, made with temporary credentials: AWS
+# quotes the canonical request and the string to sign, session token included.
+_SESSION_TOKEN = "IQoJb3JpZ2luX2VjEHoaCXVzLWVhc3QtMSJHMEUCIQD" + "x" * 40
+_SIGNATURE_MESSAGE = (
+    "The request signature we calculated does not match the signature you provided. Check "
+    "your AWS Secret Access Key and signing method. Consult the service documentation for "
+    "details.\n\nThe Canonical String for this request should have been\n'POST\n/\n\n"
+    "content-type:application/x-amz-json-1.0\nhost:dynamodb.eu-west-1.amazonaws.com\n"
+    f"x-amz-date:20261201T182000Z\nx-amz-security-token:{_SESSION_TOKEN}\n"
+    "x-amz-target:DynamoDB_20120810.GetItem\n\n"
+    "content-type;host;x-amz-date;x-amz-security-token;x-amz-target\n"
+    "3f1c...'\n\nThe String-to-Sign should have been\n'AWS4-HMAC-SHA256\n20261201T182000Z\n"
+    "20261201/eu-west-1/dynamodb/aws4_request\n9a8b...'\n"
+)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        _SIGNATURE_MESSAGE,
+        # Without the markers to cut at: the token itself is still hidden.
+        f"denied; X-Amz-Security-Token={_SESSION_TOKEN}&X-Amz-Date=20261201T182000Z",
+        f"denied; x-amz-security-token: {_SESSION_TOKEN}",
+    ],
+)
+def test_denied_errors_never_quote_the_session_token(message: str) -> None:
+    from idempotency_async.stores._dynamodb_errors import ServiceError, translate_errors
+
+    response = {"Error": {"Code": "InvalidSignatureException", "Message": message}}
+    with pytest.raises(StoreAccessDeniedError) as caught, translate_errors("get", "orders"):
+        raise ServiceError(response)
+    shown = str(caught.value)
+    assert _SESSION_TOKEN[:20] not in shown, shown
+    assert "InvalidSignatureException" in shown and "'orders'" in shown
+    # The light client's own exception (the cause) does not quote it either.
+    assert _SESSION_TOKEN[:20] not in str(caught.value.__cause__)
+    if message is _SIGNATURE_MESSAGE:
+        assert "Check your AWS Secret Access Key and signing method" in shown
+        assert "String-to-Sign" not in shown and "content-type" not in shown

@@ -342,7 +342,7 @@ async def test_an_owned_pool_closes_with_the_store_and_a_callers_pool_does_not(
     owned = PostgresStore.from_url(postgres_server.dsn, table=table)
     assert await owned.claim(_claim(now=0)) is CLAIMED
     await owned.aclose()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(errors.ConfigError, match="closed"):
         await owned.get("k", now=0)
     pool = await postgres_server.pool()
     try:

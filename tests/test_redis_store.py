@@ -334,7 +334,7 @@ async def test_from_url_owns_and_closes_its_client(redis_server: RedisServer) ->
         assert await store.claim(claim()) is CLAIMED
         client = store._client
     assert client.connection_pool._in_use_connections == set()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(errors.ConfigError, match="closed"):
         await store.claim(claim())
 
 

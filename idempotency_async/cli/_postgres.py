@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import SplitResult, parse_qsl, urlencode
 
@@ -21,7 +21,7 @@ _STORE_OPTIONS: Final = ("table",)
 
 @dataclass(frozen=True, slots=True)
 class PostgresTarget:
-    dsn: str
+    dsn: str = field(repr=False)  # holds the password
     table: str
 
     def store(self, aws: Any) -> Any:

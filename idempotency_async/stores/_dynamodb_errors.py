@@ -14,10 +14,12 @@ client's cold start does not pay for them.
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
+from idempotency_async._redact import redact
 from idempotency_async.errors import (
     PersistenceError,
     StoreAccessDeniedError,
@@ -32,6 +34,7 @@ __all__ = [
     "ServiceError",
     "is_invalid_value",
     "is_item_too_large",
+    "safe_message",
     "translate_errors",
 ]
 
@@ -57,6 +60,19 @@ _INVALID: Final = frozenset(
     {"ValidationException", "ResourceNotFoundException", "SerializationException"}
 )
 _SERVER_FAULTS: Final = frozenset({"InternalServerError", "ServiceUnavailable"})
+# A signature error quotes the canonical request and the string to sign, which hold the
+# session token (x-amz-security-token) of temporary credentials: cut there.
+_QUOTED_REQUEST: Final = re.compile(r"(?:\bThe\s+)?(?:canonical|string[\s-]to[\s-]sign)", re.I)
+
+
+def safe_message(code: str, message: str) -> str:
+    """DynamoDB's error ``message``, fit to quote: for a denied request without the
+    request AWS quotes back, and never with a session token."""
+    if code in _DENIED:
+        marker = _QUOTED_REQUEST.search(message)
+        if marker is not None:
+            message = message[: marker.start()].rstrip() + " (the request AWS quoted is left out)"
+    return redact(message)
 
 
 class ServiceError(Exception):
@@ -66,7 +82,8 @@ class ServiceError(Exception):
 
     def __init__(self, response: Mapping[str, Any]) -> None:
         error = response.get("Error", {})
-        super().__init__(f"{error.get('Code', '')}: {error.get('Message', '')}")
+        code = str(error.get("Code", ""))
+        super().__init__(f"{code}: {safe_message(code, str(error.get('Message', '')))}")
         self.response = response
 
 
@@ -135,7 +152,7 @@ def _from_response(response: Mapping[str, Any], operation: str, table_name: str)
     code = str(error.get("Code", ""))
     if code == "ConditionalCheckFailedException":
         return ConditionFailed(response.get("Item"))
-    detail = f"{code}: {error.get('Message', '')}"
+    detail = f"{code}: {safe_message(code, str(error.get('Message', '')))}"
     where = f"to {operation} on table {table_name!r}"
     if code in THROTTLED:
         return StoreThrottledError(

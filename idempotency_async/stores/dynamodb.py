@@ -32,6 +32,7 @@ from idempotency_async.errors import (
     StoreValidationError,
 )
 from idempotency_async.record import Claim, Completion, Record, Status, expiration_for
+from idempotency_async.stores._closed import closed_error
 from idempotency_async.stores._dynamodb_errors import (
     ConditionFailed,
     is_invalid_value,
@@ -198,10 +199,7 @@ class DynamoDBStore:
 
     async def _get_client(self) -> Any:
         if self._closed:
-            raise RuntimeError(
-                "this DynamoDBStore was closed (aclose() or the end of `async with`); "
-                "create a new store"
-            )
+            raise closed_error("DynamoDBStore")
         if self._client is not None:
             return self._client
         async with self._open_lock:

@@ -40,6 +40,7 @@ import h11
 import orjson
 
 from idempotency_async.errors import ConfigError
+from idempotency_async.stores._closed import closed_error
 from idempotency_async.stores._dynamodb_errors import THROTTLED, ServiceError
 from idempotency_async.stores._sigv4 import Credentials, sign
 
@@ -177,10 +178,10 @@ class LightDynamoDBClient:
 
         Raises ``ServiceError`` for DynamoDB's error answers and ``OSError`` /
         ``TimeoutError`` when it cannot be reached; the store turns both into the
-        library's typed errors.
+        library's typed errors; ``ConfigError`` once the client was closed.
         """
         if self._closed:
-            raise RuntimeError("this LightDynamoDBClient was closed; create a new one")
+            raise closed_error("LightDynamoDBClient")
         try:
             body = orjson.dumps(request, default=_encode_bytes)
         except TypeError as exc:  # orjson.JSONEncodeError: e.g. a lone surrogate in a string

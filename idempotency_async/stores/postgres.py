@@ -16,6 +16,7 @@ from typing import Any, Final, Literal, NamedTuple, Self
 
 from idempotency_async.errors import ConfigError, StoreUnavailableError
 from idempotency_async.record import Claim, Completion, Record, Status
+from idempotency_async.stores._closed import closed_error
 from idempotency_async.stores._postgres_errors import is_data_error, translated
 from idempotency_async.stores._postgres_psycopg import PsycopgPool, is_psycopg_pool
 from idempotency_async.stores._postgres_sql import DEFAULT_TABLE, Statements, statements
@@ -161,10 +162,7 @@ class PostgresStore:
 
     async def _open(self) -> Any:
         if self._closed:
-            raise RuntimeError(
-                "this PostgresStore was closed (aclose() or the end of `async with`); "
-                "create a new store"
-            )
+            raise closed_error("PostgresStore")
         if self._pool is not None:
             return self._pool
         if self._opening is None:

@@ -26,6 +26,7 @@ from idempotency_async.errors import (
 )
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores import _redis_scripts as scripts
+from idempotency_async.stores._closed import closed_error
 from idempotency_async.stores._record_formats import (
     POWERTOOLS_PYTHON,
     RecordFormat,
@@ -250,10 +251,7 @@ class RedisStore:
 
     async def _open(self) -> Any:
         if self._closed:
-            raise RuntimeError(
-                "this RedisStore was closed (aclose() or the end of `async with`); "
-                "create a new store"
-            )
+            raise closed_error("RedisStore")
         # A RedisCluster must load its slot map before concurrent first commands (redis-py
         # fails them otherwise); initialize() is idempotent and locked.
         initialize = getattr(self._client, "initialize", None)
