@@ -24,6 +24,7 @@ from idempotency_async._downstream import Run
 from idempotency_async._flight import Flight
 from idempotency_async.errors import CompletionError, ConfigError
 from idempotency_async.record import Completion
+from idempotency_async.stores.base import Written
 
 if TYPE_CHECKING:
     from idempotency_async.manager import Manager, _Lease
@@ -115,9 +116,11 @@ class Call:
             )
         cutoff = self._cutoff
         if not self.answered:
-            if cutoff.expired:
-                # The cutoff already cancelled the callback's task: it ends with
-                # DeadlineExceededError, and nothing may be written after that.
+            if cutoff.expired and not cutoff.closed:
+                # The cutoff already cancelled the callback's task, which is still running
+                # under it: it ends with DeadlineExceededError, and nothing may be written
+                # after that.  (Closed: the callback returned, having ignored the cutoff;
+                # its result is recorded as execute records it, fenced by its owner.)
                 raise asyncio.CancelledError
             cutoff.close()  # from here on the callback runs outside the cutoff
         self.answered = True
@@ -132,7 +135,7 @@ class Call:
             del manager._inflight[key]
         manager._completed(completion, written, result, flight, loop.time() - self._started, sent)
         flight.settle(None)
-        self.stored = completion.encoded is not None
+        self.stored = written is Written.RESPONSE  # what the store kept, not what was sent
 
 
 class Unprotected(Call):
@@ -190,6 +193,10 @@ async def own_call(
             if cut_off and not call.answered:
                 manager._emit("cut_off", key)
                 raise _cut_off(key) from exc
+            if cut_off or call.answered or call._cutoff.cancelled_elsewhere():
+                raise  # the caller was cancelled (or the key is completed): no store write
+            # A CancelledError the callback raised on its own is its own exception.
+            await manager._release_after_failure(lease, exc, loop)
             raise
         except ReturnedNotAwaitable as returned:
             call._cutoff.close()
@@ -204,6 +211,8 @@ async def own_call(
             raise error from None
         except Exception as exc:
             call._cutoff.close()
+            if call._cutoff.cancelled_elsewhere():
+                raise asyncio.CancelledError from exc  # no store write after a cancellation
             if not call.answered:
                 await manager._release_after_failure(lease, exc, loop)
             raise
@@ -213,6 +222,8 @@ async def own_call(
             call._cutoff.close()
             raise
         call._cutoff.close()
+        if call._cutoff.cancelled_elsewhere():
+            raise asyncio.CancelledError  # swallowed by the callback: no store write after it
         if not call.answered:
             await call.complete(result)
         return result

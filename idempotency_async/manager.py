@@ -427,9 +427,17 @@ class Manager:
                     # in progress until its lease ends, a reserve from now.
                     self._emit("cut_off", key)
                     raise _cut_off(key) from exc
+                if timer.cancelled_elsewhere():
+                    raise  # the caller was cancelled: no store write
+                # A CancelledError the callback raised on its own is its own exception.
+                await self._release_after_failure(lease, exc, loop)
                 raise
             except Exception as exc:
                 timer.close()  # only the callback runs under the cutoff
+                if timer.cancelled_elsewhere():
+                    # The caller was cancelled and the callback turned it into another
+                    # exception: no store write after a cancellation.
+                    raise asyncio.CancelledError from exc
                 await self._release_after_failure(lease, exc, loop)
                 raise
             except BaseException:
@@ -440,6 +448,9 @@ class Manager:
                 raise
             sent = loop.time()  # the completion's life counts from (before) its write
             timer.close()
+            if timer.cancelled_elsewhere():
+                # The callback swallowed its caller's cancellation: no store write after it.
+                raise asyncio.CancelledError
             completion = self._completion_for(claim, result)
             # _write_completion, inline: a coroutine frame less on every first call.
             timer = cutoffs.start(max(lease.ends_at, loop.time() + lease.reserve))
@@ -456,8 +467,8 @@ class Manager:
                     raise _completion_failed(key, result, abandoned, unknown=True) from exc
                 raise
             except Exception as exc:
-                # A lost answer (StoreUnavailableError) may hide a write that applied.
-                unknown = isinstance(exc, StoreUnavailableError)
+                # Anything but a definite refusal may hide a write that applied.
+                unknown = not isinstance(exc, _REFUSALS)
                 raise _completion_failed(key, result, exc, unknown=unknown) from exc
             finally:
                 timer.close()
@@ -611,6 +622,11 @@ class Manager:
                 except InconsistentStateError as exc:
                     self._emit("record_unreadable", keys.key, error=exc)
                     raise
+                if verdict.__class__ is not Verdict:
+                    raise StoreUnavailableError(
+                        f"the store answered a read of key {keys.key} with {verdict!r}, not a "
+                        "verdict"
+                    )
                 if verdict.state is not State.IN_PROGRESS:
                     return verdict, sent
                 if verdict.record is not None:
@@ -679,8 +695,8 @@ class Manager:
                 raise _completion_failed(completion.key, result, abandoned, unknown=True) from exc
             raise
         except Exception as exc:
-            # A lost answer (StoreUnavailableError) may hide a write that applied.
-            unknown = isinstance(exc, StoreUnavailableError)
+            # Anything but a definite refusal may hide a write that applied.
+            unknown = not isinstance(exc, _REFUSALS)
             raise _completion_failed(completion.key, result, exc, unknown=unknown) from exc
         finally:
             timer.close()

@@ -5,10 +5,7 @@ fix of its defect merges (its regression case then passes, and its xfail marker 
 
 from __future__ import annotations
 
-OPEN_DEFECTS: dict[str, str] = {
-    "get_nonsense": "finding A: a nonsense answer to get ends in AttributeError (core)",
-    "call_handle_cutoff": "finding B: execute_call, a callback that ignores its cutoff (core)",
-}
+OPEN_DEFECTS: dict[str, str] = {}
 
 EXCLUDE = tuple(sorted(OPEN_DEFECTS))
 
