@@ -20,7 +20,17 @@ from packaging.version import Version
 
 ROOT = Path(__file__).parents[1]
 PACKAGE = "idempotency_async"
-EXTRAS = {"dynamodb", "redis", "starlette", "fastapi", "aiohttp", "dev", "docs"}
+EXTRAS = {
+    "dynamodb",
+    "dynamodb-light",
+    "redis",
+    "postgres",
+    "starlette",
+    "fastapi",
+    "aiohttp",
+    "dev",
+    "docs",
+}
 
 
 def main() -> int:

@@ -32,13 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import statistics
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -51,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import aioboto3
 import boto3
 import botocore.exceptions
+from _moto_server import start_moto
 from _stats import interleaved, parse_args
 
 from idempotency_async import Manager, Options
@@ -64,38 +61,6 @@ TIMEOUT = 10.0
 RESPONSE = {"order": 123, "status": "ACCEPTED", "amount": 10.5, "items": ["a", "b"]}
 REGION = "us-east-1"
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
-_SERVER = (
-    "import sys\n"
-    "from werkzeug.serving import run_simple\n"
-    "from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app\n"
-    "run_simple('127.0.0.1', int(sys.argv[1]), DomainDispatcherApplication(create_backend_app),"
-    " threaded=False)\n"
-)
-
-
-def start_moto() -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen(
-        [sys.executable, "-c", _SERVER, str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
-            return process, url
-        except urllib.error.HTTPError:
-            return process, url
-        except OSError:
-            time.sleep(0.05)
-    process.kill()
-    raise SystemExit("the moto server did not start")
-
-
 # -- the raw requests ----------------------------------------------------------------
 
 

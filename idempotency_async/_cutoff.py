@@ -68,6 +68,11 @@ class Cutoff:
         self._consumed = True
         return self._task.uncancel() <= self._cancelling
 
+    def cancelled_elsewhere(self) -> bool:
+        """Whether the task was asked to cancel by someone else since the cutoff started
+        (its caller): ask after :meth:`fired` or :meth:`close` balanced our own request."""
+        return self._task.cancelling() > self._cancelling
+
     def close(self) -> None:
         if self.closed:
             return

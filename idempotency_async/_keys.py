@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from jmespath.functions import Functions
-
-from idempotency_async import _powertools_python as python_rules
+from idempotency_async._key_formats import POWERTOOLS_PYTHON
 from idempotency_async._prefixes import has_explicit_prefix
 from idempotency_async.canonical import canonical_bytes, digester, idempotency_key
 from idempotency_async.errors import KeyMissingError, PayloadError, PayloadValidationError
@@ -26,6 +24,9 @@ from idempotency_async.selection import (
     compile_expression,
     is_missing,
 )
+
+if TYPE_CHECKING:
+    from jmespath.functions import Functions
 
 __all__ = ["KeyDeriver", "Keys", "PowertoolsPythonKeyDeriver", "function_prefix", "key_deriver"]
 
@@ -136,6 +137,9 @@ class PowertoolsPythonKeyDeriver(KeyDeriver):
     """
 
     def __init__(self, options: Options) -> None:
+        # Imported here, not at the top: only this key format pays for its rules.
+        from idempotency_async import _powertools_python as python_rules
+
         super().__init__(options)
         self._rules = python_rules.Rules.of(python_rules.parse_version(options.powertools_version))
         self._encode = python_rules.key_encoder(options.serializer)
@@ -144,7 +148,9 @@ class PowertoolsPythonKeyDeriver(KeyDeriver):
         return PowertoolsPythonFunctions()
 
     def _make_hasher(self, algorithm: str) -> Callable[[bytes], str]:
-        return python_rules.hex_digester(algorithm)
+        from idempotency_async._powertools_python import hex_digester
+
+        return hex_digester(algorithm)
 
     def derive(self, payload: Any) -> Keys | None:
         data = self._rules.prepare(payload)
@@ -173,7 +179,7 @@ class PowertoolsPythonKeyDeriver(KeyDeriver):
 
 def key_deriver(options: Options) -> KeyDeriver:
     """The derivation ``options.key_format`` names (chosen once, off the hot path)."""
-    if options.key_format == python_rules.POWERTOOLS_PYTHON:
+    if options.key_format == POWERTOOLS_PYTHON:
         return PowertoolsPythonKeyDeriver(options)
     return KeyDeriver(options)
 
@@ -190,8 +196,10 @@ def function_prefix(options: Options, func: Callable[..., object], *, handler: b
     if has_explicit_prefix(options.key_prefix, options.key_format):
         return None
     name = f"{func.__module__}.{func.__qualname__}"
-    if options.key_format == python_rules.POWERTOOLS_PYTHON:
-        return python_rules.prefix_for(name)
+    if options.key_format == POWERTOOLS_PYTHON:
+        from idempotency_async._powertools_python import prefix_for
+
+        return prefix_for(name)
     if handler:
         return None
     base = options.resolved_prefix()

@@ -43,7 +43,7 @@ from idempotency_async.errors import (
     DeadlineExceededError,
     InconsistentStateError,
     LeaseLostError,
-    ResponseTooLargeError,
+    ResponseNotStoredError,
     StoreAccessDeniedError,
     StoreUnavailableError,
     StoreValidationError,
@@ -147,6 +147,11 @@ class Lifecycle:
                 lease = lease_for(keys, flight.owner, when, self.options, now)
                 try:
                     verdict = await self.store.claim(lease.claim)
+                except InconsistentStateError as exc:
+                    # The store could not read the record that blocked the claim: nothing
+                    # was written, so there is nothing to release.
+                    self.emit("record_unreadable", key, error=exc)
+                    raise
                 except _REFUSALS:
                     raise
                 except Exception as exc:
@@ -186,14 +191,23 @@ class Lifecycle:
             except asyncio.CancelledError as exc:
                 cut_off = timer.fired()
                 timer.close()
-                if cut_off and (call is None or not call.answered):
+                answered = call is not None and call.answered
+                if cut_off and not answered:
                     # Our own cutoff: like a cancellation, no store write.  The record stays
                     # in progress until its lease ends, a reserve from now.
                     self.emit("cut_off", key)
                     raise _cut_off(key) from exc
+                if cut_off or answered or timer.cancelled_elsewhere():
+                    raise  # the caller was cancelled (or the key is completed): no write
+                # A CancelledError the callback raised on its own is its own exception.
+                await self._release_after_failure(lease, exc, loop)
                 raise
             except Exception as exc:
                 timer.close()  # only the callback runs under the cutoff
+                if timer.cancelled_elsewhere():
+                    # The caller was cancelled and the callback turned it into another
+                    # exception: no store write after a cancellation.
+                    raise asyncio.CancelledError from exc
                 if call is None or not call.answered:
                     await self._release_after_failure(lease, exc, loop)
                 raise
@@ -205,6 +219,9 @@ class Lifecycle:
                 raise
             sent = loop.time()  # the completion's life counts from (before) its write
             timer.close()
+            if timer.cancelled_elsewhere():
+                # The callback swallowed its caller's cancellation: no store write after it.
+                raise asyncio.CancelledError
             if call is not None and call.answered:
                 return result
             completion = self.completion_for(lease, result)
@@ -387,19 +404,14 @@ class Lifecycle:
             raise error
         encoded = completion.encoded
         if written is Written.WITHOUT_RESPONSE and encoded is not None:
-            # The store could not fit what the manager encoded: every caller, here and in
-            # other processes, now gets ResponseNotStoredError — one key, one answer.
-            too_large = ResponseTooLargeError(
-                f"the store could not fit the response ({len(encoded)} bytes of JSON) even "
-                "compressed",
-                size=len(encoded),
-                limit=self.store.max_response_bytes,
-            )
-            log_not_stored(key, too_large)
-            self.emit("response_not_stored", key, error=too_large)
-            completion = completion._replace(
-                encoded=None, response=None, not_stored=not_stored_reason(too_large)
-            )
+            # The store could not keep what the manager encoded (too large for it, or a
+            # value it cannot hold; the store logs which, and its record says why): every
+            # caller, here and in other processes, now gets ResponseNotStoredError.
+            why = f"the store could not keep the response ({len(encoded)} bytes of JSON)"
+            not_kept = ResponseNotStoredError(why, key=key, reason=why)
+            log_not_stored(key, not_kept)
+            self.emit("response_not_stored", key, error=not_kept)
+            completion = completion._replace(encoded=None, response=None, not_stored=why)
             encoded = None
         replays = self.replays
         if flight.waiters or replays.cache is not None:
@@ -533,8 +545,8 @@ def _completion_failure(
             return _completion_failed(key, result, abandoned, unknown=True)
         return None
     if isinstance(exc, Exception):
-        # A lost answer (StoreUnavailableError) may hide a write that applied.
-        return _completion_failed(key, result, exc, unknown=isinstance(exc, StoreUnavailableError))
+        # Anything but a definite refusal may hide a write that applied.
+        return _completion_failed(key, result, exc, unknown=not isinstance(exc, _REFUSALS))
     return None
 
 
@@ -607,16 +619,18 @@ class Call:
             )
         cutoff = self._cutoff
         if not self.answered:
-            if cutoff.expired:
-                # The cutoff already cancelled the callback's task: it ends with
-                # DeadlineExceededError, and nothing may be written after that.
+            if cutoff.expired and not cutoff.closed:
+                # The cutoff already cancelled the callback's task, which is still running
+                # under it: it ends with DeadlineExceededError, and nothing may be written
+                # after that.  (Closed: the callback returned, having ignored the cutoff;
+                # its result is recorded as execute records it, fenced by its owner.)
                 raise asyncio.CancelledError
             cutoff.close()  # from here on the callback runs outside the cutoff
         self.answered = True
-        await self._lifecycle.complete_held(
+        written = await self._lifecycle.complete_held(
             self._flight, self._lease, completion, result, self._loop, self._started
         )
-        self.stored = completion.encoded is not None
+        self.stored = written is Written.RESPONSE  # what the store kept, not what was sent
 
 
 class Unprotected(Call):

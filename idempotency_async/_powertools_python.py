@@ -38,6 +38,7 @@ from pathlib import PurePath
 from typing import Any, Final
 from uuid import UUID
 
+from idempotency_async._key_formats import KEY_FORMATS, POWERTOOLS_PYTHON
 from idempotency_async.canonical import HASH_ALGORITHMS
 from idempotency_async.errors import ConfigError, PayloadError
 
@@ -53,9 +54,6 @@ __all__ = [
     "prefix_for",
 ]
 
-POWERTOOLS_PYTHON: Final = "powertools-python"
-TYPESCRIPT: Final = "typescript"
-KEY_FORMATS: Final = (TYPESCRIPT, POWERTOOLS_PYTHON)
 
 LATEST: Final = (3, 36)
 """The newest rule change inside 3.x; every later 3.x derives keys as 3.36 does."""

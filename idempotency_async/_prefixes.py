@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from idempotency_async._powertools_python import POWERTOOLS_PYTHON
+from idempotency_async._key_formats import POWERTOOLS_PYTHON
 
 __all__ = ["has_explicit_prefix", "js_trim"]
 

@@ -7,9 +7,17 @@ hidden:
 
 * the password of the user information (``redis://admin:PW@host`` → ``redis://admin:***@host``);
   user information without a colon is hidden whole (``redis://TOKEN@host``: some services
-  hand out a token in that place);
+  hand out a token in that place).  The user information runs to the *last* ``@`` of the
+  URL, so a password holding ``/``, ``?``, ``#``, ``@`` (or, in a URL given on its own or
+  quoted in a message, a space) is hidden whole — the malformed URLs that reach error
+  messages are exactly those.  The price: a ``@`` in a query value
+  (``redis://host/0?x=a@b``) is taken for the end of a password, and the text before it is
+  hidden too;
 * the values of query parameters whose name says they hold a secret
-  (``?password=…``, ``?token=…``, ``?aws_secret_access_key=…``).
+  (``?password=…``, ``?token=…``, ``?aws_secret_access_key=…``);
+* AWS session tokens written as a header or a canonical-request line
+  (``x-amz-security-token:…``, ``X-Amz-Security-Token=…``), as AWS quotes them back in
+  signature errors.
 """
 
 from __future__ import annotations
@@ -24,20 +32,46 @@ __all__ = ["MASK", "redact", "redact_url", "secrets_in"]
 MASK: Final = "***"
 
 _SHORTEST: Final = 4
-# scheme "://" then the authority's user information, up to the last "@" before the path,
-# query or fragment starts.
-_USERINFO: Final = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#\s]*)@")
+_SCHEME: Final = r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)"
+# The user information runs from "scheme://" to the LAST "@" before the host, greedily: a
+# password may hold "/", "?", "#" or "@" (that is how a URL ends up malformed and quoted in
+# an error), and hiding too much beats showing a password.  It never crosses another
+# "://": the "@" after a URL nested in a query belongs to that URL.
+# - a URL on its own (redact_url's argument): up to the last "@" of the text;
+_USERINFO_WHOLE: Final = re.compile(rf"\A(?P<lead>\s*){_SCHEME}(?P<userinfo>(?:(?!://).)*)@", re.S)
+# - a URL quoted in a message: up to the last "@" before the closing quote;
+_USERINFO_QUOTED: Final = re.compile(
+    rf"(?P<lead>(?P<quote>['\"])){_SCHEME}(?P<userinfo>(?:(?!(?P=quote)|://)[^\n])*)@"
+)
+# - any other URL in a message: up to the last "@" before a space or a quote.
+_USERINFO: Final = re.compile(rf"(?P<lead>){_SCHEME}(?P<userinfo>(?:(?!://)[^\s'\"<>])*)@")
 _SECRET_NAME: Final = (
     r"[A-Za-z0-9_.-]*(?:pass|pwd|secret|token|auth|credential|signature)[A-Za-z0-9_.-]*"
 )
 _SECRET_PARAM: Final = re.compile(rf"(?P<name>[?&;]{_SECRET_NAME}=)(?P<value>[^&;#\s'\"]*)", re.I)
+# Anywhere, not only after "?" or "&": a header line, or a canonical query string's line.
+_AWS_TOKEN: Final = re.compile(
+    r"(?P<name>x-amz-security-token\s*[:=]\s*)(?P<value>[^\s&;,'\"]+)", re.I
+)
 
 
 def _mask_userinfo(match: re.Match[str]) -> str:
     user, colon, _password = match["userinfo"].partition(":")
     if not colon:
-        return f"{match['scheme']}{MASK}@"
-    return f"{match['scheme']}{user}:{MASK}@"
+        return f"{match['lead']}{match['scheme']}{MASK}@"
+    return f"{match['lead']}{match['scheme']}{user}:{MASK}@"
+
+
+def _userinfo_secret(match: re.Match[str]) -> str:
+    user, colon, password = match["userinfo"].partition(":")
+    return password if colon else user
+
+
+def _redact_text(text: str) -> str:
+    text = _USERINFO_QUOTED.sub(_mask_userinfo, text)
+    text = _USERINFO.sub(_mask_userinfo, text)
+    text = _AWS_TOKEN.sub(lambda match: f"{match['name']}{MASK}", text)
+    return _SECRET_PARAM.sub(lambda match: f"{match['name']}{MASK}", text)
 
 
 def redact_url(url: str) -> str:
@@ -47,8 +81,7 @@ def redact_url(url: str) -> str:
     parameter is hidden, the rest (scheme, host, port, path) is kept so the message still
     says which URL is meant.
     """
-    url = _USERINFO.sub(_mask_userinfo, url)
-    return _SECRET_PARAM.sub(lambda match: f"{match['name']}{MASK}", url)
+    return _redact_text(_USERINFO_WHOLE.sub(_mask_userinfo, url, count=1))
 
 
 def secrets_in(url: str) -> tuple[str, ...]:
@@ -59,10 +92,12 @@ def secrets_in(url: str) -> tuple[str, ...]:
     """
     found: list[str] = []
     # Decoded too: a URL nested in a parameter (``?endpoint=http%3A%2F%2Fuser%3Apw%40host``).
+    whole = _USERINFO_WHOLE.match(url)
+    if whole is not None:
+        found.append(_userinfo_secret(whole))
     for text in (url, unquote(url)):
-        for match in _USERINFO.finditer(text):
-            user, colon, password = match["userinfo"].partition(":")
-            found.append(password if colon else user)
+        for pattern in (_USERINFO_QUOTED, _USERINFO):
+            found += [_userinfo_secret(match) for match in pattern.finditer(text)]
         found += [match["value"] for match in _SECRET_PARAM.finditer(text)]
     variants = {form for secret in found for form in (secret, unquote(secret), quote(secret))}
     return tuple(sorted((secret for secret in variants if secret), key=len, reverse=True))
@@ -78,4 +113,4 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     for secret in sorted(secrets, key=len, reverse=True):
         if len(secret) >= _SHORTEST:
             text = text.replace(secret, MASK)
-    return redact_url(text)
+    return _redact_text(text)

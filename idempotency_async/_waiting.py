@@ -12,7 +12,12 @@ from typing import Any, NoReturn
 from idempotency_async._emission import Emitter
 from idempotency_async._flight import Flight, Outcome, Phase, wait_for
 from idempotency_async._keys import KeyDeriver, Keys
-from idempotency_async.errors import AlreadyInProgressError, DeadlineExceededError
+from idempotency_async.errors import (
+    AlreadyInProgressError,
+    DeadlineExceededError,
+    InconsistentStateError,
+    StoreUnavailableError,
+)
 from idempotency_async.options import Options
 from idempotency_async.stores.base import State, Store, Verdict
 
@@ -59,7 +64,16 @@ class Waiting:
                 await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, _MAX_POLL)
                 sent = loop.time()
-                verdict = await store.get(keys.key, now=self._options.clock())
+                try:
+                    verdict = await store.get(keys.key, now=self._options.clock())
+                except InconsistentStateError as exc:
+                    self._emitter.emit("record_unreadable", keys.key, error=exc)
+                    raise
+                if verdict.__class__ is not Verdict:
+                    raise StoreUnavailableError(
+                        f"the store answered a read of key {keys.key} with {verdict!r}, not a "
+                        "verdict"
+                    )
                 if verdict.state is not State.IN_PROGRESS:
                     return verdict, sent
                 if verdict.record is not None:

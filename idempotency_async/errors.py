@@ -109,7 +109,10 @@ class DeadlineExceededError(IdempotencyError, TimeoutError):
 
 
 class InconsistentStateError(IdempotencyError):
-    """The store kept answering with a record that looked claimable but could not be claimed."""
+    """The store kept answering with a record that looked claimable but could not be claimed,
+    or it holds a record for the key that cannot be read: its control fields (status,
+    expiry, lease, owner) are malformed — a foreign or damaged record.  Delete it with
+    ``Manager.force_release`` (or the CLI's ``release``) to free the key."""
 
 
 class CompletionError(IdempotencyError):

@@ -20,6 +20,7 @@ EventKind: TypeAlias = Literal[
     "response_not_stored",
     "joined",
     "cut_off",
+    "record_unreadable",
 ]
 
 
@@ -29,9 +30,13 @@ class Event:
 
     ``kind`` is one of :data:`EventKind`; ``error`` is set for ``release_failed``,
     ``lease_lost`` and ``response_not_stored`` (why: ``ResponseTooLargeError``,
-    ``ResponseEncodingError`` or a response codec's error); ``duration`` is the callback's
+    ``ResponseEncodingError``, a response codec's error, or ``ResponseNotStoredError``
+    when the store could not keep a response the manager encoded); ``duration`` is the callback's
     run time in seconds for ``completed``.  ``cut_off``: the callback was cut off before its
-    lease ended and the caller got ``DeadlineExceededError``.
+    lease ended and the caller got ``DeadlineExceededError``.  ``record_unreadable``: the
+    store holds a record for the key whose control fields (status, expiry, lease, owner)
+    are malformed — a foreign or damaged record; ``error`` is the
+    ``InconsistentStateError`` the caller got.  Delete the record to free the key.
     """
 
     kind: EventKind

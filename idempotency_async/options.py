@@ -6,17 +6,10 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from jmespath.functions import Functions
-
-from idempotency_async._powertools_python import (
-    HASH_ALGORITHMS_PYTHON,
-    KEY_FORMATS,
-    POWERTOOLS_PYTHON,
-    parse_version,
-    prefix_for,
-)
+from idempotency_async._key_formats import KEY_FORMATS, POWERTOOLS_PYTHON
 from idempotency_async._prefixes import has_explicit_prefix, js_trim
 from idempotency_async.canonical import HASH_ALGORITHMS, Serializer
 from idempotency_async.errors import ConfigError
@@ -24,6 +17,9 @@ from idempotency_async.events import EventHook
 from idempotency_async.instrumentation import Instrumentation
 from idempotency_async.record import JSONValue, Record
 from idempotency_async.selection import Expression
+
+if TYPE_CHECKING:
+    from jmespath.functions import Functions
 
 __all__ = ["DISABLED_ENV", "KeyFormat", "Options", "ResponseCodec", "disabled_by_environment"]
 
@@ -152,7 +148,7 @@ class Options:
                 f"got {self.key_format!r}"
             )
         python = self.key_format == POWERTOOLS_PYTHON
-        algorithms = HASH_ALGORITHMS_PYTHON if python else HASH_ALGORITHMS
+        algorithms = _python_rules().HASH_ALGORITHMS_PYTHON if python else HASH_ALGORITHMS
         if self.hash_function not in algorithms:
             raise ConfigError(
                 f"unknown hash_function {self.hash_function!r}: "
@@ -164,7 +160,7 @@ class Options:
                     "powertools_version applies only to key_format='powertools-python'"
                 )
             return
-        parse_version(self.powertools_version)
+        _python_rules().parse_version(self.powertools_version)
         # Powertools' own rules decide these; a setting that would be ignored is an error.
         if self.integer_precision != "strict":
             raise ConfigError(
@@ -186,10 +182,18 @@ class Options:
         function's ``<module>.<qualname>``.
         """
         if self.key_format == POWERTOOLS_PYTHON:
-            return self.key_prefix or prefix_for("")
+            return self.key_prefix or _python_rules().prefix_for("")
         if self.key_prefix is not None and has_explicit_prefix(self.key_prefix, self.key_format):
             return js_trim(self.key_prefix)
         return js_trim(os.environ.get("AWS_LAMBDA_FUNCTION_NAME", ""))
+
+
+def _python_rules() -> ModuleType:
+    # Imported on first use: the Powertools (Python) rules cost milliseconds of a cold
+    # start that users of the TypeScript key format should not pay.
+    from idempotency_async import _powertools_python
+
+    return _powertools_python
 
 
 def disabled_by_environment() -> bool:

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aioboto3
@@ -23,16 +24,25 @@ import pytest
 from aiobotocore.config import AioConfig
 
 from idempotency_async.stores.dynamodb import DynamoDBStore, create_table
+from idempotency_async.stores.dynamodb_light import LightDynamoDBClient
 
 __all__ = [
     "REGION",
+    "TRANSPORTS",
     "dynamodb_client",
     "fresh_store",
     "fresh_table",
     "moto_endpoint",
     "new_session",
     "open_client",
+    "open_light_client",
+    "open_transport",
+    "store_client",
+    "transport",
 ]
+
+TRANSPORTS = ["aioboto3", "light"]
+"""The DynamoDB transports every store and manager suite runs on."""
 
 REGION = "us-east-1"
 _STARTUP_SECONDS = 30.0
@@ -96,6 +106,56 @@ def open_client(endpoint: str) -> Any:
     return new_session().client("dynamodb", endpoint_url=endpoint, config=config)
 
 
+def open_light_client(endpoint: str, **options: Any) -> LightDynamoDBClient:
+    """The light transport for ``endpoint``, with the same dummy credentials."""
+    settings: dict[str, Any] = {"max_attempts": 2, "connect_timeout": 5, "read_timeout": 30}
+    return LightDynamoDBClient(
+        region=REGION,
+        endpoint_url=endpoint,
+        access_key_id="testing",
+        secret_access_key="testing",
+        session_token="testing",
+        **{**settings, **options},
+    )
+
+
+def open_transport(
+    transport: str, endpoint: str, *, fast_fail: bool = False
+) -> AbstractAsyncContextManager[Any]:
+    """A client of ``transport`` for ``endpoint``; ``fast_fail``: one attempt, short timeouts."""
+    if transport == "light":
+        fast = {"max_attempts": 1, "connect_timeout": 1, "read_timeout": 0.5}
+        return open_light_client(endpoint, **(fast if fast_fail else {}))
+    if not fast_fail:
+        return open_client(endpoint)
+    config = AioConfig(
+        retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=1, read_timeout=0.5
+    )
+    return new_session().client("dynamodb", endpoint_url=endpoint, config=config)
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    """Each DynamoDB transport in turn."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+async def store_client(
+    transport: str, dynamodb_client: Any, moto_endpoint: str
+) -> AsyncIterator[Any]:
+    """The client the store under test uses: aioboto3's, or the light transport.
+
+    Tests keep ``dynamodb_client`` (aioboto3) for setup and for reading items raw, so what
+    one transport wrote is checked by the other."""
+    if transport == "aioboto3":
+        yield dynamodb_client
+        return
+    async with open_light_client(moto_endpoint) as client:
+        yield client
+
+
 @pytest.fixture
 async def dynamodb_client(moto_endpoint: str) -> AsyncIterator[Any]:
     """An aioboto3 DynamoDB client against the moto server, closed after the test."""
@@ -110,8 +170,10 @@ async def fresh_table(client: Any, *, sort_key: bool = False, **attributes: Any)
     return name
 
 
-async def fresh_store(client: Any, **kwargs: Any) -> DynamoDBStore:
-    """A store on a new table whose key schema matches the store's options."""
+async def fresh_store(client: Any, *, store_client: Any = None, **kwargs: Any) -> DynamoDBStore:
+    """A store on a new table whose key schema matches the store's options.
+
+    ``client`` (aioboto3) creates the table; the store uses ``store_client`` if given."""
     table_options = {
         option: kwargs[option] for option in ("key_attr", "expiry_attr") if option in kwargs
     }
@@ -119,7 +181,7 @@ async def fresh_store(client: Any, **kwargs: Any) -> DynamoDBStore:
     if sort_key_attr is not None:
         table_options["sort_key_attr"] = sort_key_attr
     name = await fresh_table(client, sort_key=sort_key_attr is not None, **table_options)
-    return DynamoDBStore(client, table_name=name, **kwargs)
+    return DynamoDBStore(store_client or client, table_name=name, **kwargs)
 
 
 def _wait_until_answering(

@@ -1,6 +1,6 @@
 """One worker process of the multi-process test: tasks sharing keys through DynamoDB.
 
-Usage: python _worker.py ENDPOINT TABLE SIDE_EFFECT_FILE WORKER_ID TASKS KEYS
+Usage: python _worker.py ENDPOINT TABLE SIDE_EFFECT_FILE WORKER_ID TASKS KEYS [TRANSPORT]
 Each task executes an idempotent call whose side effect appends one line to the file.
 """
 
@@ -10,14 +10,18 @@ import asyncio
 import os
 import sys
 
-from _moto import open_client
+from _moto import open_transport
 
 from idempotency_async import Manager, Options
 from idempotency_async.stores.dynamodb import DynamoDBStore
 
 
-async def main(endpoint: str, table: str, path: str, worker: str, tasks: int, keys: int) -> None:
-    store = DynamoDBStore(client_factory=lambda: open_client(endpoint), table_name=table)
+async def main(
+    endpoint: str, table: str, path: str, worker: str, tasks: int, keys: int, transport: str
+) -> None:
+    store = DynamoDBStore(
+        client_factory=lambda: open_transport(transport, endpoint), table_name=table
+    )
     async with store:
         manager = Manager(
             store, Options(key_prefix="multi", event_key_jmespath="id", wait=True, wait_timeout=60)
@@ -44,4 +48,5 @@ async def main(endpoint: str, table: str, path: str, worker: str, tasks: int, ke
 
 if __name__ == "__main__":
     endpoint, table, path, worker, tasks, keys = sys.argv[1:7]
-    asyncio.run(main(endpoint, table, path, worker, int(tasks), int(keys)))
+    transport = sys.argv[7] if len(sys.argv) > 7 else "aioboto3"
+    asyncio.run(main(endpoint, table, path, worker, int(tasks), int(keys), transport))

@@ -6,7 +6,16 @@ import os
 from collections.abc import AsyncIterator
 
 import pytest
-from _moto import dynamodb_client, fresh_store, moto_endpoint, open_client
+from _moto import (
+    dynamodb_client,
+    fresh_store,
+    moto_endpoint,
+    open_client,
+    open_light_client,
+    store_client,
+    transport,
+)
+from _postgres import fresh_postgres_store, pgbouncer, postgres_server
 from _redis import fresh_redis_store, redis_cluster, redis_server
 from hypothesis import HealthCheck, settings
 from support import Clock
@@ -24,9 +33,20 @@ settings.register_profile(
 )
 settings.load_profile("idempotency-async")
 
-__all__ = ["clock", "dynamodb_client", "moto_endpoint", "redis_cluster", "redis_server", "store"]
+__all__ = [
+    "clock",
+    "dynamodb_client",
+    "moto_endpoint",
+    "pgbouncer",
+    "postgres_server",
+    "redis_cluster",
+    "redis_server",
+    "store",
+    "store_client",
+    "transport",
+]
 
-STORES = ["memory", "dynamodb", "redis", "redis-cluster"]
+STORES = ["memory", "dynamodb", "dynamodb-light", "redis", "redis-cluster", "postgres"]
 
 
 @pytest.fixture(autouse=True)
@@ -53,12 +73,23 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
         memory = MemoryStore()
         yield memory
         await memory.aclose()
+    elif request.param == "postgres":
+        # The client's clock, as for Redis: the suites run in simulated time.
+        server = request.getfixturevalue("postgres_server")
+        async with fresh_postgres_store(server, clock="client") as postgres_store:
+            yield postgres_store
     elif request.param.startswith("redis"):
         # The client's clock: the suites run in simulated time (NOW is in 2023).
         cluster = request.param == "redis-cluster"
         server = request.getfixturevalue("redis_cluster" if cluster else "redis_server")
         async with fresh_redis_store(server, cluster=cluster, clock="client") as redis_store:
             yield redis_store
+    elif request.param == "dynamodb-light":
+        endpoint = request.getfixturevalue("moto_endpoint")
+        async with open_client(endpoint) as client, open_light_client(endpoint) as light:
+            dynamodb = await fresh_store(client, store_client=light)
+            yield dynamodb
+            await dynamodb.aclose()
     else:
         async with open_client(request.getfixturevalue("moto_endpoint")) as client:
             dynamodb = await fresh_store(client)

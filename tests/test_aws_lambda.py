@@ -768,6 +768,26 @@ def test_entrypoint_retries_init_after_it_failed() -> None:
         handler.close()
 
 
+def test_entrypoint_close_skips_shutdown_when_init_never_succeeded() -> None:
+    calls: list[str] = []
+
+    async def init() -> None:
+        calls.append("init")
+        raise ConnectionError("cold start hiccup")
+
+    async def shutdown() -> None:
+        calls.append("shutdown")
+
+    async def handle(event: dict[str, Any], context: Any) -> str:
+        return "ok"
+
+    handler = lambda_entrypoint(handle, init=init, shutdown=shutdown)
+    with pytest.raises(ConnectionError):
+        handler({}, FakeContext())
+    handler.close()
+    assert calls == ["init"]
+
+
 def test_entrypoint_refuses_a_sync_handler() -> None:
     with pytest.raises(errors.ConfigError):
         lambda_entrypoint(lambda event, context: None)  # type: ignore[arg-type, return-value]
@@ -1020,3 +1040,59 @@ def test_the_process_loop_outlives_each_entry_point_but_the_last() -> None:
         assert third.loop is not shared
     finally:
         third.close()
+
+
+async def test_handler_raising_its_own_cancelled_error_fails_only_its_record() -> None:
+    manager = Manager(MemoryStore(), Options(key_prefix="ship"))
+    template = load("sqs.json")["Records"][0]
+    records = [{**template, "messageId": str(uuid.uuid4())} for _ in range(2)]
+    finished: list[str] = []
+
+    async def handle(record: dict[str, Any]) -> None:
+        if record["messageId"] == records[0]["messageId"]:
+            raise asyncio.CancelledError  # nobody cancelled the batch
+        await asyncio.sleep(0.3)
+        finished.append(record["messageId"])
+
+    response = await process_batch(manager, {"Records": records}, handle)
+    # The batch response is returned, naming the record whose handler cancelled itself,
+    # and the other record finished before process_batch returned.
+    assert failures(response) == [records[0]["messageId"]]
+    assert finished == [records[1]["messageId"]]
+
+
+async def test_fifo_handler_raising_its_own_cancelled_error_fails_its_record() -> None:
+    manager = Manager(MemoryStore(), Options(key_prefix="ship"))
+    event = load("sqs_fifo.json")
+    first = event["Records"][0]["messageId"]
+
+    async def handle(record: dict[str, Any]) -> None:
+        if record["messageId"] == first:
+            raise asyncio.CancelledError
+
+    response = await process_batch(manager, event, handle)
+    assert first in failures(response)
+
+
+async def test_cancelling_a_batch_cancels_and_awaits_every_record() -> None:
+    manager = Manager(MemoryStore(), Options(key_prefix="ship"))
+    template = load("sqs.json")["Records"][0]
+    records = [{**template, "messageId": str(uuid.uuid4())} for _ in range(3)]
+    started = asyncio.Event()
+    ended: list[str] = []
+
+    async def handle(record: dict[str, Any]) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(5)
+        finally:
+            ended.append(record["messageId"])
+
+    batch = asyncio.create_task(process_batch(manager, {"Records": records}, handle))
+    await started.wait()
+    await asyncio.sleep(0.05)
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    # Every handler was cancelled and had ended by the time the batch task was done.
+    assert sorted(ended) == sorted(record["messageId"] for record in records)

@@ -497,6 +497,39 @@ def test_redis_from_url_errors_never_quote_the_password() -> None:
         assert "S3cr3t" not in str(caught.value) and "admin:***@" in str(caught.value)
 
 
+async def test_passwords_holding_url_delimiters_never_show() -> None:
+    # "/", "#", "?" in a password end the authority for a parser: exactly the URLs that
+    # fail to parse and get quoted in an error.
+    urls = {
+        "scheme": "foo://u:se/cret@h",
+        "port": "redis://user:p#ssw0rd@127.0.0.1:bad/0",
+        "query": "redis://user:wh?atever@127.0.0.1:bad/0",
+    }
+    runs = await asyncio.gather(*(cli("get", "--store", url, "k") for url in urls.values()))
+    messages = dict(zip(urls, (run.error() for run in runs), strict=True))
+    for secret in ("se/cret", "p#ssw0rd", "wh?atever"):
+        for what, message in messages.items():
+            assert secret not in message, (what, message)
+    assert "'foo://u:***@h'" in messages["scheme"]
+
+
+def test_redis_from_url_hides_a_password_holding_a_hash() -> None:
+    redis_store = pytest.importorskip("idempotency_async.stores.redis")
+    from idempotency_async.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        redis_store.RedisStore.from_url("redis://user:p#ssw0rd@host:bad")
+    assert "p#ss" not in str(caught.value) and "user:***@" in str(caught.value)
+
+
+def test_store_targets_do_not_show_their_password_in_repr() -> None:
+    from idempotency_async.cli._schemes import parse_target
+
+    for url in ("redis://user:S3cr3tpw@127.0.0.1:6379/0", "postgres://user:S3cr3tpw@h/db"):
+        target = parse_target(url)
+        assert "S3cr3tpw" not in repr(target), repr(target)
+
+
 async def test_release_with_stdin_closed_deletes_nothing(moto_endpoint: str) -> None:
     table = _table()
     store_url = _url(moto_endpoint, table)

@@ -22,37 +22,39 @@ async def _value() -> dict[str, Any]:
     return {"charged": True, "amount": 12.5}
 
 
-async def test_store_round_trips_per_path(dynamodb_client: Any) -> None:
-    store = await fresh_store(dynamodb_client)
+async def test_store_round_trips_per_path(dynamodb_client: Any, store_client: Any) -> None:
+    store = await fresh_store(dynamodb_client, store_client=store_client)
     first = Manager(store, Options(key_prefix="rt", use_local_cache=True))
     second = Manager(store, Options(key_prefix="rt"))
 
-    with sent_requests(dynamodb_client) as sent:
+    with sent_requests(store_client) as sent:
         await first.execute({"id": 1}, _value, timeout=10)
     assert sent == ["PutItem", "UpdateItem"]  # first call: claim + complete
 
-    with sent_requests(dynamodb_client) as sent:
+    with sent_requests(store_client) as sent:
         assert await second.execute({"id": 1}, _value, timeout=10) == await _value()
     assert sent == ["PutItem"]  # replay: the failed claim returns the record
 
-    with sent_requests(dynamodb_client) as sent:
+    with sent_requests(store_client) as sent:
         assert await first.execute({"id": 1}, _value, timeout=10) == await _value()
     assert sent == []  # cached replay
 
     release = asyncio.Event()
     holder = await start_holding(first, {"id": 2}, until=release, result="slow", timeout=10)
-    with sent_requests(dynamodb_client) as sent, pytest.raises(errors.AlreadyInProgressError):
+    with sent_requests(store_client) as sent, pytest.raises(errors.AlreadyInProgressError):
         await second.execute({"id": 2}, _value, timeout=10)
     assert sent == ["PutItem"]  # in-progress rejection from another process
-    with sent_requests(dynamodb_client) as sent, pytest.raises(errors.AlreadyInProgressError):
+    with sent_requests(store_client) as sent, pytest.raises(errors.AlreadyInProgressError):
         await first.execute({"id": 2}, _value, timeout=10)
     assert sent == []  # in-progress rejection in the same process
     release.set()
     assert await holder == "slow"
 
 
-async def test_failed_claim_never_runs_the_callback(dynamodb_client: Any) -> None:
-    store = await fresh_store(dynamodb_client)
+async def test_failed_claim_never_runs_the_callback(
+    dynamodb_client: Any, store_client: Any
+) -> None:
+    store = await fresh_store(dynamodb_client, store_client=store_client)
     await dynamodb_client.delete_table(TableName=store.table_name)
     manager = Manager(store, Options(key_prefix="gone"))
     ran = False
@@ -66,9 +68,11 @@ async def test_failed_claim_never_runs_the_callback(dynamodb_client: Any) -> Non
     assert ran is False
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["aioboto3", "both-transports"])
 async def test_four_processes_run_each_shared_key_once(
-    dynamodb_client: Any, moto_endpoint: str, tmp_path: Path
+    dynamodb_client: Any, moto_endpoint: str, tmp_path: Path, mixed: bool
 ) -> None:
+    # Mixed: two workers on aioboto3, two on the light transport, sharing the keys.
     table = await fresh_table(dynamodb_client)
     side_effects = tmp_path / "side-effects.log"
     worker = Path(__file__).with_name("_worker.py")
@@ -82,6 +86,7 @@ async def test_four_processes_run_each_shared_key_once(
             f"w{n}",
             "50",
             "20",
+            "light" if mixed and n % 2 else "aioboto3",
             stderr=asyncio.subprocess.PIPE,
         )
         for n in range(4)

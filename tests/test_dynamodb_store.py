@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from _moto import fresh_store, new_session
-from aiobotocore.config import AioConfig
+from _moto import fresh_store, new_session, open_transport
 
 from idempotency_async._codec import encode_json
 from idempotency_async.errors import (
     ConfigError,
+    InconsistentStateError,
     PersistenceError,
     StoreAccessDeniedError,
     StoreThrottledError,
@@ -26,6 +26,7 @@ from idempotency_async.errors import (
 from idempotency_async.record import Claim, Completion, Record, Status
 from idempotency_async.stores.base import State, Store, Written
 from idempotency_async.stores.dynamodb import DynamoDBStore, create_table
+from idempotency_async.stores.dynamodb_light import LightDynamoDBClient
 
 pytestmark = pytest.mark.dynamodb
 
@@ -76,8 +77,22 @@ def typed(value: Any) -> Any:
 
 @contextlib.contextmanager
 def sent_requests(client: Any) -> Iterator[list[str]]:
-    """Names of the HTTP requests the client sends inside the block (each retry counts)."""
+    """Names of the HTTP requests the client sends inside the block (each retry counts
+    with aioboto3; the light client's retries are its own and are not counted)."""
     sent: list[str] = []
+    if isinstance(client, LightDynamoDBClient):
+        request = client.request
+
+        async def counted(operation: str, body: Any) -> dict[str, Any]:
+            sent.append(operation)
+            return await request(operation, body)
+
+        client.request = counted  # type: ignore[method-assign]
+        try:
+            yield sent
+        finally:
+            del client.request
+        return
 
     def record(event_name: str, **_: Any) -> None:
         sent.append(event_name.rsplit(".", 1)[-1])
@@ -105,8 +120,9 @@ async def complete_and_read(store: DynamoDBStore, response: Any) -> Record:
 
 
 @pytest.fixture
-async def store(dynamodb_client: Any) -> DynamoDBStore:
-    return await fresh_store(dynamodb_client)
+async def store(dynamodb_client: Any, store_client: Any) -> DynamoDBStore:
+    """A store on each transport (``store_client``); ``dynamodb_client`` reads items raw."""
+    return await fresh_store(dynamodb_client, store_client=store_client)
 
 
 # -- claim ------------------------------------------------------------------------
@@ -125,10 +141,10 @@ async def test_claim_writes_an_inprogress_record_with_owner_and_validation(
 
 
 async def test_conflicting_claim_returns_the_holder_in_one_request(
-    store: DynamoDBStore, dynamodb_client: Any
+    store: DynamoDBStore, store_client: Any
 ) -> None:
     await try_claim(store, claim_for("k#1", "A", validation="v"), NOW)
-    with sent_requests(dynamodb_client) as sent:
+    with sent_requests(store_client) as sent:
         blocking = await try_claim(store, claim_for("k#1", "B"), NOW + 1)
     assert sent == ["PutItem"]
     assert blocking == claim_for("k#1", "A", validation="v").to_record(NOW)
@@ -229,8 +245,10 @@ async def test_completed_record_keeps_owner_and_validation_and_drops_the_lease(
 # -- layout and interoperability -----------------------------------------------------
 
 
-async def test_sort_key_mode_keeps_the_logical_key(dynamodb_client: Any) -> None:
-    store = await fresh_store(dynamodb_client, sort_key_attr="sk", static_pk_value="idem#fn")
+async def test_sort_key_mode_keeps_the_logical_key(dynamodb_client: Any, store_client: Any) -> None:
+    store = await fresh_store(
+        dynamodb_client, store_client=store_client, sort_key_attr="sk", static_pk_value="idem#fn"
+    )
     await try_claim(store, claim_for("fn#abc", "A"), NOW)
     await complete_ok(store, completion_for("fn#abc", "A", {"ok": True}))
     item = await raw_item(store, dynamodb_client, {"id": {"S": "idem#fn"}, "sk": {"S": "fn#abc"}})
@@ -242,16 +260,18 @@ async def test_sort_key_mode_keeps_the_logical_key(dynamodb_client: Any) -> None
 
 
 async def test_sort_key_mode_defaults_the_partition_to_the_function_name(
-    dynamodb_client: Any, monkeypatch: pytest.MonkeyPatch
+    dynamodb_client: Any, store_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "checkout")
-    store = await fresh_store(dynamodb_client, sort_key_attr="sk")
+    store = await fresh_store(dynamodb_client, store_client=store_client, sort_key_attr="sk")
     await try_claim(store, claim_for("checkout#h", "A"), NOW)
     key = {"id": {"S": "idempotency#checkout"}, "sk": {"S": "checkout#h"}}
     assert (await raw_item(store, dynamodb_client, key))["owner"] == {"S": "A"}
 
 
-async def test_renamed_attributes_are_used_for_every_field(dynamodb_client: Any) -> None:
+async def test_renamed_attributes_are_used_for_every_field(
+    dynamodb_client: Any, store_client: Any
+) -> None:
     names = {
         "key_attr": "pk",
         "status_attr": "st",
@@ -262,7 +282,7 @@ async def test_renamed_attributes_are_used_for_every_field(dynamodb_client: Any)
         "owner_attr": "tok",
         "data_format_attr": "fmt",
     }
-    store = await fresh_store(dynamodb_client, **names)
+    store = await fresh_store(dynamodb_client, store_client=store_client, **names)
     await try_claim(store, claim_for("k#1", "A", validation="v"), NOW)
     item = await raw_item(store, dynamodb_client, {"pk": {"S": "k#1"}})
     assert set(item) == {"pk", "st", "ttl", "lease", "fp", "tok"}
@@ -356,14 +376,14 @@ async def test_native_response_has_the_typescript_layout(
     }
 
 
-async def test_unknown_status_is_a_validation_error(
+async def test_unknown_status_is_inconsistent_state(
     store: DynamoDBStore, dynamodb_client: Any
 ) -> None:
     await dynamodb_client.put_item(
         TableName=store.table_name,
         Item={"id": {"S": "k#odd"}, "status": {"S": "EXPIRED"}, "expiration": {"N": "1"}},
     )
-    with pytest.raises(StoreValidationError, match="cannot be read"):
+    with pytest.raises(InconsistentStateError, match="cannot be read"):
         await get_record(store, "k#odd")
 
 
@@ -483,14 +503,14 @@ async def test_incompressible_response_over_the_limit_completes_without_it(
 
 
 async def test_item_rejected_as_too_large_is_retried_compressed(
-    store: DynamoDBStore, dynamodb_client: Any
+    store: DynamoDBStore, dynamodb_client: Any, store_client: Any
 ) -> None:
     # About 360 KB by DynamoDB's count, which the store writes natively; moto counts
     # number text in full (540 KB) and refuses the item, standing in for any item that
     # DynamoDB finds larger than estimated.
     response = [123456789012345678] * 30_000
     await try_claim(store, claim_for("k#1", "A"), NOW)
-    with sent_requests(dynamodb_client) as sent:
+    with sent_requests(store_client) as sent:
         assert await complete_ok(store, completion_for("k#1", "A", response))
     assert sent == ["UpdateItem", "UpdateItem"]
     record = await get_record(store, "k#1")
@@ -501,8 +521,9 @@ async def test_item_rejected_as_too_large_is_retried_compressed(
 
 async def test_response_that_does_not_fit_even_compressed_is_not_stored(
     dynamodb_client: Any,
+    store_client: Any,
 ) -> None:
-    store = await fresh_store(dynamodb_client)
+    store = await fresh_store(dynamodb_client, store_client=store_client)
     noise = base64.b64encode(os.urandom(450_000)).decode()  # incompressible, over 400 KB
     record = await complete_and_read(store, noise)
     assert (record.response_stored, record.response) == (False, None)
@@ -563,7 +584,7 @@ async def test_factory_client_is_opened_once_under_concurrency_and_closed(
     assert (factory.opened, factory.closed) == (1, 0)
     await store.aclose()
     assert factory.closed == 1
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ConfigError, match="closed"):
         await get_record(store, "k#1")
 
 
@@ -576,19 +597,22 @@ async def test_async_with_opens_the_factory_client_and_closes_it(
         assert factory.opened == 1
         assert await try_claim(store, claim_for("k#1", "A"), NOW) is None
     assert factory.closed == 1
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ConfigError):
         await store.__aenter__()
 
 
-async def test_aclose_leaves_an_injected_client_open(dynamodb_client: Any) -> None:
-    store = await fresh_store(dynamodb_client)
+async def test_aclose_leaves_an_injected_client_open(
+    dynamodb_client: Any, store_client: Any
+) -> None:
+    store = await fresh_store(dynamodb_client, store_client=store_client)
     await store.aclose()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ConfigError):
         await get_record(store, "k#1")
-    # The client still answers.  Not by list_tables: it returns the first 100 tables of
-    # the session-wide moto server, which leaves this one out once enough tests ran before.
-    described = await dynamodb_client.describe_table(TableName=store.table_name)
-    assert described["Table"]["TableName"] == store.table_name
+    # The store's client still answers.  Not by list_tables: it returns the first 100
+    # tables of the session-wide moto server, which leaves this one out once enough tests
+    # ran before.
+    answer = await store_client.get_item(TableName=store.table_name, Key={"id": {"S": "k#1"}})
+    assert "Item" not in answer and answer["ResponseMetadata"]["HTTPStatusCode"] == 200
 
 
 async def test_create_table_enables_ttl_on_expiration(dynamodb_client: Any) -> None:
@@ -606,10 +630,6 @@ async def test_create_table_enables_ttl_on_expiration(dynamodb_client: Any) -> N
 
 
 # -- errors -------------------------------------------------------------------------
-
-FAST_FAIL = AioConfig(
-    retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=1, read_timeout=0.5
-)
 
 
 async def test_missing_table_is_a_validation_error(dynamodb_client: Any) -> None:
@@ -688,12 +708,12 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 @pytest.fixture
 async def proxied_store(
-    dynamodb_client: Any, moto_endpoint: str
+    dynamodb_client: Any, moto_endpoint: str, transport: str
 ) -> AsyncIterator[tuple[DynamoDBStore, _Proxy]]:
     table = (await fresh_store(dynamodb_client)).table_name
     proxy = _Proxy(moto_endpoint)
     await proxy.start()
-    async with new_session().client("dynamodb", endpoint_url=proxy.url, config=FAST_FAIL) as c:
+    async with open_transport(transport, proxy.url, fast_fail=True) as c:
         yield DynamoDBStore(c, table_name=table), proxy
     await proxy.aclose()
 
@@ -721,10 +741,10 @@ async def test_unanswered_request_times_out_as_unavailable(
         await try_claim(store, claim_for("k#1", "A"), NOW)
 
 
-async def test_refused_connection_is_unavailable() -> None:
+async def test_refused_connection_is_unavailable(transport: str) -> None:
     with socket_port() as port:
         endpoint = f"http://127.0.0.1:{port}"
-    async with new_session().client("dynamodb", endpoint_url=endpoint, config=FAST_FAIL) as c:
+    async with open_transport(transport, endpoint, fast_fail=True) as c:
         with pytest.raises(StoreUnavailableError):
             await DynamoDBStore(c, table_name="t").get("k#1", now=NOW)
 
@@ -768,13 +788,13 @@ async def _answer_with_error(
         ("SomethingNewException", PersistenceError),
     ],
 )
-async def test_service_errors_map_to_typed_errors(code: str, error: type[Exception]) -> None:
+async def test_service_errors_map_to_typed_errors(
+    code: str, error: type[Exception], transport: str
+) -> None:
     server = await asyncio.start_server(lambda r, w: _answer_with_error(code, r, w), "127.0.0.1", 0)
     endpoint = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     try:
-        async with new_session().client(
-            "dynamodb", endpoint_url=endpoint, config=FAST_FAIL
-        ) as client:
+        async with open_transport(transport, endpoint, fast_fail=True) as client:
             store = DynamoDBStore(client, table_name="t")
             with pytest.raises(error, match=code) as caught:
                 await complete_ok(store, completion_for("k#1", "A", 1))
@@ -783,3 +803,44 @@ async def test_service_errors_map_to_typed_errors(code: str, error: type[Excepti
         await server.wait_closed()
     assert type(caught.value) is error
     assert caught.value.__cause__ is not None
+
+
+# A realistic InvalidSignatureException from DynamoDB, made with temporary credentials: AWS
+# quotes the canonical request and the string to sign, session token included.
+_SESSION_TOKEN = "IQoJb3JpZ2luX2VjEHoaCXVzLWVhc3QtMSJHMEUCIQD" + "x" * 40
+_SIGNATURE_MESSAGE = (
+    "The request signature we calculated does not match the signature you provided. Check "
+    "your AWS Secret Access Key and signing method. Consult the service documentation for "
+    "details.\n\nThe Canonical String for this request should have been\n'POST\n/\n\n"
+    "content-type:application/x-amz-json-1.0\nhost:dynamodb.eu-west-1.amazonaws.com\n"
+    f"x-amz-date:20261201T182000Z\nx-amz-security-token:{_SESSION_TOKEN}\n"
+    "x-amz-target:DynamoDB_20120810.GetItem\n\n"
+    "content-type;host;x-amz-date;x-amz-security-token;x-amz-target\n"
+    "3f1c...'\n\nThe String-to-Sign should have been\n'AWS4-HMAC-SHA256\n20261201T182000Z\n"
+    "20261201/eu-west-1/dynamodb/aws4_request\n9a8b...'\n"
+)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        _SIGNATURE_MESSAGE,
+        # Without the markers to cut at: the token itself is still hidden.
+        f"denied; X-Amz-Security-Token={_SESSION_TOKEN}&X-Amz-Date=20261201T182000Z",
+        f"denied; x-amz-security-token: {_SESSION_TOKEN}",
+    ],
+)
+def test_denied_errors_never_quote_the_session_token(message: str) -> None:
+    from idempotency_async.stores._dynamodb_errors import ServiceError, translate_errors
+
+    response = {"Error": {"Code": "InvalidSignatureException", "Message": message}}
+    with pytest.raises(StoreAccessDeniedError) as caught, translate_errors("get", "orders"):
+        raise ServiceError(response)
+    shown = str(caught.value)
+    assert _SESSION_TOKEN[:20] not in shown, shown
+    assert "InvalidSignatureException" in shown and "'orders'" in shown
+    # The light client's own exception (the cause) does not quote it either.
+    assert _SESSION_TOKEN[:20] not in str(caught.value.__cause__)
+    if message is _SIGNATURE_MESSAGE:
+        assert "Check your AWS Secret Access Key and signing method" in shown
+        assert "String-to-Sign" not in shown and "content-type" not in shown

@@ -141,6 +141,59 @@ async def test_tenants_routed_by_host_never_share_a_response(framework: str) -> 
     assert _replayed(again) and again.json() == answers["a.example"].json()
 
 
+async def test_aiohttp_works_out_host_routing_once_per_application() -> None:
+    calls: Counter[str] = Counter()
+    root = _host_aiohttp(calls)
+    looked_at = Counter[str]()
+    for resource in root.router.resources():
+        # Counts how often the middleware inspects the root's routes; answers unchanged.
+        def counted(resource: Any = resource, get_info: Any = resource.get_info) -> Any:
+            looked_at[resource.canonical] += 1
+            return get_info()
+
+        resource.get_info = counted
+    async with (
+        serve_aio(root) as base_url,
+        httpx.AsyncClient(base_url=base_url, timeout=10) as client,
+    ):
+        answers = [
+            await client.post(
+                "/orders", json={"n": n}, headers={"Idempotency-Key": f"k{n}", "Host": host}
+            )
+            for n, host in enumerate(["a.example", "b.example", "x.example.com"] * 3)
+        ]
+    assert [answer.status_code for answer in answers] == [201] * 9
+    assert [answer.json()["host"] for answer in answers] == [
+        "a.example",
+        "b.example",
+        "x.example.com",
+    ] * 3
+    # Once per chain of applications (three tenants), not once per request (nine).
+    assert looked_at
+    assert max(looked_at.values()) <= 3, looked_at
+
+
+async def test_aiohttp_413_names_the_applications_smaller_limit() -> None:
+    async def create(request: web.Request) -> web.Response:
+        return web.json_response({"size": len(await request.read())}, status=201)
+
+    app = web.Application(
+        client_max_size=1000,
+        middlewares=[idempotency_middleware(Manager(MemoryStore()), max_body_bytes=50_000)],
+    )
+    app.router.add_post("/orders", create)
+    async with (
+        serve_aio(app) as base_url,
+        httpx.AsyncClient(base_url=base_url, timeout=10) as client,
+    ):
+        small = await client.post("/orders", content=b"x" * 900, headers=_key("small"))
+        large = await client.post("/orders", content=b"x" * 2000, headers=_key("large"))
+    assert small.status_code == 201 and small.json() == {"size": 900}
+    assert large.status_code == 413
+    detail = large.json()["detail"]
+    assert "1000 bytes" in detail and "50000" not in detail, detail
+
+
 # ---------------------------------------------------------------------- aiohttp bodies
 
 _FORM = {"name": "Zoë", "qty": "2"}

@@ -982,3 +982,107 @@ def test_a_lease_or_duration_option_that_is_not_finite_is_a_config_error(
 ) -> None:
     with pytest.raises(errors.ConfigError, match=option):
         Options(**{option: value})
+
+
+# -- cancellation: the caller's, or the callback's own (a review of the merged lifecycle) ---
+
+
+async def test_a_cancelled_error_the_callback_raises_itself_is_its_own_and_releases(
+    store: Store,
+) -> None:
+    # Nobody cancelled the caller: the CancelledError is the callback's own exception (G5),
+    # and the key is released like after any failure, not blocked for the whole lease.
+    async def cancels_itself() -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future
+
+    manager = make(store)
+    payload = {"id": "own-cancel"}
+    with pytest.raises(asyncio.CancelledError):
+        await manager.execute(payload, cancels_itself, timeout=30)
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    assert await record_of(store, manager.key_for(payload)) is None
+    assert await manager.execute(payload, Runs("again"), timeout=30) == "again"
+
+
+async def test_a_cancelled_error_the_call_callback_raises_itself_releases_too() -> None:
+    async def cancels_itself(call: Any) -> None:
+        raise asyncio.CancelledError
+
+    store = MemoryStore()
+    manager = make(store)
+    payload = {"id": "own-cancel-call"}
+    with pytest.raises(asyncio.CancelledError):
+        await manager.execute_call(payload, cancels_itself, timeout=30)
+    assert await record_of(store, manager.key_for(payload)) is None
+
+
+@pytest.mark.parametrize("swallow", ["into-another-exception", "and-return"])
+async def test_a_cancelled_caller_gets_cancelled_error_and_no_store_write(swallow: str) -> None:
+    # The callback turns its caller's cancellation into another exception, or swallows it
+    # and returns: the caller was cancelled, so it gets CancelledError and nothing is
+    # written after the cancellation (G6) — the record waits for its lease.
+    store = RecordingStore(MemoryStore())
+    manager = make(store)
+    started = asyncio.Event()
+
+    async def swallows() -> str:
+        started.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            if swallow == "into-another-exception":
+                raise RuntimeError("converted") from None
+        return "swallowed"
+
+    task = asyncio.create_task(manager.execute({"id": swallow}, swallows, timeout=30))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert store.calls == ["claim"]
+    record = await record_of(store, manager.key_for({"id": swallow}))
+    assert record is not None and record.status is Status.INPROGRESS
+
+
+async def test_a_completion_failing_with_a_throttle_has_an_unknown_outcome() -> None:
+    # Anything but a definite refusal may hide a write that applied: here it did.
+    inner = MemoryStore()
+
+    class ThrottledAfterApplying(RecordingStore):
+        async def complete(self, completion: Any) -> Any:
+            await self.inner.complete(completion)
+            raise errors.StoreThrottledError("throttled on the SDK's retry")
+
+    manager = make(ThrottledAfterApplying(inner))
+    with pytest.raises(errors.CompletionError) as caught:
+        await manager.execute({"id": "throttled"}, Runs("done"), timeout=30)
+    assert caught.value.outcome_unknown is True
+    record = await record_of(inner, manager.key_for({"id": "throttled"}))
+    assert record is not None and record.status is Status.COMPLETED
+
+
+async def test_call_stored_says_what_the_store_kept() -> None:
+    # A store that keeps the record without the response it was sent (a value it cannot
+    # hold): the call may still attach another answer later, so it is not "stored".
+    store = MemoryStore()
+
+    class CannotHold(RecordingStore):
+        async def complete(self, completion: Any) -> Any:
+            if completion.encoded is not None:
+                completion = completion._replace(
+                    encoded=None, response=None, not_stored="cannot hold it"
+                )
+            return await self.inner.complete(completion)
+
+    manager = make(CannotHold(store))
+
+    async def answers(call: Any) -> None:
+        await call.complete({"big": "x" * 100})
+        assert call.stored is False
+        await call.complete_without_response("replaced")
+
+    await manager.execute_call({"id": "kept"}, answers, timeout=30)
+    record = await record_of(store, manager.key_for({"id": "kept"}))
+    assert record is not None and record.response_stored is False

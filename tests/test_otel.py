@@ -93,7 +93,7 @@ def store_events(span: ReadableSpan) -> list[tuple[str, str | None]]:
 
 
 def system_of(store: Store) -> str:
-    return {"MemoryStore": "memory", "RedisStore": "redis"}.get(
+    return {"MemoryStore": "memory", "RedisStore": "redis", "PostgresStore": "postgresql"}.get(
         type(store).__name__, "aws.dynamodb"
     )
 
@@ -126,7 +126,7 @@ async def test_first_call_is_claimed_with_claim_and_complete_round_trips(
         assert otel.count("idempotency.store.duration", db_operation=operation) == 1
     store_point = otel.points("idempotency.store.duration")[0]
     assert store_point.attributes["db.system.name"] == system
-    if system == "aws.dynamodb":
+    if system in ("aws.dynamodb", "postgresql"):
         assert store_point.attributes["db.collection.name"] == store.table_name  # type: ignore[attr-defined]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as redis_asyncio
-from _redis import RedisServer, fresh_redis_store, start_redis, stop_redis
+from _redis import RedisServer, fresh_redis_store, start_cluster, start_redis, stop_redis
 from _tcp_proxy import lossy_proxy
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -150,14 +150,14 @@ async def test_typescript_records_are_read_and_judged(redis_server: RedisServer)
         assert verdict.record.response == {"x": 1}
 
 
-async def test_unreadable_records_are_validation_errors(redis_server: RedisServer) -> None:
+async def test_unreadable_records_are_inconsistent_state(redis_server: RedisServer) -> None:
     async with fresh_redis_store(redis_server) as store, redis_server.client() as client:
         await client.set(store.key_prefix + "bad", b"not json")
-        with pytest.raises(errors.StoreValidationError, match="force_release"):
+        with pytest.raises(errors.InconsistentStateError, match="force_release"):
             await store.claim(claim("bad"))
-        with pytest.raises(errors.StoreValidationError, match="cannot be read"):
+        with pytest.raises(errors.InconsistentStateError, match="cannot be read"):
             await store.get("bad", now=time.time())
-        with pytest.raises(errors.StoreValidationError, match="was deleted"):
+        with pytest.raises(errors.InconsistentStateError, match="was deleted"):
             await store.force_release("bad")
         assert await client.exists(store.key_prefix + "bad") == 0
 
@@ -267,6 +267,51 @@ async def test_an_unreachable_server_is_store_unavailable() -> None:
         await client.aclose()
 
 
+@pytest.mark.parametrize("package", ["redis", "valkey"])
+async def test_a_cluster_client_on_a_dead_port_is_store_unavailable(package: str) -> None:
+    # Both clients raise <Name>ClusterException here, which is not a RedisError/ValkeyError.
+    cluster_class = (
+        redis_asyncio.RedisCluster
+        if package == "redis"
+        else pytest.importorskip("valkey.asyncio").ValkeyCluster
+    )
+    server = start_redis()
+    port = server.port
+    stop_redis(server)
+    client = cluster_class(host="127.0.0.1", port=port, socket_connect_timeout=1)
+    store = RedisStore(client)
+    try:
+        with pytest.raises(errors.StoreUnavailableError, match="did not answer") as raised:
+            await store.claim(claim())
+        assert type(raised.value.__cause__).__name__.endswith("ClusterException")
+        with pytest.raises(errors.StoreUnavailableError):
+            await store.get("k", now=time.time())
+    finally:
+        await client.aclose()
+
+
+async def test_a_cluster_whose_nodes_stopped_is_store_unavailable() -> None:
+    cluster = start_cluster()
+    stopped = False
+    try:
+        async with fresh_redis_store(cluster, cluster=True) as store:
+            assert await store.claim(claim("before")) is CLAIMED
+            stop_redis(RedisServer(cluster.ports, cluster.processes))
+            stopped = True
+            for operation in (
+                lambda: store.claim(claim("after")),
+                lambda: store.get("before", now=time.time()),
+                lambda: store.force_release("before"),
+            ):
+                with pytest.raises(errors.StoreUnavailableError):
+                    await operation()
+    finally:
+        if not stopped:
+            stop_redis(cluster)
+        else:
+            stop_redis(RedisServer([], [], cluster.directory))
+
+
 # -- clients and configuration ---------------------------------------------------------
 
 
@@ -289,7 +334,7 @@ async def test_from_url_owns_and_closes_its_client(redis_server: RedisServer) ->
         assert await store.claim(claim()) is CLAIMED
         client = store._client
     assert client.connection_pool._in_use_connections == set()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(errors.ConfigError, match="closed"):
         await store.claim(claim())
 
 

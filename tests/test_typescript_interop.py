@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
-from _moto import REGION, fresh_table, open_client
+from _moto import REGION, fresh_table, open_client, open_light_client
 
 from idempotency_async import Manager, Options
 from idempotency_async.errors import AlreadyInProgressError, PayloadValidationError
@@ -281,10 +281,16 @@ async def run_ts(
 
 
 @pytest.fixture
-async def shared_table(moto_endpoint: str) -> AsyncIterator[tuple[Any, str]]:
-    """An aioboto3 client and a fresh table on the moto server both sides use."""
+async def shared_table(moto_endpoint: str, transport: str) -> AsyncIterator[tuple[Any, str]]:
+    """A client of each DynamoDB transport and a fresh table on the moto server both sides
+    use (the Python side's store and raw reads go through that client)."""
     async with open_client(moto_endpoint) as client:
-        yield client, await fresh_table(client)
+        table = await fresh_table(client)
+        if transport == "aioboto3":
+            yield client, table
+            return
+        async with open_light_client(moto_endpoint) as light:
+            yield light, table
 
 
 def manager_for(

@@ -81,16 +81,41 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("key", metavar="KEY")
     release.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
 
-    commands.add_parser(
+    create = commands.add_parser(
         "create-table",
         parents=[store],
-        help="create a DynamoDB table for the store URL",
+        help="create the table for the store URL (DynamoDB, Postgres)",
         description=(
             "Create the DynamoDB table the store URL names (on-demand billing, TTL on the "
-            "expiry attribute); sort-key mode when the URL sets sort_key_attr."
+            "expiry attribute); sort-key mode when the URL sets sort_key_attr. For "
+            "postgres:// the table and its expiry index, if missing."
         ),
     )
+    create.add_argument(
+        "--print-sql",
+        action="store_true",
+        help="postgres:// only: print the SQL for a migration instead of running it",
+    )
+    _add_vacuum(commands, store)
     return parser
+
+
+def _add_vacuum(commands: Any, store: argparse.ArgumentParser) -> None:
+    vacuum = commands.add_parser(
+        "vacuum",
+        parents=[store],
+        help="delete expired records (postgres://)",
+        description=(
+            "Delete expired records from a postgres:// store, BATCH rows per statement "
+            "(each its own short transaction), until none is left or MAX batches ran."
+        ),
+    )
+    vacuum.add_argument(
+        "--batch-size", metavar="BATCH", type=_positive_int, default=1000, help="(1000)"
+    )
+    vacuum.add_argument(
+        "--max-batches", metavar="MAX", type=_positive_int, help="(default: until done)"
+    )
 
 
 def _add_key(commands: Any) -> None:
@@ -160,8 +185,9 @@ def _store_options() -> argparse.ArgumentParser:
         "--store",
         metavar="URL",
         default=os.environ.get(STORE_ENV),
-        help=f"dynamodb://TABLE?region=… or redis://HOST:PORT/DB, with record_format=… for "
-        f"Powertools (Python) records (default: ${STORE_ENV})",
+        help=f"dynamodb://TABLE?region=…, redis://HOST:PORT/DB or "
+        f"postgres://USER@HOST/DB?table=NAME, with record_format=… for Powertools (Python) "
+        f"records (default: ${STORE_ENV})",
     )
     options.add_argument("--profile", help="AWS profile (default: AWS_PROFILE or default)")
     options.add_argument("--region", help="AWS region (default: the URL's, then AWS_REGION)")

@@ -10,13 +10,14 @@ from contextlib import aclosing
 from typing import TextIO
 
 from idempotency_async.cli._errors import EXIT_NOT_FOUND, CliError
+from idempotency_async.cli._postgres import PostgresTarget
 from idempotency_async.cli._render import ROW_HEADER, record_json, record_lines, record_row
 from idempotency_async.cli._schemes import parse_target
 from idempotency_async.cli._targets import AwsSettings, Listing, Target
 from idempotency_async.cli._terminal import printable
 from idempotency_async.record import Record, Status
 
-__all__ = ["run_create_table", "run_get", "run_list", "run_release"]
+__all__ = ["run_create_table", "run_get", "run_list", "run_release", "run_vacuum"]
 
 
 def _aws(args: argparse.Namespace) -> AwsSettings:
@@ -142,13 +143,41 @@ async def run_create_table(args: argparse.Namespace) -> int:
     from idempotency_async.cli._dynamodb import DynamoDBTarget
 
     target = _target(args)
+    if isinstance(target, PostgresTarget):
+        return await _create_sql_table(target, print_sql=args.print_sql)
+    if args.print_sql:
+        raise CliError("--print-sql is for postgres:// stores")
     if not isinstance(target, DynamoDBTarget):
-        raise CliError("create-table is for dynamodb:// stores (other stores need no table)")
+        raise CliError(
+            "create-table is for dynamodb:// and postgres:// stores (Redis needs no table)"
+        )
     await target.create_table(_aws(args))
     sort_key = target.options.get("sort_key_attr")
     mode = f", sort key {sort_key!r}" if sort_key else ""
     expiry = target.options.get("expiry_attr", "expiration")
     print(f"created table {target.table!r}{mode}, TTL on {expiry!r}")
+    return 0
+
+
+async def run_vacuum(args: argparse.Namespace) -> int:
+    target = _target(args)
+    if not isinstance(target, PostgresTarget):
+        raise CliError(
+            "vacuum is for postgres:// stores (DynamoDB and Redis delete expired records "
+            "themselves, by TTL)"
+        )
+    deleted = await target.vacuum(batch_size=args.batch_size, max_batches=args.max_batches)
+    what = "record" if deleted == 1 else "records"
+    print(f"deleted {deleted} expired {what} from {target.table}")
+    return 0
+
+
+async def _create_sql_table(target: PostgresTarget, *, print_sql: bool) -> int:
+    if print_sql:
+        print(target.sql(), end="")
+        return 0
+    await target.create_table()
+    print(f"created table {target.table!r} and its expiry index (or they existed)")
     return 0
 
 

@@ -12,7 +12,7 @@ import importlib
 import sys
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 from urllib.parse import SplitResult, parse_qsl, urlencode
 
@@ -44,7 +44,7 @@ class RedisPage(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class RedisTarget:
-    url: str
+    url: str = field(repr=False)  # may hold a password
     key_prefix: str = ""
     cluster: bool = False
     record_format: str = "typescript"

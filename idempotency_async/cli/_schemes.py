@@ -1,9 +1,9 @@
 """Store URLs: each scheme the command knows, mapped to its backend's parser.
 
-``dynamodb://TABLE?region=…&endpoint=…`` and, when the Redis store is installed,
-``redis://…`` / ``rediss://…``.  Registering a backend is one entry in ``_SCHEMES``; its
-module is imported when a URL names it, so a command that never touches Redis never
-imports the Redis client.  Backends import only ``_targets``, never this module.
+``dynamodb://TABLE?region=…&endpoint=…``, ``redis://…`` / ``rediss://…`` and
+``postgres://…`` / ``postgresql://…``.  Registering a backend is one entry in
+``_SCHEMES``; its module is imported when a URL names it, so a command that never touches
+Redis never imports the Redis client.  Backends import only ``_targets``, never this module.
 """
 
 from __future__ import annotations
@@ -29,10 +29,18 @@ def _redis(parts: SplitResult) -> Target:
     return _redis.parse(parts)
 
 
+def _postgres(parts: SplitResult) -> Target:
+    from idempotency_async.cli import _postgres
+
+    return _postgres.parse(parts)
+
+
 _SCHEMES: dict[str, TargetParser] = {
     "dynamodb": _dynamodb,
     "redis": _redis,
     "rediss": _redis,
+    "postgres": _postgres,
+    "postgresql": _postgres,
 }
 
 

@@ -1,6 +1,6 @@
 """What a store URL's backend provides, and the helpers every backend's parser shares.
 
-A backend is one module (``_dynamodb``, ``_redis``) with a ``parse(parts)`` function
+A backend is one module (``_dynamodb``, ``_redis``, ``_postgres``) with a ``parse(parts)`` function
 returning a :class:`Target` (a :class:`Listing` too if ``list`` should work on it).  It
 imports only this module; ``_schemes`` maps each URL scheme to its parser, so nothing
 here knows the backends.

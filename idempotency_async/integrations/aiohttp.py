@@ -136,6 +136,8 @@ def idempotency_middleware(
         ),
     )
 
+    routing = _DomainRouting()
+
     @web.middleware
     async def idempotency(request: web.Request, handler: Handler) -> web.StreamResponse:
         match_info = request.match_info
@@ -146,7 +148,7 @@ def idempotency_middleware(
         if not rules.settings.applies(request.method, request.path, marked=marked):
             return await handler(request)
         template = resource.canonical
-        if _by_domain(match_info.apps):
+        if routing.by_domain(match_info.apps):
             template = host_route(request.headers.get("host", ""), request.scheme, template)
         return await exchange(rules, _Aiohttp(rules, request, handler, template, marked))
 
@@ -155,6 +157,30 @@ def idempotency_middleware(
     idempotency.manager = rules.manager  # type: ignore[attr-defined]
     idempotency.key_for = rules.key_for  # type: ignore[attr-defined]
     return idempotency
+
+
+class _DomainRouting:
+    """Whether requests through a chain of applications were routed by host, worked out
+    once per chain: a frozen application's routes no longer change, and walking every
+    resource of every parent on each request costs as much as the routes are many."""
+
+    def __init__(self) -> None:
+        # By root application (gone with it), then by the chain of sub-applications below
+        # it, by identity: they live as long as the root's router that holds them.
+        self._chains: weakref.WeakKeyDictionary[web.Application, dict[tuple[int, ...], bool]]
+        self._chains = weakref.WeakKeyDictionary()
+
+    def by_domain(self, apps: tuple[web.Application, ...]) -> bool:
+        if len(apps) < 2:
+            return False  # no sub-application: nothing was routed by host
+        chains = self._chains.get(apps[0])
+        if chains is None:
+            chains = self._chains[apps[0]] = {}
+        chain = tuple(map(id, apps[1:]))
+        routed = chains.get(chain)
+        if routed is None:
+            routed = chains[chain] = _by_domain(apps)
+        return routed
 
 
 def _by_domain(apps: tuple[web.Application, ...]) -> bool:
@@ -228,7 +254,7 @@ class _Aiohttp:
         while chunk := await content.readany():
             body += chunk
             if len(body) > limit:
-                raise Rejection(too_large(self.rules.settings.max_body_bytes))
+                raise Rejection(too_large(limit))  # the limit that applied, the app's too
         data = bytes(body)
         self._replay_body(data)
         return data

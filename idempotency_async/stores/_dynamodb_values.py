@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from idempotency_async._codec import decode_json
+from idempotency_async._codec import MAX_STORED_DEPTH, StoredDataError, decode_stored
 from idempotency_async.record import JSONValue
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "FORMAT_NOT_STORED",
     "Native",
     "decode_response",
+    "inflate",
     "number_text",
     "to_native",
 ]
@@ -68,7 +69,7 @@ class _NativeEncoder:
 
     def encode(self, value: JSONValue, depth: int) -> dict[str, Any]:
         if isinstance(value, str):
-            self.size += len(value.encode())  # lone surrogates raise, and are not native
+            self.size += _utf8_size(value)
             return {"S": value}
         if value is None or isinstance(value, bool):
             self.size += 1
@@ -92,9 +93,18 @@ class _NativeEncoder:
         for key, element in value.items():
             if not isinstance(key, str) or not key:
                 raise _NotNative
-            self.size += len(key.encode())
+            self.size += _utf8_size(key)
             result[key] = self.encode(element, depth + 1)
         return result
+
+
+def _utf8_size(text: str) -> int:
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError:
+        # A lone surrogate: DynamoDB holds UTF-8 only, so the JSON form (which escapes it)
+        # stores the string instead.
+        raise _NotNative from None
 
 
 def _native_number(value: int | float) -> str:
@@ -113,20 +123,54 @@ def _native_number(value: int | float) -> str:
     return repr(value)
 
 
-def decode_response(attribute: Mapping[str, Any] | None, data_format: str | None) -> JSONValue:
-    """The response held in ``data``, in whichever form ``data_format`` names."""
+def decode_response(
+    attribute: Mapping[str, Any] | None, data_format: str | None, *, max_bytes: int
+) -> JSONValue:
+    """The response held in ``data``, in whichever form ``data_format`` names.
+
+    Bounded, since other writers share the table: nesting, finite numbers (see
+    :func:`~idempotency_async._codec.decode_stored`) and, for compressed JSON, at most
+    ``max_bytes`` inflated.  Raises ``ValueError`` (or ``TypeError``/``KeyError`` for a
+    malformed AttributeValue) when the response cannot be read within them.
+    """
     if attribute is None or data_format == FORMAT_NOT_STORED:
         return None
     if data_format is None:
-        return _from_native(attribute)
+        return _from_native(attribute, 0)
     if data_format == FORMAT_JSON:
-        return decode_json(attribute["S"].encode())
+        return decode_stored(_string(attribute))
     if data_format == FORMAT_JSON_ZLIB:
-        return decode_json(zlib.decompress(attribute["B"]))
+        return decode_stored(inflate(attribute["B"], max_bytes))
     raise ValueError(f"unknown data format {data_format!r} (written by a newer version?)")
 
 
-def _from_native(attribute: Mapping[str, Any]) -> JSONValue:
+def inflate(compressed: bytes, max_bytes: int) -> bytes:
+    """zlib data inflated to at most ``max_bytes``: a small value that would inflate to
+    gigabytes is refused after ``max_bytes + 1`` bytes, never inflated whole."""
+    if not isinstance(compressed, bytes | bytearray):
+        raise TypeError(f"compressed JSON is binary (B), got {type(compressed).__name__}")
+    inflater = zlib.decompressobj()
+    try:
+        data = inflater.decompress(compressed, max_bytes + 1)
+    except zlib.error as exc:
+        raise StoredDataError(f"not zlib data ({exc})") from None
+    if len(data) > max_bytes or inflater.unconsumed_tail:
+        raise StoredDataError(f"inflates to more than max_response_bytes ({max_bytes} bytes)")
+    if not inflater.eof:
+        raise StoredDataError("truncated zlib data")
+    return data
+
+
+def _string(attribute: Mapping[str, Any]) -> str:
+    text = attribute["S"]
+    if not isinstance(text, str):
+        raise TypeError(f"expected a string (S), got {type(text).__name__}")
+    return text
+
+
+def _from_native(attribute: Mapping[str, Any], depth: int) -> JSONValue:
+    if depth > MAX_STORED_DEPTH:
+        raise StoredDataError(f"nested more than the {MAX_STORED_DEPTH} levels accepted")
     (kind, value), *_ = attribute.items()
     if kind == "S":
         return value
@@ -137,9 +181,9 @@ def _from_native(attribute: Mapping[str, Any]) -> JSONValue:
     if kind == "NULL":
         return None
     if kind == "L":
-        return [_from_native(element) for element in value]
+        return [_from_native(element, depth + 1) for element in value]
     if kind == "M":
-        return {name: _from_native(element) for name, element in value.items()}
+        return {name: _from_native(element, depth + 1) for name, element in value.items()}
     if kind == "SS":
         return list(value)
     if kind == "NS":
@@ -149,8 +193,11 @@ def _from_native(attribute: Mapping[str, Any]) -> JSONValue:
 
 def _decode_number(text: str) -> int | float:
     if "." in text or "e" in text or "E" in text:
-        return float(text)
-    return int(text)
+        value = float(text)
+        if not math.isfinite(value):
+            raise StoredDataError(f"the number {text[:40]} is beyond the range of a float")
+        return value
+    return int(text)  # ValueError beyond 4,300 digits
 
 
 def number_text(value: float) -> str:

@@ -10,9 +10,9 @@ write and read the Powertools form alike.
 
 from __future__ import annotations
 
-import json
 from typing import Final, Literal
 
+from idempotency_async._codec import decode_stored
 from idempotency_async.errors import ConfigError
 from idempotency_async.record import JSONValue
 
@@ -55,5 +55,7 @@ def python_response_text(encoded: bytes) -> str:
 
 def python_response(text: str) -> JSONValue:
     """A stored Powertools (Python) response, read as Powertools reads it (``json.loads``:
-    exact wide integers, ``NaN`` and ``Infinity`` accepted)."""
-    return json.loads(text)
+    exact wide integers) within the bounds of every stored response: ``NaN``, ``Infinity``
+    and nesting deeper than 512 levels raise ``StoredDataError``, which Powertools would
+    replay but this library answers as "not stored" on every path."""
+    return decode_stored(text, exact=True)

@@ -3,6 +3,10 @@
 The two clients raise parallel exception trees (``redis.exceptions`` and
 ``valkey.exceptions``) with the same class names, so failures are recognised by the names
 in their class hierarchy: the store works with either client without importing both.
+Not every client exception is a ``RedisError``: the cluster client's
+``RedisClusterException`` (and ``SlotNotCoveredError``, raised when no node answers)
+derive from ``Exception`` alone, so anything raised from the client's own packages counts
+as a client failure too.
 """
 
 from __future__ import annotations
@@ -35,13 +39,23 @@ _UNAVAILABLE: Final = frozenset(
         "SlaveNotFoundError",
         "MaxConnectionsError",
         "OutOfMemoryError",
+        "RedisClusterException",
+        "ValkeyClusterException",
+        "SlotNotCoveredError",
     }
 )
 _CLIENT_ERRORS: Final = frozenset({"RedisError", "ValkeyError"})
+_CLIENT_PACKAGES: Final = frozenset({"redis", "valkey"})
 
 
 def _names(exc: BaseException) -> set[str]:
     return {cls.__name__ for cls in type(exc).__mro__}
+
+
+def _from_client(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Redis client exception: a ``RedisError`` / ``ValkeyError``, or
+    any class defined in the client's packages (the cluster exceptions are neither)."""
+    return any(cls.__module__.partition(".")[0] in _CLIENT_PACKAGES for cls in type(exc).__mro__)
 
 
 def is_no_script(exc: BaseException) -> bool:
@@ -92,6 +106,6 @@ def _translate(exc: Exception, operation: str, key: str) -> PersistenceError | N
         return StoreUnavailableError(
             f"{where} failed: the server did not answer ({type(exc).__name__}: {exc})"
         )
-    if names & _CLIENT_ERRORS:
+    if names & _CLIENT_ERRORS or _from_client(exc):
         return StoreUnavailableError(f"{where} failed ({type(exc).__name__}: {exc})")
     return None

@@ -13,13 +13,13 @@ is decoded once, by the project's codec, with its exact Python types.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
 from typing import Any, Final
 
 import orjson
 
-from idempotency_async._codec import decode_json
+from idempotency_async._codec import StoredDataError, decode_stored, utf8_text
 from idempotency_async.record import Completion, Record, Status
 from idempotency_async.stores._record_formats import python_response, python_response_text
 
@@ -58,7 +58,7 @@ def completion_tail(
         parts.append(b',"validation":' + orjson.dumps(completion.validation))
     parts.append(b',"owner":' + orjson.dumps(completion.owner))
     if encoded is None:
-        marker = FORMAT_NOT_STORED if not reason else f"{FORMAT_NOT_STORED}: {reason}"
+        marker = FORMAT_NOT_STORED if not reason else f"{FORMAT_NOT_STORED}: {utf8_text(reason)}"
         parts.append(b',"data_format":' + orjson.dumps(marker))
         parts.append(_DATA + b'"null"}' if python else b"}")
     else:
@@ -67,58 +67,98 @@ def completion_tail(
 
 
 def decode_record(key: str, raw: bytes, *, python: bool = False) -> Record:
-    """The record in ``raw``; ``ValueError``/``TypeError``/``KeyError`` when unreadable.
+    """The record in ``raw``, read as untrusted input (other writers share the server).
+
+    Malformed control fields (the text is not a JSON object, or its status, instants,
+    owner or validation are not what the layout says) raise ``ValueError``/``TypeError``/
+    ``KeyError``/``StoredDataError``.  A malformed response — nested too deeply, a number
+    that is not finite, not JSON text where Powertools (Python) keeps it — does not: the
+    COMPLETED record comes back "not stored", with the reason.
 
     ``python``: ``data`` is JSON text (``record_format="powertools-python"``).
     """
-    fields, data, has_data = _split(raw)
-    if python and has_data and data is not None:
-        if not isinstance(data, str):
-            raise TypeError(f"data must be JSON text in a Powertools (Python) record, got {data!r}")
-        # Powertools replays empty text as None.
-        data = python_response(data) if data else None
+    fields, data, data_error = _split(raw)
+    status = Status(fields["status"])
+    expiration = fields.get("expiration")
+    lease_end = fields.get("in_progress_expiration")
     data_format = fields.get("data_format")
     not_stored = None
     if isinstance(data_format, str) and data_format.startswith(FORMAT_NOT_STORED):
         not_stored = data_format[len(FORMAT_NOT_STORED) :].lstrip(": ")
-    expiration = fields.get("expiration")
-    lease_end = fields.get("in_progress_expiration")
-    owner = fields.get("owner")
-    validation = fields.get("validation")
+    response, stored = None, not_stored is None
+    if status is Status.COMPLETED and stored and data is not _ABSENT:
+        response, not_stored = _response(data, data_error, python=python)
+        stored = not_stored is None
     return Record(
         key=key,
-        status=Status(fields["status"]),
+        status=status,
         # No expiration: the claim script never treats the record as expired.
-        expiration=_NEVER if expiration is None else math.ceil(_number(expiration)),
-        lease_end=None if lease_end is None else math.ceil(_number(lease_end)) / 1000,
-        validation=validation if isinstance(validation, str) else None,
-        owner=owner if isinstance(owner, str) else None,
-        response=data if has_data else None,
-        response_stored=not_stored is None,
+        expiration=_NEVER if expiration is None else _instant(expiration),
+        lease_end=None if lease_end is None else _instant(lease_end) / 1000,
+        validation=_text_or_none(fields, "validation"),
+        owner=_text_or_none(fields, "owner"),
+        response=response,
+        response_stored=stored,
         not_stored=not_stored or None,
     )
 
 
-def _split(raw: bytes) -> tuple[dict[str, Any], Any, bool]:
-    """(the members but ``data``, the decoded ``data``, whether there was one)."""
-    cut = raw.find(_DATA)
-    if cut >= 0 and raw.endswith(b"}"):
+def _response(data: Any, error: Exception | None, *, python: bool) -> tuple[Any, str | None]:
+    """(the response, None), or (None, why it cannot be read)."""
+    if error is None and python and data is not None:
         try:
-            fields = orjson.loads(raw[:cut] + b"}")
-            data = decode_json(raw[cut + len(_DATA) : -1])
-        except ValueError:
-            pass  # "data" is not the last member: decode the whole record below
-        else:
-            if isinstance(fields, dict) and "status" in fields:
-                return fields, data, True
-    # The standard library keeps integers of any size exact.
-    fields = json.loads(raw)
-    if not isinstance(fields, dict):
-        raise TypeError(f"a record is a JSON object, not {type(fields).__name__}")
-    return fields, fields.get("data"), "data" in fields
+            if not isinstance(data, str):
+                raise TypeError(f"data is {type(data).__name__}, not JSON text")
+            # Powertools replays empty text as None.
+            data = python_response(data) if data else None
+        except (ValueError, TypeError) as exc:
+            error = exc
+    if error is not None:
+        why = f"the stored response cannot be read: {type(error).__name__}: {error}"
+        return None, why[:300]
+    return data, None
 
 
-def _number(value: Any) -> float:
+_ABSENT: Final = object()
+
+
+def _split(raw: bytes) -> tuple[dict[str, Any], Any, Exception | None]:
+    """(the members but ``data``, the decoded ``data`` or ``_ABSENT``, why ``data`` could
+    not be decoded)."""
+    cut = raw.find(_DATA)
+    fields: Any = None
+    data_error: StoredDataError | None = None
+    if cut >= 0 and raw.endswith(b"}"):
+        # Unreadable when "data" is not the last member: the whole record decides below.
+        with contextlib.suppress(StoredDataError):
+            fields = decode_stored(raw[:cut] + b"}")
+        if isinstance(fields, dict) and "status" in fields:
+            try:
+                return fields, decode_stored(raw[cut + len(_DATA) : -1]), None
+            except StoredDataError as exc:
+                data_error = exc  # or other members follow "data": the whole record decides
+    try:
+        # Exact: the standard library keeps integers of any size.
+        whole = decode_stored(raw, exact=True)
+    except StoredDataError:
+        if data_error is None:
+            raise
+        return fields, None, data_error  # the members are readable, only "data" is not
+    if not isinstance(whole, dict):
+        raise TypeError(f"a record is a JSON object, not {type(whole).__name__}")
+    return whole, whole.get("data", _ABSENT), None
+
+
+def _instant(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"expected a number, got {value!r}")
+        raise TypeError(f"expected a number, got {value!r}"[:100])
+    if not -_NEVER <= value <= _NEVER:  # finite: decode_stored refuses 1e999
+        raise ValueError(f"the instant {value!r} is not a Unix time"[:100])
+    return math.ceil(value)
+
+
+def _text_or_none(fields: dict[str, Any], name: str) -> str | None:
+    value = fields.get(name)
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
     return value

@@ -24,10 +24,18 @@ from decimal import Decimal
 from types import TracebackType
 from typing import Any, Final, NamedTuple, Self
 
-from idempotency_async.errors import ConfigError, StoreUnavailableError, StoreValidationError
+from idempotency_async._codec import utf8_text
+from idempotency_async.errors import (
+    ConfigError,
+    InconsistentStateError,
+    StoreUnavailableError,
+    StoreValidationError,
+)
 from idempotency_async.record import Claim, Completion, Record, Status, expiration_for
+from idempotency_async.stores._closed import closed_error
 from idempotency_async.stores._dynamodb_errors import (
     ConditionFailed,
+    is_invalid_value,
     is_item_too_large,
     translate_errors,
 )
@@ -74,10 +82,13 @@ _CLAIM_CONDITION: Final = (
 
 
 class RecordPage(NamedTuple):
-    """One page of :meth:`DynamoDBStore.pages`: the records it matched, the items it read."""
+    """One page of :meth:`DynamoDBStore.pages`: the records it matched, the items it read,
+    and the errors of matched items that could not be read (foreign or damaged records;
+    each names its key, so an operator can delete it)."""
 
     records: list[Record]
     scanned: int
+    unreadable: tuple[InconsistentStateError, ...] = ()
 
 
 class DynamoDBStore:
@@ -188,10 +199,7 @@ class DynamoDBStore:
 
     async def _get_client(self) -> Any:
         if self._closed:
-            raise RuntimeError(
-                "this DynamoDBStore was closed (aclose() or the end of `async with`); "
-                "create a new store"
-            )
+            raise closed_error("DynamoDBStore")
         if self._client is not None:
             return self._client
         async with self._open_lock:
@@ -274,13 +282,19 @@ class DynamoDBStore:
             try:
                 written = await self._write_completion(completion, data)
             except StoreValidationError as exc:
-                if data.format is not None and data.format.startswith(FORMAT_NOT_STORED):
+                if data.value is None:
                     raise
-                if not is_item_too_large(exc):
+                if is_item_too_large(exc):
+                    # DynamoDB counted more bytes than the estimate.  The side effect has
+                    # happened, so try a smaller form, down to no response at all.
+                    data = await self._smaller_data(completion, data)
+                    continue
+                if not is_invalid_value(exc):
                     raise
-                # DynamoDB counted more bytes than the estimate.  The side effect has
-                # happened, so try a smaller form, down to no response at all.
-                data = await self._smaller_data(completion, data)
+                # DynamoDB refused a value of the response that the encoder took for one
+                # it holds.  The side effect has happened: complete without the response
+                # (a refusal that is not about the response fails again, and is raised).
+                data = self._refused(completion, exc)
                 continue
             if not written:
                 return Written.NOTHING
@@ -334,7 +348,14 @@ class DynamoDBStore:
                 TableName=self.table_name, Key=self._key(key), ReturnValues="ALL_OLD"
             )
         item = answer.get("Attributes")
-        return None if not item else self._decode(item)
+        if not item:
+            return None
+        try:
+            return self._decode(item)
+        except InconsistentStateError as exc:
+            raise InconsistentStateError(
+                f"the record was deleted, but it could not be read: {exc}"
+            ) from exc.__cause__
 
     # -- operators ------------------------------------------------------------------
 
@@ -370,8 +391,15 @@ class DynamoDBStore:
         while True:
             async with self._call(operation) as client:
                 answer = await getattr(client, operation)(**request)
-            records = [self._decode(item) for item in answer.get("Items", [])]
-            yield RecordPage(records, int(answer.get("ScannedCount", len(records))))
+            records, unreadable = [], []
+            for item in answer.get("Items", []):
+                try:
+                    records.append(self._decode(item))
+                except InconsistentStateError as exc:
+                    logger.warning("%s", exc)
+                    unreadable.append(exc)
+            scanned = int(answer.get("ScannedCount", len(records) + len(unreadable)))
+            yield RecordPage(records, scanned, tuple(unreadable))
             last = answer.get("LastEvaluatedKey")
             if not last:
                 return
@@ -480,6 +508,18 @@ class DynamoDBStore:
         )
         return _not_stored(f"too large for a DynamoDB item {how} ({size} bytes of JSON)")
 
+    def _refused(self, completion: Completion, exc: StoreValidationError) -> _Data:
+        logger.warning(
+            "DynamoDB refused the response for %r (%s); the record is completed without it, "
+            "and replays will raise ResponseNotStoredError",
+            completion.key,
+            exc,
+        )
+        cause = exc.__cause__
+        answer = getattr(cause, "response", None)
+        detail = answer.get("Error", {}).get("Message") if isinstance(answer, dict) else None
+        return _not_stored(f"DynamoDB refused a value of the response ({detail or exc})"[:300])
+
     # -- items ----------------------------------------------------------------------
 
     def _key(self, key: str) -> dict[str, Any]:
@@ -488,13 +528,21 @@ class DynamoDBStore:
         return {self._key_attr: {"S": self._static_pk_value}, self._sort_key_attr: {"S": key}}
 
     def _decode(self, item: Mapping[str, Any]) -> Record:
+        """The record in ``item``, read as untrusted input (other writers share the table).
+
+        A malformed response makes a COMPLETED record "not stored" (it still replays, as
+        ``ResponseNotStoredError``); malformed control fields (key, status, expiry, lease,
+        owner, validation) make the record unreadable: ``InconsistentStateError``.
+        """
         try:
             return self._decode_item(item)
-        except (KeyError, ValueError, TypeError, zlib.error) as exc:
-            raise StoreValidationError(
-                f"a record in table {self.table_name!r} cannot be read ({exc!r}); it was not "
-                "written by this library or a Powertools port with this store's attribute "
-                "names: check the attribute options, or delete the record"
+        except _UNREADABLE as exc:
+            key = _key_text(item.get(self._sort_key_attr or self._key_attr))
+            raise InconsistentStateError(
+                f"the record of key {key} in table {self.table_name!r} cannot be read "
+                f"({_why(exc)}): it was not written by this library or a Powertools port "
+                "with this store's attribute names. Check the attribute options; if it is "
+                "foreign or damaged, delete it (manager.force_release or the CLI's release)"
             ) from exc
 
     def _decode_item(self, item: Mapping[str, Any]) -> Record:
@@ -507,23 +555,35 @@ class DynamoDBStore:
             data_format = FORMAT_NOT_STORED
         expiration = item.get(self._expiry_attr)
         lease_end = item.get(self._in_progress_expiry_attr)
-        data = item.get(self._data_attr)
-        if self._python and data_format is None and data is not None and "S" in data:
-            response = python_response(data["S"])
-        else:
-            response = decode_response(data, data_format)
-        return Record(
-            key=item[key_attr]["S"],
-            status=Status(item[self._status_attr]["S"]),
+        status = Status(item[self._status_attr]["S"])
+        key = _string_or_none(item[key_attr])
+        if key is None:
+            raise TypeError("the key is not a string")
+        record = Record(
+            key=key,
+            status=status,
             # No expiration: the claim condition never passes for it, so it never expires.
-            expiration=_NEVER if expiration is None else _ceil(expiration["N"]),
-            lease_end=None if lease_end is None else _ceil(lease_end["N"]) / 1000,
+            expiration=_NEVER if expiration is None else _ceil(expiration),
+            lease_end=None if lease_end is None else _ceil(lease_end) / 1000,
             validation=_string_or_none(item.get(self._validation_attr)),
             owner=_string_or_none(item.get(self._owner_attr)),
-            response=response,
             response_stored=not_stored is None,
             not_stored=not_stored or None,
         )
+        if status is not Status.COMPLETED or not_stored is not None:
+            return record
+        data = item.get(self._data_attr)
+        try:
+            if self._python and data_format is None and data is not None and "S" in data:
+                response = python_response(data["S"])
+            else:
+                response = decode_response(data, data_format, max_bytes=self.max_response_bytes)
+        except _UNREADABLE as exc:
+            # The side effect happened: the record is completed, only its answer is lost.
+            why = f"the stored response cannot be read: {_why(exc)}"[:300]
+            logger.warning("record %r: %s; replays raise ResponseNotStoredError", key, why)
+            return record._replace(response_stored=False, not_stored=why)
+        return record._replace(response=response)
 
 
 # -- response encoding --------------------------------------------------------------
@@ -538,22 +598,54 @@ class _Data:
 def _not_stored(reason: str | None) -> _Data:
     # The reason rides in the format marker: readers that do not know it (the TypeScript
     # port) ignore data_format, and no attribute is added to the item.
-    return _Data(FORMAT_NOT_STORED if not reason else f"{FORMAT_NOT_STORED}: {reason}", None)
+    if not reason:
+        return _Data(FORMAT_NOT_STORED, None)
+    return _Data(f"{FORMAT_NOT_STORED}: {utf8_text(reason)}", None)
 
 
 # -- item decoding ------------------------------------------------------------------
 
 _NEVER: Final = 2**63
 
+# What reading a malformed item raises (decimal.InvalidOperation is an ArithmeticError).
+_UNREADABLE: Final = (
+    KeyError,
+    ValueError,
+    TypeError,
+    AttributeError,
+    ArithmeticError,
+    RecursionError,
+)
 
-def _ceil(text: str) -> int:
+
+def _ceil(attribute: Mapping[str, Any]) -> int:
     # Older TypeScript versions wrote fractional expirations; rounding up keeps a record
     # live for as long as the conditional write treats it as live.
-    return math.ceil(Decimal(text))
+    text = attribute["N"]
+    if not isinstance(text, str):
+        raise TypeError(f"expected a number (N), got {type(text).__name__}")
+    value = Decimal(text)
+    if not value.is_finite() or abs(value) > _NEVER:
+        raise ValueError(f"the instant {text[:40]} is not a Unix time")
+    return math.ceil(value)
 
 
 def _string_or_none(attribute: Mapping[str, Any] | None) -> str | None:
-    return None if attribute is None else str(attribute["S"])
+    if attribute is None:
+        return None
+    text = attribute["S"]
+    if not isinstance(text, str):
+        raise TypeError(f"expected a string (S), got {type(text).__name__}")
+    return text
+
+
+def _key_text(attribute: Any) -> str:
+    text = attribute.get("S") if isinstance(attribute, Mapping) else None
+    return repr(text[:200]) if isinstance(text, str) else "(unreadable)"
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:200]
 
 
 # -- configuration ------------------------------------------------------------------

@@ -8,6 +8,7 @@ import itertools
 from idempotency_async._codec import decode_json
 from idempotency_async.errors import ConfigError, StoreUnavailableError
 from idempotency_async.record import Claim, Completion, Record, Status, expiration_for
+from idempotency_async.stores._closed import closed_error
 from idempotency_async.stores.base import (
     CLAIMED,
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -57,11 +58,13 @@ class MemoryStore:
         # when they outnumber the live ones.
         self._expiry: list[tuple[int, int, str]] = []
         self._seq = itertools.count()
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._entries)
 
     async def claim(self, claim: Claim) -> Verdict:
+        self._refuse_if_closed()
         key, now = claim.key, claim.now
         current = self._entries.get(key)
         if current is not None and not (current[0] is _INPROGRESS and current[1] == claim.owner):
@@ -80,10 +83,12 @@ class MemoryStore:
         return CLAIMED
 
     async def get(self, key: str, *, now: float) -> Verdict:
+        self._refuse_if_closed()
         current = self._entries.get(key)
         return judge(None if current is None else _record(key, current), now)
 
     async def complete(self, completion: Completion) -> Written:
+        self._refuse_if_closed()
         key = completion.key
         current = self._entries.get(key)
         if current is None or current[1] != completion.owner:
@@ -107,6 +112,7 @@ class MemoryStore:
         return Written.WITHOUT_RESPONSE if encoded is None else Written.RESPONSE
 
     async def release(self, key: str, owner: str) -> bool:
+        self._refuse_if_closed()
         current = self._entries.get(key)
         if current is None:
             return True
@@ -116,6 +122,7 @@ class MemoryStore:
         return True
 
     async def extend(self, claim: Claim) -> bool:
+        self._refuse_if_closed()
         key, now = claim.key, claim.now
         current = self._entries.get(key)
         if current is None or current[0] is not _INPROGRESS or current[1] != claim.owner:
@@ -125,6 +132,7 @@ class MemoryStore:
         return True
 
     async def force_release(self, key: str) -> Record | None:
+        self._refuse_if_closed()
         current = self._entries.pop(key, None)
         return None if current is None else _record(key, current)
 
@@ -135,8 +143,15 @@ class MemoryStore:
         return before - len(self._entries)
 
     async def aclose(self) -> None:
+        """Drop every record; the store refuses use afterwards, as shared stores do."""
+        self._closed = True
         self._entries.clear()
         self._expiry.clear()
+
+    def _refuse_if_closed(self) -> None:
+        # Its records are gone: answering "no record" would let a duplicate run again.
+        if self._closed:
+            raise closed_error("MemoryStore")
 
     def _write(
         self,

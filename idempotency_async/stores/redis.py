@@ -19,9 +19,14 @@ from types import TracebackType
 from typing import Any, Final, Literal, Self
 
 from idempotency_async._redact import redact, redact_url, secrets_in
-from idempotency_async.errors import ConfigError, StoreUnavailableError, StoreValidationError
+from idempotency_async.errors import (
+    ConfigError,
+    InconsistentStateError,
+    StoreUnavailableError,
+)
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores import _redis_scripts as scripts
+from idempotency_async.stores._closed import closed_error
 from idempotency_async.stores._record_formats import (
     POWERTOOLS_PYTHON,
     RecordFormat,
@@ -246,10 +251,7 @@ class RedisStore:
 
     async def _open(self) -> Any:
         if self._closed:
-            raise RuntimeError(
-                "this RedisStore was closed (aclose() or the end of `async with`); "
-                "create a new store"
-            )
+            raise closed_error("RedisStore")
         # A RedisCluster must load its slot map before concurrent first commands (redis-py
         # fails them otherwise); initialize() is idempotent and locked.
         initialize = getattr(self._client, "initialize", None)
@@ -352,9 +354,10 @@ class RedisStore:
         if state == _IN_PROGRESS:
             end = record.expiration if record.lease_end is None else record.lease_end
             return Verdict(State.IN_PROGRESS, record, max(end - now, 0.0))
-        raise StoreValidationError(
-            f"the record of key {key!r} has status {record.status!r} and cannot be judged; "
-            "delete it with force_release"
+        raise InconsistentStateError(
+            f"the record of key {key!r} (status {record.status.value}) cannot be judged by "
+            "the server: it was not written by this library or a Powertools port; check "
+            "key_prefix, or delete it (manager.force_release or the CLI's release)"
         )
 
     async def get(self, key: str, *, now: float) -> Verdict:
@@ -418,9 +421,9 @@ class RedisStore:
             return None
         try:
             return self._decode(key, raw)
-        except StoreValidationError as exc:
-            raise StoreValidationError(
-                f"the record of key {key!r} was deleted, but it could not be read: {exc}"
+        except InconsistentStateError as exc:
+            raise InconsistentStateError(
+                f"the record was deleted, but it could not be read: {exc}"
             ) from exc.__cause__
 
     # -- internals ------------------------------------------------------------------
@@ -454,11 +457,13 @@ class RedisStore:
             raw = raw.encode()
         try:
             return decode_record(key, raw, python=self._python)
-        except (KeyError, ValueError, TypeError) as exc:
-            raise StoreValidationError(
-                f"the record of key {key!r} cannot be read ({exc!r}): it was not written by "
-                "this library or a Powertools port; check key_prefix, or delete it with "
-                "force_release"
+        except (KeyError, ValueError, TypeError, RecursionError) as exc:
+            # Malformed control fields (a malformed response is "not stored" instead).
+            why = f"{type(exc).__name__}: {exc}"[:200]
+            raise InconsistentStateError(
+                f"the record of key {key!r} cannot be read ({why}): it was not written by "
+                "this library or a Powertools port; check key_prefix, or delete it "
+                "(manager.force_release or the CLI's release)"
             ) from exc
 
 

@@ -2,22 +2,34 @@
 simulator.
 
 ``simulate(store_factory, seeds)`` runs generated scenarios — several managers sharing one
-store, duplicates, cancellations, clock skew and injected store faults — and checks the
-guarantee after each; ``StoreContract`` is the protocol's pytest suite, to subclass with a
-``store`` fixture.  ``StoreContract`` needs pytest and pytest-asyncio (imported when first
-used); the simulator needs nothing beyond the library.  See ``docs/stores.md`` and
-``docs/guarantees.md``.
+store; calls through ``execute``, ``execute_call``, decorated functions and an operator's
+``force_release``; callbacks of every shape and outcome; duplicates, cancellations, clock
+skew and jumps, server-clock stores, full stores and every store error before and after
+its write applied — and checks the guarantee after each with an oracle of its own; a
+failing scenario is shrunk and printed as a ``--scenario`` reproducer.  ``StoreContract``
+is the protocol's pytest suite, to subclass with a ``store`` fixture.  ``StoreContract``
+needs pytest and pytest-asyncio (imported when first used); the simulator needs nothing
+beyond the library.  See ``docs/stores.md`` and ``docs/guarantees.md``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from idempotency_async.testing._scenario import CallPlan, Fault, ManagerPlan, Scenario, generate
+from idempotency_async.testing._scenario import (
+    FEATURES,
+    CallPlan,
+    Fault,
+    ManagerPlan,
+    Scenario,
+    generate,
+)
 from idempotency_async.testing._simulate import (
     SimulationFailure,
     SimulationReport,
     StoreFactory,
+    reproducer,
+    run_one,
     simulate,
     simulate_live,
 )
@@ -26,6 +38,7 @@ if TYPE_CHECKING:
     from idempotency_async.testing._contract import StoreContract
 
 __all__ = [
+    "FEATURES",
     "CallPlan",
     "Fault",
     "ManagerPlan",
@@ -35,6 +48,8 @@ __all__ = [
     "StoreContract",
     "StoreFactory",
     "generate",
+    "reproducer",
+    "run_one",
     "simulate",
     "simulate_live",
 ]

@@ -1,7 +1,8 @@
 """The fault simulator's command line: ``python -m idempotency_async.testing --seed N``.
 
 Runs scenarios against ``MemoryStore`` on a virtual clock; ``--seed`` reruns one scenario
-(the command a failure prints), ``--verbose`` adds its full trace.
+(the command a failure prints), ``--scenario '<json>'`` runs a scenario given as JSON (the
+reproducer a shrunk failure prints), ``--verbose`` adds its full trace.
 """
 
 from __future__ import annotations
@@ -11,8 +12,13 @@ import sys
 from collections.abc import Iterable
 
 from idempotency_async.stores.memory import MemoryStore
-from idempotency_async.testing._scenario import generate
-from idempotency_async.testing._simulate import SimulationFailure, simulate, trace_text
+from idempotency_async.testing._scenario import FEATURES, Scenario, generate
+from idempotency_async.testing._simulate import (
+    SimulationFailure,
+    run_one,
+    simulate,
+    trace_text,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,21 +27,49 @@ def main(argv: list[str] | None = None) -> int:
         description="Run fault-simulator scenarios against MemoryStore on a virtual clock.",
     )
     parser.add_argument("--seed", type=int, help="run this one seed and print its scenario")
+    parser.add_argument("--scenario", help="run this scenario (JSON, as a failure prints it)")
     parser.add_argument("--seeds", type=int, default=1000, help="run seeds 0..N-1")
     parser.add_argument("--start", type=int, default=0, help="first seed of --seeds")
     parser.add_argument("--scale", type=float, default=1.0, help="duration scale of scenarios")
     parser.add_argument("--workers", type=int, default=1, help="processes to spread seeds over")
-    parser.add_argument("--verbose", action="store_true", help="print the trace of --seed")
+    parser.add_argument(
+        "--exclude",
+        default="",
+        help=f"comma-separated generator features to leave out: {', '.join(sorted(FEATURES))}",
+    )
+    parser.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
+    parser.add_argument("--verbose", action="store_true", help="print the trace of one scenario")
     args = parser.parse_args(argv)
+    exclude = tuple(name for name in args.exclude.split(",") if name)
+    if args.scenario is not None:
+        scenario = Scenario.from_json(args.scenario)
+        print(scenario.describe())
+        if args.verbose:
+            print(trace_text(scenario))
+        violations = run_one(scenario)
+        if violations:
+            text = "\n".join(f"  - {violation}" for violation in violations)
+            print(f"the scenario broke the guarantee:\n{text}", file=sys.stderr)
+            return 1
+        print("the scenario kept the guarantee")
+        return 0
     if args.seed is not None:
-        print(generate(args.seed, scale=args.scale).describe())
+        scenario = generate(args.seed, scale=args.scale, exclude=exclude)
+        print(scenario.describe())
+        if args.verbose:
+            print(trace_text(scenario))
         seeds: Iterable[int] = [args.seed]
     else:
         seeds = range(args.start, args.start + args.seeds)
     try:
-        if args.verbose and args.seed is not None:
-            print(trace_text(args.seed, args.scale))
-        report = simulate(MemoryStore, seeds, scale=args.scale, workers=args.workers)
+        report = simulate(
+            MemoryStore,
+            seeds,
+            scale=args.scale,
+            workers=args.workers,
+            exclude=exclude,
+            shrink=not args.no_shrink,
+        )
     except SimulationFailure as failure:
         print(failure, file=sys.stderr)
         return 1

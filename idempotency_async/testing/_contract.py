@@ -213,6 +213,33 @@ class StoreContract:
             assert record.response == value
             assert _types(record.response) == _types(value), value
 
+    async def test_a_response_the_backend_cannot_hold_as_is_still_completes(
+        self, store: Store
+    ) -> None:
+        # Lone surrogates (not UTF-8), integers beyond 64 bits, nesting beyond orjson's
+        # 254 levels: stored another way that replays the same value, or completed "not
+        # stored" with a reason; never an exception that leaves the record in progress.
+        deep: object = 1
+        for _ in range(300):
+            deep = [deep]
+        values: list[object] = [
+            {"n": 2**70, "s": "\ud800"},
+            {"\udfff": ["x\ud800y", 2**64]},
+            deep,
+        ]
+        for index, value in enumerate(values):
+            key = f"k#odd{index}"
+            await store.claim(claim(key))
+            written = await store.complete(completion(key, response=value))
+            record = await record_of(store, key)
+            assert record is not None and record.status is Status.COMPLETED
+            if written is Written.RESPONSE:
+                assert record.response == value
+                assert _types(record.response) == _types(value)
+            else:
+                assert written is Written.WITHOUT_RESPONSE
+                assert record.response_stored is False and record.not_stored
+
     async def test_response_not_stored_marker_round_trips_with_its_reason(
         self, store: Store
     ) -> None:

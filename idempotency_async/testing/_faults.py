@@ -8,22 +8,38 @@ own history): the oracle judges the manager against the record as the store held
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from idempotency_async.errors import StoreUnavailableError
+from idempotency_async.errors import (
+    InconsistentStateError,
+    PersistenceError,
+    StoreAccessDeniedError,
+    StoreThrottledError,
+    StoreUnavailableError,
+    StoreValidationError,
+)
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores.base import State, Store, Verdict, Written
 from idempotency_async.testing._scenario import Fault
 
-__all__ = ["CALL", "Application", "FaultyStore", "Op"]
+__all__ = ["CALL", "Application", "FaultyStore", "Op", "ServerClockStore"]
+
+_ERRORS: dict[str, type[Exception]] = {
+    "unavailable": StoreUnavailableError,
+    "throttled": StoreThrottledError,
+    "denied": StoreAccessDeniedError,
+    "validation": StoreValidationError,
+    "inconsistent": InconsistentStateError,
+}
 
 CALL: contextvars.ContextVar[int | None] = contextvars.ContextVar("simulated_call", default=None)
 """The index of the scenario call the current task runs."""
 
-_NONSENSE: dict[str, object] = {"claim": "OK", "get": None, "complete": "OK", "release": "yes"}
+_NONSENSE: dict[str, object] = {"claim": "OK", "get": "OK", "complete": "OK", "release": "yes"}
 
 
 @dataclass(slots=True)
@@ -73,6 +89,8 @@ class FaultyStore:
         self.applied = 0
         """How many times an operation reached the store so far."""
         self._loop = asyncio.get_running_loop()
+        self.late: list[asyncio.Task[Any]] = []
+        """Resends still on their way (the scenario awaits them before its probe)."""
 
     def _fault_for(self, call: int | None, name: str) -> Fault | None:
         count = self._sent.get((call, name), 0)
@@ -92,14 +110,19 @@ class FaultyStore:
         fault = op.fault
         try:
             if fault is not None and fault.kind == "error":
-                raise StoreUnavailableError(f"{name}: the store failed (injected)")
+                raise _error(fault, f"{name}: the store failed (injected)")
+            if fault is not None and fault.kind == "late":
+                # The request is lost on the way; a resend lands later, after other
+                # operations (the caller is told the answer was lost).
+                self.late.append(asyncio.create_task(self._land_late(op, apply, fault.seconds)))
+                raise _error(fault, f"{name}: no answer (injected; it lands later)")
             if fault is not None and fault.kind in ("delay", "stall"):
                 await asyncio.sleep(fault.seconds)
             answer = await self._apply(op, apply)
             if fault is not None and fault.kind == "resend":
                 answer = await self._apply(op, apply)
             elif fault is not None and fault.kind == "lose":
-                raise StoreUnavailableError(f"{name}: the answer was lost (injected)")
+                raise _error(fault, f"{name}: the answer was lost (injected)")
             elif fault is not None and fault.kind == "nonsense":
                 answer = _NONSENSE[name]
             op.delivered = answer
@@ -116,6 +139,11 @@ class FaultyStore:
             raise
         finally:
             op.ended = self._loop.time()
+
+    async def _land_late(self, op: Op, apply: Callable[[], Awaitable[Any]], seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        with contextlib.suppress(Exception):
+            await self._apply(op, apply)
 
     async def _apply(self, op: Op, apply: Callable[[], Awaitable[Any]]) -> Any:
         async with self._lock:
@@ -169,6 +197,43 @@ class FaultyStore:
             "force_release", key, None, lambda: self.inner.force_release(key)
         )
         return result
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _error(fault: Fault, message: str) -> PersistenceError | InconsistentStateError:
+    error = _ERRORS.get(fault.error, StoreUnavailableError)(message)
+    assert isinstance(error, PersistenceError | InconsistentStateError)
+    return error
+
+
+class ServerClockStore:
+    """A store judging by a clock of its own (as Redis ``TIME`` does): every ``now`` the
+    managers send is replaced by ``clock()``, so their skew no longer moves leases."""
+
+    def __init__(self, inner: Store, clock: Callable[[], float]) -> None:
+        self.inner = inner
+        self.clock = clock
+        self.max_response_bytes = inner.max_response_bytes
+
+    async def claim(self, claim: Claim) -> Verdict:
+        return await self.inner.claim(claim._replace(now=self.clock()))
+
+    async def get(self, key: str, *, now: float) -> Verdict:
+        return await self.inner.get(key, now=self.clock())
+
+    async def complete(self, completion: Completion) -> Written:
+        return await self.inner.complete(completion._replace(now=self.clock()))
+
+    async def release(self, key: str, owner: str) -> bool:
+        return await self.inner.release(key, owner)
+
+    async def extend(self, claim: Claim) -> bool:
+        return await self.inner.extend(claim._replace(now=self.clock()))
+
+    async def force_release(self, key: str) -> Record | None:
+        return await self.inner.force_release(key)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

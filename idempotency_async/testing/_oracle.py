@@ -3,12 +3,22 @@
 Each check returns violations as text naming the invariant, the calls and the times.
 The documented exceptions are recognised, never assumed: a late holder (G1 a-c) is
 excused only when the caller was told (``CompletionError``/``LeaseLostError``).
+
+The oracle has a judgement of its own: it imports only the library's data types and
+errors, and computes from the contract's text what a store or the manager owed —
+verdicts, expiries, the lease, the cutoff (lease end minus the reserve) and validation
+hashes (``tests/test_simulator_oracle.py`` checks its imports).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import functools
+import hashlib
 import itertools
+import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +27,14 @@ from idempotency_async import errors
 from idempotency_async.record import Claim, Record, Status
 from idempotency_async.stores.base import State, Verdict
 from idempotency_async.testing._faults import Application, Op
-from idempotency_async.testing._run import BASE_TIME, CallbackFailed, Outcome, Run, Trace
+from idempotency_async.testing._run import (
+    CallbackExit,
+    CallbackFailed,
+    Outcome,
+    Run,
+    Trace,
+    clock_offset,
+)
 from idempotency_async.testing._store_checks import BOUNDARY, StoreChecks, shape
 
 __all__ = ["check"]
@@ -32,6 +49,9 @@ class _Held:
     at: float
     lease_end: float
     """Loop time at which the lease ends without its margin (the call's deadline)."""
+    cutoff: float
+    """Loop time by which the callback must have been cut off: the lease end minus the
+    completion reserve."""
 
 
 class _Checker:
@@ -56,8 +76,11 @@ class _Checker:
             ):
                 claim: Claim = op.arg
                 plan = self.scenario.managers[self.scenario.calls[op.call].manager]
-                end = self.loop_time(claim.now, op.call) + claim.lease - plan.lease_margin
-                self.held[claim.owner] = _Held(op.call, claim, op.ended or op.started, end)
+                left = claim.lease - plan.lease_margin
+                # The lease counts from when the claim was sent, whatever the clocks say.
+                end = op.started + left
+                cutoff = end - reserve(left, plan.completion_reserve)
+                self.held[claim.owner] = _Held(op.call, claim, op.ended or op.started, end, cutoff)
         self.owners: dict[int, set[str]] = {}
         for op in trace.store.ops:
             if op.name == "claim" and op.call is not None:
@@ -65,21 +88,71 @@ class _Checker:
 
     # -- helpers ----------------------------------------------------------------------
 
+    @property
+    def real_time(self) -> bool:
+        return self.tol >= 0.01
+
     def fail(self, message: str) -> None:
         self.violations.append(message)
 
-    def skew(self, call: int) -> float:
-        return self.scenario.managers[self.scenario.calls[call].manager].skew
+    def skew(self, call: int, loop_time: float) -> float:
+        """How far the clock the store judged ``call`` by was ahead of true time."""
+        if self.scenario.server_clock:
+            return 0.0
+        plan = self.scenario.managers[self.scenario.calls[call].manager]
+        return clock_offset(plan, loop_time - self.trace.start)
 
-    def loop_time(self, wall: float, call: int) -> float:
-        return wall - BASE_TIME - self.skew(call) + self.trace.start
+    @property
+    def skewed(self) -> bool:
+        """Whether the store judged by clocks that disagree (exception (b) may apply)."""
+        if self.scenario.server_clock:
+            return False
+        plans = self.scenario.managers
+        return len({plan.skew for plan in plans}) > 1 or any(plan.jump for plan in plans)
 
     def wall(self, loop_time: float, call: int) -> float:
-        return loop_time - self.trace.start + BASE_TIME + self.skew(call)
+        return loop_time - self.trace.start + self.trace.base + self.skew(call, loop_time)
 
     def max_wall(self, loop_time: float) -> float:
-        skew = max(plan.skew for plan in self.scenario.managers)
-        return loop_time - self.trace.start + BASE_TIME + skew
+        skew = 0.0
+        if not self.scenario.server_clock:
+            at = loop_time - self.trace.start
+            skew = max(clock_offset(plan, at) for plan in self.scenario.managers)
+            if any(plan.jump for plan in self.scenario.managers):
+                # A clock that jumped back had run ahead before: count its past lead too.
+                skew = max(skew, *(plan.skew for plan in self.scenario.managers))
+        return loop_time - self.trace.start + self.trace.base + skew
+
+    def plan_of(self, call: int) -> Any:
+        return self.scenario.calls[call]
+
+    def ambient(self, call: int) -> bool:
+        """The call's deadline is an ``asyncio.timeout`` around it (a batch's always is)."""
+        plan = self.plan_of(call)
+        return bool(plan.deadline == "ambient" or (self.batch(call) and plan.deadline != "none"))
+
+    def batch(self, call: int) -> bool:
+        return bool(self.scenario.calls[call].door == "batch")
+
+    def failed_records(self, outcome: Outcome) -> list[str] | None:
+        """The records a batch reported failed (``None``: not a batch's answer)."""
+        value = outcome.value if outcome.returned_value else None
+        if not self.batch(outcome.call) or outcome.error is not None:
+            return None
+        if not isinstance(value, dict) or not isinstance(value.get("batchItemFailures"), list):
+            return None
+        return [item.get("itemIdentifier") for item in value["batchItemFailures"]]
+
+    def operator(self, call: int) -> bool:
+        return bool(self.scenario.calls[call].door == "operator")
+
+    def force_released(self, key: str, after: int = -1, before: float = math.inf) -> bool:
+        """Whether an operator's force_release of ``key`` applied in that span of store
+        applications (its documented hazards are exempt)."""
+        return any(
+            op.name == "force_release" and after <= application.order < before
+            for op, application in self.applications.get(key, ())
+        )
 
     def key_of(self, call: int) -> str | None:
         index = self.scenario.calls[call].key
@@ -103,7 +176,8 @@ class _Checker:
     ) -> bool:
         """Whether a store operation of ``call`` failed, was faulted or was interrupted."""
         return any(
-            op.name in names and (op.fault is not None or op.raised is not None or op.ended is None)
+            op.name in names
+            and (op.fault is not None or _store_failure(op.raised) or op.ended is None)
             for op in self.ops_of(call)
         )
 
@@ -153,20 +227,22 @@ class _Checker:
                 )
             seen[run.owner] = run.call
             held = self.held[run.owner]
-            late = run.ended is not None and run.ended > held.lease_end + self.tol
+            end = run.answered if run.answered is not None else run.ended
+            late = end is not None and end > held.cutoff + self.tol
             if late and self.cooperative(run):
-                where = "started" if run.started > held.lease_end else "was still running"
+                where = "started" if run.started > held.cutoff else "was still running"
                 self.fail(
-                    f"G1: call {run.call}'s callback {where} after its lease ended "
-                    f"(lease end t={held.lease_end:.3f}, callback t={run.started:.3f}-"
-                    f"{run.ended}): a holder must be cut off before its lease ends"
+                    f"G1: call {run.call}'s callback {where} after its cutoff (lease end "
+                    f"t={held.lease_end:.3f} minus the reserve: t={held.cutoff:.3f}; callback "
+                    f"t={run.started:.3f}-{run.ended}): a holder must be cut off a reserve "
+                    "before its lease ends"
                 )
             if run.returned:
                 self.check_no_way_back(run)
 
     def check_no_way_back(self, run: Run) -> None:
         for op in self.ops_of(run.call):
-            ended = run.ended
+            ended = run.answered if run.answered is not None else run.ended
             if op.name == "release" and op.arg == run.owner and ended and op.started >= ended:
                 self.fail(f"G2: call {run.call} released {op.key} after its callback returned")
 
@@ -204,6 +280,8 @@ class _Checker:
             if shape(application.after) != shape(completed) or nxt is None:
                 continue
             next_op, following = nxt
+            if next_op.name == "force_release":
+                return True  # an operator's documented hazard
             if shape(following.before) != shape(completed):
                 return completed.expiration < self.max_wall(following.at)  # dropped
             if shape(following.after) != shape(completed) and next_op.name == "claim":
@@ -216,7 +294,13 @@ class _Checker:
         if outcome.returned_value and outcome.value is run.value:
             return
         error = outcome.error
-        if isinstance(error, errors.CompletionError) and error.outcome_unknown:
+        if self.told_otherwise(run, outcome):
+            return
+        if self.batch(run.call) and error is None:
+            return  # process_batch reports records, not results
+        if isinstance(error, errors.CompletionError) and (
+            error.outcome_unknown or self.throttled_after_apply(run.call)
+        ):
             return
         if isinstance(error, asyncio.CancelledError) and outcome.cancel_requested is not None:
             return
@@ -224,11 +308,36 @@ class _Checker:
             return  # its own deadline fired while the (applied) write was answered
         self.fail(f"G5: call {run.call}'s result was recorded, but the caller got {error!r}")
 
+    def throttled_after_apply(self, call: int) -> bool:
+        """A completion that applied, then met throttling on the SDK's retry: the contract
+        asks an unknown outcome only of claims, so either answer is accepted here."""
+        return any(
+            op.name == "complete"
+            and isinstance(op.raised, errors.StoreThrottledError)
+            and any(application.done for application in op.applications)
+            for op in self.ops_of(call)
+        )
+
+    def told_otherwise(self, run: Run, outcome: Outcome) -> bool:
+        """Documented outcomes besides the result: a plain function's ``ConfigError`` (it
+        ran, its record completes without a response), and an ``execute_call`` callback's
+        own exception or completion error after its point of no return."""
+        error = outcome.error
+        plan = self.plan_of(run.call)
+        if plan.shape == "plain" and isinstance(error, errors.ConfigError):
+            return True
+        if run.answered is not None:
+            if any(other.error is error for other in outcome.runs):
+                return True
+            if isinstance(error, errors.CompletionError):
+                return True
+        return False
+
     def ambient_deadline_fired(self, outcome: Outcome) -> bool:
         """The caller's own ``async with deadline()`` fired: it sees asyncio's TimeoutError."""
         return (
             type(outcome.error) is TimeoutError
-            and self.scenario.calls[outcome.call].deadline == "ambient"
+            and self.ambient(outcome.call)
             and self.deadline_reached(outcome)
         )
 
@@ -237,6 +346,9 @@ class _Checker:
         outcome = self.trace.outcomes[run.call]
         error = outcome.error
         told = isinstance(error, errors.CompletionError) and error.result is run.value
+        told = told or self.told_otherwise(run, outcome)
+        # process_batch logs a completion that failed and does not redeliver the record.
+        told = told or (self.batch(run.call) and error is None)
         # An ambient deadline (asyncio.timeout) that fires with the completion's own bound
         # wins, and the caller sees its TimeoutError: the contract's outcome for that case.
         told = told or self.ambient_deadline_fired(outcome)
@@ -249,6 +361,7 @@ class _Checker:
             )
             return
         held = self.held[run.owner or ""]
+        key_of_run = self.key_of(run.call) or ""
         late = run.ended is not None and run.ended > held.lease_end
         excused = (
             not self.cooperative(run)  # (a)
@@ -258,6 +371,7 @@ class _Checker:
             or self.troubled(run.call, ("complete",))  # (c)
             or self.completion_was_late(run.call, held)
             or self.overtaken_by_skew(run, held)  # (b)
+            or self.force_released(key_of_run)  # an operator's documented hazard
         )
         if not excused:
             self.fail(
@@ -273,7 +387,7 @@ class _Checker:
     def overtaken_by_skew(self, run: Run, held: _Held) -> bool:
         """Whether the run's record left the store before its lease ended in true time:
         replaced or dropped by a manager whose clock runs ahead (exception (b))."""
-        if len({plan.skew for plan in self.scenario.managers}) < 2:
+        if not self.skewed:
             return False
         key = self.key_of(run.call) or ""
         history = self.applications.get(key, [])
@@ -293,16 +407,22 @@ class _Checker:
     def check_replays(self) -> None:
         for outcome in self.trace.outcomes:
             key = self.key_of(outcome.call)
-            if key is None or outcome.exited is None:
+            if key is None or outcome.exited is None or self.operator(outcome.call):
+                continue
+            if self.refused_at_the_call(outcome.call):
+                continue  # judged by check_refused: ConfigError before any store request
+            if self.force_released(key, outcome.entered_at, outcome.exited_at):
                 continue
             record = self.record_at(key, outcome.entered_at)
             if record is None or record.status is not Status.COMPLETED:
                 continue
             if record.expiration < self.wall(outcome.exited, outcome.call) + 1:
                 continue
-            if self.sibling_holding(outcome, key):
+            if self.sibling_holding(outcome, key) or self.skewed_cache(outcome):
                 continue
-            if not self.replayed(outcome, record):
+            if self.released_elsewhere(outcome, key):
+                continue
+            if not self.replayed(outcome, record) and not self.replayed_attached(outcome, record):
                 got = outcome.value if outcome.error is None else outcome.error
                 self.fail(
                     f"G3: call {outcome.call} arrived while {key} was COMPLETED (by "
@@ -321,6 +441,7 @@ class _Checker:
                     record is None
                     or record.status is not Status.COMPLETED
                     or record.expiration < op.arg.now + BOUNDARY
+                    or self.trace.own_clock
                 ):
                     continue
                 outcome = self.trace.outcomes[op.call]
@@ -330,6 +451,40 @@ class _Checker:
                         f"G3: the store evaluated call {op.call}'s claim of {op.key} against its "
                         f"COMPLETED record (by {record.owner}), and the call got {got!r}"
                     )
+
+    def released_elsewhere(self, outcome: Outcome, key: str) -> bool:
+        """A local cache does not see another process's force release: it may replay the
+        released record until its entry expires (a documented hazard of force_release)."""
+        manager = self.plan_of(outcome.call).manager
+        if not self.scenario.managers[manager].use_local_cache:
+            return False
+        return any(
+            op.name == "force_release"
+            and op.call is not None
+            and self.plan_of(op.call).manager != manager
+            and application.order < outcome.exited_at
+            for op, application in self.applications.get(key, ())
+        )
+
+    def skewed_cache(self, outcome: Outcome) -> bool:
+        """A local cache fed by a store that judged by a skewed client clock keeps an entry
+        as long as the store said (exception (b)); a server-clock store has no excuse."""
+        manager = self.scenario.managers[self.plan_of(outcome.call).manager]
+        return self.skewed and manager.use_local_cache
+
+    def replayed_attached(self, outcome: Outcome, record: Record) -> bool:
+        """The record completed without its response got it attached later by its owner
+        (``execute_call``): a replay of either is the key's one answer."""
+        key = record.key
+        return any(
+            application.done
+            and application.after is not None
+            and application.after.owner == record.owner
+            and application.after.status is Status.COMPLETED
+            and outcome.entered_at <= application.order < outcome.exited_at
+            and self.replayed(outcome, application.after)
+            for _, application in self.applications.get(key, ())
+        )
 
     def sibling_holding(self, outcome: Outcome, key: str) -> bool:
         """Whether a call of the same manager held the key (its claim confirmed) then."""
@@ -348,10 +503,25 @@ class _Checker:
 
     def replayed(self, outcome: Outcome, record: Record) -> bool:
         error = outcome.error
+        failed = self.failed_records(outcome)
+        if failed is not None:
+            if not failed:
+                # A batch's answer says only which records failed: a replay is a success.
+                # A callback that ran again while the record lived is G1's to judge.
+                return True
+            return (
+                self.validation_of(outcome.call) != record.validation
+                or self.troubled(outcome.call)
+                or (outcome.deadline is not None and self.deadline_reached(outcome))
+            )
         if error is None:
-            return bool(record.response_stored and outcome.value == record.response)
+            return bool(
+                record.response_stored
+                and same(outcome.value, record.response)
+                and self.validation_matches(outcome.call, record)
+            )
         if isinstance(error, errors.ResponseNotStoredError):
-            return not record.response_stored
+            return not record.response_stored and self.validation_matches(outcome.call, record)
         if isinstance(error, errors.PayloadValidationError):
             return self.validation_of(outcome.call) != record.validation
         return self.allowed_anyway(outcome)
@@ -364,15 +534,32 @@ class _Checker:
             return outcome.cancel_requested is not None
         if isinstance(error, TimeoutError):
             return self.deadline_reached(outcome)
-        if isinstance(error, errors.PersistenceError):
+        if isinstance(error, errors.PersistenceError | errors.InconsistentStateError):
             return self.troubled(outcome.call)
         return False
 
+    def validation_matches(self, call: int, record: Record) -> bool:
+        """A replay requires the caller's validation hash to match the record's."""
+        mine = self.validation_of(call)
+        return mine is None or record.validation is None or record.validation == mine
+
+    def check_validation(self) -> None:
+        """Every claim carries the validation hash of its caller's payload."""
+        for op in self.trace.store.ops:
+            if op.name != "claim" or op.call is None:
+                continue
+            expected = self.validation_of(op.call)
+            if op.arg.validation != expected:
+                self.fail(
+                    f"validation: call {op.call} claimed {op.key} with validation hash "
+                    f"{op.arg.validation!r}; its payload's is {expected!r}"
+                )
+
     def validation_of(self, call: int) -> str | None:
         plan = self.scenario.calls[call]
-        manager = self.trace.managers[plan.manager]
-        keys = manager._keys.derive({"id": plan.key, "amount": plan.amount})
-        return None if keys is None else keys.validation
+        if not self.scenario.validate or plan.key is None:
+            return None
+        return validation_hash(plan.amount)
 
     def deadline_reached(self, outcome: Outcome) -> bool:
         assert outcome.exited is not None
@@ -396,6 +583,8 @@ class _Checker:
                 and verdict.state is State.IN_PROGRESS
                 and verdict.record is not None
                 and verdict.record.owner in self.owners.get(op.call, ())
+                # An in-batch duplicate is another request of the same call.
+                and self.plan_of(op.call).copies == 1
             ):
                 self.fail(
                     f"G4: call {op.call} was told its own claim ({verdict.record.owner}) "
@@ -411,8 +600,10 @@ class _Checker:
 
     def check_left_unblocked(self, outcome: Outcome) -> None:
         key = self.key_of(outcome.call)
-        if key is None or outcome.exited is None:
+        if key is None or outcome.exited is None or self.operator(outcome.call):
             return
+        if self.failed_records(outcome):
+            return  # a failed record: its outcome (cutoff, store error...) is not seen
         record = self.record_at(key, outcome.exited_at)
         owners = self.owners.get(outcome.call, set())
         if record is None or record.status is not Status.INPROGRESS or record.owner not in owners:
@@ -420,8 +611,11 @@ class _Checker:
         error = outcome.error
         if (
             isinstance(error, asyncio.CancelledError | TimeoutError | errors.CompletionError)
-            or self.troubled(outcome.call)
+            # A claim whose answer was lost gets one owner-fenced release: only a failed
+            # release (or completion) explains a key left in progress.
+            or self.troubled(outcome.call, ("complete", "release"))
             or any(not self.cooperative(run) for run in outcome.runs)
+            or isinstance(error, CallbackExit)  # documented: treated like a crash
         ):
             return
         self.fail(
@@ -435,15 +629,64 @@ class _Checker:
         for index in self.trace.unfinished:
             self.fail(f"G5: call {index} never finished")
         for outcome in self.trace.outcomes:
-            if outcome.exited is None:
+            if outcome.stray is not None:
+                self.fail(
+                    f"G5: call {outcome.call} had returned ({outcome.error or 'a value'!r}) when "
+                    f"its caller's own code was interrupted by {outcome.stray!r}: the call left "
+                    "something armed behind it"
+                )
+            if outcome.exited is None or self.operator(outcome.call):
                 continue
+            self.check_refused(outcome)
             problem = self.outcome_problem(outcome)
             if problem is not None:
                 self.fail(f"G5: call {outcome.call}: {problem}")
             self.check_bounded(outcome)
 
+    def refused_at_the_call(self, call: int) -> bool:
+        """Whether the call's deadline is not a finite number (refused before any I/O)."""
+        plan = self.plan_of(call)
+        return plan.deadline != "none" and not math.isfinite(plan.timeout)
+
+    def check_refused(self, outcome: Outcome) -> None:
+        """A deadline that is not a finite number is refused at the call, before any
+        store request."""
+        plan = self.plan_of(outcome.call)
+        if not self.refused_at_the_call(outcome.call):
+            return
+        if not isinstance(outcome.error, errors.ConfigError):
+            got = outcome.value if outcome.error is None else outcome.error
+            self.fail(
+                f"deadlines: call {outcome.call} with timeout={plan.timeout} got {got!r}, "
+                "not ConfigError"
+            )
+        if any(True for _ in self.ops_of(outcome.call)) or outcome.runs:
+            self.fail(
+                f"deadlines: call {outcome.call} with timeout={plan.timeout} reached the "
+                "store or ran its callback"
+            )
+
+    def batch_problem(self, outcome: Outcome) -> str | None:
+        failed = self.failed_records(outcome)
+        if failed is None:
+            return f"process_batch answered {outcome.value!r}, not a batch response"
+        first, *duplicates = (f"m{outcome.call}-{copy}" for copy in range(2))
+        if (
+            first not in failed
+            and any(copy in failed for copy in duplicates[: self.plan_of(outcome.call).copies - 1])
+            and not self.troubled(outcome.call)  # a store failure may fail a copy's replay
+            and not self.force_released(self.key_of(outcome.call) or "")  # operator's hazard
+            # the record expired meanwhile, so a copy ran for itself, and failed on its own
+            and all(run.returned for run in outcome.runs)
+            and not self.skewed  # exception (b): another clock took the key over meanwhile
+        ):
+            return f"an in-batch duplicate failed though the first record succeeded: {failed}"
+        return None
+
     def outcome_problem(self, outcome: Outcome) -> str | None:
         error = outcome.error
+        if self.batch(outcome.call) and error is None:
+            return self.batch_problem(outcome)
         returned = [run for run in outcome.runs if run.returned]
         key = self.key_of(outcome.call)
         if error is None:
@@ -462,21 +705,31 @@ class _Checker:
                 and application.after is not None
                 and application.after.status is Status.COMPLETED
                 and application.after.response_stored
+                and self.validation_matches(outcome.call, application.after)
             ]
-            if outcome.value in responses:
+            if any(same(outcome.value, response) for response in responses):
                 return None
             return f"got {outcome.value!r}, which no completed record of {key} held (G6)"
-        if isinstance(error, CallbackFailed):
-            mine = any(run.error is error for run in outcome.runs)
+        mine = any(run.error is error for run in outcome.runs)
+        if isinstance(error, CallbackFailed | CallbackExit):
             return None if mine else "got a callback exception that is not its own"
         if isinstance(error, asyncio.CancelledError):
-            return None if outcome.cancel_requested is not None else "CancelledError, not cancelled"
+            if outcome.cancel_requested is not None or mine:
+                return None
+            return "CancelledError, not cancelled (and not its callback's own)"
         if isinstance(error, errors.CompletionError):
             if any(error.result is run.value for run in returned):
                 return None
+            if any(run.answered is not None for run in returned):
+                return None  # execute_call: a completion through the handle failed
             return f"{error!r} without a result of its own callback"
+        if isinstance(error, errors.ConfigError):
+            plan = self.plan_of(outcome.call)
+            if plan.shape == "plain" or not math.isfinite(plan.timeout):
+                return None
+            return f"{error!r}: nothing in the call was misconfigured"
         if isinstance(error, TimeoutError):
-            ambient = self.scenario.calls[outcome.call].deadline == "ambient"
+            ambient = self.ambient(outcome.call)
             if not isinstance(error, errors.IdempotencyError) and not ambient:
                 return f"a TimeoutError that is not DeadlineExceededError: {error!r}"
             if self.deadline_reached(outcome):
@@ -497,8 +750,9 @@ class _Checker:
                 else ("ResponseNotStoredError, but no record went without its response")
             )
         if isinstance(error, errors.InconsistentStateError):
-            skewed = len({plan.skew for plan in self.scenario.managers}) > 1
-            return None if skewed else f"{error!r} without clock skew"
+            if self.skewed or self.troubled(outcome.call):
+                return None
+            return f"{error!r} without clock skew or a store failure"
         return f"an undocumented outcome: {error!r}"
 
     def key_of_plan(self, plan: Any) -> str | None:
@@ -518,8 +772,8 @@ class _Checker:
         store request the manager does not bound (claims and reads)."""
         if outcome.deadline is None or outcome.exited is None:
             return
-        if any(not self.cooperative(run) for run in outcome.runs):
-            return
+        if any(not self.cooperative(run) or run.answered is not None for run in outcome.runs):
+            return  # blocked, or past its point of no return (the deadline no longer applies)
         if self.trace.paused_during(outcome.entered, outcome.exited):
             return
         latest = outcome.deadline
@@ -533,6 +787,43 @@ class _Checker:
                 f"deadline t={outcome.deadline:.3f} and every bound after it"
             )
 
+    def check_force_released_cache(self) -> None:
+        """G6: after its own ``force_release`` returned, a manager never replays the
+        record it released (another manager's cache may, until its entry expires)."""
+        for op in self.trace.store.ops:
+            if op.name != "force_release" or op.call is None or op.ended is None:
+                continue
+            done = [a for a in op.applications if a.done]
+            if not done or done[0].before is None or done[0].before.status is not Status.COMPLETED:
+                continue
+            released = done[0].before
+            manager = self.plan_of(op.call).manager
+            later = [
+                application.after
+                for _, application in self.applications.get(op.key, ())
+                if application.order > done[0].order and application.after is not None
+            ]
+            for outcome in self.trace.outcomes:
+                if (
+                    self.plan_of(outcome.call).manager != manager
+                    or self.key_of(outcome.call) != op.key
+                    or self.operator(outcome.call)
+                    or outcome.entered < op.ended
+                    # same instant (virtual time): it started before the release applied
+                    or outcome.entered_at <= done[0].order
+                    or outcome.error is not None
+                    or outcome.runs
+                    or not isinstance(outcome.value, dict)
+                ):
+                    continue
+                if same(outcome.value, released.response) and not any(
+                    same(outcome.value, record.response) for record in later
+                ):
+                    self.fail(
+                        f"G6: call {outcome.call} replayed {outcome.value!r} from {op.key}'s "
+                        f"record, which its own manager force-released at t={op.ended:.3f}"
+                    )
+
     def check_cancellation(self) -> None:
         for op in self.trace.store.ops:
             if op.call is None:
@@ -542,18 +833,83 @@ class _Checker:
                 )
                 continue
             outcome = self.trace.outcomes[op.call]
-            if outcome.cancel_seq is not None and op.seq >= outcome.cancel_seq:
+            # A request the cancellation interrupted before it reached the store (a task
+            # cancelled while ready to run gets CancelledError at its next await) was not
+            # issued.
+            reached = bool(op.applications)
+            if outcome.cancel_seq is not None and op.seq >= outcome.cancel_seq and reached:
                 if any(run.swallowed for run in outcome.runs):
                     continue  # the callback swallowed the cancellation: exception (a)
+                racing = (
+                    self.real_time
+                    and outcome.cancel_requested is not None
+                    and op.started - outcome.cancel_requested <= self.tol
+                )
+                if racing:
+                    # Real time: a cancellation that races the call's own wait timer is not
+                    # judged within the tolerance (virtual time judges it exactly).
+                    continue
+                if (
+                    self.batch(op.call)
+                    and outcome.cancel_requested is not None
+                    and op.started <= outcome.cancel_requested
+                ):
+                    # A batch's records run in tasks of their own, cancelled by the batch's
+                    # task group when it next runs: a record woken in the same loop turn as
+                    # the cancellation may send one request first.
+                    continue
                 self.fail(f"G6: call {op.call} sent {op.name} of {op.key} after it was cancelled")
         for task in self.trace.leftover_tasks:
             self.fail(f"G6: a task of the library outlived the scenario: {task}")
 
 
+def _store_failure(error: BaseException | None) -> bool:
+    """An error a store may raise for a request it could not carry out.  Anything else
+    from a store (an encoder's ``UnicodeEncodeError``...) is a defect, never an excuse."""
+    return isinstance(
+        error,
+        errors.PersistenceError
+        | errors.InconsistentStateError
+        | asyncio.CancelledError
+        | TimeoutError,
+    )
+
+
+def same(one: Any, other: Any) -> bool:
+    """Equal as replayed values (NaN equals NaN here)."""
+    if one == other:
+        return True
+    return repr(one) == repr(other) and "nan" in repr(one)
+
+
+def reserve(left: float, option: float | None) -> float:
+    """The completion reserve from the contract: min(0.5 s, 20 % of the time left at the
+    claim), or the ``completion_reserve`` option (never more than the time left)."""
+    if option is not None:
+        return min(option, left)
+    return min(0.5, 0.2 * left)
+
+
+@functools.lru_cache(maxsize=64)
+def validation_hash(value: Any) -> str:
+    """The validation hash of the simulator's tiny payload parts (ints, short strings):
+    Base64 of the MD5 of their canonical JSON, built here, not by the library."""
+    text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    return base64.b64encode(hashlib.md5(text.encode()).digest()).decode("ascii")
+
+
 def check(trace: Trace, *, tolerance: float = 1e-6) -> list[str]:
     """Every violation of the guarantee in ``trace`` (empty when the scenario passed)."""
     checker = _Checker(trace, tolerance)
-    StoreChecks(checker.applications, checker.max_wall, checker.fail).check()
+    store_clock = None
+    if trace.own_clock:
+
+        def store_clock(application: Application) -> float:
+            return trace.base + application.at - trace.start
+
+    boundary = BOUNDARY if store_clock is None else max(BOUNDARY, tolerance)
+    StoreChecks(checker.applications, checker.max_wall, checker.fail, store_clock, boundary).check()
+    checker.check_validation()
     checker.check_runs()
     checker.check_at_most_once()
     checker.check_replays()
@@ -561,4 +917,5 @@ def check(trace: Trace, *, tolerance: float = 1e-6) -> list[str]:
     checker.check_unblocked()
     checker.check_outcomes()
     checker.check_cancellation()
+    checker.check_force_released_cache()
     return checker.violations

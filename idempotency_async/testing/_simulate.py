@@ -12,34 +12,75 @@ import asyncio
 import concurrent.futures
 import inspect
 import multiprocessing
+import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from idempotency_async.stores.base import Store
+from idempotency_async.stores.memory import MemoryStore
 from idempotency_async.testing._oracle import check
 from idempotency_async.testing._run import describe_trace, run_scenario
 from idempotency_async.testing._scenario import Scenario, generate
+from idempotency_async.testing._shrink import shrink_scenario
 from idempotency_async.testing._vloop import Deadlock, VirtualClockLoop
 
-__all__ = ["SimulationFailure", "SimulationReport", "StoreFactory", "simulate", "simulate_live"]
+__all__ = [
+    "SimulationFailure",
+    "SimulationReport",
+    "StoreFactory",
+    "reproducer",
+    "run_one",
+    "simulate",
+    "simulate_live",
+]
 
 StoreFactory = Callable[[], Store | Awaitable[Store]]
 """Makes a fresh, empty store for one scenario (called inside the scenario's loop)."""
 
 
 class SimulationFailure(AssertionError):
-    """A scenario broke the guarantee.  ``str()`` says how to rerun it."""
+    """A scenario broke the guarantee.  ``str()`` says how to rerun it; ``shrunk`` is the
+    smallest scenario found that still breaks it (``None`` when not shrunk)."""
 
-    def __init__(self, scenario: Scenario, violations: list[str], rerun: str) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        violations: list[str],
+        rerun: str,
+        shrunk: Scenario | None = None,
+        shrunk_violations: list[str] | None = None,
+    ) -> None:
         self.scenario = scenario
         self.seed = scenario.seed
         self.violations = violations
+        self.rerun = rerun
+        self.shrunk = shrunk
+        self.shrunk_violations = shrunk_violations
         text = "\n".join(f"  - {violation}" for violation in violations)
-        super().__init__(
+        message = (
             f"seed {scenario.seed} broke the guarantee:\n{text}\n{scenario.describe()}\n"
             f"rerun: {rerun}"
         )
+        if shrunk is not None:
+            found = "\n".join(f"  - {violation}" for violation in shrunk_violations or ())
+            message += (
+                f"\nshrunk to {len(shrunk.calls)} call(s), {len(shrunk.managers)} manager(s), "
+                f"{sum(len(call.faults) for call in shrunk.calls)} fault(s):\n{found}\n"
+                f"{shrunk.describe()}\nreproduce: {reproducer(shrunk)}"
+            )
+        super().__init__(message)
+
+    def __reduce__(self) -> Any:
+        # Raised in a worker process: rebuilt from its parts in the parent.
+        parts = (self.scenario, self.violations, self.rerun, self.shrunk, self.shrunk_violations)
+        return (SimulationFailure, parts)
+
+
+def reproducer(scenario: Scenario) -> str:
+    """The command that runs ``scenario`` alone against MemoryStore on a virtual clock."""
+    return f"python -m idempotency_async.testing --scenario '{scenario.to_json()}'"
 
 
 @dataclass(slots=True)
@@ -62,12 +103,16 @@ class SimulationReport:
         )
 
 
-def _rerun(seed: int, scale: float) -> str:
+def _rerun(seed: int, scale: float, exclude: Collection[str] = ()) -> str:
     extra = "" if scale == 1.0 else f" --scale {scale}"
+    if exclude:
+        extra += f" --exclude {','.join(sorted(exclude))}"
     return f"python -m idempotency_async.testing --seed {seed}{extra}"
 
 
-async def _store(factory: StoreFactory) -> Store:
+async def _store(factory: StoreFactory, scenario: Scenario) -> Store:
+    if scenario.capacity is not None and factory is MemoryStore:
+        return MemoryStore(max_records=scenario.capacity)  # a store that fills up
     made = factory()
     if inspect.isawaitable(made):
         return await made
@@ -81,14 +126,38 @@ async def _one(
     live: bool,
     tolerance: float,
     report: SimulationReport,
+    exclude: Collection[str] = (),
+    server_clock: bool | None = None,
 ) -> None:
-    scenario = generate(seed, scale=scale, live=live)
-    store = await _store(factory)
+    scenario = generate(seed, scale=scale, live=live, exclude=exclude, server_clock=server_clock)
+    violations = await _violations(scenario, factory, live, tolerance, report)
+    if violations:
+        raise SimulationFailure(scenario, violations, _rerun(seed, scale, exclude))
+
+
+async def _violations(
+    scenario: Scenario,
+    factory: StoreFactory,
+    live: bool,
+    tolerance: float,
+    report: SimulationReport | None = None,
+) -> list[str]:
+    store = await _store(factory, scenario)
     try:
-        trace = await run_scenario(scenario, store, stuck_after=60.0 if live else 100_000.0)
+        trace = await run_scenario(
+            scenario,
+            store,
+            stuck_after=60.0 if live else 100_000.0,
+            epilogue=not live,
+            own_clock=live and scenario.server_clock,
+            # Live runs share a server's keyspace with other runs of the same seeds.
+            namespace=f"-{secrets.token_hex(4)}" if live else "",
+        )
     finally:
         await store.aclose()
     violations = check(trace, tolerance=tolerance)
+    if report is None:
+        return violations
     report.scenarios += 1
     report.calls += len(scenario.calls)
     report.faults += sum(len(call.faults) for call in scenario.calls)
@@ -96,8 +165,18 @@ async def _one(
     for outcome in trace.outcomes:
         name = "value" if outcome.error is None else type(outcome.error).__name__
         report.outcomes[name] = report.outcomes.get(name, 0) + 1
-    if violations:
-        raise SimulationFailure(scenario, violations, _rerun(seed, scale))
+    return violations
+
+
+def run_one(scenario: Scenario, store_factory: StoreFactory = MemoryStore) -> list[str]:
+    """Run one scenario on a virtual clock; the violations of the guarantee it shows."""
+    loop = VirtualClockLoop()
+    try:
+        return loop.run_until_complete(_violations(scenario, store_factory, False, 1e-6))
+    except Deadlock as exc:
+        return [f"deadlock: {exc}"]
+    finally:
+        loop.close()
 
 
 def simulate(
@@ -106,41 +185,75 @@ def simulate(
     *,
     scale: float = 1.0,
     workers: int = 1,
+    exclude: Collection[str] = (),
+    shrink: bool = True,
 ) -> SimulationReport:
     """Run the scenarios of ``seeds`` against fresh stores from ``store_factory``, on a
     virtual clock: a lease of minutes passes instantly.  For stores with no real I/O (an
     in-process store, or a fake of a server); call it outside any running event loop.
 
     ``workers`` > 1 splits the seeds over that many processes (``store_factory`` must
-    then be picklable, e.g. a class or a module-level function).
+    then be picklable, e.g. a class or a module-level function).  ``exclude`` leaves out
+    some of the generator's :data:`FEATURES`.  A failing seed is shrunk to a minimal
+    scenario (``shrink``), printed with a command that reproduces it.
     """
     if workers > 1:
-        return _in_processes(store_factory, list(seeds), scale, workers)
+        return _in_processes(store_factory, list(seeds), scale, workers, exclude, shrink)
     report = SimulationReport()
     started = time.perf_counter()
     for seed in seeds:
         # A fresh loop per scenario: the clock starts at 0, so a seed replays exactly.
         loop = VirtualClockLoop()
         try:
-            loop.run_until_complete(_one(seed, store_factory, scale, False, 1e-6, report))
+            loop.run_until_complete(_one(seed, store_factory, scale, False, 1e-6, report, exclude))
         except Deadlock as exc:
-            raise SimulationFailure(
-                generate(seed, scale=scale), [f"deadlock: {exc}"], _rerun(seed, scale)
-            ) from exc
+            failure = SimulationFailure(
+                generate(seed, scale=scale, exclude=exclude),
+                [f"deadlock: {exc}"],
+                _rerun(seed, scale, exclude),
+            )
+            raise _shrunk(failure, store_factory) if shrink else failure from exc
+        except SimulationFailure as failure:
+            if not shrink:
+                raise
+            raise _shrunk(failure, store_factory) from None
         finally:
             loop.close()
     report.seconds = time.perf_counter() - started
     return report
 
 
+def _shrunk(failure: SimulationFailure, store_factory: StoreFactory) -> SimulationFailure:
+    smallest, violations = shrink_scenario(
+        failure.scenario, lambda scenario: run_one(scenario, store_factory), failure.violations
+    )
+    return SimulationFailure(
+        failure.scenario, failure.violations, failure.rerun, smallest, violations
+    )
+
+
 def _in_processes(
-    store_factory: StoreFactory, seeds: list[int], scale: float, workers: int
+    store_factory: StoreFactory,
+    seeds: list[int],
+    scale: float,
+    workers: int,
+    exclude: Collection[str],
+    shrink: bool,
 ) -> SimulationReport:
     started = time.perf_counter()
     chunks = [seeds[index::workers] for index in range(workers)]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        parts = list(pool.map(_chunk, [store_factory] * workers, chunks, [scale] * workers))
+        parts = list(
+            pool.map(
+                _chunk,
+                [store_factory] * workers,
+                chunks,
+                [scale] * workers,
+                [tuple(exclude)] * workers,
+                [shrink] * workers,
+            )
+        )
     report = SimulationReport()
     for part in parts:
         report.scenarios += part.scenarios
@@ -153,8 +266,14 @@ def _in_processes(
     return report
 
 
-def _chunk(store_factory: StoreFactory, seeds: list[int], scale: float) -> SimulationReport:
-    return simulate(store_factory, seeds, scale=scale)
+def _chunk(
+    store_factory: StoreFactory,
+    seeds: list[int],
+    scale: float,
+    exclude: tuple[str, ...],
+    shrink: bool,
+) -> SimulationReport:
+    return simulate(store_factory, seeds, scale=scale, exclude=exclude, shrink=shrink)
 
 
 async def simulate_live(
@@ -164,13 +283,16 @@ async def simulate_live(
     scale: float = 0.1,
     concurrency: int = 8,
     tolerance: float = 0.05,
+    exclude: Collection[str] = (),
+    server_clock: bool = False,
 ) -> SimulationReport:
     """Run the scenarios of ``seeds`` in real time in the running loop (stores that talk to
     a server), ``concurrency`` at a time, every duration times ``scale``.
 
     Real time is not reproducible to the microsecond: a rerun repeats the scenario and its
     faults, not necessarily the interleaving; ``tolerance`` (seconds) absorbs loop lag in
-    the timing checks.
+    the timing checks.  ``server_clock``: the store judges by a clock of its own (Redis
+    ``TIME``), so the managers' clocks may be skewed.
     """
     report = SimulationReport()
     started = time.perf_counter()
@@ -178,21 +300,34 @@ async def simulate_live(
 
     async def worker() -> None:
         for seed in pending:
-            await _one(seed, store_factory, scale, True, tolerance, report)
+            await _one(
+                seed,
+                store_factory,
+                scale,
+                True,
+                tolerance,
+                report,
+                exclude,
+                server_clock or None,
+            )
 
-    async with asyncio.TaskGroup() as group:
-        for _ in range(concurrency):
-            group.create_task(worker())
+    try:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(concurrency):
+                group.create_task(worker())
+    except* SimulationFailure as failures:
+        # As documented: the failure itself, not the task group's wrapping of it.
+        raise failures.exceptions[0] from None
     report.seconds = time.perf_counter() - started
     return report
 
 
-def trace_text(seed: int, scale: float) -> str:
-    from idempotency_async.stores.memory import MemoryStore
-
+def trace_text(scenario: Scenario) -> str:
+    """The full trace of ``scenario`` on MemoryStore, as text (``--verbose``)."""
     loop = VirtualClockLoop()
     try:
-        trace = loop.run_until_complete(run_scenario(generate(seed, scale=scale), MemoryStore()))
+        store = loop.run_until_complete(_store(MemoryStore, scenario))
+        trace = loop.run_until_complete(run_scenario(scenario, store))
     finally:
         loop.close()
     return describe_trace(trace)

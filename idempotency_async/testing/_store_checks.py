@@ -1,21 +1,45 @@
 """The oracle's store checks: each operation answered and wrote what the record before it
-called for (protocol v2), and no live record changed without an operation (G4, G7)."""
+called for (protocol v2), and no live record changed without an operation (G4, G7).
+
+Independent of the library: the verdicts and expiries a store owes are computed here from
+the contract's text, never with the library's own judgement code (a bug the two shared
+would be invisible).  ``tests/test_simulator_oracle.py`` checks the imports.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 from idempotency_async.record import Claim, Completion, Record, Status
-from idempotency_async.stores.base import State, Verdict, Written, judge
+from idempotency_async.stores.base import State, Verdict, Written
 from idempotency_async.testing._faults import Application, Op
 
-__all__ = ["BOUNDARY", "StoreChecks", "shape"]
+__all__ = ["BOUNDARY", "StoreChecks", "expected_expiry", "expected_state", "shape"]
 
 
 BOUNDARY = 0.002
 """Seconds around a lease end or expiry within which a store's judgement is not checked
 (stores round to milliseconds and to whole seconds)."""
+
+
+def expected_state(record: Record | None, now: float) -> State:
+    """The state a store owes for ``record`` at ``now``, from the contract: absent or past
+    its expiry is claimable; completed and unexpired replays; in progress holds the key
+    until its lease ends (a foreign record without a lease: until it expires)."""
+    if record is None or record.expiration < now:
+        return State.CLAIMABLE
+    if record.status is Status.COMPLETED:
+        return State.COMPLETED
+    if record.lease_end is not None and record.lease_end < now:
+        return State.CLAIMABLE
+    return State.IN_PROGRESS
+
+
+def expected_expiry(now: float, ttl: float, lease: float) -> int:
+    """A record's expiry from the contract: ``ceil(now + ttl)``, never before its lease ends."""
+    return math.ceil(now + max(ttl, lease))
 
 
 def shape(record: Record | None) -> tuple[Any, ...] | None:
@@ -40,10 +64,25 @@ class StoreChecks:
         applications: dict[str, list[tuple[Op, Application]]],
         max_wall: Callable[[float], float],
         fail: Callable[[str], None],
+        store_clock: Callable[[Application], float] | None = None,
+        boundary: float = BOUNDARY,
     ) -> None:
         self.applications = applications
         self.max_wall = max_wall
         self.fail = fail
+        self.store_clock = store_clock
+        """A store judging by a real clock of its own: the time it judged an application
+        by (approximately: ``boundary`` absorbs the difference)."""
+        self.boundary = boundary
+        self.expiry_slack = 0 if store_clock is None else 1
+
+    def now(self, application: Application, sent: float) -> float:
+        """The time the store judged ``application`` by: the ``now`` the manager sent, or
+        the store's own clock."""
+        return sent if self.store_clock is None else self.store_clock(application)
+
+    def near(self, record: Record | None, now: float) -> bool:
+        return near(record, now, self.boundary)
 
     def check(self) -> None:
         for key, history in self.applications.items():
@@ -77,9 +116,13 @@ class StoreChecks:
                 )
             return
         if op.name == "claim":
-            self.check_claim(op, op.arg, before, after, answer)
+            claim: Claim = op.arg
+            now = self.now(application, claim.now)
+            self.check_claim(op, claim._replace(now=now), before, after, answer)
         elif op.name == "complete":
-            self.check_complete(op, op.arg, before, after, answer)
+            done: Completion = op.arg
+            now = self.now(application, done.now)
+            self.check_complete(op, done._replace(now=now), before, after, answer)
         elif op.name == "release":
             owned = before is None or before.owner == op.arg
             expected_after = None if owned else shape(before)
@@ -88,25 +131,34 @@ class StoreChecks:
                     f"store: release of {op.key} by {op.arg} answered {answer!r} and left "
                     f"{after} (record before: {before})"
                 )
-        elif op.name == "get" and not near(before, op.arg):
-            expected = judge(before, op.arg).state
+        elif op.name == "force_release":
+            if after is not None or shape(answer) != shape(before):
+                self.fail(
+                    f"store: force_release of {op.key} answered {answer!r} and left {after} "
+                    f"(record before: {before})"
+                )
+        elif op.name == "get" and not self.near(before, self.now(application, op.arg)):
+            now = self.now(application, op.arg)
+            expected = expected_state(before, now)
             if not isinstance(answer, Verdict) or answer.state is not expected:
                 self.fail(
-                    f"store: get of {op.key} at {op.arg} answered {answer!r}, expected "
+                    f"store: get of {op.key} at {now} answered {answer!r}, expected "
                     f"{expected} for {before}"
                 )
+            else:
+                self.check_durations(op, before, now, answer)
 
     def check_claim(
         self, op: Op, claim: Claim, before: Record | None, after: Record | None, answer: Any
     ) -> None:
-        if near(before, claim.now):
+        if self.near(before, claim.now):
             return
         own = (
             before is not None
             and before.status is Status.INPROGRESS
             and before.owner == claim.owner
         )
-        free = before is None or own or judge(before, claim.now).state is State.CLAIMABLE
+        free = before is None or own or expected_state(before, claim.now) is State.CLAIMABLE
         if free:
             ok = (
                 answer is not None
@@ -117,8 +169,9 @@ class StoreChecks:
                 and after.owner == claim.owner
                 and after.validation == claim.validation
                 and after.lease_end is not None
-                and abs(after.lease_end - (claim.now + claim.lease)) < BOUNDARY
-                and after.expiration >= after.lease_end
+                and abs(after.lease_end - (claim.now + claim.lease)) < self.boundary
+                and abs(after.expiration - expected_expiry(claim.now, claim.ttl, claim.lease))
+                <= self.expiry_slack
             )
             if not ok:
                 self.fail(
@@ -126,16 +179,37 @@ class StoreChecks:
                     f"(record {before}) answered {answer!r} and left {after}"
                 )
             return
-        expected = judge(before, claim.now)
+        expected = expected_state(before, claim.now)
         if (
             not isinstance(answer, Verdict)
-            or answer.state is not expected.state
+            or answer.state is not expected
             or shape(answer.record) != shape(before)
             or shape(after) != shape(before)
         ):
             self.fail(
                 f"store: claim of {op.key} by {claim.owner} at {claim.now} met {before}: "
-                f"answered {answer!r} and left {after}; expected {expected.state}"
+                f"answered {answer!r} and left {after}; expected {expected}"
+            )
+        else:
+            self.check_durations(op, before, claim.now, answer)
+
+    def check_durations(self, op: Op, before: Record | None, now: float, answer: Verdict) -> None:
+        """A verdict's durations are the record's remaining life (completed) or lease
+        (in progress), counted from the ``now`` the store judged by."""
+        if before is None:
+            return
+        if answer.state is State.COMPLETED:
+            expected: float = before.expiration - now
+            got = answer.expires_in
+        elif answer.state is State.IN_PROGRESS:
+            end = before.lease_end if before.lease_end is not None else before.expiration
+            expected, got = end - now, answer.retry_after
+        else:
+            return
+        if got is None or abs(got - expected) > self.boundary:
+            self.fail(
+                f"store: {op.name} of {op.key} at {now} answered {answer.state} with "
+                f"{got!r} seconds left; the record ({before}) leaves {expected:.3f}"
             )
 
     def check_complete(
@@ -156,6 +230,8 @@ class StoreChecks:
             and after.owner == done.owner
             and after.response_stored is (answer is Written.RESPONSE)
             and (answer is not Written.RESPONSE or after.response == done.response)
+            and abs(after.expiration - expected_expiry(done.now, done.ttl, 0.0))
+            <= self.expiry_slack
         )
         if not ok:
             self.fail(
@@ -164,9 +240,9 @@ class StoreChecks:
             )
 
 
-def near(record: Record | None, now: float) -> bool:
+def near(record: Record | None, now: float, boundary: float = BOUNDARY) -> bool:
     if record is None:
         return False
-    if abs(record.expiration - now) < BOUNDARY:
+    if abs(record.expiration - now) < boundary:
         return True
-    return record.lease_end is not None and abs(record.lease_end - now) < BOUNDARY
+    return record.lease_end is not None and abs(record.lease_end - now) < boundary

@@ -8,7 +8,9 @@ with nothing ready and no timer is deadlocked, and says so instead of hanging.
 from __future__ import annotations
 
 import asyncio
+import math
 import selectors
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,6 +59,13 @@ class _TimeSelector(selectors.BaseSelector):
         assert loop is not None
         if timeout is None:
             raise Deadlock("every task waits, and no timer is scheduled")
+        if math.isnan(timeout):
+            raise Deadlock("a timer was scheduled at NaN: the loop can no longer order timers")
+        if time.perf_counter() > loop.give_up_at:
+            raise Deadlock(
+                f"the scenario ran {loop.real_limit:.0f} s of real time: a livelock "
+                "(a timer that never comes due, or one scheduled at NaN)"
+            )
         if timeout > 0:
             loop.jump()
         return []
@@ -79,9 +88,11 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
     the loop would.
     """
 
-    def __init__(self, start: float = 0.0) -> None:
+    def __init__(self, start: float = 0.0, real_limit: float = 10.0) -> None:
         selector = _TimeSelector()
         self._now = start
+        self.real_limit = real_limit
+        self.give_up_at = time.perf_counter() + real_limit
         super().__init__(selector)
         selector.loop = self
 
@@ -93,6 +104,10 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     def jump(self) -> None:
         scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
+        if any(math.isnan(handle.when()) for handle in scheduled):
+            raise Deadlock("a timer was scheduled at NaN: the loop can no longer order timers")
+        if scheduled and math.isinf(scheduled[0].when()):
+            raise Deadlock("every task waits, and the next timer is at infinity")
         if scheduled:
             # Exactly the timer's time: adding a difference can land a hair short of it.
             self._now = max(self._now, scheduled[0].when())

@@ -162,8 +162,17 @@ async def _unordered(run: RecordRunner, items: list[Item], concurrency: int) -> 
         else:
             firsts[item.key] = outcome = loop.create_future()
             calls.append(first_of_its_key(item, outcome))
-    outcomes = await asyncio.gather(*calls)
-    return [item.identifier for item, ok in zip(items, outcomes, strict=True) if not ok]
+    # A task group, not gather: when a record raises past its runner (SystemExit) or the
+    # batch is cancelled, the other records are cancelled and awaited before this returns,
+    # so no handler keeps running after process_batch is done.
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(call) for call in calls]
+    except BaseExceptionGroup as group_error:
+        # A runner only lets a crash through (SystemExit, a BaseException): the batch ends
+        # with it as it was raised, not wrapped in a group the caller never asked for.
+        raise group_error.exceptions[0] from None
+    return [item.identifier for item, task in zip(items, tasks, strict=True) if not task.result()]
 
 
 async def _in_order(run: RecordRunner, items: list[Item]) -> list[str]:

@@ -117,7 +117,9 @@ class LambdaEntrypoint(Generic[E, C, T]):
         if runner is None:
             return
         try:
-            if self._shutdown is not None and self._context is not None:
+            # shutdown undoes what init did: after an init that never succeeded there is
+            # nothing of it to undo, and shutdown may assume what init builds.
+            if self._shutdown is not None and self._initialized and self._context is not None:
                 runner.run(_awaited(self._shutdown), context=self._context)
         finally:
             _process_loop.release()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -110,6 +111,18 @@ class RecordRunner:
                 await self.manager.execute(
                     payload, lambda: self.handler(payload), deadline=self.deadline
                 )
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the batch itself is being cancelled: nothing more may run
+            # The handler raised a CancelledError of its own (nobody cancelled this task):
+            # a failure of this record, redelivered like any other, not of the batch.
+            _log.error(
+                "%s record %s failed: its handler raised CancelledError",
+                self.source.name,
+                item.identifier,
+            )
+            return False
         except (ResponseNotStoredError, CompletionError) as exc:
             # The handler ran to completion; only its result was not recorded.
             # Redelivering the record could only run the side effect twice.

@@ -1,0 +1,62 @@
+"""psycopg 3's ``AsyncConnectionPool`` behind the asyncpg-shaped calls the store makes.
+
+The store's SQL numbers its parameters (``$1``, asyncpg's style, a number may repeat);
+psycopg takes ``%s`` in order, so each statement is rewritten once, with the order in which
+its parameters are read.  Connections must be in autocommit mode: each operation is then
+one statement and one round trip, as on asyncpg (a transaction would add ``COMMIT``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+from idempotency_async.errors import ConfigError
+
+__all__ = ["PsycopgPool", "is_psycopg_pool"]
+
+_PARAMETER: Final = re.compile(r"\$(\d+)")
+
+
+def is_psycopg_pool(pool: Any) -> bool:
+    return type(pool).__module__.startswith("psycopg_pool")
+
+
+class PsycopgPool:
+    """Runs the store's statements on a ``psycopg_pool.AsyncConnectionPool``."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._converted: dict[str, tuple[str, tuple[int, ...]]] = {}
+
+    def _convert(self, sql: str, args: tuple[Any, ...]) -> tuple[str, list[Any]]:
+        converted = self._converted.get(sql)
+        if converted is None:
+            order = tuple(int(number) - 1 for number in _PARAMETER.findall(sql))
+            converted = self._converted[sql] = (_PARAMETER.sub("%s", sql), order)
+        text, order = converted
+        return text, [args[index] for index in order]
+
+    async def _cursor(self, connection: Any, sql: str, args: tuple[Any, ...]) -> Any:
+        if not connection.autocommit:
+            raise ConfigError(
+                "PostgresStore needs a psycopg pool in autocommit mode: "
+                "AsyncConnectionPool(dsn, kwargs={'autocommit': True})"
+            )
+        text, ordered = self._convert(sql, args)
+        return await connection.execute(text, ordered)
+
+    async def fetchrow(self, sql: str, *args: Any) -> Any:
+        async with self._pool.connection() as connection:
+            cursor = await self._cursor(connection, sql, args)
+            return await cursor.fetchone()
+
+    async def fetch(self, sql: str, *args: Any) -> list[Any]:
+        async with self._pool.connection() as connection:
+            cursor = await self._cursor(connection, sql, args)
+            rows: list[Any] = await cursor.fetchall()
+            return rows
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        async with self._pool.connection() as connection:
+            await self._cursor(connection, sql, args)

@@ -1,0 +1,164 @@
+"""The SQL of the Postgres store: the table, and one statement per operation.
+
+Every statement is one round trip and judges by one instant, ``now`` (Unix seconds as
+``float8``): the parameter the manager sent (``clock="client"``) or, when that is NULL,
+the server's ``clock_timestamp()`` — never ``now()``, which is the start of the
+transaction and stands still behind a pooler that keeps transactions open.
+
+The claim must return the row that refused it, read in the same atomic step, and should
+not write when it is refused (a replay or a 409 is then a plain read: no row lock, no WAL,
+no commit to flush).  The statement reads the key's row in its snapshot (``old``):
+
+- a row there that is not claimable answers the claim as it is — the statement is
+  judged at its snapshot, like any read — and the ``INSERT`` gets no row to insert;
+- otherwise the ``INSERT … ON CONFLICT DO UPDATE`` runs.  Under the row lock it judges
+  the latest version, which may differ from the snapshot's (a row committed while this
+  statement waited): when that version is claimable, every column takes the claim's
+  value; when it is another version than the snapshot's but not claimable, every column
+  keeps its value — a rewrite, only in that race — so that ``RETURNING`` shows it (before
+  PostgreSQL 18 ``RETURNING`` sees only new row versions, and the snapshot never sees a
+  row committed after it).  ``ctid`` tells the versions apart: the snapshot keeps its
+  version from being vacuumed while the statement runs.
+
+Instants follow :mod:`idempotency_async.record`: expiry ``ceil(now + max(ttl, lease))``
+in whole seconds, lease end ``now + lease`` (microseconds, ``timestamptz``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final, NamedTuple
+
+__all__ = ["COLUMNS", "DEFAULT_TABLE", "Statements", "quote_table", "statements"]
+
+DEFAULT_TABLE: Final = "idempotency_records"
+COLUMNS: Final = (
+    "status",
+    "owner",
+    "expires_at",
+    "lease_ends_at",
+    "validation",
+    "response",
+    "not_stored",
+)
+_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_NOW: Final = "coalesce({param}::float8, extract(epoch FROM clock_timestamp())::float8)"
+# What a statement returns about a record: its fields, instants as Unix seconds.
+_RECORD: Final = (
+    "r.status, r.owner, extract(epoch FROM r.expires_at)::float8 AS expires, "
+    "extract(epoch FROM r.lease_ends_at)::float8 AS lease_end, r.validation, "
+    "r.response::text AS response, r.not_stored"
+)
+
+
+class Statements(NamedTuple):
+    """The store's SQL for one table (built once per store)."""
+
+    create: tuple[str, ...]
+    claim: str
+    get: str
+    complete: str
+    release: str
+    extend: str
+    force_release: str
+    vacuum: str
+    page: str
+
+
+def quote_table(name: str) -> str:
+    """``name`` (``table`` or ``schema.table``) as a quoted SQL identifier.
+
+    Raises ``ValueError`` for anything but plain identifiers: the name is spliced into SQL.
+    """
+    parts = name.split(".") if isinstance(name, str) else []
+    if not 1 <= len(parts) <= 2 or not all(_NAME.fullmatch(part) for part in parts):
+        raise ValueError(
+            f"a table name is 'table' or 'schema.table', each part letters, digits or _ "
+            f"(at most 63, not starting with a digit), got {name!r}"
+        )
+    return ".".join(f'"{part}"' for part in parts)
+
+
+def statements(table: str) -> Statements:
+    """The statements for ``table`` (already checked by :func:`quote_table`)."""
+    t = quote_table(table)
+    index = '"' + table.split(".")[-1][:50] + '_expires_at"'
+    create = (
+        f"CREATE TABLE IF NOT EXISTS {t} (\n"
+        "    key text PRIMARY KEY,\n"
+        "    status text NOT NULL CHECK (status IN ('INPROGRESS', 'COMPLETED')),\n"
+        "    owner text,\n"
+        "    expires_at timestamptz NOT NULL,\n"
+        "    lease_ends_at timestamptz,\n"
+        "    validation text,\n"
+        "    response jsonb,\n"
+        "    not_stored text\n"
+        ")",
+        f"CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at)",
+    )
+    claimable = (
+        "(r.expires_at < to_timestamp(n.now) OR (r.status = 'INPROGRESS' AND "
+        "(r.owner = $3 OR r.lease_ends_at < to_timestamp(n.now))))"
+    )
+    claimable_old = (
+        "(o.expires < n.now OR (o.status = 'INPROGRESS' AND (o.owner = $3 OR o.lease_end < n.now)))"
+    )
+    keep_or_take = ",\n    ".join(
+        f"{column} = CASE WHEN c.claimable THEN excluded.{column} ELSE r.{column} END"
+        for column in COLUMNS
+    )
+    # The CASEs read ``claimable`` from a sub-select over the conflicting row (``r``).
+    keep_or_take = keep_or_take.replace("c.claimable", f"(SELECT {claimable} FROM n)")
+    fields = "status, owner, expires, lease_end, validation, response, not_stored"
+    claim = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$2")} AS now),
+old AS MATERIALIZED (SELECT r.ctid AS version, {_RECORD} FROM {t} AS r WHERE r.key = $1),
+w AS (
+  INSERT INTO {t} AS r (key, {", ".join(COLUMNS)})
+  SELECT $1, 'INPROGRESS', $3, to_timestamp(ceil(n.now + greatest($5::float8, $4::float8))),
+         to_timestamp(n.now + $4::float8), $6, NULL, NULL
+  FROM n
+  WHERE NOT EXISTS (SELECT 1 FROM old AS o WHERE {claimable_old} IS NOT TRUE)
+  ON CONFLICT (key) DO UPDATE SET
+    {keep_or_take}
+  WHERE (SELECT {claimable} FROM n) OR r.ctid IS DISTINCT FROM (SELECT version FROM old)
+  RETURNING {_RECORD}
+)
+SELECT {fields}, n.now FROM (
+  SELECT 1 AS pick, {fields} FROM w
+  UNION ALL
+  SELECT 2, {fields} FROM old
+) AS answer, n
+ORDER BY pick LIMIT 1"""
+    get = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$2")} AS now)
+SELECT {_RECORD}, n.now FROM n LEFT JOIN {t} AS r ON r.key = $1"""
+    # The response travels as text and is cast on the server: an application's pool may
+    # carry its own jsonb codec (json.dumps), which would encode the text a second time.
+    complete = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$3")} AS now)
+UPDATE {t} AS r SET status = 'COMPLETED',
+  expires_at = to_timestamp(ceil(n.now + greatest($4::float8, 0))),
+  lease_ends_at = NULL, validation = $5, response = $6::text::jsonb, not_stored = $7
+FROM n WHERE r.key = $1 AND r.owner = $2
+RETURNING 1"""
+    # Gone counts as released; a record another claim holds is not.
+    release = f"""WITH d AS (DELETE FROM {t} WHERE key = $1 AND owner = $2 RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM d) OR NOT EXISTS (SELECT 1 FROM {t} WHERE key = $1)"""
+    extend = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$3")} AS now)
+UPDATE {t} AS r SET
+  expires_at = to_timestamp(ceil(n.now + greatest($5::float8, $4::float8))),
+  lease_ends_at = to_timestamp(n.now + $4::float8), validation = $6
+FROM n WHERE r.key = $1 AND r.owner = $2 AND r.status = 'INPROGRESS'
+RETURNING 1"""
+    force_release = f"DELETE FROM {t} AS r WHERE r.key = $1 RETURNING {_RECORD}"
+    # One bounded batch: the oldest expired rows no other transaction holds.  An expired
+    # record's lease has ended too (expiry is never before the lease end).
+    vacuum = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$1")} AS now),
+doomed AS (
+  SELECT key FROM {t}, n WHERE expires_at < to_timestamp(n.now)
+  ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED
+),
+d AS (DELETE FROM {t} AS r USING doomed WHERE r.key = doomed.key RETURNING 1)
+SELECT count(*) FROM d"""
+    # Operators' listing: keyset pages in key order, optionally one status.
+    page = f"""SELECT r.key, {_RECORD} FROM {t} AS r
+WHERE r.key > $1 AND ($2::text IS NULL OR r.status = $2) ORDER BY r.key LIMIT $3"""
+    return Statements(create, claim, get, complete, release, extend, force_release, vacuum, page)

@@ -1,0 +1,131 @@
+"""Responses as ``jsonb``, exactly, and rows read back as untrusted input.
+
+``jsonb`` keeps numbers as ``numeric``: integers of any size are exact.  But ``numeric``
+prints without an exponent and with the scale it was given, so ``1e300`` would come back
+as a 301-digit *integer*.  Numbers written with an exponent are therefore rewritten in
+plain decimal with a fractional part (``1e300`` → ``1000…0.0``, ``1.5e-10`` →
+``0.00000000015``): the same value, which reads back as the same float.
+
+``jsonb`` cannot hold ``\\u0000`` nor a lone surrogate: such a response completes as not
+stored, with the reason.  Object members come back in ``jsonb``'s order (shorter keys
+first), equal as dicts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from decimal import Decimal
+from typing import Any, Final
+
+import orjson
+
+from idempotency_async._codec import nesting_depth
+from idempotency_async.canonical import MAX_DEPTH
+from idempotency_async.errors import InconsistentStateError
+from idempotency_async.record import Record, Status
+
+__all__ = ["decode_response", "jsonb_text", "record_from_row"]
+
+_EXPONENT_HINT: Final = re.compile(rb"\d[eE]")
+# A JSON string (skipped as is) or a number with an exponent (rewritten).
+_STRING_OR_EXPONENT: Final = re.compile(
+    rb'"(?:[^"\\]|\\.)*"|(-?(?:0|[1-9]\d*)(?:\.\d+)?[eE][+-]?\d+)', re.DOTALL
+)
+# \u0000 after an even number of backslashes is the escape itself, not an escaped backslash.
+_NUL: Final = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+_LONG_NUMBER: Final = re.compile(r"\d{19}")
+_WRITE_FACTOR: Final = 2
+_READ_FACTOR: Final = 4  # the written text, with the ", " and ": " jsonb prints
+
+
+def jsonb_text(encoded: bytes, limit: int) -> tuple[str | None, str | None]:
+    """(the text to store as ``jsonb``, or None and why not)."""
+    if b"\\u0000" in encoded and _NUL.search(encoded):
+        return None, "not storable as jsonb (the response holds \\u0000)"
+    if _EXPONENT_HINT.search(encoded):
+        encoded = _STRING_OR_EXPONENT.sub(_plain, encoded)
+        if len(encoded) > _WRITE_FACTOR * limit:
+            return None, (
+                f"too large as jsonb ({len(encoded)} bytes with its numbers written out in "
+                f"plain decimal, over {_WRITE_FACTOR} x max_response_bytes)"
+            )
+    try:
+        return encoded.decode(), None
+    except UnicodeDecodeError:
+        return None, "not storable as jsonb (the response is not valid UTF-8)"
+
+
+def _plain(match: re.Match[bytes]) -> bytes:
+    number = match.group(1)
+    if number is None:
+        return match.group(0)
+    text = format(Decimal(number.decode()), "f")
+    return (text if "." in text else text + ".0").encode()
+
+
+def decode_response(text: str, limit: int) -> tuple[Any, str | None]:
+    """(the response, None) or (None, why it cannot be read) for ``jsonb`` text."""
+    if len(text) > _READ_FACTOR * limit + 1024:
+        return None, f"unreadable: {len(text)} characters, over the store's bound"
+    if text.count("[") + text.count("{") > MAX_DEPTH and nesting_depth(text) > MAX_DEPTH:
+        return None, f"unreadable: nested deeper than {MAX_DEPTH} levels"
+    try:
+        if _LONG_NUMBER.search(text) is None:
+            return orjson.loads(text), None
+        # orjson reads integers beyond 64 bits as floats; the standard library keeps them.
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return None, f"unreadable: {exc}"[:300]
+    if not _finite(value):
+        return None, "unreadable: a number beyond the float range"
+    return value, None
+
+
+def _finite(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return False
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
+
+
+def record_from_row(key: str, row: Any, limit: int) -> Record:
+    """The record in a statement's answer (``_postgres_sql._RECORD`` columns).
+
+    Control fields that do not make sense raise ``InconsistentStateError``; a response that
+    cannot be read makes a completed record "not stored", with the reason.
+    """
+    status, owner, expires, lease_end, validation, response, not_stored = row[:7]
+    try:
+        state = Status(status)
+        if not isinstance(expires, float) or not math.isfinite(expires):
+            raise ValueError(f"expires_at is {expires!r}")
+        if lease_end is not None and not math.isfinite(lease_end):
+            raise ValueError(f"lease_ends_at is {lease_end!r}")
+    except ValueError as exc:
+        raise InconsistentStateError(
+            f"the record of key {key!r} cannot be judged ({exc}): it was not written by this "
+            "library; delete it with `idempotency-async delete` or force_release"
+        ) from exc
+    value, unreadable = None, None
+    if response is not None:
+        value, unreadable = decode_response(response, limit)
+    stored = state is Status.INPROGRESS or (response is not None and unreadable is None)
+    return Record(
+        key=key,
+        status=state,
+        expiration=math.ceil(expires - 1e-6),
+        lease_end=lease_end,
+        validation=validation,
+        owner=owner,
+        response=value,
+        response_stored=stored,
+        not_stored=unreadable or not_stored,
+    )

@@ -1,0 +1,63 @@
+"""One worker process of the multi-process Postgres tests.
+
+Usage:
+  python _postgres_worker.py run DSN TABLE SIDE_EFFECT_FILE WORKER_ID TASKS KEYS
+      each task executes an idempotent call whose side effect appends one line to the file;
+  python _postgres_worker.py hold DSN TABLE LEASE
+      claims key {"id": "held"} and prints "holding" from a callback that never returns
+      (the test SIGKILLs the process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+from idempotency_async import Manager, Options
+from idempotency_async.stores.postgres import PostgresStore
+
+
+async def run(dsn: str, table: str, path: str, worker: str, tasks: int, keys: int) -> None:
+    async with PostgresStore.from_url(dsn, table=table) as store:
+        manager = Manager(
+            store, Options(key_prefix="multi", event_key_jmespath="id", wait=True, wait_timeout=60)
+        )
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+
+            async def call(n: int) -> None:
+                key_id = n % keys
+
+                async def side_effect() -> str:
+                    # O_APPEND makes each line one atomic write across processes.
+                    os.write(descriptor, f"{key_id} {worker}\n".encode())
+                    await asyncio.sleep(0.01)
+                    return f"done-{key_id}"
+
+                result = await manager.execute({"id": key_id}, side_effect, timeout=60)
+                assert result == f"done-{key_id}", result
+
+            await asyncio.gather(*(call(n) for n in range(tasks)))
+        finally:
+            os.close(descriptor)
+
+
+async def hold(dsn: str, table: str, lease: float) -> None:
+    async with PostgresStore.from_url(dsn, table=table) as store:
+        manager = Manager(store, Options(key_prefix="kill"))
+
+        async def forever() -> None:
+            print("holding", flush=True)
+            await asyncio.sleep(3600)
+
+        await manager.execute({"id": "held"}, forever, timeout=lease)
+
+
+if __name__ == "__main__":
+    mode, dsn, table, *rest = sys.argv[1:]
+    if mode == "run":
+        path, worker, tasks, keys = rest
+        asyncio.run(run(dsn, table, path, worker, int(tasks), int(keys)))
+    else:
+        asyncio.run(hold(dsn, table, float(rest[0])))

@@ -1,0 +1,119 @@
+"""The ``idempotency-async`` command on ``postgres://`` stores, against a real postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+from _cli import cli
+from _postgres import PostgresServer, fresh_table_name
+
+from idempotency_async import Manager, Options
+from idempotency_async.stores.postgres import PostgresStore
+
+pytestmark = pytest.mark.postgres
+
+
+async def test_every_record_command_speaks_postgres(postgres_server: PostgresServer) -> None:
+    table = fresh_table_name()
+    url = f"{postgres_server.dsn}?table={table}"
+    created = await cli("create-table", "--store", url)
+    assert table in created.ok()
+    assert table in (await cli("create-table", "--store", url)).ok()  # idempotent
+    async with PostgresStore.from_url(postgres_server.dsn, table=table) as store:
+        manager = Manager(store, Options(key_prefix="shop", event_key_jmespath="order_id"))
+        for order in (9, 10):
+            await manager.execute({"order_id": order}, lambda: asyncio.sleep(0, {"ok": 1}))
+        key = manager.key_for({"order_id": 9})
+    derived, got, listed, completed = await asyncio.gather(
+        cli("key", "--prefix", "shop", "--jmespath", "order_id", stdin='{"order_id": 9}'),
+        cli("get", "--store", url, str(key), "--json", "--show-response"),
+        cli("list", "--store", url, "--json", "--page-size", "1"),
+        cli("list", "--store", url, "--status", "INPROGRESS"),
+    )
+    assert derived.ok().strip() == key
+    record = got.json()
+    assert record["status"] == "COMPLETED" and record["response"] == {"ok": 1}
+    rows = [json.loads(line) for line in listed.ok().splitlines()]
+    assert sorted(row["key"] for row in rows) == sorted(
+        [str(key), str(manager.key_for({"order_id": 10}))]
+    )
+    assert "0 records" in completed.err
+    released = await cli("release", "--store", url, str(key), "--yes", "--json")
+    assert json.loads(released.ok())["deleted"]["key"] == key
+    gone = await cli("get", "--store", url, str(key))
+    assert "no record" in gone.error(code=3)
+
+
+async def test_create_table_prints_the_sql_for_migrations(postgres_server: PostgresServer) -> None:
+    table = fresh_table_name()
+    printed = (
+        await cli("create-table", "--store", f"postgres://db/app?table={table}", "--print-sql")
+    ).ok()
+    assert printed.startswith(f'CREATE TABLE IF NOT EXISTS "{table}"')
+    assert f'ON "{table}" (expires_at);' in printed
+    connection = await postgres_server.connect()
+    try:
+        await connection.execute(printed)
+        assert await connection.fetchval(f'SELECT count(*) FROM "{table}"') == 0
+    finally:
+        await connection.close()
+
+
+async def test_vacuum_deletes_expired_records(postgres_server: PostgresServer) -> None:
+    table = fresh_table_name()
+    url = f"{postgres_server.dsn}?table={table}"
+    (await cli("create-table", "--store", url)).ok()
+    connection = await postgres_server.connect()
+    try:
+        await connection.execute(
+            f"INSERT INTO {table} SELECT 'old' || i, 'COMPLETED', 'x', "
+            f"to_timestamp({time.time() - 60}), NULL, NULL, '1', NULL "
+            "FROM generate_series(1, 7) i"
+        )
+        vacuumed = await cli("vacuum", "--store", url, "--batch-size", "3", "--max-batches", "2")
+        assert "deleted 6 expired records" in vacuumed.ok()
+        assert await connection.fetchval(f"SELECT count(*) FROM {table}") == 1
+        assert "deleted 1 expired record " in (await cli("vacuum", "--store", url)).ok()
+    finally:
+        await connection.close()
+
+
+async def test_postgres_usage_errors_are_one_line() -> None:
+    wrong, bad_table, print_redis = await asyncio.gather(
+        cli("vacuum", "--store", "redis://127.0.0.1:1/0"),
+        cli("get", "--store", "postgres://db/app?table=a;b", "k"),
+        cli("create-table", "--store", "redis://127.0.0.1:1/0", "--print-sql"),
+    )
+    assert "vacuum is for postgres://" in wrong.error()
+    assert "table name" in bad_table.error()
+    assert "--print-sql is for postgres://" in print_redis.error()
+
+
+async def test_an_unreachable_postgres_is_a_one_line_error() -> None:
+    down = await cli("get", "--store", "postgres://postgres@127.0.0.1:1/postgres", "k")
+    assert "Postgres" in down.error()
+
+
+async def test_the_postgres_target_lists_the_stores_records_page_by_page(
+    postgres_server: PostgresServer,
+) -> None:
+    from idempotency_async.cli._schemes import parse_target
+    from idempotency_async.cli._targets import AwsSettings
+    from idempotency_async.record import Claim, Status
+
+    table = fresh_table_name()
+    target: Any = parse_target(f"{postgres_server.dsn}?table={table}")
+    await target.create_table()
+    store = target.store(AwsSettings())
+    try:
+        for key in ("a", "b", "c"):
+            await store.claim(Claim(key, "o", 0, 30.0, 60.0, None))
+        pages = [page async for page in target.pages(store, status=Status.INPROGRESS, page_size=2)]
+    finally:
+        await store.aclose()
+    assert [[record.key for record in page.records] for page in pages] == [["a", "b"], ["c"]]
+    assert [page.scanned for page in pages] == [2, 1]

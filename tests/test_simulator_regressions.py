@@ -1,0 +1,117 @@
+"""Seeds the widened fault simulator found, one per defect of issue 21 (and three more it
+found on the way), each on the code as it was before its fix.
+
+Each case runs its seed with every other open defect's generator feature left out, so
+it fails for its own defect alone.  The xfail markers go when the fixes merge (strict:
+a fixed defect makes its case pass, and the marker must then be removed, together with
+its feature in ``_open_defects.py``).  ``python -m idempotency_async.testing --seed N
+--exclude ...`` reruns a case and prints the scenario shrunk to its minimum.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _moto import fresh_table
+from _open_defects import DYNAMODB_OPEN, OPEN_DEFECTS
+
+from idempotency_async import MemoryStore
+from idempotency_async.stores.dynamodb import DynamoDBStore
+from idempotency_async.testing import SimulationFailure, simulate, simulate_live
+
+
+def _case(feature: str, seed: int, defect: str, branch: str) -> Any:
+    """A seed that broke the guarantee before its fix; still open while its feature is in
+    ``_open_defects.py`` (then it must fail, strictly: the marker goes with the fix)."""
+    marks = ()
+    if feature in OPEN_DEFECTS:
+        marks = (
+            pytest.mark.xfail(
+                strict=True, raises=SimulationFailure, reason=f"{defect}: open ({branch})"
+            ),
+        )
+    return pytest.param(feature, seed, id=f"{defect}-{feature}-seed{seed}", marks=marks)
+
+
+# (feature, seed): what the seed's scenario does, and what breaks.
+CASES = [
+    # A plain function as the callback: it runs, the await fails with TypeError, the key
+    # is released (G2) and a retry runs it again.
+    _case("plain_callbacks", 1, "defect 1", "core"),
+    # A callback raising a BaseException that is not an Exception: the caller's own code
+    # is cancelled later by the cutoff left armed (G5).
+    _case("base_exceptions", 33, "defect 2", "core"),
+    # A claim that applied, whose answer was lost, then throttled on the retry: never
+    # released, the key stays in progress for its whole lease (G4).
+    _case("error_types", 72, "defect 4", "core"),
+    # The same with an unparseable answer to the claim.
+    _case("nonsense_claims", 13, "defect 4", "core"),
+    # A server-clock store, a worker whose clock is behind, its local cache on: it replays
+    # a record the store already let expire and replaced (G3/G6).
+    _case("server_clock", 1195, "defect 5", "core"),
+    # An operator's force_release while the same manager replays: the cache entry is put
+    # back, and the manager keeps replaying the deleted record (G6).
+    _case("force_release", 352, "defect 7", "core"),
+    # timeout=inf: a timer at infinity (a call that never ends); timeout=nan: a lease that
+    # never lapses.  Both must be ConfigError at the call.
+    _case("bad_timeouts", 11, "defect 8", "core"),
+    # Not in issue 21: a nonsense answer to the get the manager polls with ends in an
+    # AttributeError (an undocumented outcome, G5) instead of StoreUnavailableError.
+    _case("get_nonsense", 14, "finding A", "core (not yet assigned)"),
+    # Not in issue 21: an execute_call callback that ignores its cutoff and returns ends
+    # in a bare CancelledError though nobody cancelled the caller (G5), the key left in
+    # progress.
+    _case("call_handle_cutoff", 321, "finding B", "core (not yet assigned)"),
+    # Not in issue 21: two copies of one SQS message in a batch, the first runs long and
+    # the manager has no `wait`: the copy fails (is redelivered) instead of joining the
+    # first record's call, as the contract asks of in-batch duplicates.
+    _case("batch_duplicates", 50, "finding C", "ops (not yet assigned)"),
+]
+
+
+# The generator features that were open when the seeds were recorded: each case leaves out
+# all of them but its own, so it replays exactly the scenario that was recorded.
+RECORDED_WITHOUT = (
+    "plain_callbacks",
+    "base_exceptions",
+    "error_types",
+    "nonsense_claims",
+    "server_clock",
+    "force_release",
+    "bad_timeouts",
+    "get_nonsense",
+    "call_handle_cutoff",
+    "batch_duplicates",
+)
+
+
+@pytest.mark.parametrize(("feature", "seed"), CASES)
+def test_the_simulator_s_seed_keeps_the_guarantee(feature: str, seed: int) -> None:
+    others = tuple(sorted(set(RECORDED_WITHOUT) - {feature}))
+    simulate(MemoryStore, [seed], exclude=others, shrink=False)
+
+
+def test_every_open_feature_has_its_case() -> None:
+    assert set(OPEN_DEFECTS) <= {case.values[0] for case in CASES}
+
+
+DYNAMODB_SEED = 10
+
+
+@pytest.mark.dynamodb
+async def test_dynamodb_records_results_it_cannot_encode(dynamodb_client: Any) -> None:
+    # Defect 3: a result the manager accepts but DynamoDB cannot encode (an int wider than
+    # 64 bits with a lone surrogate beside it) leaves the record in progress; after the
+    # lease the side effect runs again.  Seed 10's call 1 returns such a result; the
+    # completion fails with UnicodeEncodeError and the key stays in progress (G1, G2).
+    table = await fresh_table(dynamodb_client)
+    await simulate_live(
+        lambda: DynamoDBStore(dynamodb_client, table_name=table),
+        [DYNAMODB_SEED],
+        scale=0.05,
+        concurrency=1,
+        tolerance=1.0,
+        exclude=tuple(sorted(OPEN_DEFECTS)),
+    )
+    assert DYNAMODB_OPEN == ()
