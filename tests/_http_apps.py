@@ -4,7 +4,8 @@ Routes (all counting handler runs in ``calls``, keyed by ``<route>:<tenant>:<key
 
 - ``POST /orders/{order_id}``  opt-in; body ``{"sku": str, "delay": float}``; 201 with
   Location, Set-Cookie and a per-run ``X-Run`` header
-- ``POST /flaky/{mode}``       opt-in; first run raises (``raise``) or answers 503 (``503``)
+- ``POST /flaky/{mode}``       opt-in; first run raises (``raise``) or answers 503 (``503``;
+  500 with ``500``)
 - ``POST /stream``             opt-in; streams ``?chunks=`` chunks of 1,000 bytes
 - ``POST /big``                opt-in; 100,000 bytes with a Content-Length
 - ``POST /legacy``             no opt-in: idempotent through the ``paths`` pattern
@@ -109,7 +110,8 @@ def fastapi_app(calls: Counter[str], *, wait: float | None, store: Any = None) -
         if calls[label] == 1 and mode == "raise":
             raise RuntimeError("first attempt fails")
         if calls[label] == 1:
-            return JSONResponse({"error": "unavailable"}, status_code=503)
+            status = 500 if mode == "500" else 503  # 500: the boundary of "5xx releases"
+            return JSONResponse({"error": "unavailable"}, status_code=status)
         if mode == "http":
             raise HTTPException(409, "rejected by the endpoint")
         return JSONResponse({"attempt": calls[label]}, status_code=201)
@@ -201,7 +203,8 @@ def aiohttp_app(calls: Counter[str], *, wait: float | None, store: Any = None) -
         if calls[label] == 1 and mode == "raise":
             raise RuntimeError("first attempt fails")
         if calls[label] == 1:
-            return web.json_response({"error": "unavailable"}, status=503)
+            status = 500 if mode == "500" else 503  # 500: the boundary of "5xx releases"
+            return web.json_response({"error": "unavailable"}, status=status)
         if mode == "http":
             raise web.HTTPConflict(text="rejected by the endpoint")
         return web.json_response({"attempt": calls[label]}, status=201)

@@ -200,17 +200,18 @@ async def test_handler_exception_releases_the_key(
     assert served.calls == {"flaky-raise:t1:e": 2}
 
 
+@pytest.mark.parametrize("status", [500, 503])
 async def test_server_error_response_releases_the_key(
-    client: httpx.AsyncClient, served: Served
+    client: httpx.AsyncClient, served: Served, status: int
 ) -> None:
-    first = await client.post("/flaky/503", json={}, headers=_key("s"))
-    retry = await client.post("/flaky/503", json={}, headers=_key("s"))
-    replay = await client.post("/flaky/503", json={}, headers=_key("s"))
+    first = await client.post(f"/flaky/{status}", json={}, headers=_key("s"))
+    retry = await client.post(f"/flaky/{status}", json={}, headers=_key("s"))
+    replay = await client.post(f"/flaky/{status}", json={}, headers=_key("s"))
 
-    assert first.status_code == 503
+    assert first.status_code == status
     assert retry.status_code == 201 and not _replayed(retry)
     assert replay.status_code == 201 and _replayed(replay)
-    assert served.calls == {"flaky-503:t1:s": 2}
+    assert served.calls == {f"flaky-{status}:t1:s": 2}
 
 
 async def test_http_exception_raised_by_the_endpoint_is_not_stored(
