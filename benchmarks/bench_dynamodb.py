@@ -51,7 +51,7 @@ from _moto_server import start_moto
 from _stats import interleaved, parse_args
 
 from idempotency_async import Manager, Options
-from idempotency_async._codec import encode_json
+from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion
 from idempotency_async.stores.base import State, Written
 from idempotency_async.stores.dynamodb import DynamoDBStore, create_table

@@ -259,7 +259,7 @@ def build_paths(loop: asyncio.AbstractEventLoop, pool: Any, idemkit: Any) -> lis
         return lambda n: loop.run_until_complete(calls(n))
 
     async def store_first() -> None:
-        from idempotency_async._codec import encode_json
+        from idempotency_async._json import encode_json
         from idempotency_async.record import Claim, Completion
 
         key, now = fresh(), time.time()

@@ -53,7 +53,7 @@ import redis.asyncio as redis_asyncio
 from _stats import interleaved, parse_args
 
 from idempotency_async import Manager, MemoryStore, Options
-from idempotency_async._codec import encode_json
+from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion
 from idempotency_async.stores._redis_records import claim_tail, completion_tail
 from idempotency_async.stores.redis import _CLAIM, _COMPLETE, RedisStore

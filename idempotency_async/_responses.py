@@ -7,9 +7,9 @@ import math
 from typing import Any, NamedTuple
 
 from idempotency_async._cache import CachedResponse, LocalCache
-from idempotency_async._codec import decode_json, encode_json
 from idempotency_async._emission import Emitter
 from idempotency_async._flight import Flight, Outcome
+from idempotency_async._json import decode_json, encode_json
 from idempotency_async._keys import KeyDeriver, Keys
 from idempotency_async.errors import ResponseNotStoredError, ResponseTooLargeError
 from idempotency_async.options import Options

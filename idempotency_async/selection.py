@@ -14,7 +14,7 @@ from jmespath.exceptions import JMESPathError
 from jmespath.functions import Functions, signature
 from jmespath.parser import ParsedResult
 
-from idempotency_async._codec import loads_strict
+from idempotency_async._json import loads_strict
 from idempotency_async.errors import ConfigError, PayloadError
 
 __all__ = [

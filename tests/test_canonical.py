@@ -19,7 +19,7 @@ from _canonical_cases import EDGE_FLOATS, SPECIAL_KEYS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idempotency_async._codec import loads_strict
+from idempotency_async._json import loads_strict
 from idempotency_async.canonical import (
     MAX_DEPTH,
     _orders,

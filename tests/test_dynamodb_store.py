@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from _moto import fresh_store, new_session, open_transport
 
-from idempotency_async._codec import encode_json
+from idempotency_async._json import encode_json
 from idempotency_async.errors import (
     ConfigError,
     InconsistentStateError,

@@ -32,7 +32,7 @@ from support import RecordingStore
 from test_otel import Otel, otel
 
 from idempotency_async import Manager, MemoryStore, Options, errors
-from idempotency_async._codec import nesting_depth
+from idempotency_async._json import nesting_depth
 from idempotency_async.integrations.aiohttp import idempotency_middleware
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
 from idempotency_async.record import Claim, Completion

@@ -7,7 +7,7 @@ import tracemalloc
 import pytest
 
 from idempotency_async import MemoryStore
-from idempotency_async._codec import encode_json
+from idempotency_async._json import encode_json
 from idempotency_async.errors import ConfigError, StoreUnavailableError
 from idempotency_async.record import Claim, Completion
 from idempotency_async.stores.base import State, Written

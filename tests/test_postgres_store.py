@@ -15,7 +15,7 @@ import pytest
 from _postgres import PostgresServer, fresh_postgres_store, fresh_table_name
 
 from idempotency_async import errors
-from idempotency_async._codec import encode_json
+from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion, Status
 from idempotency_async.stores.base import CLAIMED, State, Written
 from idempotency_async.stores.postgres import PostgresStore, create_table, table_sql

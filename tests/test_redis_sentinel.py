@@ -16,7 +16,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import ResponseError
 
 from idempotency_async import errors
-from idempotency_async._codec import encode_json
+from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion
 from idempotency_async.stores.base import CLAIMED, State, Written
 from idempotency_async.stores.redis import _CLAIM, RedisStore

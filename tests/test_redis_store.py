@@ -20,7 +20,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from idempotency_async import errors
-from idempotency_async._codec import encode_json
+from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion, Status
 from idempotency_async.stores.base import CLAIMED, State, Written
 from idempotency_async.stores.redis import RedisStore

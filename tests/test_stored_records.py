@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from idempotency_async import Manager, Options, errors
-from idempotency_async._codec import _stored_depth, decode_json, encode_json, nesting_depth
+from idempotency_async._json import _stored_depth, decode_json, encode_json, nesting_depth
 from idempotency_async.events import Event
 from idempotency_async.record import Status
 from idempotency_async.stores._redis_records import decode_record

@@ -15,8 +15,8 @@ from typing import Any
 
 import orjson
 
-from idempotency_async._codec import loads_strict
 from idempotency_async._function_manager import function_manager
+from idempotency_async._json import loads_strict
 from idempotency_async._keys import key_deriver
 from idempotency_async.cli._errors import CliError
 from idempotency_async.errors import KeyMissingError

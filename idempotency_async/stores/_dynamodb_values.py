@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from idempotency_async._codec import MAX_STORED_DEPTH, StoredDataError, decode_stored
+from idempotency_async._json import MAX_STORED_DEPTH, StoredDataError, decode_stored
 from idempotency_async.record import JSONValue
 
 __all__ = [
@@ -129,7 +129,7 @@ def decode_response(
     """The response held in ``data``, in whichever form ``data_format`` names.
 
     Bounded, since other writers share the table: nesting, finite numbers (see
-    :func:`~idempotency_async._codec.decode_stored`) and, for compressed JSON, at most
+    :func:`~idempotency_async._json.decode_stored`) and, for compressed JSON, at most
     ``max_bytes`` inflated.  Raises ``ValueError`` (or ``TypeError``/``KeyError`` for a
     malformed AttributeValue) when the response cannot be read within them.
     """

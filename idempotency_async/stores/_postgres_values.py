@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import orjson
 
-from idempotency_async._codec import nesting_depth
+from idempotency_async._json import nesting_depth
 from idempotency_async.canonical import MAX_DEPTH
 from idempotency_async.errors import InconsistentStateError
 from idempotency_async.record import Record, Status

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from idempotency_async._codec import decode_stored
+from idempotency_async._json import decode_stored
 from idempotency_async.errors import ConfigError
 from idempotency_async.record import JSONValue
 

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import orjson
 
-from idempotency_async._codec import StoredDataError, decode_stored, utf8_text
+from idempotency_async._json import StoredDataError, decode_stored, utf8_text
 from idempotency_async.record import Completion, Record, Status
 from idempotency_async.stores._record_formats import python_response, python_response_text
 

@@ -24,7 +24,7 @@ from decimal import Decimal
 from types import TracebackType
 from typing import Any, Final, NamedTuple, Self
 
-from idempotency_async._codec import utf8_text
+from idempotency_async._json import utf8_text
 from idempotency_async.errors import (
     ConfigError,
     InconsistentStateError,

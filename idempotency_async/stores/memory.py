@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from idempotency_async._codec import decode_json
+from idempotency_async._json import decode_json
 from idempotency_async.errors import ConfigError, StoreUnavailableError
 from idempotency_async.record import Claim, Completion, Record, Status, expiration_for
 from idempotency_async.stores._closed import closed_error

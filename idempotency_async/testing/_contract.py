@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from idempotency_async._codec import encode_json
+from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion, Record, Status
 from idempotency_async.stores.base import CLAIMED, State, Store, Written
 

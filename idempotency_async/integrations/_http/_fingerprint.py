@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import parse_qsl
 
-from idempotency_async._codec import loads_strict, nesting_depth
+from idempotency_async._json import loads_strict, nesting_depth
 from idempotency_async.canonical import HASH_ALGORITHMS, canonical_bytes, digest_bytes
 from idempotency_async.errors import PayloadError
 from idempotency_async.integrations._http._responses import HttpResponse, Rejection, problem

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from idempotency_async._codec import loads_strict
+from idempotency_async._json import loads_strict
 from idempotency_async.canonical import canonical_json
 from idempotency_async.errors import BatchEventError, ConfigError, PayloadError
 
