@@ -62,7 +62,8 @@ class Cutoff:
         self.queued = True  # still in the heap of its Cutoffs
 
     def expire(self) -> None:
-        if not self.closed:
+        # Once only: a renewal may expire a cutoff whose heap entry is still queued.
+        if not self.closed and not self._expired:
             self._expired = True
             self._task.cancel()
 

@@ -140,6 +140,7 @@ class Lifecycle:
                 return replays.outcome(outcome)  # type: ignore[no-any-return]
         flight = Flight(keys, when, f"{self._owner_prefix}{next(self._claims)}")
         self.inflight[key] = flight
+        renewal: Renewal | None = None
         try:
             while True:
                 # A claim goes out now: a verdict it brings counts from here.
@@ -180,7 +181,6 @@ class Lifecycle:
             cutoffs = self._cutoffs_of(loop)
             timer = cutoffs.start(lease.cutoff_at)
             call = Call(self, flight, lease, loop, timer) if held else None
-            renewal = None
             if self._renewing:
                 renewal = Renewal(
                     self.store, self.options, self.emitter, lease, hard_end, cutoffs, timer
@@ -196,9 +196,11 @@ class Lifecycle:
                 finally:
                     run.end()
                     if renewal is not None:
-                        # The renewing task ends before anything else happens: no renewal
-                        # after the callback, its cutoff or its caller's cancellation.
-                        await renewal.stop()
+                        # No renewal after the callback, its cutoff or its caller's
+                        # cancellation: cancelled now, without yielding (the cutoff could
+                        # fire in between and undo a callback that returned); awaited
+                        # before the call returns.
+                        renewal.cancel()
                         lease = renewal.lease
             except ReturnedNotAwaitable as returned:
                 timer.close()
@@ -262,6 +264,8 @@ class Lifecycle:
             if self.inflight.get(key) is flight:
                 del self.inflight[key]
             flight.settle(None)
+            if renewal is not None:
+                await renewal.stop()
 
     # ------------------------------------------------------------------ claim
 

@@ -2,7 +2,8 @@
 callback runs, so a crashed worker blocks its key for one short lease, not its deadline.
 
 The renewing task belongs to one call: :meth:`Renewal.start` creates it after the claim,
-:meth:`Renewal.stop` cancels and awaits it before the call goes on.  Each confirmed renewal
+:meth:`Renewal.cancel` cancels it as soon as the callback ends (without yielding
+to the loop), and :meth:`Renewal.stop` awaits it before the call returns.  Each confirmed renewal
 postpones the callback's cutoff to a reserve before the new lease end, counted from when
 the ``extend`` was sent.  A refused renewal (the lease is lost) cuts the callback off at
 once; one that fails or is not answered in time leaves the cutoff where it was, so the
@@ -89,8 +90,14 @@ class Renewal:
     def start(self) -> None:
         self._task = self._loop.create_task(self._run(self._loop.time() + self._every))
 
+    def cancel(self) -> None:
+        """Cancel the renewing task: from now on it sends nothing (a request already on
+        its way may still land, and is owner-fenced)."""
+        if self._task is not None:
+            self._task.cancel()
+
     async def stop(self) -> None:
-        """Cancel the renewing task and wait for it to end (it sends nothing more)."""
+        """Cancel the renewing task and wait for it to end."""
         task = self._task
         if task is None:
             return
