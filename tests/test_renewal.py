@@ -4,12 +4,13 @@ renewed through the owner-fenced extend while the callback runs."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
-from support import RecordingStore
+from support import RecordingStore, record_of
 
-from idempotency_async import Event, Manager, Options, errors
+from idempotency_async import Event, Manager, MemoryStore, Options, errors
 from idempotency_async.record import Claim, Status
 from idempotency_async.stores.base import Store
 
@@ -211,3 +212,42 @@ def _returns(value: str) -> Any:
         return value
 
     return returns
+
+
+# -- regressions the simulator found ----------------------------------------------------
+
+
+async def test_a_callback_that_swallows_a_refused_renewal_gets_lease_lost() -> None:
+    # The refused renewal cuts the callback off once; its cutoff's own timer must not
+    # cancel the caller a second time (the caller would get a CancelledError).
+    store = MemoryStore()
+    manager = renewing(store)
+    key = manager.key_for({"id": 8})
+
+    async def swallows() -> str:
+        await asyncio.sleep(EVERY / 2)
+        await store.force_release(key)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(RENEW)  # past the cutoff's earlier heap entries
+        return "swallowed"
+
+    with pytest.raises(errors.LeaseLostError) as lost:
+        await manager.execute({"id": 8}, swallows, timeout=30)
+    assert lost.value.result == "swallowed"
+
+
+async def test_a_callback_that_returns_after_blocking_past_its_cutoff_is_recorded() -> None:
+    # The renewing task is cancelled without yielding to the loop: the overdue cutoff must
+    # not undo a callback that has returned.
+    store = MemoryStore()
+    manager = renewing(store)
+
+    async def blocks() -> str:
+        time.sleep(RENEW * 1.2)  # noqa: ASYNC251 - blocks the loop past the short lease
+        return "blocked"
+
+    assert await manager.execute({"id": 9}, blocks, timeout=30) == "blocked"
+    record = await record_of(store, manager.key_for({"id": 9}), now=manager.options.clock())
+    assert record is not None and record.status is Status.COMPLETED
