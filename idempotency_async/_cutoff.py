@@ -40,10 +40,20 @@ class Cutoff:
     ``asyncio.timeout``: :meth:`fired` is False then and the CancelledError propagates.
     """
 
-    __slots__ = ("_cancelling", "_consumed", "_expired", "_owner", "_task", "closed", "queued")
+    __slots__ = (
+        "_cancelling",
+        "_consumed",
+        "_expired",
+        "_owner",
+        "_task",
+        "closed",
+        "queued",
+        "when",
+    )
 
-    def __init__(self, owner: Cutoffs, task: asyncio.Task[object]) -> None:
+    def __init__(self, owner: Cutoffs, task: asyncio.Task[object], when: float) -> None:
         self._owner = owner
+        self.when = when
         self._task = task
         self._cancelling = task.cancelling()
         self._expired = False
@@ -52,7 +62,8 @@ class Cutoff:
         self.queued = True  # still in the heap of its Cutoffs
 
     def expire(self) -> None:
-        if not self.closed:
+        # Once only: a renewal may expire a cutoff whose heap entry is still queued.
+        if not self.closed and not self._expired:
             self._expired = True
             self._task.cancel()
 
@@ -101,11 +112,21 @@ class Cutoffs:
         task = asyncio.current_task(self.loop)
         if task is None:
             raise RuntimeError("a cutoff must be started inside a task")
-        cutoff = Cutoff(self, task)
+        cutoff = Cutoff(self, task, when)
         heapq.heappush(self._heap, (when, next(self._order), cutoff))
         if when < self._armed_at:
             self._arm(when)
         return cutoff
+
+    def postpone(self, cutoff: Cutoff, when: float) -> None:
+        """Move an open cutoff later, to ``when`` (a renewed lease).  The earlier heap entry
+        stays and is skipped when it surfaces: only the entry at ``cutoff.when`` counts."""
+        if cutoff.closed or cutoff.expired or when <= cutoff.when:
+            return
+        cutoff.when = when
+        heapq.heappush(self._heap, (when, next(self._order), cutoff))
+        if when < self._armed_at:
+            self._arm(when)
 
     def closed_one(self) -> None:
         self._closed_in_heap += 1
@@ -128,7 +149,9 @@ class Cutoffs:
         heap = self._heap
         now = self.loop.time()
         while heap and (heap[0][0] <= now or heap[0][2].closed):
-            _, _, cutoff = heapq.heappop(heap)
+            when, _, cutoff = heapq.heappop(heap)
+            if when != cutoff.when:
+                continue  # an entry a postponement left behind
             cutoff.queued = False
             if cutoff.closed:
                 self._closed_in_heap -= 1

@@ -31,6 +31,7 @@ from idempotency_async._emission import Emitter
 from idempotency_async._flight import Flight, Outcome
 from idempotency_async._keys import KeyDeriver, Keys
 from idempotency_async._lease import Lease, lease_for
+from idempotency_async._renewal import Renewal, short_lease
 from idempotency_async._responses import (
     Replays,
     log_not_stored,
@@ -105,6 +106,7 @@ class Lifecycle:
         self._claims = itertools.count()
         self._cutoffs: Cutoffs | None = None
         self._warned_no_deadline = False
+        self._renewing = options.renew_lease is not None
 
     # ------------------------------------------------------------------ the one lifecycle
 
@@ -138,6 +140,7 @@ class Lifecycle:
                 return replays.outcome(outcome)  # type: ignore[no-any-return]
         flight = Flight(keys, when, f"{self._owner_prefix}{next(self._claims)}")
         self.inflight[key] = flight
+        renewal: Renewal | None = None
         try:
             while True:
                 # A claim goes out now: a verdict it brings counts from here.
@@ -145,6 +148,10 @@ class Lifecycle:
                 if when is None:
                     self._diagnose_no_deadline()
                 lease = lease_for(keys, flight.owner, when, self.options, now)
+                if self._renewing:
+                    # The call's hard bound stays; the claim writes the short lease.
+                    hard_end = lease.ends_at
+                    lease = short_lease(self.options, lease)
                 try:
                     verdict = await self.store.claim(lease.claim)
                 except InconsistentStateError as exc:
@@ -174,6 +181,11 @@ class Lifecycle:
             cutoffs = self._cutoffs_of(loop)
             timer = cutoffs.start(lease.cutoff_at)
             call = Call(self, flight, lease, loop, timer) if held else None
+            if self._renewing:
+                renewal = Renewal(
+                    self.store, self.options, self.emitter, lease, hard_end, cutoffs, timer
+                )
+                renewal.start()
             run = Run(key)  # what downstream keys see while the callback runs
             try:
                 try:
@@ -183,6 +195,13 @@ class Lifecycle:
                     result = await pending
                 finally:
                     run.end()
+                    if renewal is not None:
+                        # No renewal after the callback, its cutoff or its caller's
+                        # cancellation: cancelled now, without yielding (the cutoff could
+                        # fire in between and undo a callback that returned); awaited
+                        # before the call returns.
+                        renewal.cancel()
+                        lease = renewal.lease
             except ReturnedNotAwaitable as returned:
                 timer.close()
                 if call is None or not call.answered:
@@ -196,6 +215,8 @@ class Lifecycle:
                     # Our own cutoff: like a cancellation, no store write.  The record stays
                     # in progress until its lease ends, a reserve from now.
                     self.emit("cut_off", key)
+                    if renewal is not None and renewal.lost:
+                        raise _renewal_refused(key) from exc
                     raise _cut_off(key) from exc
                 if cut_off or answered or timer.cancelled_elsewhere():
                     raise  # the caller was cancelled (or the key is completed): no write
@@ -243,6 +264,8 @@ class Lifecycle:
             if self.inflight.get(key) is flight:
                 del self.inflight[key]
             flight.settle(None)
+            if renewal is not None:
+                await renewal.stop()
 
     # ------------------------------------------------------------------ claim
 
@@ -660,6 +683,15 @@ def _cut_off(key: str) -> DeadlineExceededError:
     return DeadlineExceededError(
         f"the call for key {key} was cut off before its lease ended, leaving time to record "
         "it; nothing was recorded, and the key is claimable again once the lease ends",
+        key=key,
+    )
+
+
+def _renewal_refused(key: str) -> DeadlineExceededError:
+    return DeadlineExceededError(
+        f"the call for key {key} was cut off because the store refused to renew its lease: "
+        "the lease had lapsed and the key may be claimed by another worker. Nothing was "
+        "recorded; renew more often (Options(renew_every=...)) or give renew_lease more slack",
         key=key,
     )
 

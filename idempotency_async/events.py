@@ -21,6 +21,7 @@ EventKind: TypeAlias = Literal[
     "joined",
     "cut_off",
     "record_unreadable",
+    "renew_failed",
 ]
 
 
@@ -37,6 +38,9 @@ class Event:
     store holds a record for the key whose control fields (status, expiry, lease, owner)
     are malformed — a foreign or damaged record; ``error`` is the
     ``InconsistentStateError`` the caller got.  Delete the record to free the key.
+    ``renew_failed``: a lease renewal (``Options(renew_lease=...)``) got no answer; ``error``
+    says why, and the next renewal is tried at the next interval.  A renewal the store
+    refused is ``lease_lost``.
     """
 
     kind: EventKind

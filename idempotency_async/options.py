@@ -77,6 +77,14 @@ class Options:
     local_cache_max_items: int = 1000
     lease: float | None = None
     """Lease in seconds when a call has no deadline at all (default: ``expires_after``)."""
+    renew_lease: float | None = None
+    """Lease renewal (off by default): the claim holds a lease of this many seconds, renewed
+    every ``renew_every`` seconds while the callback runs, so a crashed worker blocks its key
+    for about this long instead of its whole deadline.  The callback's own bound does not
+    change: the deadline, else ``lease`` (or ``expires_after``).  See ``docs/manager.md``."""
+    renew_every: float | None = None
+    """Seconds between renewals (default: a third of ``renew_lease``); must be shorter than
+    ``renew_lease``.  Each renewal is one store round trip."""
     lease_margin: float = 0.0
     """Seconds added to every lease for clock skew between workers."""
     completion_reserve: float | None = None
@@ -118,6 +126,7 @@ class Options:
             )
         if self.lease is not None and not _positive(self.lease):
             raise ConfigError(f"lease must be a positive number of seconds, got {self.lease!r}")
+        self._check_renewal()
         if not _non_negative(self.lease_margin):
             raise ConfigError(f"lease_margin must be >= 0 seconds, got {self.lease_margin!r}")
         if self.completion_reserve is not None and not _non_negative(self.completion_reserve):
@@ -140,6 +149,26 @@ class Options:
             )
         if self.key_prefix is not None and not isinstance(self.key_prefix, str):
             raise ConfigError(f"key_prefix must be a string, got {type(self.key_prefix).__name__}")
+
+    def _check_renewal(self) -> None:
+        if self.renew_lease is None:
+            if self.renew_every is not None:
+                raise ConfigError(
+                    "renew_every needs renew_lease: set Options(renew_lease=30.0) to renew "
+                    "a short lease while the callback runs"
+                )
+            return
+        if not _positive(self.renew_lease):
+            raise ConfigError(
+                f"renew_lease must be a positive number of seconds, got {self.renew_lease!r}"
+            )
+        if self.renew_every is not None and not (
+            _positive(self.renew_every) and self.renew_every < self.renew_lease
+        ):
+            raise ConfigError(
+                f"renew_every must be a positive number of seconds below renew_lease "
+                f"({self.renew_lease!r}), got {self.renew_every!r}: e.g. a third of it"
+            )
 
     def _check_key_format(self) -> None:
         if self.key_format not in KEY_FORMATS:

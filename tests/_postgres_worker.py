@@ -5,7 +5,9 @@ Usage:
       each task executes an idempotent call whose side effect appends one line to the file;
   python _postgres_worker.py hold DSN TABLE LEASE
       claims key {"id": "held"} and prints "holding" from a callback that never returns
-      (the test SIGKILLs the process).
+      (the test SIGKILLs the process);
+  python _postgres_worker.py hold DSN TABLE LEASE RENEW
+      the same, with Options(renew_lease=RENEW): the short lease is renewed while it holds.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ async def run(dsn: str, table: str, path: str, worker: str, tasks: int, keys: in
             os.close(descriptor)
 
 
-async def hold(dsn: str, table: str, lease: float) -> None:
+async def hold(dsn: str, table: str, lease: float, renew: float | None = None) -> None:
     async with PostgresStore.from_url(dsn, table=table) as store:
-        manager = Manager(store, Options(key_prefix="kill"))
+        manager = Manager(store, Options(key_prefix="kill", renew_lease=renew))
 
         async def forever() -> None:
             print("holding", flush=True)
@@ -60,4 +62,5 @@ if __name__ == "__main__":
         path, worker, tasks, keys = rest
         asyncio.run(run(dsn, table, path, worker, int(tasks), int(keys)))
     else:
-        asyncio.run(hold(dsn, table, float(rest[0])))
+        renew = float(rest[1]) if len(rest) > 1 else None
+        asyncio.run(hold(dsn, table, float(rest[0]), renew))

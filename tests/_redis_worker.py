@@ -5,7 +5,9 @@ Usage:
       each task executes an idempotent call whose side effect appends one line to the file;
   python _redis_worker.py hold PORT PREFIX LEASE
       claims key {"id": "held"} and prints "holding" from a callback that never returns
-      (the test SIGKILLs the process).
+      (the test SIGKILLs the process);
+  python _redis_worker.py hold PORT PREFIX LEASE RENEW
+      the same, with Options(renew_lease=RENEW): the short lease is renewed while it holds.
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ async def run(port: int, prefix: str, path: str, worker: str, tasks: int, keys: 
             os.close(descriptor)
 
 
-async def hold(port: int, prefix: str, lease: float) -> None:
+async def hold(port: int, prefix: str, lease: float, renew: float | None = None) -> None:
     async with redis_asyncio.Redis(host="127.0.0.1", port=port) as client:
-        manager = Manager(RedisStore(client, key_prefix=prefix), Options(key_prefix="kill"))
+        options = Options(key_prefix="kill", renew_lease=renew)
+        manager = Manager(RedisStore(client, key_prefix=prefix), options)
 
         async def forever() -> None:
             print("holding", flush=True)
@@ -63,4 +66,5 @@ if __name__ == "__main__":
         path, worker, tasks, keys = rest
         asyncio.run(run(int(port), prefix, path, worker, int(tasks), int(keys)))
     else:
-        asyncio.run(hold(int(port), prefix, float(rest[0])))
+        renew = float(rest[1]) if len(rest) > 1 else None
+        asyncio.run(hold(int(port), prefix, float(rest[0]), renew))

@@ -83,3 +83,42 @@ def test_a_manager_used_on_two_event_loops_cuts_off_on_each() -> None:
 
     asyncio.run(call(1))
     asyncio.run(call(2))
+
+
+def test_a_postponed_cutoff_fires_at_its_new_time_only() -> None:
+    # A renewed lease moves the cutoff later; the earlier heap entry must not fire it.
+    loop = VirtualClockLoop()
+    finished: dict[str, float] = {}
+
+    async def race() -> list[str]:
+        cutoffs = Cutoffs(loop)
+
+        async def postponed() -> str:
+            cutoff = cutoffs.start(loop.time() + 0.10)
+            try:
+                await asyncio.sleep(0.05)
+                cutoffs.postpone(cutoff, loop.time() + 0.20)  # now ends at 0.25
+                cutoffs.postpone(cutoff, loop.time() + 0.10)  # earlier: ignored
+                await asyncio.sleep(1.0)
+                return "finished"
+            except asyncio.CancelledError:
+                if cutoff.fired():
+                    return "cut off"
+                raise
+            finally:
+                cutoff.close()
+                finished["postponed"] = loop.time()
+
+        async def other() -> str:
+            outcome = await _cut(cutoffs, 0.15, 1.0)
+            finished["other"] = loop.time()
+            return outcome
+
+        return await asyncio.gather(postponed(), other())
+
+    try:
+        results = loop.run_until_complete(race())
+    finally:
+        loop.close()
+    assert results == ["cut off", "cut off"]
+    assert finished == {"other": 0.15, "postponed": 0.25}

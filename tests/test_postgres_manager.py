@@ -197,6 +197,48 @@ async def test_a_killed_holder_blocks_until_its_lease_ends_then_the_key_is_recla
         assert ran == 1
 
 
+async def test_a_killed_holder_with_renewal_frees_its_key_within_one_short_lease(
+    postgres_server: PostgresServer,
+) -> None:
+    # With renewal on, the key outlives several short leases while the worker lives, and
+    # is free within one short lease of its SIGKILL - not at its 60 s deadline.
+    table = await _table(postgres_server)
+    renew = 1.0
+    process = await _worker(
+        "hold", postgres_server.dsn, table, "60", str(renew), stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), timeout=30)
+        assert line.strip() == b"holding"
+        async with PostgresStore.from_url(postgres_server.dsn, table=table) as store:
+            manager = Manager(store, Options(key_prefix="kill"))
+            ran = 0
+
+            async def work() -> str:
+                nonlocal ran
+                ran += 1
+                return "second"
+
+            await asyncio.sleep(2.5 * renew)  # past two short leases: renewed, still held
+            with pytest.raises(errors.AlreadyInProgressError):
+                await manager.execute({"id": "held"}, work, timeout=5)
+            process.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            await process.wait()
+            while True:
+                try:
+                    result = await manager.execute({"id": "held"}, work, timeout=5)
+                    break
+                except errors.AlreadyInProgressError:
+                    assert time.monotonic() - killed < renew + 0.5, "still blocked"
+                    await asyncio.sleep(0.05)
+            assert result == "second" and ran == 1
+            assert time.monotonic() - killed < renew + 0.5
+    finally:
+        await _reap([process])
+
+
 async def test_managers_with_clocks_two_minutes_apart_share_one_lease(
     postgres_server: PostgresServer,
 ) -> None:

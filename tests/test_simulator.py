@@ -154,3 +154,32 @@ async def test_redis_store_keeps_the_guarantee_by_its_server_clock(
     finally:
         await client.aclose()
     assert report.scenarios == REDIS_SEEDS
+
+
+class _IdleExtendStore(MemoryStore):
+    """A store whose extend says yes and does nothing: the lease is not renewed."""
+
+    async def extend(self, claim: Claim) -> bool:
+        record = (await self.get(claim.key, now=claim.now)).record
+        return record is not None and record.owner == claim.owner
+
+
+def test_renewal_is_generated_with_faults_on_extend() -> None:
+    scenarios = [generate(seed) for seed in range(200)]
+    renewing = [s for s in scenarios if any(m.renew_lease is not None for m in s.managers)]
+    assert len(renewing) > 50
+    kinds = {f.kind for s in renewing for c in s.calls for f in c.faults if f.op == "extend"}
+    assert {"error", "lose", "delay", "stall"} <= kinds
+    # A feature of its own: left out, no manager renews, and every other draw is the same.
+    for seed, scenario in enumerate(scenarios[:50]):
+        without = generate(seed, exclude=("renewal",))
+        assert all(m.renew_lease is None for m in without.managers)
+        assert [c.at for c in without.calls] == [c.at for c in scenario.calls]
+
+
+def test_the_oracle_judges_renewals_by_what_the_store_kept() -> None:
+    # A confirmed renewal that did not move the lease lets another worker claim while the
+    # callback still runs: the oracle must see it (G1), though the manager did its part.
+    with pytest.raises(SimulationFailure) as caught:
+        simulate(_IdleExtendStore, range(3000), exclude=EXCLUDE, shrink=False)
+    assert "G1" in str(caught.value) or "store:" in str(caught.value)

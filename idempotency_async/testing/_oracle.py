@@ -81,6 +81,18 @@ class _Checker:
                 end = op.started + left
                 cutoff = end - reserve(left, plan.completion_reserve)
                 self.held[claim.owner] = _Held(op.call, claim, op.ended or op.started, end, cutoff)
+        for op in trace.store.ops:
+            # A renewal the store confirmed moves the lease end to its length after the
+            # moment the extend was sent; the cutoff follows, a reserve before it.
+            if op.name != "extend" or op.delivered is not True or op.arg.owner not in self.held:
+                continue
+            held = self.held[op.arg.owner]
+            plan = self.scenario.managers[self.scenario.calls[held.call].manager]
+            end = op.started + op.arg.lease - plan.lease_margin
+            if end > held.lease_end:
+                first = held.claim.lease - plan.lease_margin
+                held.lease_end = end
+                held.cutoff = end - reserve(first, plan.completion_reserve)
         self.owners: dict[int, set[str]] = {}
         for op in trace.store.ops:
             if op.name == "claim" and op.call is not None:
@@ -564,13 +576,23 @@ class _Checker:
     def deadline_reached(self, outcome: Outcome) -> bool:
         assert outcome.exited is not None
         reserve = self.max_reserve(outcome.call)
-        if outcome.deadline is not None:
-            return outcome.exited >= outcome.deadline - reserve - self.tol
+        if outcome.deadline is not None and outcome.exited >= outcome.deadline - reserve - self.tol:
+            return True
+        if self.renewing(outcome.call):
+            # Renewed: cut off at the lease as renewed, or when a renewal was refused.
+            for op in self.ops_of(outcome.call):
+                if op.name == "extend" and op.delivered is False:
+                    return True
+        elif outcome.deadline is not None:
+            return False
         for owner in self.owners.get(outcome.call, ()):
             held = self.held.get(owner)
             if held is not None and outcome.exited >= held.lease_end - reserve - self.tol:
                 return True
         return False
+
+    def renewing(self, call: int) -> bool:
+        return self.scenario.managers[self.plan_of(call).manager].renew_lease is not None
 
     # -- G4: nothing stays blocked --------------------------------------------------------
 
@@ -678,6 +700,8 @@ class _Checker:
             and not self.force_released(self.key_of(outcome.call) or "")  # operator's hazard
             # the record expired meanwhile, so a copy ran for itself, and failed on its own
             and all(run.returned for run in outcome.runs)
+            # exception (a): a callback that ignored its cutoff outlived its lease
+            and all(self.cooperative(run) for run in outcome.runs)
             and not self.skewed  # exception (b): another clock took the key over meanwhile
         ):
             return f"an in-batch duplicate failed though the first record succeeded: {failed}"

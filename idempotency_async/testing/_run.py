@@ -249,6 +249,8 @@ def _manager(
         lease=plan.lease,
         lease_margin=plan.lease_margin,
         completion_reserve=plan.completion_reserve,
+        renew_lease=plan.renew_lease,
+        renew_every=plan.renew_every,
         wait=plan.wait,
         wait_timeout=plan.wait_timeout,
         use_local_cache=plan.use_local_cache,
@@ -547,7 +549,7 @@ async def _probe(trace: Trace, start: float) -> None:
     loop = asyncio.get_running_loop()
     last = loop.time()
     for op in trace.store.ops:
-        if op.name == "claim":
+        if op.name in ("claim", "extend"):
             # The lease counts from when the claim was sent (a store's own clock: from when
             # it applied the claim), whatever the sender's clock.
             for sent in (op.started, *(application.at for application in op.applications)):

@@ -77,6 +77,7 @@ FEATURES = frozenset(
         "batch_duplicates",  # ... holding an in-batch duplicate
         "call_handle_cutoff",  # ... with a callback that ignores its cutoff
         "own_cancel",  # a callback raising CancelledError on its own
+        "renewal",  # managers renewing a short lease, with faults on extend
     }
 )
 """What the generator can add beyond the original scenarios; ``generate(exclude=...)``
@@ -117,6 +118,9 @@ class ManagerPlan:
     jump_at: float | None = None
     """Loop time at which this process's wall clock jumps by ``jump`` seconds."""
     jump: float = 0.0
+    renew_lease: float | None = None
+    """``Options(renew_lease=...)``: a short lease renewed while the callback runs."""
+    renew_every: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +257,12 @@ def generate(
             replace(call, faults=tuple(_no_nonsense_claim(fault) for fault in call.faults))
             for call in calls
         ]
+    if "renewal" in on:
+        # Drawn from a stream of its own: the scenarios of seeds recorded before renewal
+        # existed keep every other draw.
+        renewing = random.Random(f"renew-{seed}")
+        managers = tuple(_renewing(renewing, plan, scale) for plan in managers)
+        calls = [_extend_faults(renewing, call, managers, scale) for call in calls]
     calls.sort(key=lambda call: call.at)
     validate = rng.random() < 0.7
     return Scenario(seed, validate, managers, tuple(calls), scale, server_clock, capacity)
@@ -356,6 +366,30 @@ def _widen_manager(
     if rng.random() < 0.1 and "clock_jumps" in on:
         return replace(plan, jump_at=_ms(rng, 0.0, 12.0, scale), jump=_ms(rng, -3.0, 3.0, scale))
     return plan
+
+
+def _renewing(rng: random.Random, plan: ManagerPlan, scale: float) -> ManagerPlan:
+    if rng.random() >= 0.35:
+        return plan
+    lease = _ms(rng, 0.6, 3.0, scale)
+    every = round(lease * rng.uniform(0.2, 0.6), 3) if rng.random() < 0.7 else None
+    return replace(plan, renew_lease=lease, renew_every=every or None)
+
+
+def _extend_faults(
+    rng: random.Random, call: CallPlan, managers: tuple[ManagerPlan, ...], scale: float
+) -> CallPlan:
+    """Faults on a renewing call's extends: failed, applied with the answer lost, slow."""
+    if managers[call.manager].renew_lease is None or rng.random() >= 0.4:
+        return call
+    kind: FaultKind = rng.choice(["error", "lose", "delay", "stall", "resend"])
+    seconds = 0.0
+    if kind == "delay":
+        seconds = _ms(rng, 0.001, 3.0, scale)
+    elif kind == "stall":
+        seconds = round(100.0 * scale, 3)
+    fault = Fault("extend", rng.choices([0, 1, 2], [3, 2, 1])[0], kind, seconds)
+    return replace(call, faults=(*call.faults, fault))
 
 
 def _manager(rng: random.Random, scale: float, live: bool) -> ManagerPlan:

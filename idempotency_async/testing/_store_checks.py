@@ -131,6 +131,8 @@ class StoreChecks:
                     f"store: release of {op.key} by {op.arg} answered {answer!r} and left "
                     f"{after} (record before: {before})"
                 )
+        elif op.name == "extend":
+            self.check_extend(op, application)
         elif op.name == "force_release":
             if after is not None or shape(answer) != shape(before):
                 self.fail(
@@ -147,6 +149,37 @@ class StoreChecks:
                 )
             else:
                 self.check_durations(op, before, now, answer)
+
+    def check_extend(self, op: Op, application: Application) -> None:
+        """A renewal is owner-fenced: it applies to an INPROGRESS record of its owner (and
+        then moves the lease end to ``lease`` after the store's now), else changes nothing."""
+        before, after, answer = application.before, application.after, application.answer
+        claim: Claim = op.arg
+        now = self.now(application, claim.now)
+        owned = (
+            before is not None
+            and before.status is Status.INPROGRESS
+            and before.owner == claim.owner
+        )
+        if answer is not owned:
+            self.fail(
+                f"store: extend of {op.key} by {claim.owner} answered {answer!r} for the "
+                f"record {before}: a renewal applies to its owner's in-progress record only"
+            )
+        elif not owned and shape(after) != shape(before):
+            self.fail(
+                f"store: a refused extend of {op.key} changed the record: {before} -> {after}"
+            )
+        elif owned and (
+            after is None
+            or after.owner != claim.owner
+            or after.lease_end is None
+            or after.lease_end < now + claim.lease - self.boundary
+        ):
+            self.fail(
+                f"store: extend of {op.key} at {now} for {claim.lease} s answered True but "
+                f"left {after}: a confirmed renewal must move the lease end"
+            )
 
     def check_claim(
         self, op: Op, claim: Claim, before: Record | None, after: Record | None, answer: Any

@@ -1,0 +1,253 @@
+"""Lease renewal (Options(renew_lease=..., renew_every=...)) on every store: a short lease
+renewed through the owner-fenced extend while the callback runs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from support import RecordingStore, record_of
+
+from idempotency_async import Event, Manager, MemoryStore, Options, errors
+from idempotency_async.record import Claim, Status
+from idempotency_async.stores.base import Store
+
+RENEW = 1.0  # the short lease, seconds
+EVERY = 0.25  # between renewals
+
+
+def make(store: Any, **options: Any) -> Manager:
+    options.setdefault("key_prefix", "renew")
+    return Manager(store, Options(**options))
+
+
+def renewing(store: Any, **options: Any) -> Manager:
+    return make(store, renew_lease=RENEW, renew_every=EVERY, **options)
+
+
+class Extends(RecordingStore):
+    """Records the claim of every extend it passes on, and when it was sent."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.extends: list[tuple[float, Claim]] = []
+
+    async def extend(self, claim: Claim) -> bool:
+        self.extends.append((asyncio.get_running_loop().time(), claim))
+        return await super().extend(claim)
+
+
+async def test_renewal_holds_the_key_past_several_short_leases(store: Store) -> None:
+    recording = Extends(store)
+    manager = renewing(recording)
+    other = make(store)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    probed = asyncio.Event()
+    answers: list[type[BaseException]] = []
+
+    async def long() -> str:
+        # Past three short leases, a duplicate still finds the key in progress.
+        await asyncio.sleep(3 * RENEW)
+        for _ in range(2):
+            try:
+                await other.execute({"id": 1}, _never, timeout=5)
+            except errors.IdempotencyError as exc:
+                answers.append(type(exc))
+            await asyncio.sleep(0.5 * RENEW)
+        probed.set()
+        return "long"
+
+    assert await manager.execute({"id": 1}, long, timeout=30) == "long"
+    assert probed.is_set()
+    assert answers == [errors.AlreadyInProgressError, errors.AlreadyInProgressError]
+    assert loop.time() - started >= 4 * RENEW
+    assert len(recording.extends) >= 8  # one round trip per interval
+    # Every renewal asks for the short lease, not the deadline.
+    assert all(claim.lease <= RENEW for _, claim in recording.extends)
+    key = manager.key_for({"id": 1})
+    assert (await store.get(key, now=manager.options.clock())).record.status is Status.COMPLETED  # type: ignore[union-attr]
+
+
+async def _never() -> str:
+    raise AssertionError("a duplicate ran while the key was held")
+
+
+async def test_a_refused_renewal_cuts_the_callback_off_at_once(store: Store) -> None:
+    events: list[Event] = []
+    manager = renewing(store, on_event=events.append)
+    key = manager.key_for({"id": 2})
+    loop = asyncio.get_running_loop()
+    stolen_at: list[float] = []
+
+    async def long() -> str:
+        await asyncio.sleep(EVERY / 2)
+        # Another worker's operator frees the key: the next renewal is refused.
+        await store.force_release(key)
+        stolen_at.append(loop.time())
+        await asyncio.sleep(30)
+        return "never"
+
+    with pytest.raises(errors.DeadlineExceededError, match="refused to renew"):
+        await manager.execute({"id": 2}, long, timeout=30)
+    # Cut off at the first renewal after the theft, well before the short lease ended.
+    assert loop.time() - stolen_at[0] < RENEW
+    assert [e.kind for e in events] == ["claimed", "lease_lost", "cut_off"]
+    assert (await store.get(key, now=manager.options.clock())).record is None
+
+
+@pytest.mark.parametrize("fault", ["raises", "slow"])
+async def test_an_unconfirmed_renewal_cuts_the_callback_off_before_the_lease_ends(
+    store: Store, fault: str
+) -> None:
+    recording = RecordingStore(store)
+    if fault == "raises":
+        recording.fail_on["extend"] = errors.StoreUnavailableError("extend failed (injected)")
+    else:
+        recording.delay["extend"] = 30.0
+    events: list[Event] = []
+    manager = renewing(recording, on_event=events.append)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(errors.DeadlineExceededError):
+        await manager.execute({"id": 3}, _sleeps(30), timeout=30)
+    elapsed = loop.time() - started
+    assert elapsed < RENEW  # a reserve before the short lease ends, not the deadline
+    assert recording.calls.count("extend") >= 1
+    assert events[-1].kind == "cut_off"
+    if fault == "raises":
+        assert "renew_failed" in [e.kind for e in events]
+    # Nobody renews it now: the key is free once the short lease ends.
+    await asyncio.sleep(RENEW - elapsed + 0.1)
+    assert await make(store).execute({"id": 3}, _returns("next"), timeout=5) == "next"
+
+
+async def test_the_renewing_task_ends_with_a_cancelled_caller(store: Store) -> None:
+    recording = Extends(store)
+    manager = renewing(recording)
+    loop = asyncio.get_running_loop()
+    call = asyncio.create_task(manager.execute({"id": 4}, _sleeps(30), timeout=30))
+    await asyncio.sleep(2.5 * EVERY)  # mid-renewal
+    call.cancel()
+    cancelled_at = loop.time()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    renewals = len(recording.extends)
+    assert renewals >= 1
+    # No task left behind, and no extend sent after the cancellation.
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    await asyncio.sleep(3 * EVERY)
+    assert len(recording.extends) == renewals
+    assert all(sent <= cancelled_at for sent, _ in recording.extends)
+    # The abandoned record is freed within one short lease of the last renewal, not at
+    # the 30 s deadline.
+    last = recording.extends[-1][0]
+    await asyncio.sleep(max(0.0, last + RENEW + 0.1 - loop.time()))
+    assert await make(store).execute({"id": 4}, _returns("next"), timeout=5) == "next"
+
+
+async def test_the_lease_never_outlasts_the_deadline(store: Store) -> None:
+    recording = Extends(store)
+    manager = renewing(recording)
+    clock = manager.options.clock
+    loop = asyncio.get_running_loop()
+    wall_deadline = clock() + 1.6
+    started = loop.time()
+    with pytest.raises(errors.DeadlineExceededError):
+        await manager.execute({"id": 5}, _sleeps(30), timeout=1.6)
+    assert loop.time() - started < 1.6
+    assert recording.extends  # renewed up to the deadline ...
+    for _, claim in recording.extends:  # ... never past it
+        assert claim.now + claim.lease <= wall_deadline + 0.05
+
+
+async def test_without_a_deadline_the_lease_option_bounds_a_renewed_callback(
+    store: Store,
+) -> None:
+    recording = Extends(store)
+    manager = renewing(recording, lease=1.5)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(errors.DeadlineExceededError):
+        await manager.execute({"id": 6}, _sleeps(30))
+    assert 1.0 < loop.time() - started < 1.5
+    assert recording.extends
+
+
+async def test_a_short_call_sends_no_renewal(store: Store) -> None:
+    recording = RecordingStore(store)
+    manager = renewing(recording)
+    assert await manager.execute({"id": 7}, _returns("quick"), timeout=30) == "quick"
+    assert recording.calls == ["claim", "complete"]
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"renew_every": 1.0},
+        {"renew_lease": 0},
+        {"renew_lease": float("nan")},
+        {"renew_lease": 10.0, "renew_every": 10.0},
+        {"renew_lease": 10.0, "renew_every": -1.0},
+    ],
+)
+def test_bad_renewal_options_are_config_errors(options: dict[str, Any]) -> None:
+    with pytest.raises(errors.ConfigError, match="renew"):
+        Options(**options)
+
+
+def _sleeps(seconds: float) -> Any:
+    async def sleeps() -> str:
+        await asyncio.sleep(seconds)
+        return "slept"
+
+    return sleeps
+
+
+def _returns(value: str) -> Any:
+    async def returns() -> str:
+        return value
+
+    return returns
+
+
+# -- regressions the simulator found ----------------------------------------------------
+
+
+async def test_a_callback_that_swallows_a_refused_renewal_gets_lease_lost() -> None:
+    # The refused renewal cuts the callback off once; its cutoff's own timer must not
+    # cancel the caller a second time (the caller would get a CancelledError).
+    store = MemoryStore()
+    manager = renewing(store)
+    key = manager.key_for({"id": 8})
+
+    async def swallows() -> str:
+        await asyncio.sleep(EVERY / 2)
+        await store.force_release(key)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(RENEW)  # past the cutoff's earlier heap entries
+        return "swallowed"
+
+    with pytest.raises(errors.LeaseLostError) as lost:
+        await manager.execute({"id": 8}, swallows, timeout=30)
+    assert lost.value.result == "swallowed"
+
+
+async def test_a_callback_that_returns_after_blocking_past_its_cutoff_is_recorded() -> None:
+    # The renewing task is cancelled without yielding to the loop: the overdue cutoff must
+    # not undo a callback that has returned.
+    store = MemoryStore()
+    manager = renewing(store)
+
+    async def blocks() -> str:
+        time.sleep(RENEW * 1.2)  # noqa: ASYNC251 - blocks the loop past the short lease
+        return "blocked"
+
+    assert await manager.execute({"id": 9}, blocks, timeout=30) == "blocked"
+    record = await record_of(store, manager.key_for({"id": 9}), now=manager.options.clock())
+    assert record is not None and record.status is Status.COMPLETED
