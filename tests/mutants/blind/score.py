@@ -1,0 +1,60 @@
+"""Score the fault simulator on the blind mutants: python tests/mutants/blind/score.py [SEEDS]
+
+Applies each patch of this folder to a copy of the package and runs the simulator alone
+(``python -m idempotency_async.testing --seeds SEEDS --no-shrink``); prints CAUGHT (with
+the first failing seed) or MISSED per mutant, then the score.  Not a test: some are missed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+
+
+def main() -> int:
+    seeds = sys.argv[1] if len(sys.argv) > 1 else "2000"
+    caught = 0
+    patches = sorted(HERE.glob("*.patch"))
+    for patch in patches:
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copytree(ROOT / "idempotency_async", Path(tmp) / "idempotency_async")
+            applied = subprocess.run(
+                ["patch", "-p1", "--quiet", "-i", str(patch)], cwd=tmp, capture_output=True
+            )
+            if applied.returncode != 0:
+                print(f"{patch.stem}: DOES NOT APPLY (re-express it on the current code)")
+                continue
+            run = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "idempotency_async.testing",
+                    "--seeds",
+                    seeds,
+                    "--no-shrink",
+                ],
+                cwd=tmp,
+                env={"PYTHONPATH": tmp, "PATH": "/usr/bin:/bin"},
+                capture_output=True,
+                text=True,
+            )
+            if run.returncode == 1 and "broke the guarantee" in run.stderr:
+                caught += 1
+                first = run.stderr.split(" broke the guarantee", 1)[0].rsplit("\n", 1)[-1]
+                print(f"{patch.stem}: CAUGHT ({first})")
+            elif run.returncode == 0:
+                print(f"{patch.stem}: MISSED")
+            else:
+                print(f"{patch.stem}: ERROR {run.stderr.strip()[-200:]}")
+    print(f"the simulator alone caught {caught} of {len(patches)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
