@@ -386,3 +386,69 @@ async def test_sqlalchemy_sessions_and_connections(setup: Setup, driver: str) ->
     finally:
         await engine.dispose()
     assert await setup.effects() == [("s", 1)]
+
+
+# -- cutoffs and cancellation ----------------------------------------------------------
+
+
+async def test_a_cutoff_during_a_statement_rolls_back_and_keeps_the_connection(
+    setup: Setup,
+) -> None:
+    manager = setup.manager()
+    async with setup.pool.acquire() as conn, conn.transaction():
+
+        async def stuck() -> None:
+            await effect(conn, setup.table, "s", 1)()
+            await conn.execute("SELECT pg_sleep(5)")
+
+        started = time.monotonic()
+        with pytest.raises(errors.DeadlineExceededError):
+            await manager.execute_in_transaction(conn, {"id": "s"}, stuck, timeout=0.4)
+        assert time.monotonic() - started < 3
+        await conn.execute(f"INSERT INTO {setup.table}_fx VALUES ('after', 2)")
+    assert await setup.effects() == [("after", 2)]
+    assert await setup.status(manager, {"id": "s"}) is None
+
+
+async def test_the_callers_cancellation_sends_no_statement(setup: Setup) -> None:
+    manager = setup.manager()
+    started = asyncio.Event()
+    async with setup.pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+
+        async def long() -> None:
+            await effect(conn, setup.table, "c", 1)()
+            started.set()
+            await asyncio.sleep(5)
+
+        call = asyncio.create_task(manager.execute_in_transaction(conn, {"id": "c"}, long))
+        await started.wait()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        # No ROLLBACK TO SAVEPOINT went out: the callback's row and the claim are still
+        # there, in the transaction the caller now rolls back.
+        assert await conn.fetchval(f"SELECT count(*) FROM {setup.table}_fx") == 1
+        assert await conn.fetchval(f"SELECT count(*) FROM {setup.table}") == 1
+        await tx.rollback()
+    assert await setup.effects() == []
+    assert await setup.status(manager, {"id": "c"}) is None
+
+
+async def test_a_cutoff_during_a_psycopg_statement_rolls_back(setup: Setup) -> None:
+    psycopg = pytest.importorskip("psycopg")
+    manager = setup.manager()
+    dsn = setup.server.dsn.replace("postgres://", "postgresql://")
+    async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.transaction():
+
+        async def stuck() -> None:
+            await conn.execute(f"INSERT INTO {setup.table}_fx VALUES ('s', 1)")
+            await conn.execute("SELECT pg_sleep(5)")
+
+        started = time.monotonic()
+        with pytest.raises(errors.DeadlineExceededError):
+            await manager.execute_in_transaction(conn, {"id": "s"}, stuck, timeout=0.4)
+        assert time.monotonic() - started < 3
+        await conn.execute(f"INSERT INTO {setup.table}_fx VALUES ('after', 2)")
+    assert await setup.effects() == [("after", 2)]
