@@ -452,3 +452,31 @@ async def test_a_cutoff_during_a_psycopg_statement_rolls_back(setup: Setup) -> N
         assert time.monotonic() - started < 3
         await conn.execute(f"INSERT INTO {setup.table}_fx VALUES ('after', 2)")
     assert await setup.effects() == [("after", 2)]
+
+
+async def test_transactional_calls_through_pgbouncer_in_transaction_mode(
+    setup: Setup, pgbouncer: Any
+) -> None:
+    import asyncpg
+
+    manager = setup.manager(wait=True, wait_timeout=5)
+    calls = 0
+
+    async def one(n: int) -> Any:
+        conn = await asyncpg.connect(pgbouncer.dsn, statement_cache_size=0)
+        try:
+            async with conn.transaction():
+
+                async def run() -> dict[str, int]:
+                    nonlocal calls
+                    calls += 1
+                    return await effect(conn, setup.table, "b", n)()
+
+                return await manager.execute_in_transaction(conn, {"id": "b"}, run)
+        finally:
+            await conn.close()
+
+    results = await asyncio.gather(*(one(n) for n in range(8)))
+    assert calls == 1
+    assert len({r["n"] for r in results}) == 1
+    assert len(await setup.effects()) == 1
