@@ -37,6 +37,7 @@ from idempotency_async.stores.postgres import PostgresStore, create_table
 pytestmark = pytest.mark.postgres
 
 REQUEST_TIMEOUT = 5.0
+MAX_RESPONSE = 4096
 
 
 @dataclass
@@ -48,12 +49,26 @@ class Env:
     records: str
     calls: Counter[str] = field(default_factory=Counter)
     working: asyncio.Event = field(default_factory=asyncio.Event)
+    snapshot: asyncio.Event = field(default_factory=asyncio.Event)
+    proceed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def begin(self, connection: Any, isolation: str | None) -> Any:
+        """The endpoint's transaction; under ``isolation`` (the request's X-Isolation) its
+        snapshot is taken at once, then it waits for the test's ``proceed``."""
+        transaction = connection.transaction(isolation=isolation or "read_committed")
+        await transaction.start()
+        if isolation:
+            await connection.fetchval("SELECT 1")
+            self.snapshot.set()
+            await asyncio.wait_for(self.proceed.wait(), timeout=10)
+        return transaction
 
     async def work(
         self, connection: Any, key: str, order_id: str, sku: str, delay: float, mode: str
     ) -> tuple[int, dict[str, Any]]:
         """The side effect: an order row written through the endpoint's transaction.  With
-        ``mode`` "raise" or "503" the first attempt of a key fails after writing it."""
+        ``mode`` "raise" or "503" the first attempt of a key fails after writing it; with
+        "hold" the work waits until another request took its snapshot."""
         self.calls["work"] += 1
         run = self.calls["work"]
         await connection.execute(
@@ -65,11 +80,15 @@ class Env:
         )
         self.working.set()
         await asyncio.sleep(delay)
+        if mode == "hold":
+            await asyncio.wait_for(self.snapshot.wait(), timeout=10)
         first = self._first(f"work-{mode}:{key}")
         if mode == "raise" and first:
             raise RuntimeError("the work failed after writing its order")
         if mode == "503" and first:
             return 503, {"error": "unavailable"}
+        if mode == "big":
+            return 201, {"order_id": order_id, "blob": "x" * MAX_RESPONSE}
         return 201, {"order_id": order_id, "sku": sku, "run": run}
 
     async def after(self, connection: Any, key: str, mode: str) -> None:
@@ -106,6 +125,7 @@ def _settings(wait: bool) -> dict[str, Any]:
         "request_timeout": REQUEST_TIMEOUT,
         "wait": wait,
         "wait_timeout": REQUEST_TIMEOUT,
+        "max_response_bytes": MAX_RESPONSE,
     }
 
 
@@ -125,7 +145,8 @@ def fastapi_app(env: Env, wait: bool) -> FastAPI:
         order_id: str, order: _Order, request: Request, tx: IdempotentTransaction
     ) -> Response:
         env.calls["endpoint"] += 1
-        async with env.pool.acquire() as connection, connection.transaction():
+        async with env.pool.acquire() as connection:
+            transaction = await env.begin(connection, request.headers.get("x-isolation"))
 
             async def work() -> Response:
                 status, body = await env.work(
@@ -137,8 +158,13 @@ def fastapi_app(env: Env, wait: bool) -> FastAPI:
                 response.set_cookie("session", f"run-{env.calls['work']}")
                 return response
 
-            response = await tx.run(connection, work)
-            await env.after(connection, tx.key, order.mode)
+            try:
+                response = await tx.run(connection, work)
+                await env.after(connection, tx.key, order.mode)
+            except BaseException:
+                await transaction.rollback()
+                raise
+            await transaction.commit()
         return response
 
     return app
@@ -154,7 +180,8 @@ def aiohttp_app(env: Env, wait: bool) -> web.Application:
         tx = request_transaction(request)
         order = _Order.model_validate(await request.json())
         order_id = request.match_info["order_id"]
-        async with env.pool.acquire() as connection, connection.transaction():
+        async with env.pool.acquire() as connection:
+            transaction = await env.begin(connection, request.headers.get("x-isolation"))
 
             async def work() -> web.Response:
                 status, body = await env.work(
@@ -166,8 +193,13 @@ def aiohttp_app(env: Env, wait: bool) -> web.Application:
                 response.set_cookie("session", f"run-{env.calls['work']}")
                 return response
 
-            response = await tx.run(connection, work)
-            await env.after(connection, tx.key, order.mode)
+            try:
+                response = await tx.run(connection, work)
+                await env.after(connection, tx.key, order.mode)
+            except BaseException:
+                await transaction.rollback()
+                raise
+            await transaction.commit()
         return response
 
     app.router.add_post("/orders/{order_id}", create_order)
@@ -332,3 +364,48 @@ async def test_a_transactional_route_requires_the_key(start: Start, env: Env) ->
 
     assert response.status_code == 400 and _is_problem(response)
     assert env.calls["endpoint"] == 0
+
+
+async def test_a_response_too_large_to_store_is_sent_flagged_and_not_replayed(
+    start: Start, env: Env
+) -> None:
+    client = await start()
+    order = {"sku": "A", "mode": "big"}
+
+    created = await client.post("/orders/o-1", json=order, headers=_key("b"))
+    duplicate = await client.post("/orders/o-1", json=order, headers=_key("b"))
+
+    assert created.status_code == 201 and len(created.content) > MAX_RESPONSE
+    assert created.headers["idempotency-response-stored"] == "false"
+    # The original status, and why the response is not available.
+    assert duplicate.status_code == 201 and _is_problem(duplicate)
+    assert duplicate.headers["idempotency-response-stored"] == "false"
+    assert "over the limit of 4096" in duplicate.json()["detail"]
+    assert env.calls["work"] == 1 and env.calls["endpoint"] == 1
+    assert await env.count(env.orders) == 1
+
+
+async def test_a_serialization_failure_is_409_and_the_retry_replays(start: Start, env: Env) -> None:
+    client = await start(wait=True)
+    order = {"sku": "A", "mode": "hold"}  # the first holds its transaction open...
+    first = asyncio.create_task(client.post("/orders/o-1", json=order, headers=_key("s")))
+    await asyncio.wait_for(env.working.wait(), timeout=10)
+    # ...until this one took its REPEATABLE READ snapshot; it then meets the record the
+    # first committed, which its snapshot cannot see: it must run again.
+    second = asyncio.create_task(
+        client.post(
+            "/orders/o-1", json=order, headers={**_key("s"), "X-Isolation": "repeatable_read"}
+        )
+    )
+    created = await first
+    env.proceed.set()
+    conflicted = await second
+    retry = await client.post("/orders/o-1", json=order, headers=_key("s"))
+
+    assert created.status_code == 201
+    assert conflicted.status_code == 409 and _is_problem(conflicted)
+    assert conflicted.json()["title"] == "Request conflicted"
+    assert conflicted.headers["retry-after"] == "1"
+    assert retry.status_code == 201 and _replayed(retry) and retry.content == created.content
+    assert env.calls["work"] == 1
+    assert await env.count(env.orders) == 1

@@ -38,6 +38,7 @@ from idempotency_async.integrations._http._responses import (
     HttpResponse,
     Rejection,
     not_available,
+    not_stored_response,
     problem,
     stored_response,
 )
@@ -178,12 +179,6 @@ class HttpTransaction(Generic[Resp]):
             return response
         annotate(rules.manager, {_REPLAYED_ATTRIBUTE: True})
         return self._kind.build(rules.replay(result))
-
-
-def not_stored_response(status: int, reason: str) -> dict[str, Any]:
-    """The stored form of a response whose body could not be stored: its status and why
-    (a duplicate gets "not available" with the original status)."""
-    return {"v": 1, "status": status, "stored": False, "reason": reason}
 
 
 async def committed(rules: HttpIdempotency, payload: dict[str, Any]) -> HttpResponse | None:
