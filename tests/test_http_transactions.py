@@ -9,6 +9,7 @@ Each app counts how often its endpoint is entered (``endpoint``) and its work ru
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -32,6 +33,7 @@ from idempotency_async.integrations.aiohttp import (
 )
 from idempotency_async.integrations.fastapi import IdempotentTransaction
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
+from idempotency_async.record import Claim
 from idempotency_async.stores.postgres import PostgresStore, create_table
 
 pytestmark = pytest.mark.postgres
@@ -135,10 +137,11 @@ class _Order(BaseModel):
     mode: str = ""
 
 
-def fastapi_app(env: Env, wait: bool) -> FastAPI:
+def fastapi_app(env: Env, wait: bool, *, middleware: bool = True) -> FastAPI:
     app = FastAPI()
     manager = Manager(PostgresStore(env.pool, table=env.records))
-    app.add_middleware(IdempotencyMiddleware, manager=manager, **_settings(wait))
+    if middleware:
+        app.add_middleware(IdempotencyMiddleware, manager=manager, **_settings(wait))
 
     @app.post("/orders/{order_id}", status_code=201)
     async def create_order(
@@ -170,9 +173,10 @@ def fastapi_app(env: Env, wait: bool) -> FastAPI:
     return app
 
 
-def aiohttp_app(env: Env, wait: bool) -> web.Application:
+def aiohttp_app(env: Env, wait: bool, *, middleware: bool = True) -> web.Application:
     manager = Manager(PostgresStore(env.pool, table=env.records))
-    app = web.Application(middlewares=[idempotency_middleware(manager, **_settings(wait))])
+    middlewares = [idempotency_middleware(manager, **_settings(wait))] if middleware else []
+    app = web.Application(middlewares=middlewares)
 
     @transactional_endpoint
     async def create_order(request: web.Request) -> web.Response:
@@ -409,3 +413,36 @@ async def test_a_serialization_failure_is_409_and_the_retry_replays(start: Start
     assert retry.status_code == 201 and _replayed(retry) and retry.content == created.content
     assert env.calls["work"] == 1
     assert await env.count(env.orders) == 1
+
+
+async def test_a_key_held_by_a_lease_is_409_without_running_the_endpoint(
+    start: Start, env: Env
+) -> None:
+    client = await start()
+    # A lease-mode claim of the same request (e.g. sent to a non-transactional route of an
+    # earlier deployment), committed and live.
+    store = PostgresStore(env.pool, table=env.records)
+    middleware = idempotency_middleware(Manager(store), **_settings(False))
+    key = middleware.key_for("POST", "/orders/{order_id}", "l", caller="t1")  # type: ignore[attr-defined]
+    await store.claim(Claim(key, "a-lease-holder", time.time(), 30.0, 3600.0))
+
+    response = await client.post("/orders/o-1", json={"sku": "A"}, headers=_key("l"))
+
+    assert response.status_code == 409 and _is_problem(response)
+    assert 1 <= int(response.headers["retry-after"]) <= 30
+    assert env.calls["endpoint"] == 0
+
+
+async def test_a_transactional_endpoint_without_the_middleware_never_runs(env: Env) -> None:
+    async with (
+        serve_asgi(fastapi_app(env, False, middleware=False)) as one,
+        serve_aio(aiohttp_app(env, False, middleware=False)) as two,
+        httpx.AsyncClient() as client,
+    ):
+        answers = [
+            await client.post(f"{url}/orders/o-1", json={"sku": "A"}, headers=_key("n"))
+            for url in (one, two)
+        ]
+
+    assert [answer.status_code for answer in answers] == [500, 500]
+    assert env.calls["endpoint"] == env.calls["work"] == 0
