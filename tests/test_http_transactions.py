@@ -22,7 +22,7 @@ from _http_apps import serve_aio, serve_asgi
 from _postgres import PostgresServer, fresh_table_name
 from aiohttp import web
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
 from idempotency_async import Manager
@@ -155,6 +155,8 @@ def fastapi_app(env: Env, wait: bool, *, middleware: bool = True) -> FastAPI:
                 status, body = await env.work(
                     connection, tx.key, order_id, order.sku, order.delay, order.mode
                 )
+                if order.mode == "stream":
+                    return StreamingResponse(iter([b"not recordable"]))
                 response = JSONResponse(
                     body, status_code=status, headers={"location": f"/orders/{order_id}"}
                 )
@@ -191,6 +193,8 @@ def aiohttp_app(env: Env, wait: bool, *, middleware: bool = True) -> web.Applica
                 status, body = await env.work(
                     connection, tx.key, order_id, order.sku, order.delay, order.mode
                 )
+                if order.mode == "stream":
+                    return web.StreamResponse()  # type: ignore[return-value]
                 response = web.json_response(
                     body, status=status, headers={"Location": f"/orders/{order_id}"}
                 )
@@ -446,3 +450,15 @@ async def test_a_transactional_endpoint_without_the_middleware_never_runs(env: E
 
     assert [answer.status_code for answer in answers] == [500, 500]
     assert env.calls["endpoint"] == env.calls["work"] == 0
+
+
+async def test_a_streamed_response_is_refused_and_nothing_commits(start: Start, env: Env) -> None:
+    client = await start()
+
+    refused = await client.post(
+        "/orders/o-1", json={"sku": "A", "mode": "stream"}, headers=_key("t")
+    )
+
+    assert refused.status_code == 500  # a ConfigError: the work's writes rolled back
+    assert env.calls["work"] == 1
+    assert (await env.count(env.orders), await env.count(env.records)) == (0, 0)

@@ -373,10 +373,9 @@ class _Responses:
     :class:`HttpTransaction`)."""
 
     def parts(self, response: web.Response) -> tuple[int, list[tuple[str, str]], bytes]:
-        body = response.body if isinstance(response, web.Response) else None
-        if not isinstance(body, bytes | bytearray | memoryview | None) or (
-            isinstance(response, web.Response) and response.prepared
-        ):
+        whole = isinstance(response, web.Response) and not response.prepared
+        body = response.body if whole else None
+        if not whole or not isinstance(body, bytes | bytearray | memoryview | None):
             raise ConfigError(
                 "the work of a transactional call must return an unsent web.Response with "
                 f"its whole body (e.g. web.json_response(...)), got {type(response).__name__}: "
