@@ -534,19 +534,22 @@ def tx_round_trips(loop: asyncio.AbstractEventLoop, server: Server) -> dict[str,
 
 def tx_report(paths: list[Path_], trips: dict[str, dict[str, int]]) -> None:
     by = {(p.name, p.kind): p for p in paths}
-    print("  transactional calls: medians (µs/call), ratios, round trips on the wire")
+    print("  transactional calls: medians, ratios of times, round trips on the wire")
     print(
-        f"  {'driver':<9}{'call':<8}{'raw-tx':>8}{'tx':>8}{'lease':>8}"
-        f"{'tx/raw':>8}{'lease/tx':>9}   round trips raw-tx · tx · lease"
+        f"  {'driver':<9}{'call':<8}{'raw-tx':>8}{'tx':>8}{'lease':>8}{'tx/raw':>8}"
+        f"{'lease/tx':>9}   client CPU raw-tx · tx · lease   round trips raw-tx · tx · lease"
     )
+    print(f"  {'':<17}{'µs/call':>8}")
     for name in DRIVERS:
         for kind in ("first", "replay"):
             raw, tx, lease = (by[(f"{name} {path}", kind)] for path in TX_PATHS)
             counted = trips.get(name, {})
+            cpu = " · ".join(f"{p.cpu * 1e6:.0f}" for p in (raw, tx, lease))
+            rounds = " · ".join(str(counted.get(f"{kind} {path}", "?")) for path in TX_PATHS)
             print(
                 f"  {name:<9}{kind:<8}{raw.wall * 1e6:8.0f}{tx.wall * 1e6:8.0f}"
                 f"{lease.wall * 1e6:8.0f}{tx.wall / raw.wall:8.2f}{lease.wall / tx.wall:9.2f}"
-                "   " + " · ".join(str(counted.get(f"{kind} {path}", "?")) for path in TX_PATHS)
+                f"   {cpu:<31}{rounds}"
             )
 
 
