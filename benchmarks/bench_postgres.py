@@ -2,11 +2,13 @@
 
     python benchmarks/bench_postgres.py            # full run (about a minute)
     python benchmarks/bench_postgres.py --smoke    # a few seconds, for CI
+    python benchmarks/bench_postgres.py --durable  # commits flushed to disk (fsync on)
 
 The script starts its own PostgreSQL (``initdb`` into a temporary directory, a free
 loopback port, ``fsync=off``: what is measured is the client and the statements, not the
-disk; as the ``postgres`` user when run as root).  Without the server binaries it says so
-and exits 0 (CI installs them).
+disk — unless ``--durable``, which keeps PostgreSQL's defaults, so that every commit waits
+for its WAL flush; as the ``postgres`` user when run as root).  Without the server
+binaries it says so and exits 0 (CI installs them).
 
 First calls (a fresh key each call):
   raw      the store's two statements (claim, complete) through ``pool.fetchrow``, with
@@ -99,7 +101,7 @@ class Server:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def start_postgres() -> Server | None:
+def start_postgres(durable: bool = False) -> Server | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)
     initdb = found[0] if found else shutil.which("initdb")
     if initdb is None:
@@ -121,7 +123,9 @@ def start_postgres() -> Server | None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    fast = ("-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+    fast: tuple[str, ...] = ()
+    if not durable:
+        fast = ("-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
     fast = (*fast, "-k", directory)
     process = subprocess.Popen(
         [str(binaries / "postgres"), *("-D", data, "-p", str(port)), *("-h", "127.0.0.1"), *fast],
@@ -592,10 +596,11 @@ def round_trips(loop: asyncio.AbstractEventLoop, pool: Any) -> dict[str, int]:
 # -- report --------------------------------------------------------------------------
 
 
-def report(paths: list[Path_], calls: int, repeats: int) -> bool:
+def report(paths: list[Path_], calls: int, repeats: int, durable: bool) -> bool:
     by = {(p.name, p.kind): p for p in paths}
     print(
-        f"Postgres on loopback (fsync off): {calls} sequential calls per round, "
+        f"Postgres on loopback ({'durable commits' if durable else 'fsync off'}): "
+        f"{calls} sequential calls per round, "
         f"{repeats} interleaved rounds per path"
     )
     print(
@@ -623,11 +628,14 @@ def report(paths: list[Path_], calls: int, repeats: int) -> bool:
 
 
 def main() -> None:
+    durable = "--durable" in sys.argv
+    if durable:
+        sys.argv.remove("--durable")
     args = parse_args(__doc__ or "")
     calls, repeats = (20, 3) if args.smoke else (100, 21)
     repeats = args.repeats or repeats
     logging.getLogger("idempotency_async").setLevel(logging.ERROR)
-    server = start_postgres()
+    server = start_postgres(durable)
     if server is None:
         print("bench_postgres: skipped — the PostgreSQL server binaries are not installed")
         return
@@ -654,7 +662,7 @@ def main() -> None:
             shift = repeat % len(paths)
             for path in paths[shift:] + paths[:shift]:
                 path.timed_round(calls)
-        within = report(base, calls, repeats)
+        within = report(base, calls, repeats, durable)
         trips = round_trips(loop, pool)
         tx_report(transactional, tx_round_trips(loop, server))
         if not isinstance(idemkit, str):
