@@ -480,3 +480,32 @@ async def test_transactional_calls_through_pgbouncer_in_transaction_mode(
     assert calls == 1
     assert len({r["n"] for r in results}) == 1
     assert len(await setup.effects()) == 1
+
+
+async def test_transactional_calls_are_observed(setup: Setup) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from idempotency_async.otel import Telemetry
+
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    manager = setup.manager(telemetry=Telemetry(tracer_provider=provider))
+    try:
+        for n in (1, 2):
+            async with setup.pool.acquire() as conn, conn.transaction():
+                await manager.execute_in_transaction(
+                    conn, {"id": "o"}, effect(conn, setup.table, "o", n)
+                )
+        outcomes = [
+            (span.attributes or {}).get("idempotency.outcome")
+            for span in spans.get_finished_spans()
+            if span.name.startswith("idempotency")
+        ]
+        assert outcomes == ["claimed", "replayed"]
+    finally:
+        provider.shutdown()
+    assert await setup.effects() == [("o", 1)]

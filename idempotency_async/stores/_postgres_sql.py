@@ -174,8 +174,9 @@ WHERE r.key > $1 AND ($2::text IS NULL OR r.status = $2) ORDER BY r.key LIMIT $3
     # The transactional claim (see savepoint_begin) puts the caller's lock_timeout back once
     # it has its answer: the projection is evaluated after the INSERT's lock wait ended.
     restore = "set_config('lock_timeout', current_setting('idempotency_async.lock_timeout'), true)"
+    # It also says where its answer came from: 2, the snapshot (nothing written, no lock).
     transactional_claim = claim.replace(
-        f"SELECT {fields}, n.now FROM (", f"SELECT {fields}, n.now, {restore} FROM ("
+        f"SELECT {fields}, n.now FROM (", f"SELECT {fields}, n.now, {restore}, pick FROM ("
     )
     assert transactional_claim != claim
     return Statements(

@@ -39,6 +39,7 @@ from idempotency_async.stores.base import CLAIMED, Verdict, Written, judge
 
 __all__ = ["TransactionStore", "bind"]
 
+_FROM_SNAPSHOT: Final = 2  # the transactional claim's last column: where the answer came from
 _NOT_IN_TRANSACTION: Final = (
     "execute_in_transaction needs a connection in a transaction that the caller commits: "
     "`async with connection.transaction():` (asyncpg, psycopg) or `async with "
@@ -160,8 +161,12 @@ class TransactionStore:
             await self._undo(exc)
             raise
         if verdict is not CLAIMED:
-            # Nothing to keep: a refused claim may still have locked (and rewritten) the row.
-            await self._script("claim", key, SAVEPOINT_UNDO)
+            # Nothing to keep.  An answer read from the statement's snapshot wrote nothing:
+            # releasing the savepoint is enough, and keeps psycopg's prepared statements
+            # (it drops them all after any ROLLBACK).  Otherwise the claim locked (and
+            # rewrote) a row committed while it waited: roll that back.
+            undo = SAVEPOINT_RELEASE if row[9] == _FROM_SNAPSHOT else SAVEPOINT_UNDO
+            await self._script("claim", key, undo)
         return verdict
 
     async def claim(self, claim: Claim) -> Verdict:
