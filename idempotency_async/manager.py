@@ -24,7 +24,7 @@ from idempotency_async._keys import key_deriver
 from idempotency_async._lease import effective_deadline
 from idempotency_async._lifecycle import Call, Lifecycle, Unprotected
 from idempotency_async._responses import not_stored_error
-from idempotency_async.errors import ConfigError
+from idempotency_async.errors import ConfigError, InconsistentStateError
 from idempotency_async.instrumentation import Observer
 from idempotency_async.options import Options, disabled_by_environment
 from idempotency_async.record import Record
@@ -288,7 +288,11 @@ class Manager:
         if keys is None:
             return default
         lifecycle = self._lifecycle
-        verdict = await lifecycle.store.get(keys.key, now=self.options.clock())
+        try:
+            verdict = await lifecycle.store.get(keys.key, now=self.options.clock())
+        except InconsistentStateError as exc:
+            lifecycle.emit("record_unreadable", keys.key, error=exc)
+            raise
         record = verdict.record
         if record is None or verdict.state is State.CLAIMABLE:
             return default
