@@ -69,9 +69,9 @@ _REFUSALS = (StoreAccessDeniedError, StoreValidationError)
 
 class TransactionalStore(Store, Protocol):
     """A store whose operations run in a caller's database transaction (Postgres): a claim
-    waits on the row another open transaction holds, for at most ``lock_wait`` seconds."""
+    waits on the row another open transaction holds, for at most ``wait`` seconds."""
 
-    async def claim_within(self, claim: Claim, lock_wait: float) -> Verdict: ...
+    async def claim_within(self, claim: Claim, wait: float) -> Verdict: ...
 
 
 class _Replayed(NamedTuple):

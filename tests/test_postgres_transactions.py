@@ -509,3 +509,26 @@ async def test_transactional_calls_are_observed(setup: Setup) -> None:
     finally:
         provider.shutdown()
     assert await setup.effects() == [("o", 1)]
+
+
+# -- lease-mode calls meeting a transactional call ---------------------------------------
+
+
+async def test_a_lease_mode_claim_waits_for_an_open_transaction_at_most_its_deadline(
+    setup: Setup,
+) -> None:
+    manager = setup.manager()
+    conn, tx, _ = await _hold(setup, manager, {"id": "m"}, 1)
+    try:
+        started = time.monotonic()
+        with pytest.raises(errors.LockTimeoutError):
+            await manager.execute({"id": "m"}, effect(setup.pool, setup.table, "m", 2), timeout=0.5)
+        assert time.monotonic() - started < 1.5  # not until the transaction ends
+        # Once the transaction commits, a lease-mode duplicate replays it.
+        await tx.commit()
+        assert await manager.execute(
+            {"id": "m"}, effect(setup.pool, setup.table, "m", 3), timeout=5
+        ) == {"n": 1}
+    finally:
+        await setup.pool.release(conn)
+    assert await setup.effects() == [("m", 1)]

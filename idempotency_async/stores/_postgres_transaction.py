@@ -24,10 +24,11 @@ from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores._postgres_errors import translated
 from idempotency_async.stores._postgres_psycopg import PsycopgConnection, is_psycopg_connection
 from idempotency_async.stores._postgres_sql import (
+    SAVEPOINT_BEGIN,
     SAVEPOINT_RELEASE,
     SAVEPOINT_UNDO,
     Statements,
-    savepoint_begin,
+    lock_wait,
 )
 from idempotency_async.stores._postgres_values import (
     claim_verdict,
@@ -139,11 +140,11 @@ class TransactionStore:
     def table_name(self) -> str:
         return self.table
 
-    async def claim_within(self, claim: Claim, lock_wait: float) -> Verdict:
-        """Claim the key, waiting at most ``lock_wait`` seconds for a row another open
+    async def claim_within(self, claim: Claim, wait: float) -> Verdict:
+        """Claim the key, waiting at most ``wait`` seconds for a row another open
         transaction holds (then :class:`LockTimeoutError`)."""
         key = claim.key
-        await self._script("claim", key, savepoint_begin(lock_wait))
+        await self._script("claim", key, SAVEPOINT_BEGIN)
         try:
             row = await self._fetchrow(
                 "claim",
@@ -155,6 +156,7 @@ class TransactionStore:
                 float(claim.lease),
                 float(claim.ttl),
                 claim.validation,
+                lock_wait(wait),
             )
             verdict = claim_verdict(claim, row, self.max_response_bytes)
         except Exception as exc:
