@@ -257,9 +257,10 @@ class TransactionStore:
             )
         if state == "40001":
             return SerializationFailureError(
-                f"the record of key {key} changed after this transaction's snapshot (a "
-                "duplicate committed meanwhile): roll the transaction back and run it again; "
-                "under READ COMMITTED a duplicate replays instead",
+                f"the {operation} of key {key} could not be serialized with a concurrent "
+                "transaction (under REPEATABLE READ or SERIALIZABLE: e.g. a duplicate committed "
+                "the record after this transaction's snapshot): roll the transaction back and "
+                "run it again; under READ COMMITTED a duplicate replays instead",
                 key=key,
                 sqlstate=state,
             )
