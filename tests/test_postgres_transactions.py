@@ -532,3 +532,49 @@ async def test_a_lease_mode_claim_waits_for_an_open_transaction_at_most_its_dead
     finally:
         await setup.pool.release(conn)
     assert await setup.effects() == [("m", 1)]
+
+
+@pytest.mark.parametrize("flush", [False, True])
+async def test_a_failed_orm_callback_leaves_nothing_in_the_session(
+    setup: Setup, flush: bool
+) -> None:
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+    from sqlalchemy.orm import DeclarativeBase
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Effect(Base):
+        __tablename__ = f"{setup.table}_fx"
+        id = sqlalchemy.Column(sqlalchemy.Text, primary_key=True)
+        n = sqlalchemy.Column(sqlalchemy.Integer)
+
+    engine = create_async_engine(setup.server.dsn.replace("postgres://", "postgresql+asyncpg://"))
+    manager = setup.manager()
+    try:
+        async with AsyncSession(engine) as session, session.begin():
+            session.add(Effect(id="caller's", n=0))  # the caller's own, unflushed
+            with pytest.raises(errors.ConfigError, match="flush"):
+                await manager.execute_in_transaction(session, {"id": "o"}, lambda: 0)
+            await session.flush()
+
+            async def fails() -> None:
+                session.add(Effect(id="o", n=1))
+                if flush:
+                    await session.flush()
+                raise RuntimeError("payment declined")
+
+            with pytest.raises(RuntimeError):
+                await manager.execute_in_transaction(session, {"id": "o"}, fails)
+            # The caller goes on and commits: what the callback did must not come along.
+        async with AsyncSession(engine) as session, session.begin():
+
+            async def succeeds() -> int:
+                session.add(Effect(id="o", n=2))
+                return 2
+
+            assert await manager.execute_in_transaction(session, {"id": "o"}, succeeds) == 2
+    finally:
+        await engine.dispose()
+    assert sorted(await setup.effects()) == [("caller's", 0), ("o", 2)]
