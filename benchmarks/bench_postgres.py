@@ -191,7 +191,9 @@ class Raw:
         self.response = orjson.dumps(RESPONSE).decode()
 
     async def first(self, key: str) -> None:
-        row = await self.pool.fetchrow(self.sql.claim, key, None, "owner", 10.0, 3600.0, "h")
+        row = await self.pool.fetchrow(
+            self.sql.claim, key, None, "owner", 10.0, 3600.0, "h", "10000ms"
+        )
         assert row[0] == "INPROGRESS" and row[1] == "owner"
         done = await self.pool.fetchrow(
             self.sql.complete, key, "owner", None, 3600.0, "h", self.response, None
@@ -199,7 +201,9 @@ class Raw:
         assert done is not None
 
     async def replay(self, key: str) -> None:
-        row = await self.pool.fetchrow(self.sql.claim, key, None, "other", 10.0, 3600.0, "h")
+        row = await self.pool.fetchrow(
+            self.sql.claim, key, None, "other", 10.0, 3600.0, "h", "10000ms"
+        )
         assert row[0] == "COMPLETED"
 
 
@@ -369,7 +373,9 @@ class Driver:
 
     async def raw_first(self, key: str) -> None:
         async with self.transaction() as conn:
-            row = await self.fetchrow(conn, self.claim, key, None, "owner", 10.0, 3600.0, "h")
+            row = await self.fetchrow(
+                conn, self.claim, key, None, "owner", 10.0, 3600.0, "h", "10000ms"
+            )
             assert row[0] == "INPROGRESS" and row[1] == "owner"
             await self.write(conn, key)
             done = await self.fetchrow(
@@ -379,7 +385,9 @@ class Driver:
 
     async def raw_replay(self, key: str) -> None:
         async with self.transaction() as conn:
-            row = await self.fetchrow(conn, self.claim, key, None, "other", 10.0, 3600.0, "h")
+            row = await self.fetchrow(
+                conn, self.claim, key, None, "other", 10.0, 3600.0, "h", "10000ms"
+            )
             assert row[0] == "COMPLETED"
 
     async def tx_call(self, payload: dict[str, Any]) -> None:
