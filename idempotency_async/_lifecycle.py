@@ -13,11 +13,12 @@ own ``try``), so sharing costs no frame.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from idempotency_async._callback import (
     ReturnedNotAwaitable,
@@ -39,6 +40,7 @@ from idempotency_async._responses import (
 )
 from idempotency_async._waiting import UNANSWERED, Waiting
 from idempotency_async.errors import (
+    AlreadyInProgressError,
     CompletionError,
     ConfigError,
     DeadlineExceededError,
@@ -50,10 +52,10 @@ from idempotency_async.errors import (
     StoreValidationError,
 )
 from idempotency_async.options import Options
-from idempotency_async.record import Completion, Record
+from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores.base import CLAIMED, State, Store, Verdict, Written
 
-__all__ = ["Call", "Lifecycle", "Unprotected"]
+__all__ = ["Call", "Lifecycle", "TransactionalStore", "Unprotected"]
 
 T = TypeVar("T")
 
@@ -63,6 +65,13 @@ _CLAIM_RETRIES = 2
 # Store errors that refuse a claim outright (the request, or the record it met, cannot be
 # processed): nothing was written.  Any other failure may hide a claim that applied.
 _REFUSALS = (StoreAccessDeniedError, StoreValidationError)
+
+
+class TransactionalStore(Store, Protocol):
+    """A store whose operations run in a caller's database transaction (Postgres): a claim
+    waits on the row another open transaction holds, for at most ``lock_wait`` seconds."""
+
+    async def claim_within(self, claim: Claim, lock_wait: float) -> Verdict: ...
 
 
 class _Replayed(NamedTuple):
@@ -82,7 +91,15 @@ class Lifecycle:
 
     Holds what a call needs — the store round trips go to, the single-flight table, the
     local cache, the cutoffs — and nothing of the manager that wires it.
+
+    A transactional call runs the same lifecycle on a view of it (:meth:`in_transaction`)
+    whose store is the caller's transaction: nothing there may learn the result before the
+    caller commits, so the view has no local cache and no single flight (duplicates in
+    this process wait on the row like any other), renews nothing (the row lock holds the
+    key), and releases by rolling its savepoint back.
     """
+
+    transaction: TransactionalStore | None = None
 
     def __init__(
         self,
@@ -107,6 +124,18 @@ class Lifecycle:
         self._cutoffs: Cutoffs | None = None
         self._warned_no_deadline = False
         self._renewing = options.renew_lease is not None
+        self._uncached: Replays | None = None
+
+    def in_transaction(self, store: TransactionalStore) -> Lifecycle:
+        """This lifecycle for one transactional call on ``store``."""
+        view = copy.copy(self)
+        view.store = view.transaction = store
+        view._renewing = False
+        if self._uncached is None:
+            self._uncached = Replays(self.options, self.keys, self.emitter)
+            self._uncached.cache = None
+        view.replays = self._uncached
+        return view
 
     # ------------------------------------------------------------------ the one lifecycle
 
@@ -122,11 +151,12 @@ class Lifecycle:
         ``held``, ``callback()`` otherwise — then complete or release the record."""
         key = keys.key
         replays = self.replays
+        transaction = self.transaction
         if replays.cache is not None:
             entry = replays.cache.get(key, loop.time())
             if entry is not None:
                 return replays.hit(entry, keys)  # type: ignore[no-any-return]
-        while True:
+        while transaction is None:
             flight = self.inflight.get(key)
             if flight is None:
                 break
@@ -139,21 +169,27 @@ class Lifecycle:
                 self.emit("joined", key)
                 return replays.outcome(outcome)  # type: ignore[no-any-return]
         flight = Flight(keys, when, f"{self._owner_prefix}{next(self._claims)}")
-        self.inflight[key] = flight
+        if transaction is None:
+            self.inflight[key] = flight
         renewal: Renewal | None = None
         try:
             while True:
                 # A claim goes out now: a verdict it brings counts from here.
                 flight.sent = now = loop.time()
-                if when is None:
-                    self._diagnose_no_deadline()
+                if when is None and transaction is None:
+                    self._diagnose_no_deadline()  # (a transaction's row lock needs none)
                 lease = lease_for(keys, flight.owner, when, self.options, now)
                 if self._renewing:
                     # The call's hard bound stays; the claim writes the short lease.
                     hard_end = lease.ends_at
                     lease = short_lease(self.options, lease)
                 try:
-                    verdict = await self.store.claim(lease.claim)
+                    if transaction is None:
+                        verdict = await self.store.claim(lease.claim)
+                    else:
+                        verdict = await transaction.claim_within(
+                            lease.claim, self.waiting.lock_wait(lease.cutoff_at, loop)
+                        )
                 except InconsistentStateError as exc:
                     # The store could not read the record that blocked the claim: nothing
                     # was written, so there is nothing to release.
@@ -161,8 +197,14 @@ class Lifecycle:
                     raise
                 except _REFUSALS:
                     raise
+                except AlreadyInProgressError:
+                    # A transactional claim waited for the row as long as it may.
+                    self.emit("rejected_in_progress", key)
+                    raise
                 except Exception as exc:
-                    await self._release_unknown_claim(lease, exc, loop)
+                    if transaction is None:
+                        # (A transactional claim rolled its savepoint back itself.)
+                        await self._release_unknown_claim(lease, exc, loop)
                     raise
                 if verdict is CLAIMED:
                     break
@@ -176,6 +218,12 @@ class Lifecycle:
                 if step is not _AGAIN:
                     assert isinstance(step, _Replayed)
                     return step.value  # type: ignore[no-any-return]
+            if transaction is not None and loop.time() >= lease.cutoff_at:
+                # Claimed too late to run: no INPROGRESS row is left in the transaction.
+                late = _cut_off(key)
+                await self._release(lease, late, loop)
+                self.emit("cut_off", key)
+                raise late
             self._start_holding(flight, lease, loop)
             started = loop.time()
             cutoffs = self._cutoffs_of(loop)
@@ -213,8 +261,11 @@ class Lifecycle:
                 answered = call is not None and call.answered
                 if cut_off and not answered:
                     # Our own cutoff: like a cancellation, no store write.  The record stays
-                    # in progress until its lease ends, a reserve from now.
+                    # in progress until its lease ends, a reserve from now.  (In a caller's
+                    # transaction its savepoint is rolled back: nothing is left half done.)
                     self.emit("cut_off", key)
+                    if transaction is not None:
+                        await self._release(lease, exc, loop)
                     if renewal is not None and renewal.lost:
                         raise _renewal_refused(key) from exc
                     raise _cut_off(key) from exc
@@ -436,6 +487,8 @@ class Lifecycle:
             self.emit("response_not_stored", key, error=not_kept)
             completion = completion._replace(encoded=None, response=None, not_stored=why)
             encoded = None
+        if self.transaction is not None:
+            return  # nothing learns the result before the caller's COMMIT
         replays = self.replays
         if flight.waiters or replays.cache is not None:
             record = completion.to_record(completion.now)

@@ -87,6 +87,13 @@ class Waiting:
         limit = loop.time() + self._options.wait_timeout
         return limit if deadline is None else min(limit, deadline)
 
+    def lock_wait(self, cutoff_at: float, loop: asyncio.AbstractEventLoop) -> float:
+        """How long (seconds) a transactional claim may wait for a row another transaction
+        holds: ``wait_timeout``, but not past the call's cutoff; none with ``wait=False``."""
+        if not self._options.wait:
+            return 0.0
+        return max(min(self._options.wait_timeout, cutoff_at - loop.time()), 0.0)
+
     def refuse(self, key: str, retry_after: float | None) -> NoReturn:
         self._emitter.emit("rejected_in_progress", key)
         raise AlreadyInProgressError(

@@ -16,6 +16,10 @@ __all__ = [
     "KeyMissingError",
     "PayloadValidationError",
     "AlreadyInProgressError",
+    "LockTimeoutError",
+    "TransactionRetryError",
+    "SerializationFailureError",
+    "DeadlockDetectedError",
     "DeadlineExceededError",
     "InconsistentStateError",
     "LeaseLostError",
@@ -92,6 +96,35 @@ class AlreadyInProgressError(IdempotencyError):
         self.key = key
         self.lease_end = lease_end
         self.retry_after = retry_after
+
+
+class LockTimeoutError(AlreadyInProgressError):
+    """A transactional call (``Manager.execute_in_transaction``) waited for the row of its
+    key, held by another open transaction, as long as it may (``Options.wait_timeout`` or
+    its deadline; at once with ``wait=False``).  Only the library's savepoint was rolled
+    back: the caller's transaction is intact and may go on, or retry the call later."""
+
+
+class TransactionRetryError(IdempotencyError):
+    """A transactional call met a conflict PostgreSQL resolves by failing one transaction:
+    roll the caller's transaction back and run all of it again.  ``sqlstate`` is the
+    server's code.  Nothing of the call was committed."""
+
+    def __init__(self, message: str, *, key: str, sqlstate: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.sqlstate = sqlstate
+
+
+class SerializationFailureError(TransactionRetryError):
+    """SQLSTATE 40001: under REPEATABLE READ or SERIALIZABLE the key's record changed after
+    the transaction's snapshot (a duplicate committed meanwhile), so its answer cannot be
+    seen from this transaction.  Retry the whole transaction: it will replay."""
+
+
+class DeadlockDetectedError(TransactionRetryError):
+    """SQLSTATE 40P01: the caller's transaction and another one each waited for rows the
+    other held; PostgreSQL chose this one to fail.  Retry the whole transaction."""
 
 
 class DeadlineExceededError(IdempotencyError, TimeoutError):

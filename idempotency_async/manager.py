@@ -209,6 +209,53 @@ class Manager:
                 raise not_awaitable_error(returned.value, None) from None
         return await self._lifecycle.run(keys, when, callback, loop, True)
 
+    async def execute_in_transaction(
+        self,
+        connection: Any,
+        payload: Any,
+        callback: Callable[[], Awaitable[T]],
+        *,
+        deadline: float | None = None,
+        timeout: float | None = None,
+    ) -> T:
+        """Run ``callback`` once for this payload's key inside the caller's database
+        transaction, or replay the committed result (``PostgresStore`` only).
+
+        ``connection`` (asyncpg, psycopg 3, or SQLAlchemy's ``AsyncConnection`` /
+        ``AsyncSession``) must be in a transaction: the claim, the writes ``callback`` makes
+        through it and the completion are part of that transaction, and the **caller
+        commits** it (or rolls it back, and then nothing of the call happened).  A
+        duplicate waits on the key's row until this transaction ends, then replays what it
+        committed or runs if it rolled back.  Nothing is cached before the commit.
+        See docs/postgres.md, "Transactional calls".
+        """
+        if not callable(callback):
+            raise _not_callable(callback)
+        bind = getattr(self.store, "transaction_store", None)
+        if bind is None:
+            raise ConfigError(
+                "execute_in_transaction needs a manager on a PostgresStore (the record is "
+                f"written in the caller's database transaction); this one has a "
+                f"{type(self.store).__name__}"
+            )
+        loop = asyncio.get_running_loop()
+        when = effective_deadline(loop, deadline=deadline, timeout=timeout)
+        keys = None if self._disabled else self._keys.derive(payload)
+        transaction = await bind(connection)  # ConfigError unless it is in a transaction
+        if keys is None:
+            try:
+                return await self._lifecycle.unprotected(checked(callback), when, loop)
+            except ReturnedNotAwaitable as returned:
+                raise not_awaitable_error(returned.value, None) from None
+        lifecycle = self._lifecycle.in_transaction(transaction)
+        observer = self._observer
+        if observer is None or not observer.active():
+            return await lifecycle.run(keys, when, callback, loop, False)
+        # Observed: the call's span covers it (its store operations are not timed).
+        return await observer.call(
+            lambda observed: lifecycle.run(keys, when, observed, loop, False), checked(callback)
+        )
+
     async def force_release(self, key: str) -> Record | None:
         """Delete the record of ``key`` whatever its state (operators: unstick a key).
 

@@ -29,7 +29,16 @@ from __future__ import annotations
 import re
 from typing import Final, NamedTuple
 
-__all__ = ["COLUMNS", "DEFAULT_TABLE", "Statements", "quote_table", "statements"]
+__all__ = [
+    "COLUMNS",
+    "DEFAULT_TABLE",
+    "SAVEPOINT_RELEASE",
+    "SAVEPOINT_UNDO",
+    "Statements",
+    "quote_table",
+    "savepoint_begin",
+    "statements",
+]
 
 DEFAULT_TABLE: Final = "idempotency_records"
 COLUMNS: Final = (
@@ -63,6 +72,7 @@ class Statements(NamedTuple):
     force_release: str
     vacuum: str
     page: str
+    transactional_claim: str
 
 
 def quote_table(name: str) -> str:
@@ -161,4 +171,42 @@ SELECT count(*) FROM d"""
     # Operators' listing: keyset pages in key order, optionally one status.
     page = f"""SELECT r.key, {_RECORD} FROM {t} AS r
 WHERE r.key > $1 AND ($2::text IS NULL OR r.status = $2) ORDER BY r.key LIMIT $3"""
-    return Statements(create, claim, get, complete, release, extend, force_release, vacuum, page)
+    # The transactional claim (see savepoint_begin) puts the caller's lock_timeout back once
+    # it has its answer: the projection is evaluated after the INSERT's lock wait ended.
+    restore = "set_config('lock_timeout', current_setting('idempotency_async.lock_timeout'), true)"
+    transactional_claim = claim.replace(
+        f"SELECT {fields}, n.now FROM (", f"SELECT {fields}, n.now, {restore} FROM ("
+    )
+    assert transactional_claim != claim
+    return Statements(
+        create,
+        claim,
+        get,
+        complete,
+        release,
+        extend,
+        force_release,
+        vacuum,
+        page,
+        transactional_claim,
+    )
+
+
+# -- transactional calls: the library's savepoint in the caller's transaction -------------
+# Scripts of several statements without parameters (one round trip, simple protocol).  The
+# lock_timeout is transaction-local and set inside the savepoint: rolling the savepoint back
+# reverts it; the claim puts the caller's value back (kept in a custom setting) otherwise.
+_SAVEPOINT: Final = "idempotency_async"
+SAVEPOINT_UNDO: Final = f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}"
+SAVEPOINT_RELEASE: Final = f"RELEASE SAVEPOINT {_SAVEPOINT}"
+
+
+def savepoint_begin(lock_wait: float) -> str:
+    """Open the savepoint and bound the claim's wait for a row lock to ``lock_wait``
+    seconds (at least a millisecond: ``0`` would mean no bound at all)."""
+    milliseconds = max(1, min(int(lock_wait * 1000), 2_147_483_647))
+    return (
+        f"SAVEPOINT {_SAVEPOINT}; SELECT set_config('idempotency_async.lock_timeout', "
+        f"current_setting('lock_timeout'), true), set_config('lock_timeout', "
+        f"'{milliseconds}ms', true)"
+    )

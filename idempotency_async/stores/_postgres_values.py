@@ -23,10 +23,18 @@ import orjson
 
 from idempotency_async._json import nesting_depth
 from idempotency_async.canonical import MAX_DEPTH
-from idempotency_async.errors import InconsistentStateError
-from idempotency_async.record import Record, Status
+from idempotency_async.errors import InconsistentStateError, StoreUnavailableError
+from idempotency_async.record import Claim, Completion, Record, Status
+from idempotency_async.stores.base import CLAIMED, State, Verdict
 
-__all__ = ["decode_response", "jsonb_text", "record_from_row"]
+__all__ = [
+    "claim_verdict",
+    "completion_text",
+    "decode_response",
+    "jsonb_text",
+    "record_from_row",
+    "text_column",
+]
 
 _EXPONENT_HINT: Final = re.compile(rb"\d[eE]")
 # A JSON string (skipped as is) or a number with an exponent (rewritten).
@@ -38,6 +46,42 @@ _NUL: Final = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 _LONG_NUMBER: Final = re.compile(r"\d{19}")
 _WRITE_FACTOR: Final = 2
 _READ_FACTOR: Final = 4  # the written text, with the ", " and ": " jsonb prints
+
+
+def claim_verdict(claim: Claim, row: Any, limit: int) -> Verdict:
+    """The verdict of the claim statement's answer ``row`` (the record that answered it
+    and the server's ``now``; a transactional claim adds one column)."""
+    if row is None or len(row) not in (8, 9):
+        raise StoreUnavailableError(
+            f"the server answered a claim of key {claim.key!r} with {row!r}, which is not the "
+            "store's statement answer; the callback was not run"
+        )
+    if row[0] == "INPROGRESS" and row[1] == claim.owner:
+        return CLAIMED
+    record = record_from_row(claim.key, row, limit)
+    now = row[7]
+    if record.status is Status.COMPLETED:
+        return Verdict(State.COMPLETED, record, None, record.expiration - now)
+    end = record.expiration if record.lease_end is None else record.lease_end
+    return Verdict(State.IN_PROGRESS, record, max(end - now, 0.0))
+
+
+def completion_text(completion: Completion, limit: int) -> tuple[str | None, str | None]:
+    """(the response as ``jsonb`` text, or None; why it is not stored, or None)."""
+    encoded, reason = completion.encoded, completion.not_stored
+    if encoded is None:
+        return None, reason
+    if len(encoded) > limit:
+        return None, f"larger than max_response_bytes ({len(encoded)} bytes of JSON)"
+    return jsonb_text(encoded, limit)
+
+
+def text_column(reason: str | None) -> str | None:
+    """A reason a ``text`` column holds: Postgres refuses NUL, and a lone surrogate cannot
+    be sent as UTF-8 (a reason may quote the result that could not be stored)."""
+    if reason is None:
+        return None
+    return reason.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def jsonb_text(encoded: bytes, limit: int) -> tuple[str | None, str | None]:

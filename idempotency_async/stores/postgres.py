@@ -20,11 +20,15 @@ from idempotency_async.stores._closed import closed_error
 from idempotency_async.stores._postgres_errors import is_data_error, translated
 from idempotency_async.stores._postgres_psycopg import PsycopgPool, is_psycopg_pool
 from idempotency_async.stores._postgres_sql import DEFAULT_TABLE, Statements, statements
-from idempotency_async.stores._postgres_values import jsonb_text, record_from_row
+from idempotency_async.stores._postgres_transaction import TransactionStore, bind
+from idempotency_async.stores._postgres_values import (
+    claim_verdict,
+    completion_text,
+    record_from_row,
+    text_column,
+)
 from idempotency_async.stores.base import (
-    CLAIMED,
     DEFAULT_MAX_RESPONSE_BYTES,
-    State,
     Verdict,
     Written,
     judge,
@@ -203,19 +207,7 @@ class PostgresStore:
             float(claim.ttl),
             claim.validation,
         )
-        if row is None or len(row) != 8:
-            raise StoreUnavailableError(
-                f"the server answered a claim of key {key!r} with {row!r}, which is not the "
-                "store's statement answer; the callback was not run"
-            )
-        if row[0] == "INPROGRESS" and row[1] == claim.owner:
-            return CLAIMED
-        record = record_from_row(key, row, self.max_response_bytes)
-        now = row[7]
-        if record.status is Status.COMPLETED:
-            return Verdict(State.COMPLETED, record, None, record.expiration - now)
-        end = record.expiration if record.lease_end is None else record.lease_end
-        return Verdict(State.IN_PROGRESS, record, max(end - now, 0.0))
+        return claim_verdict(claim, row, self.max_response_bytes)
 
     async def get(self, key: str, *, now: float) -> Verdict:
         row = await self._fetchrow(
@@ -227,15 +219,9 @@ class PostgresStore:
 
     async def complete(self, completion: Completion) -> Written:
         key = completion.key
-        encoded, reason = completion.encoded, completion.not_stored
-        text = None
-        if encoded is not None:
-            if len(encoded) > self.max_response_bytes:
-                reason = f"larger than max_response_bytes ({len(encoded)} bytes of JSON)"
-            else:
-                text, reason = jsonb_text(encoded, self.max_response_bytes)
-            if text is None:
-                logger.warning("the response for %r is %s; stored without it", key, reason)
+        text, reason = completion_text(completion, self.max_response_bytes)
+        if text is None and completion.encoded is not None:
+            logger.warning("the response for %r is %s; stored without it", key, reason)
         try:
             written = await self._complete(completion, text, reason)
         except StoreUnavailableError as exc:
@@ -262,7 +248,7 @@ class PostgresStore:
             float(completion.ttl),
             completion.validation,
             text,
-            None if text is not None else _text_column(reason),
+            None if text is not None else text_column(reason),
         )
         return row is not None
 
@@ -289,6 +275,16 @@ class PostgresStore:
         if row is None:
             return None
         return record_from_row(key, row, self.max_response_bytes)
+
+    # -- transactional calls ---------------------------------------------------------
+
+    async def transaction_store(self, connection: Any) -> TransactionStore:
+        """This store's operations on the caller's ``connection``, in its transaction (what
+        ``Manager.execute_in_transaction`` runs on).  ``ConfigError`` before any statement
+        when the connection is not in a transaction."""
+        if self._closed:
+            raise closed_error("PostgresStore")
+        return await bind(connection, self._sql, self.table, self.max_response_bytes)
 
     # -- operators ------------------------------------------------------------------
 
@@ -409,11 +405,3 @@ def _asyncpg() -> Any:
             "PostgresStore needs asyncpg: pip install 'idempotency-async[postgres]'"
         ) from exc
     return asyncpg
-
-
-def _text_column(reason: str | None) -> str | None:
-    """A reason a ``text`` column holds: Postgres refuses NUL, and a lone surrogate cannot
-    be sent as UTF-8 (a reason may quote the result that could not be stored)."""
-    if reason is None:
-        return None
-    return reason.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")

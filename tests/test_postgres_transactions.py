@@ -1,0 +1,388 @@
+"""Transactional calls (``Manager.execute_in_transaction``) on a real postgres: the claim,
+the callback's writes and the completion commit or roll back together in the caller's
+transaction; duplicates wait on the row; the drivers asyncpg, psycopg 3 and SQLAlchemy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from _postgres import PostgresServer, fresh_table_name
+
+from idempotency_async import Manager, MemoryStore, Options, errors
+from idempotency_async.stores.postgres import PostgresStore, create_table
+
+pytestmark = pytest.mark.postgres
+
+
+class Setup:
+    def __init__(self, server: PostgresServer, pool: Any, table: str, store: PostgresStore):
+        self.server = server
+        self.pool = pool
+        self.table = table
+        self.store = store
+
+    def manager(self, **options: Any) -> Manager:
+        options.setdefault("key_prefix", "tx")
+        options.setdefault("event_key_jmespath", "id")
+        return Manager(self.store, Options(**options))
+
+    async def effects(self, key: str | None = None) -> list[Any]:
+        if key is None:
+            return [tuple(r) for r in await self.pool.fetch(f"SELECT id, n FROM {self.table}_fx")]
+        rows = await self.pool.fetch(f"SELECT n FROM {self.table}_fx WHERE id = $1", key)
+        return [row[0] for row in rows]
+
+    async def status(self, manager: Manager, payload: Any) -> str | None:
+        key = manager.key_for(payload)
+        row = await self.pool.fetchrow(f"SELECT status FROM {self.table} WHERE key = $1", key)
+        return None if row is None else str(row[0])
+
+
+@pytest.fixture
+async def setup(postgres_server: PostgresServer) -> AsyncIterator[Setup]:
+    pool = await postgres_server.pool(max_size=12)
+    table = fresh_table_name()
+    await create_table(pool, table=table)
+    await pool.execute(f"CREATE TABLE {table}_fx (id text, n int)")
+    store = PostgresStore(pool, table=table)
+    try:
+        yield Setup(postgres_server, pool, table, store)
+    finally:
+        await pool.close()
+
+
+def effect(conn: Any, table: str, key: str, n: int) -> Any:
+    async def run() -> dict[str, int]:
+        await conn.execute(f"INSERT INTO {table}_fx VALUES ($1, $2)", key, n)
+        return {"n": n}
+
+    return run
+
+
+# -- preconditions -------------------------------------------------------------------
+
+
+async def test_a_connection_outside_a_transaction_is_refused_before_any_statement(
+    setup: Setup,
+) -> None:
+    manager = setup.manager()
+    async with setup.pool.acquire() as conn:
+        with pytest.raises(errors.ConfigError, match="in a transaction"):
+            await manager.execute_in_transaction(
+                conn, {"id": "a"}, effect(conn, setup.table, "a", 1)
+            )
+        with pytest.raises(errors.ConfigError, match="acquire a connection"):
+            await manager.execute_in_transaction(
+                setup.pool, {"id": "a"}, effect(conn, setup.table, "a", 1)
+            )
+    assert await setup.effects() == []
+    assert await setup.status(manager, {"id": "a"}) is None
+
+
+async def test_a_manager_on_another_store_is_refused(setup: Setup) -> None:
+    manager = Manager(MemoryStore(), Options(event_key_jmespath="id"))
+    async with setup.pool.acquire() as conn, conn.transaction():
+        with pytest.raises(errors.ConfigError, match="PostgresStore"):
+            await manager.execute_in_transaction(
+                conn, {"id": "a"}, effect(conn, setup.table, "a", 1)
+            )
+
+
+# -- one call ------------------------------------------------------------------------
+
+
+async def test_the_record_and_the_effect_commit_together_and_replay(setup: Setup) -> None:
+    manager = setup.manager()
+    payload = {"id": "order-1"}
+    async with setup.pool.acquire() as conn, conn.transaction():
+        assert await manager.execute_in_transaction(
+            conn, payload, effect(conn, setup.table, "order-1", 1)
+        ) == {"n": 1}
+        # Inside the transaction, before COMMIT: nobody else sees either.
+        assert await setup.status(manager, payload) is None
+        assert await setup.effects() == []
+        # No savepoint is left open: a ROLLBACK TO it fails.
+        with pytest.raises(Exception, match="idempotency_async"):
+            async with conn.transaction():
+                await conn.execute("ROLLBACK TO SAVEPOINT idempotency_async")
+    assert await setup.status(manager, payload) == "COMPLETED"
+    assert await setup.effects() == [("order-1", 1)]
+    async with setup.pool.acquire() as conn, conn.transaction():
+        replay = await manager.execute_in_transaction(
+            conn, payload, effect(conn, setup.table, "order-1", 2)
+        )
+    assert replay == {"n": 1}
+    assert await setup.effects() == [("order-1", 1)]
+    # Lease-mode calls of the same manager replay it too.
+    assert await manager.execute(payload, effect(conn, setup.table, "order-1", 3)) == {"n": 1}
+
+
+async def test_a_rollback_after_the_call_returned_leaves_nothing(setup: Setup) -> None:
+    manager = setup.manager(use_local_cache=True)
+    payload = {"id": "k"}
+
+    class Abort(Exception):
+        pass
+
+    with pytest.raises(Abort):
+        async with setup.pool.acquire() as conn, conn.transaction():
+            await manager.execute_in_transaction(conn, payload, effect(conn, setup.table, "k", 1))
+            raise Abort
+    assert await setup.status(manager, payload) is None
+    assert await setup.effects() == []
+    # Nothing learned the result before the COMMIT that never came: the next call runs.
+    async with setup.pool.acquire() as conn, conn.transaction():
+        assert await manager.execute_in_transaction(
+            conn, payload, effect(conn, setup.table, "k", 2)
+        ) == {"n": 2}
+    assert await setup.effects() == [("k", 2)]
+
+
+async def test_a_failing_callback_rolls_back_only_the_savepoint(setup: Setup) -> None:
+    manager = setup.manager()
+    payload = {"id": "k"}
+    async with setup.pool.acquire() as conn, conn.transaction():
+        await conn.execute(f"INSERT INTO {setup.table}_fx VALUES ('before', 0)")
+
+        async def fails() -> None:
+            await effect(conn, setup.table, "k", 1)()
+            await conn.execute("SELECT 1/0")  # aborts the transaction up to the savepoint
+
+        with pytest.raises(Exception, match="division by zero"):
+            await manager.execute_in_transaction(conn, payload, fails)
+        # The caller's transaction is usable, with its own earlier write kept.
+        await conn.execute(f"INSERT INTO {setup.table}_fx VALUES ('after', 2)")
+    assert sorted(await setup.effects()) == [("after", 2), ("before", 0)]
+    assert await setup.status(manager, payload) is None
+
+
+async def test_a_cut_off_callback_is_rolled_back(setup: Setup) -> None:
+    manager = setup.manager()
+    payload = {"id": "slow"}
+    async with setup.pool.acquire() as conn, conn.transaction():
+
+        async def slow() -> None:
+            await effect(conn, setup.table, "slow", 1)()
+            await asyncio.sleep(5)
+
+        with pytest.raises(errors.DeadlineExceededError):
+            await manager.execute_in_transaction(conn, payload, slow, timeout=0.3)
+        await conn.execute(f"INSERT INTO {setup.table}_fx VALUES ('after', 2)")
+    assert await setup.effects() == [("after", 2)]
+    assert await setup.status(manager, payload) is None
+
+
+async def test_the_callers_lock_timeout_is_put_back(setup: Setup) -> None:
+    manager = setup.manager(wait=True, wait_timeout=3)
+    async with setup.pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL lock_timeout = '7s'")
+        await manager.execute_in_transaction(conn, {"id": "a"}, effect(conn, setup.table, "a", 1))
+        assert await conn.fetchval("SHOW lock_timeout") == "7s"
+        await manager.execute_in_transaction(conn, {"id": "a"}, effect(conn, setup.table, "a", 2))
+        assert await conn.fetchval("SHOW lock_timeout") == "7s"
+
+
+# -- duplicates ----------------------------------------------------------------------
+
+
+async def _hold(setup: Setup, manager: Manager, payload: Any, n: int) -> tuple[Any, Any, Any]:
+    """A transaction that has claimed ``payload``'s key and run its callback, left open."""
+    conn = await setup.pool.acquire()
+    tx = conn.transaction()
+    await tx.start()
+    result = await manager.execute_in_transaction(
+        conn, payload, effect(conn, setup.table, payload["id"], n)
+    )
+    return conn, tx, result
+
+
+async def test_a_duplicate_waits_for_the_commit_and_replays(setup: Setup) -> None:
+    manager = setup.manager(wait=True, wait_timeout=10)
+    payload = {"id": "k"}
+    conn, tx, _ = await _hold(setup, manager, payload, 1)
+    try:
+        calls = 0
+
+        async def duplicate() -> Any:
+            async with setup.pool.acquire() as other, other.transaction():
+
+                async def run() -> Any:
+                    nonlocal calls
+                    calls += 1
+                    return await effect(other, setup.table, "k", 2)()
+
+                return await manager.execute_in_transaction(other, payload, run)
+
+        waiter = asyncio.create_task(duplicate())
+        await asyncio.sleep(0.3)
+        assert not waiter.done()  # blocked on the row
+        await tx.commit()
+        assert await asyncio.wait_for(waiter, 5) == {"n": 1}
+        assert calls == 0
+    finally:
+        await setup.pool.release(conn)
+    assert await setup.effects() == [("k", 1)]
+
+
+async def test_a_duplicate_runs_when_the_holder_rolls_back(setup: Setup) -> None:
+    manager = setup.manager(wait=True, wait_timeout=10)
+    payload = {"id": "k"}
+    conn, tx, _ = await _hold(setup, manager, payload, 1)
+    try:
+
+        async def duplicate() -> Any:
+            async with setup.pool.acquire() as other, other.transaction():
+                return await manager.execute_in_transaction(
+                    other, payload, effect(other, setup.table, "k", 2)
+                )
+
+        waiter = asyncio.create_task(duplicate())
+        await asyncio.sleep(0.3)
+        assert not waiter.done()
+        await tx.rollback()
+        assert await asyncio.wait_for(waiter, 5) == {"n": 2}
+    finally:
+        await setup.pool.release(conn)
+    assert await setup.effects() == [("k", 2)]
+    assert await setup.status(manager, payload) == "COMPLETED"
+
+
+@pytest.mark.parametrize("wait", [False, True])
+async def test_a_lock_wait_is_bounded_and_keeps_the_callers_transaction(
+    setup: Setup, wait: bool
+) -> None:
+    manager = setup.manager(wait=wait, wait_timeout=0.4)
+    payload = {"id": "k"}
+    conn, tx, _ = await _hold(setup, manager, payload, 1)
+    try:
+        async with setup.pool.acquire() as other, other.transaction():
+            await other.execute(f"INSERT INTO {setup.table}_fx VALUES ('mine', 0)")
+            started = time.monotonic()
+            with pytest.raises(errors.LockTimeoutError) as caught:
+                await manager.execute_in_transaction(
+                    other, payload, effect(other, setup.table, "k", 2)
+                )
+            waited = time.monotonic() - started
+            assert isinstance(caught.value, errors.AlreadyInProgressError)
+            assert waited >= 0.35 if wait else waited < 0.35
+            assert await other.fetchval("SHOW lock_timeout") == "0"
+        await tx.commit()
+    finally:
+        await setup.pool.release(conn)
+    assert sorted(await setup.effects()) == [("k", 1), ("mine", 0)]
+
+
+async def test_repeatable_read_gets_a_serialization_failure(setup: Setup) -> None:
+    manager = setup.manager(wait=True, wait_timeout=5)
+    payload = {"id": "k"}
+    async with setup.pool.acquire() as other, other.transaction(isolation="repeatable_read"):
+        await other.fetchval("SELECT 1")  # the snapshot is taken here
+        async with setup.pool.acquire() as conn, conn.transaction():
+            await manager.execute_in_transaction(conn, payload, effect(conn, setup.table, "k", 1))
+        with pytest.raises(errors.SerializationFailureError) as caught:
+            await manager.execute_in_transaction(other, payload, effect(other, setup.table, "k", 2))
+        assert isinstance(caught.value, errors.TransactionRetryError)
+        assert caught.value.sqlstate == "40001"
+    assert await setup.effects() == [("k", 1)]
+
+
+async def test_a_deadlock_is_a_typed_error(setup: Setup) -> None:
+    manager = setup.manager(wait=True, wait_timeout=10)
+    first, tx1, _ = await _hold(setup, manager, {"id": "a"}, 1)
+    second, tx2, _ = await _hold(setup, manager, {"id": "b"}, 2)
+    try:
+        tasks = {
+            asyncio.create_task(
+                manager.execute_in_transaction(
+                    first, {"id": "b"}, effect(first, setup.table, "b", 3)
+                )
+            ): tx1,
+            asyncio.create_task(
+                manager.execute_in_transaction(
+                    second, {"id": "a"}, effect(second, setup.table, "a", 4)
+                )
+            ): tx2,
+        }
+        done, pending = await asyncio.wait(tasks, timeout=8, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1 and len(pending) == 1
+        failed = done.pop()
+        assert isinstance(failed.exception(), errors.DeadlockDetectedError), failed
+        # PostgreSQL failed one claim; once its transaction rolls back, the other one runs.
+        await tasks[failed].rollback()
+        survivor = pending.pop()
+        assert (await asyncio.wait_for(survivor, 5))["n"] in (3, 4)
+        await tasks[survivor].commit()
+    finally:
+        for tx in (tx1, tx2):
+            with contextlib.suppress(Exception):
+                await tx.rollback()
+        await setup.pool.release(first)
+        await setup.pool.release(second)
+    assert len(await setup.effects()) == 2  # the survivor's first key and the key it took
+
+
+# -- other drivers -------------------------------------------------------------------
+
+
+async def test_psycopg_connections(setup: Setup) -> None:
+    psycopg = pytest.importorskip("psycopg")
+    manager = setup.manager()
+    dsn = setup.server.dsn.replace("postgres://", "postgresql://")
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+
+        def write(n: int) -> Any:
+            async def run() -> dict[str, int]:
+                await conn.execute(f"INSERT INTO {setup.table}_fx VALUES (%s, %s)", ("p", n))
+                return {"n": n}
+
+            return run
+
+        await conn.set_autocommit(True)
+        with pytest.raises(errors.ConfigError, match="in a transaction"):
+            await manager.execute_in_transaction(conn, {"id": "p"}, write(0))
+        async with conn.transaction():
+            assert await manager.execute_in_transaction(conn, {"id": "p"}, write(1)) == {"n": 1}
+        async with conn.transaction():
+            assert await manager.execute_in_transaction(conn, {"id": "p"}, write(2)) == {"n": 1}
+    assert await setup.effects() == [("p", 1)]
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_sqlalchemy_sessions_and_connections(setup: Setup, driver: str) -> None:
+    pytest.importorskip("sqlalchemy")
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    manager = setup.manager()
+    url = setup.server.dsn.replace("postgres://", f"postgresql+{driver}://")
+    engine = create_async_engine(url)
+    insert = text(f"INSERT INTO {setup.table}_fx VALUES (:id, :n)")
+    try:
+        async with AsyncSession(engine) as session:
+            with pytest.raises(errors.ConfigError, match="in a transaction"):
+                await manager.execute_in_transaction(session, {"id": "s"}, lambda: asyncio.sleep(0))
+            async with session.begin():
+
+                async def first() -> dict[str, int]:
+                    await session.execute(insert, {"id": "s", "n": 1})
+                    return {"n": 1}
+
+                assert await manager.execute_in_transaction(session, {"id": "s"}, first) == {"n": 1}
+                assert await setup.effects() == []  # not committed yet
+        async with engine.connect() as connection, connection.begin():
+
+            async def second() -> dict[str, int]:
+                await connection.execute(insert, {"id": "s", "n": 2})
+                return {"n": 2}
+
+            assert await manager.execute_in_transaction(connection, {"id": "s"}, second) == {"n": 1}
+            await manager.execute_in_transaction(connection, {"id": "t"}, second)
+            await connection.rollback()
+    finally:
+        await engine.dispose()
+    assert await setup.effects() == [("s", 1)]
