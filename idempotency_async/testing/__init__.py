@@ -33,6 +33,12 @@ from idempotency_async.testing._simulate import (
     simulate,
     simulate_live,
 )
+from idempotency_async.testing._transactions import (
+    TransactionSimulationFailure,
+    run_transactional_scenario,
+    simulate_transactions,
+)
+from idempotency_async.testing._tx_scenario import TxScenario, generate_transactional
 
 if TYPE_CHECKING:
     from idempotency_async.testing._contract import StoreContract
@@ -47,11 +53,16 @@ __all__ = [
     "SimulationReport",
     "StoreContract",
     "StoreFactory",
+    "TransactionSimulationFailure",
+    "TxScenario",
     "generate",
+    "generate_transactional",
     "reproducer",
     "run_one",
+    "run_transactional_scenario",
     "simulate",
     "simulate_live",
+    "simulate_transactions",
 ]
 
 
