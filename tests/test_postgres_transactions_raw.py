@@ -21,7 +21,12 @@ from typing import Any
 import pytest
 from _postgres import PostgresServer, fresh_table_name
 
-from idempotency_async.stores._postgres_sql import statements
+from idempotency_async.stores._postgres_sql import (
+    SAVEPOINT_RELEASE,
+    SAVEPOINT_UNDO,
+    savepoint_begin,
+    statements,
+)
 from idempotency_async.stores.postgres import create_table
 
 pytestmark = pytest.mark.postgres
@@ -285,3 +290,27 @@ async def test_a_claim_under_repeatable_read_replays_a_record_its_snapshot_sees(
     )
     await duplicate.execute("COMMIT")
     assert (await _owner(observer, table, "k"))["owner"] == "holder"
+
+
+async def test_the_store_s_transactional_claim_puts_the_caller_s_lock_timeout_back(
+    table: str, connections: list[Any]
+) -> None:
+    # The library's own savepoint script and claim: the bound it sets for the claim's lock
+    # wait is gone once the claim answered, whether the savepoint is then kept or undone.
+    connection = connections[0]
+    await connection.execute("BEGIN")
+    await connection.execute("SET LOCAL lock_timeout = '7s'")
+    await connection.execute(savepoint_begin(0.05))
+    assert await _lock_timeout(connection) == "50ms"
+    row = await connection.fetchrow(
+        statements(table).transactional_claim, "k", None, "me", _LEASE, _TTL, "validation"
+    )
+    assert (row["status"], row["owner"]) == ("INPROGRESS", "me")
+    assert await _lock_timeout(connection) == "7s"
+    await connection.execute(SAVEPOINT_RELEASE)
+    assert await _lock_timeout(connection) == "7s"
+    await connection.execute(savepoint_begin(0.05))
+    await connection.execute(SAVEPOINT_UNDO)
+    assert await _lock_timeout(connection) == "7s"
+    await connection.execute("COMMIT")
+    assert await _lock_timeout(connection) == "0"

@@ -16,7 +16,8 @@ writes one effect row naming itself and returns its own name, so
 - T4 a lock wait is bounded (immediate with ``wait`` off), and after a refusal, a lock
   timeout, a cutoff or its own callback's exception the caller's transaction still
   commits its own writes (only the library's savepoint was rolled back);
-- T1 a caller's own write before the call committed exactly when its COMMIT did.
+- T1 a caller's own write before the call committed exactly when its COMMIT did, and
+  its ``lock_timeout`` is its own again after the call.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import json
 from collections import defaultdict
 
 from idempotency_async import errors
-from idempotency_async.testing._tx_run import TxCallbackFailed, TxTrace
+from idempotency_async.testing._tx_run import CALLER_LOCK_TIMEOUT, TxCallbackFailed, TxTrace
 
 __all__ = ["check_transactional"]
 
@@ -151,6 +152,11 @@ def _caller(trace: TxTrace, index: int, committed: dict[int, str], tolerance: fl
         found.append(
             f"T4: after {type(error).__name__} call {index}'s own transaction did not commit "
             f"({outcome.commit_error})"
+        )
+    if outcome.lock_timeout is not None and outcome.lock_timeout != CALLER_LOCK_TIMEOUT:
+        found.append(
+            f"T1: after call {index} the transaction's lock_timeout is {outcome.lock_timeout} "
+            f"(the caller set {CALLER_LOCK_TIMEOUT})"
         )
     if outcome.committed is True and outcome.writer not in trace.attempts:
         found.append(f"T1: call {index} committed, but its own write before the call is gone")

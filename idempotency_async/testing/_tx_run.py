@@ -16,9 +16,17 @@ from idempotency_async.stores.postgres import PostgresStore, create_table
 from idempotency_async.testing._run import quiet_library
 from idempotency_async.testing._tx_scenario import TxCallPlan, TxScenario
 
-__all__ = ["TxCallbackFailed", "TxOutcome", "TxTrace", "run_transactional"]
+__all__ = [
+    "CALLER_LOCK_TIMEOUT",
+    "TxCallbackFailed",
+    "TxOutcome",
+    "TxTrace",
+    "run_transactional",
+]
 
 _MISSING: Any = object()
+CALLER_LOCK_TIMEOUT = "7s"
+"""The ``lock_timeout`` every simulated caller sets in its transaction before the call."""
 
 
 class TxCallbackFailed(Exception):
@@ -47,6 +55,9 @@ class TxOutcome:
     sent and the connection lost before its answer (either may have happened)."""
     commit_error: str | None = None
     commit_state: str | None = None
+    lock_timeout: str | None = None
+    """The transaction's ``lock_timeout`` after the call (the caller set ``CALLER_LOCK_TIMEOUT``),
+    read when the call left the transaction usable."""
     """The SQLSTATE of a refused COMMIT (40001: a serialization failure)."""
 
     @property
@@ -127,6 +138,7 @@ async def run_transactional(
         if plan.early_snapshot:
             await connection.fetchval("SELECT 1")
         await connection.execute(f"INSERT INTO {attempts} VALUES ($1)", outcome.writer)
+        await connection.execute(f"SET LOCAL lock_timeout = '{CALLER_LOCK_TIMEOUT}'")
         if plan.fault == "commit_fails":
             await connection.execute(f"INSERT INTO {deferred} VALUES ('x'), ('x')")
 
@@ -180,6 +192,10 @@ async def run_transactional(
             except Exception:
                 connection.terminate()
             return
+        try:
+            outcome.lock_timeout = await connection.fetchval("SHOW lock_timeout")
+        except Exception as exc:
+            outcome.lock_timeout = f"unreadable: {exc!r}"
         await asyncio.sleep(plan.hold)
         if plan.fault in ("close_socket", "commit_unanswered"):
             dropped.append(connection.get_server_pid())
