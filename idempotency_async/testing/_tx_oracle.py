@@ -10,9 +10,10 @@ writes one effect row naming itself and returns its own name, so
 - E3 a caller that got a result got its own run's (then, if it committed, that run is
   the record's) or a replay of the committed run's — never an uncommitted result (T7), a
   result its snapshot could not see (T2), nor somebody else's after running its own;
-- G5 an outcome is a value, the caller's own exception, a typed error of the library,
-  ``CancelledError`` only when cancelled, ``DeadlineExceededError`` only with a timeout,
-  a serialization failure only under snapshot isolation (T2);
+- G5 an outcome is a value, the caller's own exception, a refusal or lock timeout, a
+  deadlock, ``CancelledError`` only when cancelled, ``DeadlineExceededError`` only with a
+  timeout, a serialization failure only under snapshot isolation (T2), a store or
+  completion error only when the scenario killed the connection;
 - T4 a lock wait is bounded (immediate with ``wait`` off), and after a refusal, a lock
   timeout, a cutoff or its own callback's exception the caller's transaction still
   commits its own writes (only the library's savepoint was rolled back);
@@ -122,7 +123,13 @@ def _caller(trace: TxTrace, index: int, committed: dict[int, str], tolerance: fl
     elif isinstance(error, errors.SerializationFailureError):
         if plan.isolation == "read_committed":
             found.append(f"T2: call {index} under READ COMMITTED got {error!r}")
-    elif not isinstance(error, errors.IdempotencyError):
+    elif isinstance(error, errors.PersistenceError | errors.CompletionError):
+        # The server and the connection are fine unless the scenario killed the backend.
+        if plan.fault != "kill_backend":
+            found.append(f"G5: call {index} got {type(error).__name__}: {error}")
+    elif error is not None and not isinstance(
+        error, errors.AlreadyInProgressError | errors.DeadlockDetectedError
+    ):
         found.append(f"G5: call {index} got {type(error).__name__}: {error}")
     elapsed = (outcome.exited or 0.0) - (outcome.entered or 0.0)
     if isinstance(error, errors.AlreadyInProgressError):
