@@ -69,8 +69,8 @@ async def run(dsn: str, table: str, worker: str, tasks: int, keys: int, seed: st
         fault = rng.choice(FAULTS)
         wait = rng.choice(WAITS)
         writer = f"{worker}-{n}"
-        pause = rng.uniform(0.0, 0.02)
-        await asyncio.sleep(rng.uniform(0.0, 0.2))
+        pause = rng.uniform(0.01, 0.06)
+        await asyncio.sleep(rng.uniform(0.0, 0.1))
         line: dict[str, Any] = {"key": key, "writer": writer, "fault": fault, "wait": wait}
         line.update(value=None, error=None, ran=False, committed=False)
 
