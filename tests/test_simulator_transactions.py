@@ -28,7 +28,7 @@ from idempotency_async.testing._tx_run import TxOutcome, TxTrace
 
 pytestmark = pytest.mark.postgres
 
-TX_SEEDS = int(os.environ.get("SIM_TX_SEEDS", "60"))
+TX_SEEDS = int(os.environ.get("SIM_TX_SEEDS", "120"))
 
 
 async def test_transactional_calls_keep_the_guarantee_on_a_real_server(
