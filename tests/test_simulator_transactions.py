@@ -64,6 +64,7 @@ def test_the_generator_draws_every_fault_isolation_and_wait() -> None:
         "serializable",
     }
     assert {call.behaviour for call in calls} == {"return", "raise", "hang"}
+    assert {call.driver for call in calls} == {"asyncpg", "psycopg"}
     waits = {plan.wait for scenario in scenarios for plan in scenario.managers}
     assert waits == {True, False}
     # Duplicates: most scenarios have two calls of one key.

@@ -90,8 +90,7 @@ async def _violations(
     tolerance: float,
     report: SimulationReport | None = None,
 ) -> list[str]:
-    asyncpg = _asyncpg()
-    trace = await run_transactional(scenario, pool, lambda: asyncpg.connect(dsn))
+    trace = await run_transactional(scenario, pool, dsn)
     violations = check_transactional(trace, tolerance=tolerance)
     if report is not None:
         report.scenarios += 1
@@ -129,7 +128,7 @@ async def simulate_transactions(
     report = SimulationReport()
     started = time.perf_counter()
     pending = iter(seeds)
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=concurrency * 8 + 2)
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=concurrency * 10 + 2)
 
     async def worker() -> None:
         for seed in pending:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,10 +87,10 @@ _USABLE = (TxCallbackFailed, AlreadyInProgressError, DeadlineExceededError)
 
 
 async def run_transactional(
-    scenario: TxScenario, pool: Any, connect: Any, *, stuck_after: float = 60.0
+    scenario: TxScenario, pool: Any, dsn: str, *, stuck_after: float = 60.0
 ) -> TxTrace:
-    """Run ``scenario`` with an asyncpg ``pool`` (a connection per call) and ``connect``
-    (an async callable opening a connection outside the pool, to kill backends)."""
+    """Run ``scenario`` on the server at ``dsn``: an asyncpg ``pool`` gives the asyncpg
+    callers their connections (psycopg callers connect on their own)."""
     name = f"idem_tx_{secrets.token_hex(6)}"
     effects, attempts, deferred = f'"{name}_e"', f'"{name}_a"', f'"{name}_d"'
     await create_table(pool, table=name)
@@ -110,7 +111,7 @@ async def run_transactional(
         )
         for plan in scenario.managers
     ]
-    killer = await connect()
+    killer = await pool.acquire()
     killing = asyncio.Lock()
     dropped: list[int] = []  # backends whose client went away: they may still be finishing
     loop = asyncio.get_running_loop()
@@ -121,38 +122,30 @@ async def run_transactional(
         outcome = trace.outcomes[index]
         await asyncio.sleep(max(0.0, start + plan.at - loop.time()))
         outcome.began = loop.time()
-        connection = await pool.acquire()
+        caller = await _caller(plan.driver, pool, dsn)
         try:
-            await _transaction(index, plan, outcome, connection)
+            await _transaction(plan, outcome, caller)
         finally:
-            try:
-                await pool.release(connection)
-            except Exception:
-                connection.terminate()
+            await caller.close()
 
-    async def _transaction(
-        index: int, plan: TxCallPlan, outcome: TxOutcome, connection: Any
-    ) -> None:
-        transaction = connection.transaction(isolation=plan.isolation)
-        await transaction.start()
+    async def _transaction(plan: TxCallPlan, outcome: TxOutcome, caller: _Caller) -> None:
+        await caller.begin(plan.isolation)
         if plan.early_snapshot:
-            await connection.fetchval("SELECT 1")
-        await connection.execute(f"INSERT INTO {attempts} VALUES ($1)", outcome.writer)
-        await connection.execute(f"SET LOCAL lock_timeout = '{CALLER_LOCK_TIMEOUT}'")
+            await caller.fetchval("SELECT 1")
+        await caller.execute(f"INSERT INTO {attempts} VALUES ($1)", outcome.writer)
+        await caller.execute(f"SET LOCAL lock_timeout = '{CALLER_LOCK_TIMEOUT}'")
         if plan.fault == "commit_fails":
-            await connection.execute(f"INSERT INTO {deferred} VALUES ('x'), ('x')")
+            await caller.execute(f"INSERT INTO {deferred} VALUES ('x'), ('x')")
 
         async def callback() -> str:
             outcome.ran = True
             try:
-                await connection.execute(
+                await caller.execute(
                     f"INSERT INTO {effects} VALUES ($1, $2)", plan.key, outcome.writer
                 )
                 if plan.fault == "kill_backend":
                     async with killing:
-                        await killer.execute(
-                            "SELECT pg_terminate_backend($1)", connection.get_server_pid()
-                        )
+                        await killer.execute("SELECT pg_terminate_backend($1)", caller.pid)
                 await asyncio.sleep(3600.0 if plan.behaviour == "hang" else plan.duration)
                 if plan.behaviour == "raise":
                     raise TxCallbackFailed(outcome.writer)
@@ -165,7 +158,7 @@ async def run_transactional(
         outcome.entered = loop.time()
         call = asyncio.create_task(
             managers[plan.manager].execute_in_transaction(
-                connection, {"id": plan.key}, callback, timeout=plan.timeout
+                caller.connection, {"id": plan.key}, callback, timeout=plan.timeout
             )
         )
 
@@ -183,43 +176,36 @@ async def run_transactional(
             outcome.exited = loop.time()
             if timer is not None:
                 timer.cancel()
-        if _gone(connection):
+        if caller.gone():
             return
         spoiled = outcome.error is not None and not isinstance(outcome.error, _USABLE)
         if spoiled or plan.fault in ("rollback_after_return", "cancel"):
             try:
-                await transaction.rollback()
+                await caller.execute("ROLLBACK")
             except Exception:
-                connection.terminate()
+                await caller.drop()
             return
         try:
-            outcome.lock_timeout = await connection.fetchval("SHOW lock_timeout")
+            outcome.lock_timeout = str(await caller.fetchval("SHOW lock_timeout"))
         except Exception as exc:
             outcome.lock_timeout = f"unreadable: {exc!r}"
         await asyncio.sleep(plan.hold)
         if plan.fault in ("close_socket", "commit_unanswered"):
-            dropped.append(connection.get_server_pid())
+            dropped.append(caller.pid)
         if plan.fault == "close_socket":
-            connection.terminate()
+            await caller.drop()
             return
         if plan.fault == "commit_unanswered":
-            commit = asyncio.create_task(connection.execute("COMMIT"))
-            await asyncio.sleep(0)  # the COMMIT is on the wire; its answer is not read
-            connection.terminate()
-            try:
-                await commit
-                outcome.committed = True
-            except Exception:
-                outcome.committed = None
+            outcome.committed = await caller.commit_unanswered()
             return
         try:
-            await transaction.commit()
+            await caller.execute("COMMIT")
             outcome.committed = True
         except Exception as exc:
             outcome.commit_error = f"{type(exc).__name__}: {exc}"
             outcome.commit_state = getattr(exc, "sqlstate", None)
             with contextlib.suppress(Exception):
-                await transaction.rollback()
+                await caller.execute("ROLLBACK")
 
     tasks: list[asyncio.Task[None]] = []
     try:
@@ -247,20 +233,118 @@ async def run_transactional(
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
-        await killer.close()
+        await pool.release(killer)
         for table in (f'"{name}"', effects, attempts, deferred):
             with contextlib.suppress(Exception):
                 await pool.execute(f"DROP TABLE IF EXISTS {table}")
     return trace
 
 
-def _gone(connection: Any) -> bool:
-    """Whether the connection was closed or terminated (a pool's proxy of a terminated
-    connection refuses every method, this one too)."""
-    try:
-        return bool(connection.is_closed())
-    except Exception:
+class _Caller:
+    """A caller's connection: asyncpg's (from the pool) or psycopg's, driven with plain SQL
+    (``BEGIN``/``COMMIT``/``ROLLBACK``), as a caller's transaction block would."""
+
+    connection: Any
+    pid: int
+
+    async def begin(self, isolation: str) -> None:
+        await self.execute(f"BEGIN ISOLATION LEVEL {isolation.replace('_', ' ').upper()}")
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        raise NotImplementedError
+
+    async def fetchval(self, sql: str) -> Any:
+        raise NotImplementedError
+
+    def gone(self) -> bool:
+        raise NotImplementedError
+
+    async def drop(self) -> None:
+        """Close the connection without a word: the server aborts its transaction."""
+        raise NotImplementedError
+
+    async def commit_unanswered(self) -> bool | None:
+        """Send COMMIT and drop the connection before reading the answer: ``None``."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+
+class _AsyncpgCaller(_Caller):
+    def __init__(self, pool: Any, connection: Any) -> None:
+        self._pool = pool
+        self.connection = connection
+        self.pid = connection.get_server_pid()
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        await self.connection.execute(sql, *args)
+
+    async def fetchval(self, sql: str) -> Any:
+        return await self.connection.fetchval(sql)
+
+    def gone(self) -> bool:
+        # A pool's proxy of a terminated connection refuses every method, this one too.
+        try:
+            return bool(self.connection.is_closed())
+        except Exception:
+            return True
+
+    async def drop(self) -> None:
+        self.connection.terminate()
+
+    async def commit_unanswered(self) -> bool | None:
+        commit = asyncio.create_task(self.connection.execute("COMMIT"))
+        await asyncio.sleep(0)  # the COMMIT is on the wire; its answer is not read
+        self.connection.terminate()
+        try:
+            await commit
+        except Exception:
+            return None
         return True
+
+    async def close(self) -> None:
+        try:
+            await self._pool.release(self.connection)
+        except Exception:
+            self.connection.terminate()
+
+
+class _PsycopgCaller(_Caller):
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.pid = connection.info.backend_pid
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        await self.connection.execute(re.sub(r"\$\d+", "%s", sql), args or None)
+
+    async def fetchval(self, sql: str) -> Any:
+        row = await (await self.connection.execute(sql)).fetchone()
+        return None if row is None else row[0]
+
+    def gone(self) -> bool:
+        return bool(self.connection.closed or self.connection.broken)
+
+    async def drop(self) -> None:
+        await self.connection.close()
+
+    async def commit_unanswered(self) -> bool | None:  # not generated for psycopg
+        await self.connection.close()
+        return False
+
+    async def close(self) -> None:
+        await self.connection.close()
+
+
+async def _caller(driver: str, pool: Any, dsn: str) -> _Caller:
+    if driver == "psycopg":
+        try:
+            import psycopg
+        except ImportError:
+            pass  # psycopg is optional: the call goes through asyncpg
+        else:
+            return _PsycopgCaller(await psycopg.AsyncConnection.connect(dsn, autocommit=True))
+    return _AsyncpgCaller(pool, await pool.acquire())
 
 
 async def _gone_from_the_server(observer: Any, pids: list[int], seconds: float = 30.0) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 __all__ = [
+    "Driver",
     "Isolation",
     "TxBehaviour",
     "TxCallPlan",
@@ -31,6 +32,7 @@ __all__ = [
 
 Isolation = Literal["read_committed", "repeatable_read", "serializable"]
 TxBehaviour = Literal["return", "raise", "hang"]
+Driver = Literal["asyncpg", "psycopg"]
 TxFault = Literal[
     "none",
     "rollback_after_return",  # the call returned; the caller rolls back
@@ -85,6 +87,8 @@ class TxCallPlan:
     fault: TxFault = "none"
     fault_after: float = 0.0
     """``cancel``: seconds after the call started."""
+    driver: Driver = "asyncpg"
+    """The caller's connection: asyncpg's, or psycopg 3's (``AsyncConnection``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +159,14 @@ def generate_transactional(seed: int, *, scale: float = 1.0) -> TxScenario:
                 fault_after=_s(rng, 0.0, 0.15, scale),
             )
         )
+    # Drawn from a stream of its own, so the other draws of a seed stay as they were.
+    drivers = random.Random(f"tx-driver-{seed}")
+    calls = [
+        replace(call, driver="psycopg")
+        if drivers.random() < 0.3 and call.fault != "commit_unanswered"
+        else call
+        for call in calls
+    ]
     calls.sort(key=lambda call: call.at)
     return TxScenario(seed, managers, tuple(calls), scale)
 
@@ -185,6 +197,7 @@ def simpler_transactional(scenario: TxScenario) -> Iterator[TxScenario]:
         {"timeout": None},
         {"at": 0.0},
         {"key": 0},
+        {"driver": "asyncpg"},
     ]
     for index, call in enumerate(calls):
         for change in plain:
