@@ -56,10 +56,10 @@ class TxOutcome:
     sent and the connection lost before its answer (either may have happened)."""
     commit_error: str | None = None
     commit_state: str | None = None
-    lock_timeout: str | None = None
-    """The transaction's ``lock_timeout`` after the call (the caller set ``CALLER_LOCK_TIMEOUT``),
-    read when the call left the transaction usable."""
     """The SQLSTATE of a refused COMMIT (40001: a serialization failure)."""
+    lock_timeout: str | None = None
+    """The transaction's ``lock_timeout`` after the call (the caller set
+    ``CALLER_LOCK_TIMEOUT``), read when the call left the transaction usable."""
 
     @property
     def returned_value(self) -> bool:
