@@ -2,11 +2,13 @@
 
     python benchmarks/bench_postgres.py            # full run (about a minute)
     python benchmarks/bench_postgres.py --smoke    # a few seconds, for CI
+    python benchmarks/bench_postgres.py --durable  # commits flushed to disk (fsync on)
 
 The script starts its own PostgreSQL (``initdb`` into a temporary directory, a free
 loopback port, ``fsync=off``: what is measured is the client and the statements, not the
-disk; as the ``postgres`` user when run as root).  Without the server binaries it says so
-and exits 0 (CI installs them).
+disk — unless ``--durable``, which keeps PostgreSQL's defaults, so that every commit waits
+for its WAL flush; as the ``postgres`` user when run as root).  Without the server
+binaries it says so and exits 0 (CI installs them).
 
 First calls (a fresh key each call):
   raw      the store's two statements (claim, complete) through ``pool.fetchrow``, with
@@ -20,6 +22,19 @@ Replays (one completed key, called again and again):
   manager  ``Manager.execute`` of that key (no local cache)
   idemkit  the decorated function called again with the same payload
 
+Transactional calls (for asyncpg and for psycopg 3, each on its own pool of the same
+size; every call borrows a connection and writes one row into an effects table):
+  raw-tx   what a hand-written transactional version runs: BEGIN; the claim statement; the
+           effect INSERT; the completion UPDATE; COMMIT (replay: BEGIN; the claim meeting
+           the completed record; COMMIT)
+  tx       BEGIN; ``Manager.execute_in_transaction`` (its savepoint and all) with the same
+           effect INSERT; COMMIT
+  lease    ``Manager.execute`` whose callback runs the effect INSERT in its own transaction:
+           three commits (the claim, the effect, the completion)
+Their round trips are counted on the wire by a loopback proxy (turns of the conversation:
+a client write after the server's answer), after a warm-up, so the drivers' prepared
+statements and the pool's own traffic (asyncpg resets a connection it takes back) count.
+
 One round = N sequential calls of one path; the paths' rounds are interleaved (the order
 rotates every repeat) and the medians of the per-round means are compared.  Budget: the
 manager's time per call at most 1.10x raw's.  Round trips (statements) are counted through
@@ -30,9 +45,11 @@ rejection (budget 2/1/0/1).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import logging
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -42,7 +59,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,7 +101,7 @@ class Server:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def start_postgres() -> Server | None:
+def start_postgres(durable: bool = False) -> Server | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)
     initdb = found[0] if found else shutil.which("initdb")
     if initdb is None:
@@ -106,7 +123,9 @@ def start_postgres() -> Server | None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    fast = ("-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+    fast: tuple[str, ...] = ()
+    if not durable:
+        fast = ("-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
     fast = (*fast, "-k", directory)
     process = subprocess.Popen(
         [str(binaries / "postgres"), *("-D", data, "-p", str(port)), *("-h", "127.0.0.1"), *fast],
@@ -251,13 +270,6 @@ def build_paths(loop: asyncio.AbstractEventLoop, pool: Any, idemkit: Any) -> lis
     store = PostgresStore(pool, table=TABLE)
     manager = Manager(store, Options(key_prefix="bench"))
 
-    def looped(call: Callable[[], Awaitable[None]]) -> Callable[[int], None]:
-        async def calls(n: int) -> None:
-            for _ in range(n):
-                await call()
-
-        return lambda n: loop.run_until_complete(calls(n))
-
     async def store_first() -> None:
         from idempotency_async._json import encode_json
         from idempotency_async.record import Claim, Completion
@@ -272,11 +284,13 @@ def build_paths(loop: asyncio.AbstractEventLoop, pool: Any, idemkit: Any) -> lis
     replay_order = order(uuid.uuid4().hex)
     loop.run_until_complete(manager_call(manager, replay_order))
     paths = [
-        Path_("raw", "first", looped(lambda: raw.first(fresh()))),
-        Path_("store", "first", looped(store_first)),
-        Path_("manager", "first", looped(lambda: manager_call(manager, order(uuid.uuid4().hex)))),
-        Path_("raw", "replay", looped(lambda: raw.replay(replay_key))),
-        Path_("manager", "replay", looped(lambda: manager_call(manager, replay_order))),
+        Path_("raw", "first", looped(loop, lambda: raw.first(fresh()))),
+        Path_("store", "first", looped(loop, store_first)),
+        Path_(
+            "manager", "first", looped(loop, lambda: manager_call(manager, order(uuid.uuid4().hex)))
+        ),
+        Path_("raw", "replay", looped(loop, lambda: raw.replay(replay_key))),
+        Path_("manager", "replay", looped(loop, lambda: manager_call(manager, replay_order))),
     ]
     if not isinstance(idemkit, str):
         idemkit_order = order(uuid.uuid4().hex)
@@ -285,9 +299,262 @@ def build_paths(loop: asyncio.AbstractEventLoop, pool: Any, idemkit: Any) -> lis
             assert await idemkit(order=payload) == RESPONSE
 
         loop.run_until_complete(idemkit_call(idemkit_order))
-        paths.insert(3, Path_("idemkit", "first", looped(lambda: idemkit_call(order(fresh())))))
-        paths.append(Path_("idemkit", "replay", looped(lambda: idemkit_call(idemkit_order))))
+        paths.insert(
+            3, Path_("idemkit", "first", looped(loop, lambda: idemkit_call(order(fresh()))))
+        )
+        paths.append(Path_("idemkit", "replay", looped(loop, lambda: idemkit_call(idemkit_order))))
     return paths
+
+
+# -- transactional calls ----------------------------------------------------------------
+
+EFFECTS = "bench_effects"
+DRIVERS = ("asyncpg", "psycopg")
+TX_PATHS = ("raw-tx", "tx", "lease")
+
+
+def percent_s(sql: str) -> tuple[str, tuple[int, ...]]:
+    """``$n`` parameters as psycopg's ``%s``, and the order in which they are read (a
+    number may repeat)."""
+    order = tuple(int(number) - 1 for number in re.findall(r"\$(\d+)", sql))
+    return re.sub(r"\$\d+", "%s", sql), order
+
+
+class Driver:
+    """One driver's pool, its manager, and the statements of the hand-written version."""
+
+    def __init__(self, name: str, pool: Any) -> None:
+        self.name = name
+        self.pool = pool
+        self.manager = Manager(PostgresStore(pool, table=TABLE), Options(key_prefix=name))
+        sql = statements(TABLE)
+        effect = f"INSERT INTO {EFFECTS} (id, n) VALUES ($1, $2)"
+        import orjson
+
+        self.response = orjson.dumps(RESPONSE).decode()
+        self.claim, self.complete, self.effect = sql.claim, sql.complete, effect
+        self._psycopg = {text: percent_s(text) for text in (sql.claim, sql.complete, effect)}
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Any]:
+        """A borrowed connection in a transaction (BEGIN ... COMMIT)."""
+        if self.name == "psycopg":
+            async with self.pool.connection() as conn, conn.transaction():
+                yield conn
+        else:
+            async with self.pool.acquire() as conn, conn.transaction():
+                yield conn
+
+    async def fetchrow(self, conn: Any, sql: str, *args: Any) -> Any:
+        if self.name == "psycopg":
+            text, order = self._psycopg[sql]
+            return await (await conn.execute(text, [args[i] for i in order])).fetchone()
+        return await conn.fetchrow(sql, *args)
+
+    async def write(self, conn: Any, key: str) -> None:
+        if self.name == "psycopg":
+            await conn.execute(self._psycopg[self.effect][0], (key, 1))
+        else:
+            await conn.execute(self.effect, key, 1)
+
+    async def autocommit_write(self, key: str) -> None:
+        """The effect in its own transaction (one statement: an implicit one)."""
+        if self.name == "psycopg":
+            async with self.pool.connection() as conn:
+                await conn.execute(self._psycopg[self.effect][0], (key, 1))
+        else:
+            await self.pool.execute(self.effect, key, 1)
+
+    # -- the paths
+
+    async def raw_first(self, key: str) -> None:
+        async with self.transaction() as conn:
+            row = await self.fetchrow(conn, self.claim, key, None, "owner", 10.0, 3600.0, "h")
+            assert row[0] == "INPROGRESS" and row[1] == "owner"
+            await self.write(conn, key)
+            done = await self.fetchrow(
+                conn, self.complete, key, "owner", None, 3600.0, "h", self.response, None
+            )
+            assert done is not None
+
+    async def raw_replay(self, key: str) -> None:
+        async with self.transaction() as conn:
+            row = await self.fetchrow(conn, self.claim, key, None, "other", 10.0, 3600.0, "h")
+            assert row[0] == "COMPLETED"
+
+    async def tx_call(self, payload: dict[str, Any]) -> None:
+        async with self.transaction() as conn:
+
+            async def effect() -> dict[str, Any]:
+                await self.write(conn, payload["id"])
+                return RESPONSE
+
+            result = await self.manager.execute_in_transaction(
+                conn, payload, effect, timeout=TIMEOUT
+            )
+            assert result == RESPONSE
+
+    async def lease_call(self, payload: dict[str, Any]) -> None:
+        async def effect() -> dict[str, Any]:
+            await self.autocommit_write(payload["id"])
+            return RESPONSE
+
+        assert await self.manager.execute(payload, effect, timeout=TIMEOUT) == RESPONSE
+
+    def calls(
+        self,
+    ) -> tuple[dict[tuple[str, str], Callable[[], Awaitable[None]]], tuple[Awaitable[None], ...]]:
+        """Each path's next call, by (path, kind), and the calls completing the replays'
+        keys (to await first)."""
+        raw_key = fresh()
+        tx_order, lease_order = order(uuid.uuid4().hex), order(uuid.uuid4().hex)
+        return {
+            ("raw-tx", "first"): lambda: self.raw_first(fresh()),
+            ("tx", "first"): lambda: self.tx_call(order(fresh())),
+            ("lease", "first"): lambda: self.lease_call(order(fresh())),
+            ("raw-tx", "replay"): lambda: self.raw_replay(raw_key),
+            ("tx", "replay"): lambda: self.tx_call(tx_order),
+            ("lease", "replay"): lambda: self.lease_call(lease_order),
+        }, (self.raw_first(raw_key), self.tx_call(tx_order), self.lease_call(lease_order))
+
+
+async def driver_pool(name: str, dsn: str, size: int) -> Any:
+    if name == "psycopg":
+        from psycopg_pool import AsyncConnectionPool
+
+        url = dsn.replace("postgres://", "postgresql://")
+        pool = AsyncConnectionPool(
+            url, min_size=1, max_size=size, kwargs={"autocommit": True}, open=False
+        )
+        await pool.open()
+        return pool
+    import asyncpg
+
+    return await asyncpg.create_pool(dsn, min_size=1, max_size=size)
+
+
+async def close_pool(pool: Any) -> None:
+    await pool.close()
+
+
+def tx_paths(loop: asyncio.AbstractEventLoop, drivers: list[Driver]) -> list[Path_]:
+    paths = []
+    for driver in drivers:
+        calls, setups = driver.calls()
+        for setup in setups:
+            loop.run_until_complete(setup)
+        for (name, kind), call in calls.items():
+            paths.append(Path_(f"{driver.name} {name}", kind, looped(loop, call)))
+    return paths
+
+
+def looped(
+    loop: asyncio.AbstractEventLoop, call: Callable[[], Awaitable[None]]
+) -> Callable[[int], None]:
+    async def calls(n: int) -> None:
+        for _ in range(n):
+            await call()
+
+    return lambda n: loop.run_until_complete(calls(n))
+
+
+class TurnCounter:
+    """A loopback TCP proxy to the server counting the turns of every conversation through
+    it: a client write that follows the server's answer is one round trip."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.turns = 0
+        self._server: asyncio.Server | None = None
+        self._pumps: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self._writers += [writer, up_writer]
+        answered = [True]  # the client speaks first
+
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter, up: bool) -> None:
+            while data := await source.read(65536):
+                if up and answered[0]:
+                    self.turns += 1
+                answered[0] = not up
+                sink.write(data)
+                await sink.drain()
+            sink.close()
+
+        for pump_task in (
+            asyncio.create_task(pump(reader, up_writer, True)),
+            asyncio.create_task(pump(up_reader, writer, False)),
+        ):
+            self._pumps.add(pump_task)
+            pump_task.add_done_callback(self._pumps.discard)
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:
+            writer.close()
+        for pump_task in list(self._pumps):
+            pump_task.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        await self._server.wait_closed()
+
+
+def tx_round_trips(loop: asyncio.AbstractEventLoop, server: Server) -> dict[str, dict[str, int]]:
+    """Round trips on the wire per call of each transactional path, by driver: each path
+    warmed up (prepared statements) on a pool of one connection, then one call counted."""
+
+    async def count() -> dict[str, dict[str, int]]:
+        proxy = TurnCounter(server.port)
+        port = await proxy.start()
+        dsn = server.dsn.replace(f":{server.port}/", f":{port}/")
+        trips: dict[str, dict[str, int]] = {}
+        try:
+            for name in DRIVERS:
+                driver = Driver(name, await driver_pool(name, dsn, 1))
+                try:
+                    calls, setups = driver.calls()
+                    for setup in setups:
+                        await setup
+                    for (path, kind), call in calls.items():
+                        for _ in range(6):  # psycopg prepares a statement on its 5th use
+                            await call()
+                        before = proxy.turns
+                        await call()
+                        trips.setdefault(name, {})[f"{kind} {path}"] = proxy.turns - before
+                finally:
+                    await close_pool(driver.pool)
+        finally:
+            await proxy.close()
+        return trips
+
+    return loop.run_until_complete(count())
+
+
+def tx_report(paths: list[Path_], trips: dict[str, dict[str, int]]) -> None:
+    by = {(p.name, p.kind): p for p in paths}
+    print("  transactional calls: medians, ratios of times, round trips on the wire")
+    print(
+        f"  {'driver':<9}{'call':<8}{'raw-tx':>8}{'tx':>8}{'lease':>8}{'tx/raw':>8}"
+        f"{'lease/tx':>9}   client CPU raw-tx · tx · lease   round trips raw-tx · tx · lease"
+    )
+    print(f"  {'':<17}{'µs/call':>8}")
+    for name in DRIVERS:
+        for kind in ("first", "replay"):
+            raw, tx, lease = (by[(f"{name} {path}", kind)] for path in TX_PATHS)
+            counted = trips.get(name, {})
+            cpu = " · ".join(f"{p.cpu * 1e6:.0f}" for p in (raw, tx, lease))
+            rounds = " · ".join(str(counted.get(f"{kind} {path}", "?")) for path in TX_PATHS)
+            print(
+                f"  {name:<9}{kind:<8}{raw.wall * 1e6:8.0f}{tx.wall * 1e6:8.0f}"
+                f"{lease.wall * 1e6:8.0f}{tx.wall / raw.wall:8.2f}{lease.wall / tx.wall:9.2f}"
+                f"   {cpu:<31}{rounds}"
+            )
 
 
 def round_trips(loop: asyncio.AbstractEventLoop, pool: Any) -> dict[str, int]:
@@ -329,10 +596,11 @@ def round_trips(loop: asyncio.AbstractEventLoop, pool: Any) -> dict[str, int]:
 # -- report --------------------------------------------------------------------------
 
 
-def report(paths: list[Path_], calls: int, repeats: int) -> bool:
+def report(paths: list[Path_], calls: int, repeats: int, durable: bool) -> bool:
     by = {(p.name, p.kind): p for p in paths}
     print(
-        f"Postgres on loopback (fsync off): {calls} sequential calls per round, "
+        f"Postgres on loopback ({'durable commits' if durable else 'fsync off'}): "
+        f"{calls} sequential calls per round, "
         f"{repeats} interleaved rounds per path"
     )
     print(
@@ -360,16 +628,20 @@ def report(paths: list[Path_], calls: int, repeats: int) -> bool:
 
 
 def main() -> None:
+    durable = "--durable" in sys.argv
+    if durable:
+        sys.argv.remove("--durable")
     args = parse_args(__doc__ or "")
     calls, repeats = (20, 3) if args.smoke else (100, 21)
     repeats = args.repeats or repeats
     logging.getLogger("idempotency_async").setLevel(logging.ERROR)
-    server = start_postgres()
+    server = start_postgres(durable)
     if server is None:
         print("bench_postgres: skipped — the PostgreSQL server binaries are not installed")
         return
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)  # asyncpg's pool binds to the current loop
+    drivers: list[Driver] = []
     try:
         import asyncpg
 
@@ -378,19 +650,27 @@ def main() -> None:
         idemkit = "not measured in --smoke" if args.smoke else idemkit_function(loop, server)
         if isinstance(idemkit, str):
             print(f"  idemkit: {idemkit}")
-        paths = build_paths(loop, pool, idemkit)
+        loop.run_until_complete(pool.execute(f"CREATE TABLE {EFFECTS} (id text, n int)"))
+        for name in DRIVERS:
+            drivers.append(Driver(name, loop.run_until_complete(driver_pool(name, server.dsn, 10))))
+        base = build_paths(loop, pool, idemkit)
+        transactional = tx_paths(loop, drivers)
+        paths = base + transactional
         for path in paths:  # warm up connections, prepared statements and code paths
             path.run(10)
         for repeat in range(repeats):
             shift = repeat % len(paths)
             for path in paths[shift:] + paths[:shift]:
                 path.timed_round(calls)
-        within = report(paths, calls, repeats)
+        within = report(base, calls, repeats, durable)
         trips = round_trips(loop, pool)
+        tx_report(transactional, tx_round_trips(loop, server))
         if not isinstance(idemkit, str):
             loop.run_until_complete(idemkit.backend.aclose())
         loop.run_until_complete(pool.close())
     finally:
+        for driver in drivers:
+            loop.run_until_complete(close_pool(driver.pool))
         loop.close()
         server.stop()
     print("  round trips per call: " + ", ".join(f"{k} {v}" for k, v in trips.items()))

@@ -50,6 +50,7 @@ from idempotency_async.errors import (
     StoreAccessDeniedError,
     StoreUnavailableError,
     StoreValidationError,
+    TransactionRetryError,
 )
 from idempotency_async.options import Options
 from idempotency_async.record import Claim, Completion, Record
@@ -69,9 +70,9 @@ _REFUSALS = (StoreAccessDeniedError, StoreValidationError)
 
 class TransactionalStore(Store, Protocol):
     """A store whose operations run in a caller's database transaction (Postgres): a claim
-    waits on the row another open transaction holds, for at most ``lock_wait`` seconds."""
+    waits on the row another open transaction holds, for at most ``wait`` seconds."""
 
-    async def claim_within(self, claim: Claim, lock_wait: float) -> Verdict: ...
+    async def claim_within(self, claim: Claim, wait: float) -> Verdict: ...
 
 
 class _Replayed(NamedTuple):
@@ -619,6 +620,11 @@ def _completion_failure(
         if timer.fired():
             abandoned = TimeoutError("abandoned at the lease end")
             return _completion_failed(key, result, abandoned, unknown=True)
+        return None
+    if isinstance(exc, TransactionRetryError):
+        # A transactional call's completion met a concurrent transaction (a serialization
+        # failure under SERIALIZABLE, a deadlock): nothing of the call can commit, and the
+        # remedy is the same as for its claim — run the whole transaction again.
         return None
     if isinstance(exc, Exception):
         # Anything but a definite refusal may hide a write that applied.

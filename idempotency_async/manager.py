@@ -23,11 +23,12 @@ from idempotency_async._emission import Emitter
 from idempotency_async._keys import key_deriver
 from idempotency_async._lease import effective_deadline
 from idempotency_async._lifecycle import Call, Lifecycle, Unprotected
-from idempotency_async.errors import ConfigError
+from idempotency_async._responses import not_stored_error
+from idempotency_async.errors import ConfigError, InconsistentStateError
 from idempotency_async.instrumentation import Observer
 from idempotency_async.options import Options, disabled_by_environment
 from idempotency_async.record import Record
-from idempotency_async.stores.base import Store
+from idempotency_async.stores.base import State, Store
 
 __all__ = ["Manager"]
 
@@ -269,6 +270,39 @@ class Manager:
     def clear_cache(self) -> None:
         """Forget locally cached responses; the store is left alone."""
         self._lifecycle.replays.clear()
+
+    async def replay(self, payload: Any, *, default: Any) -> Any:
+        """The stored result of ``payload``'s key if its record is completed, read without
+        claiming (one strongly consistent read, no local cache); ``default`` when there is
+        no live record (or ``payload`` selects no key).
+
+        A record in progress raises :class:`~idempotency_async.errors.AlreadyInProgressError`
+        at once (no wait); one whose validation hash differs,
+        :class:`~idempotency_async.errors.PayloadValidationError`; a completed one without
+        its response, :class:`~idempotency_async.errors.ResponseNotStoredError`.  For
+        front doors that must answer duplicates before deciding how to run the work (the
+        HTTP middleware on transactional routes); the result is never cached, so a store
+        that commits records in its callers' transactions is read as it committed them.
+        """
+        keys = None if self._disabled else self._keys.derive(payload)
+        if keys is None:
+            return default
+        lifecycle = self._lifecycle
+        try:
+            verdict = await lifecycle.store.get(keys.key, now=self.options.clock())
+        except InconsistentStateError as exc:
+            lifecycle.emit("record_unreadable", keys.key, error=exc)
+            raise
+        record = verdict.record
+        if record is None or verdict.state is State.CLAIMABLE:
+            return default
+        self._keys.validate(record.validation, keys)
+        if verdict.state is State.IN_PROGRESS:
+            lifecycle.waiting.refuse(keys.key, verdict.retry_after)
+        if not record.response_stored:
+            raise not_stored_error(record)
+        lifecycle.emit("replayed", keys.key)
+        return lifecycle.replays.responses.present(record.response, record)
 
 
 def _check_record_format(store: Store, options: Options) -> None:

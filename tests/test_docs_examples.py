@@ -3,7 +3,9 @@
 Each page under ``docs/start/`` holds its program in a code block with a title
 (```` ```python title="app.py" ````); these tests write the blocks to files and run them
 against this checkout, with real servers where the page uses one (moto for DynamoDB, the
-ASGI app through httpx, the aiohttp app through its test server).
+ASGI app through httpx, the aiohttp app through its test server).  Guides' programs
+titled the same way run too (docs/postgres.md's transactional call, on the Postgres
+fixture in a database of its own).
 """
 
 from __future__ import annotations
@@ -27,9 +29,14 @@ START = ROOT / "docs" / "start"
 
 def block(page: str, title: str) -> str:
     """The code block titled ``title`` on ``docs/start/<page>.md``."""
-    text = (START / f"{page}.md").read_text()
+    return guide_block(f"start/{page}", title)
+
+
+def guide_block(page: str, title: str) -> str:
+    """The code block titled ``title`` on ``docs/<page>.md``."""
+    text = (ROOT / "docs" / f"{page}.md").read_text()
     match = re.search(rf'^```\w+ title="{re.escape(title)}"\n(.*?)^```$', text, re.S | re.M)
-    assert match is not None, f"docs/start/{page}.md has no block titled {title!r}"
+    assert match is not None, f"docs/{page}.md has no block titled {title!r}"
     return match.group(1)
 
 
@@ -128,3 +135,30 @@ async def test_aiohttp_page_app_replays_a_retried_request(tmp_path: Path) -> Non
         assert first.status == again.status == 201
         assert await first.json() == await again.json() == {"id": "ord_0001", "sku": "A1"}
         assert again.headers["idempotent-replayed"] == "true"
+
+
+@pytest.mark.postgres
+async def test_postgres_page_transactional_program_pays_once(
+    tmp_path: Path, postgres_server: Any
+) -> None:
+    """docs/postgres.md, "Transactional calls": the payment and the record commit together;
+    the retry, and a second run of the program, replay without a second payment."""
+    database = f"docs_{uuid.uuid4().hex[:12]}"
+    admin = await postgres_server.connect()
+    try:
+        await admin.execute(f"CREATE DATABASE {database}")
+    finally:
+        await admin.close()
+    (tmp_path / "payments.py").write_text(guide_block("postgres", "payments.py"))
+    dsn = postgres_server.dsn.rsplit("/", 1)[0] + f"/{database}"
+    assert run_python(["payments.py"], tmp_path, DATABASE_URL=dsn) == guide_block(
+        "postgres", "output"
+    )
+    again = run_python(["payments.py"], tmp_path, DATABASE_URL=dsn)
+    assert "payment recorded" not in again
+    assert again.count("'status': 'paid'") == 2
+    connection = await postgres_server.connect(database=database)
+    try:
+        assert await connection.fetchval("SELECT count(*) FROM payments") == 1
+    finally:
+        await connection.close()

@@ -386,3 +386,195 @@ async def test_sqlalchemy_sessions_and_connections(setup: Setup, driver: str) ->
     finally:
         await engine.dispose()
     assert await setup.effects() == [("s", 1)]
+
+
+# -- cutoffs and cancellation ----------------------------------------------------------
+
+
+async def test_a_cutoff_during_a_statement_rolls_back_and_keeps_the_connection(
+    setup: Setup,
+) -> None:
+    manager = setup.manager()
+    async with setup.pool.acquire() as conn, conn.transaction():
+
+        async def stuck() -> None:
+            await effect(conn, setup.table, "s", 1)()
+            await conn.execute("SELECT pg_sleep(5)")
+
+        started = time.monotonic()
+        with pytest.raises(errors.DeadlineExceededError):
+            await manager.execute_in_transaction(conn, {"id": "s"}, stuck, timeout=0.4)
+        assert time.monotonic() - started < 3
+        await conn.execute(f"INSERT INTO {setup.table}_fx VALUES ('after', 2)")
+    assert await setup.effects() == [("after", 2)]
+    assert await setup.status(manager, {"id": "s"}) is None
+
+
+async def test_the_callers_cancellation_sends_no_statement(setup: Setup) -> None:
+    manager = setup.manager()
+    started = asyncio.Event()
+    async with setup.pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+
+        async def long() -> None:
+            await effect(conn, setup.table, "c", 1)()
+            started.set()
+            await asyncio.sleep(5)
+
+        call = asyncio.create_task(manager.execute_in_transaction(conn, {"id": "c"}, long))
+        await started.wait()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        # No ROLLBACK TO SAVEPOINT went out: the callback's row and the claim are still
+        # there, in the transaction the caller now rolls back.
+        assert await conn.fetchval(f"SELECT count(*) FROM {setup.table}_fx") == 1
+        assert await conn.fetchval(f"SELECT count(*) FROM {setup.table}") == 1
+        await tx.rollback()
+    assert await setup.effects() == []
+    assert await setup.status(manager, {"id": "c"}) is None
+
+
+async def test_a_cutoff_during_a_psycopg_statement_rolls_back(setup: Setup) -> None:
+    psycopg = pytest.importorskip("psycopg")
+    manager = setup.manager()
+    dsn = setup.server.dsn.replace("postgres://", "postgresql://")
+    async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.transaction():
+
+        async def stuck() -> None:
+            await conn.execute(f"INSERT INTO {setup.table}_fx VALUES ('s', 1)")
+            await conn.execute("SELECT pg_sleep(5)")
+
+        started = time.monotonic()
+        with pytest.raises(errors.DeadlineExceededError):
+            await manager.execute_in_transaction(conn, {"id": "s"}, stuck, timeout=0.4)
+        assert time.monotonic() - started < 3
+        await conn.execute(f"INSERT INTO {setup.table}_fx VALUES ('after', 2)")
+    assert await setup.effects() == [("after", 2)]
+
+
+async def test_transactional_calls_through_pgbouncer_in_transaction_mode(
+    setup: Setup, pgbouncer: Any
+) -> None:
+    import asyncpg
+
+    manager = setup.manager(wait=True, wait_timeout=5)
+    calls = 0
+
+    async def one(n: int) -> Any:
+        conn = await asyncpg.connect(pgbouncer.dsn, statement_cache_size=0)
+        try:
+            async with conn.transaction():
+
+                async def run() -> dict[str, int]:
+                    nonlocal calls
+                    calls += 1
+                    return await effect(conn, setup.table, "b", n)()
+
+                return await manager.execute_in_transaction(conn, {"id": "b"}, run)
+        finally:
+            await conn.close()
+
+    results = await asyncio.gather(*(one(n) for n in range(8)))
+    assert calls == 1
+    assert len({r["n"] for r in results}) == 1
+    assert len(await setup.effects()) == 1
+
+
+async def test_transactional_calls_are_observed(setup: Setup) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from idempotency_async.otel import Telemetry
+
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    manager = setup.manager(telemetry=Telemetry(tracer_provider=provider))
+    try:
+        for n in (1, 2):
+            async with setup.pool.acquire() as conn, conn.transaction():
+                await manager.execute_in_transaction(
+                    conn, {"id": "o"}, effect(conn, setup.table, "o", n)
+                )
+        outcomes = [
+            (span.attributes or {}).get("idempotency.outcome")
+            for span in spans.get_finished_spans()
+            if span.name.startswith("idempotency")
+        ]
+        assert outcomes == ["claimed", "replayed"]
+    finally:
+        provider.shutdown()
+    assert await setup.effects() == [("o", 1)]
+
+
+# -- lease-mode calls meeting a transactional call ---------------------------------------
+
+
+async def test_a_lease_mode_claim_waits_for_an_open_transaction_at_most_its_deadline(
+    setup: Setup,
+) -> None:
+    manager = setup.manager()
+    conn, tx, _ = await _hold(setup, manager, {"id": "m"}, 1)
+    try:
+        started = time.monotonic()
+        with pytest.raises(errors.LockTimeoutError):
+            await manager.execute({"id": "m"}, effect(setup.pool, setup.table, "m", 2), timeout=0.5)
+        assert time.monotonic() - started < 1.5  # not until the transaction ends
+        # Once the transaction commits, a lease-mode duplicate replays it.
+        await tx.commit()
+        assert await manager.execute(
+            {"id": "m"}, effect(setup.pool, setup.table, "m", 3), timeout=5
+        ) == {"n": 1}
+    finally:
+        await setup.pool.release(conn)
+    assert await setup.effects() == [("m", 1)]
+
+
+@pytest.mark.parametrize("flush", [False, True])
+async def test_a_failed_orm_callback_leaves_nothing_in_the_session(
+    setup: Setup, flush: bool
+) -> None:
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+    from sqlalchemy.orm import DeclarativeBase
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Effect(Base):
+        __tablename__ = f"{setup.table}_fx"
+        id = sqlalchemy.Column(sqlalchemy.Text, primary_key=True)
+        n = sqlalchemy.Column(sqlalchemy.Integer)
+
+    engine = create_async_engine(setup.server.dsn.replace("postgres://", "postgresql+asyncpg://"))
+    manager = setup.manager()
+    try:
+        async with AsyncSession(engine) as session, session.begin():
+            session.add(Effect(id="caller's", n=0))  # the caller's own, unflushed
+            with pytest.raises(errors.ConfigError, match="flush"):
+                await manager.execute_in_transaction(session, {"id": "o"}, lambda: 0)
+            await session.flush()
+
+            async def fails() -> None:
+                session.add(Effect(id="o", n=1))
+                if flush:
+                    await session.flush()
+                raise RuntimeError("payment declined")
+
+            with pytest.raises(RuntimeError):
+                await manager.execute_in_transaction(session, {"id": "o"}, fails)
+            # The caller goes on and commits: what the callback did must not come along.
+        async with AsyncSession(engine) as session, session.begin():
+
+            async def succeeds() -> int:
+                session.add(Effect(id="o", n=2))
+                return 2
+
+            assert await manager.execute_in_transaction(session, {"id": "o"}, succeeds) == 2
+    finally:
+        await engine.dispose()
+    assert sorted(await setup.effects()) == [("caller's", 0), ("o", 2)]

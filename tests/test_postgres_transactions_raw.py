@@ -22,9 +22,9 @@ import pytest
 from _postgres import PostgresServer, fresh_table_name
 
 from idempotency_async.stores._postgres_sql import (
+    SAVEPOINT_BEGIN,
     SAVEPOINT_RELEASE,
     SAVEPOINT_UNDO,
-    savepoint_begin,
     statements,
 )
 from idempotency_async.stores.postgres import create_table
@@ -53,10 +53,11 @@ async def connections(postgres_server: PostgresServer) -> AsyncIterator[list[Any
             connection.terminate()
 
 
-async def _claim(connection: Any, table: str, key: str, owner: str) -> Any:
-    """The store's own claim statement, judged by the server's clock."""
+async def _claim(connection: Any, table: str, key: str, owner: str, lock_wait: str = "30s") -> Any:
+    """The store's own claim statement, judged by the server's clock, waiting at most
+    ``lock_wait`` for a row lock."""
     return await connection.fetchrow(
-        statements(table).claim, key, None, owner, _LEASE, _TTL, "validation"
+        statements(table).claim, key, None, owner, _LEASE, _TTL, "validation", lock_wait
     )
 
 
@@ -210,10 +211,9 @@ async def test_a_lock_timeout_inside_the_savepoint_leaves_the_outer_transaction_
     await duplicate.execute("CREATE TEMP TABLE effects (n int) ON COMMIT DROP")
     await duplicate.execute("INSERT INTO effects VALUES (1)")
     await duplicate.execute("SAVEPOINT idempotency_async")
-    await duplicate.execute("SELECT set_config('lock_timeout', '50ms', true)")
     started = time.monotonic()
     with pytest.raises(Exception) as timed_out:
-        await _claim(duplicate, table, "k", "duplicate")
+        await _claim(duplicate, table, "k", "duplicate", lock_wait="50ms")
     assert getattr(timed_out.value, "sqlstate", None) == "55P03"
     assert time.monotonic() - started < 5
     await duplicate.execute("ROLLBACK TO SAVEPOINT idempotency_async")
@@ -292,25 +292,36 @@ async def test_a_claim_under_repeatable_read_replays_a_record_its_snapshot_sees(
     assert (await _owner(observer, table, "k"))["owner"] == "holder"
 
 
-async def test_the_store_s_transactional_claim_puts_the_caller_s_lock_timeout_back(
+async def test_the_store_s_transactional_claim_bounds_its_wait_and_puts_the_caller_s_back(
     table: str, connections: list[Any]
 ) -> None:
-    # The library's own savepoint script and claim: the bound it sets for the claim's lock
-    # wait is gone once the claim answered, whether the savepoint is then kept or undone.
-    connection = connections[0]
-    await connection.execute("BEGIN")
-    await connection.execute("SET LOCAL lock_timeout = '7s'")
-    await connection.execute(savepoint_begin(0.05))
-    assert await _lock_timeout(connection) == "50ms"
-    row = await connection.fetchrow(
-        statements(table).transactional_claim, "k", None, "me", _LEASE, _TTL, "validation"
+    # The library's own savepoint script and transactional claim: the claim waits at most
+    # its own bound, and the caller's lock_timeout is in force again once it answered,
+    # whether the savepoint is then kept or undone.
+    holder, duplicate, _ = connections
+    sql = statements(table)
+    await holder.execute("BEGIN")
+    await _claim(holder, table, "held", "holder")
+    await duplicate.execute("BEGIN")
+    await duplicate.execute("SET LOCAL lock_timeout = '7s'")
+    await duplicate.execute(SAVEPOINT_BEGIN)
+    started = time.monotonic()
+    with pytest.raises(Exception) as timed_out:
+        await duplicate.fetchrow(
+            sql.transactional_claim, "held", None, "me", _LEASE, _TTL, "v", "50ms"
+        )
+    assert getattr(timed_out.value, "sqlstate", None) == "55P03"
+    assert time.monotonic() - started < 3  # its own 50 ms, not the caller's 7 s
+    await duplicate.execute(SAVEPOINT_UNDO)
+    assert await _lock_timeout(duplicate) == "7s"
+    await duplicate.execute(SAVEPOINT_BEGIN)
+    row = await duplicate.fetchrow(
+        sql.transactional_claim, "free", None, "me", _LEASE, _TTL, "v", "50ms"
     )
     assert (row["status"], row["owner"]) == ("INPROGRESS", "me")
-    assert await _lock_timeout(connection) == "7s"
-    await connection.execute(SAVEPOINT_RELEASE)
-    assert await _lock_timeout(connection) == "7s"
-    await connection.execute(savepoint_begin(0.05))
-    await connection.execute(SAVEPOINT_UNDO)
-    assert await _lock_timeout(connection) == "7s"
-    await connection.execute("COMMIT")
-    assert await _lock_timeout(connection) == "0"
+    assert await _lock_timeout(duplicate) == "7s"
+    await duplicate.execute(SAVEPOINT_RELEASE)
+    assert await _lock_timeout(duplicate) == "7s"
+    await duplicate.execute("COMMIT")
+    assert await _lock_timeout(duplicate) == "0"
+    await holder.execute("ROLLBACK")

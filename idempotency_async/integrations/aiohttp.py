@@ -7,6 +7,16 @@
     @idempotent_endpoint
     async def create_order(request: web.Request) -> web.Response: ...
 
+A handler whose work writes to PostgreSQL can record its response in its own transaction
+(``docs/postgres.md``, "Transactional calls over HTTP")::
+
+    @transactional_endpoint
+    async def create_order(request: web.Request) -> web.Response:
+        tx = request_transaction(request)
+        async with pool.acquire() as connection, connection.transaction():
+            response = await tx.run(connection, lambda: insert(connection, request))
+        return response  # committed: only now is the record visible to duplicates
+
 The behaviour is described in ``docs/http.md``.
 """
 
@@ -37,23 +47,34 @@ from idempotency_async.integrations._http import (
     HttpIdempotency,
     HttpResponse,
     HttpSettings,
+    HttpTransaction,
     PathPattern,
     Rejection,
     RequestState,
     ResponseGate,
+    ResponseKind,
     exchange,
     host_route,
     too_large,
 )
 from idempotency_async.manager import Manager
 
-__all__ = ["RequestState", "idempotency_middleware", "idempotent_endpoint", "request_state"]
+__all__ = [
+    "HttpTransaction",
+    "RequestState",
+    "idempotency_middleware",
+    "idempotent_endpoint",
+    "request_state",
+    "request_transaction",
+    "transactional_endpoint",
+]
 
 _H = TypeVar("_H", bound=Handler)
 
 
 _STATE_KEY = web.RequestKey("idempotency_async", RequestState)
 _MARKED: weakref.WeakSet[Handler] = weakref.WeakSet()
+_TRANSACTIONAL: weakref.WeakSet[Handler] = weakref.WeakSet()
 
 
 def request_state(request: web.Request) -> RequestState | None:
@@ -91,6 +112,41 @@ def idempotent_endpoint(handler: _H) -> _H:
 
     _MARKED.add(endpoint)
     return cast(_H, endpoint)
+
+
+def transactional_endpoint(handler: _H) -> _H:
+    """Make a handler transactional: it records its response in its own database
+    transaction through :func:`request_transaction`, whatever its method or path.
+
+    The middleware does not claim the key for it: it replays a committed response (or
+    answers 409/422) without running the handler, and otherwise runs it.  The key is
+    required (400 without it).  A request reaching the handler without
+    :func:`idempotency_middleware` raises :class:`~idempotency_async.errors.ConfigError`.
+    """
+
+    @functools.wraps(handler)
+    async def endpoint(request: web.Request) -> web.StreamResponse:
+        request_transaction(request)  # the middleware ran: else a ConfigError (a 500)
+        return await handler(request)
+
+    _MARKED.add(endpoint)
+    _TRANSACTIONAL.add(endpoint)
+    return cast(_H, endpoint)
+
+
+def request_transaction(request: web.Request) -> HttpTransaction[web.Response]:
+    """The :class:`HttpTransaction` of a request to a :func:`transactional_endpoint`
+    (``.key``, ``.scope``, ``.fingerprint``, and ``await .run(connection, work)``:
+    ``work()`` writes through ``connection`` and returns the ``web.Response``)."""
+    state = request_state(request)
+    transaction = None if state is None else state.transaction
+    if not isinstance(transaction, HttpTransaction):
+        raise ConfigError(
+            "request_transaction() needs the handler decorated with @transactional_endpoint "
+            "and the application's idempotency middleware, e.g. web.Application("
+            "middlewares=[idempotency_middleware(manager)])"
+        )
+    return transaction
 
 
 def idempotency_middleware(
@@ -150,7 +206,9 @@ def idempotency_middleware(
         template = resource.canonical
         if routing.by_domain(match_info.apps):
             template = host_route(request.headers.get("host", ""), request.scheme, template)
-        return await exchange(rules, _Aiohttp(rules, request, handler, template, marked))
+        transactional = match_info.handler in _TRANSACTIONAL
+        adapter = _Aiohttp(rules, request, handler, template, marked, transactional)
+        return await exchange(rules, adapter)
 
     # The manager it runs (derived from ``manager``) and the key of a request, reachable
     # as with IdempotencyMiddleware: for force_release and record look-ups.
@@ -204,13 +262,19 @@ class _Aiohttp:
         handler: Handler,
         template: str,
         marked: bool,
+        transactional: bool,
     ) -> None:
         self.rules = rules
         self.request = request
         self.handler = handler
         self.template = template
         self.marked = marked
-        self.key_required = rules.settings.required
+        self.transactional = transactional
+        self.kind: ResponseKind[web.Response] = _RESPONSES
+        # A transactional handler returns its response whole (run() records it): it
+        # never starts one the middleware could not replace with an answer.
+        self.head_sent = False
+        self.key_required = rules.settings.required or transactional
         self.method = request.method
         self.path = request.path
         self.query = request.query_string
@@ -223,6 +287,10 @@ class _Aiohttp:
         self.request[_STATE_KEY] = state
 
     async def passthrough(self) -> web.StreamResponse:
+        return await self.handler(self.request)
+
+    async def forward(self, body: bytes) -> web.StreamResponse:
+        # The body was handed back to the request when it was read (read_body).
         return await self.handler(self.request)
 
     def live(self) -> web.StreamResponse:
@@ -298,6 +366,34 @@ class _Aiohttp:
                 await response.write_eof()
         finally:
             request._payload_writer = original
+
+
+class _Responses:
+    """aiohttp responses, as a transactional handler returns them (see
+    :class:`HttpTransaction`)."""
+
+    def parts(self, response: web.Response) -> tuple[int, list[tuple[str, str]], bytes]:
+        whole = isinstance(response, web.Response) and not response.prepared
+        body = response.body if whole else None
+        if not whole or not isinstance(body, bytes | bytearray | memoryview | None):
+            raise ConfigError(
+                "the work of a transactional call must return an unsent web.Response with "
+                f"its whole body (e.g. web.json_response(...)), got {type(response).__name__}: "
+                "a streamed, prepared or payload body cannot be recorded in the transaction"
+            )
+        headers = [(name.lower(), value) for name, value in response.headers.items()]
+        return response.status, headers, b"" if body is None else bytes(body)
+
+    def build(self, response: HttpResponse) -> web.Response:
+        return web.Response(
+            status=response.status, headers=CIMultiDict(response.headers), body=response.body
+        )
+
+    def mark_not_stored(self, response: web.Response) -> None:
+        response.headers[STORED_HEADER] = "false"
+
+
+_RESPONSES = _Responses()
 
 
 class _TeeWriter(AbstractStreamWriter):

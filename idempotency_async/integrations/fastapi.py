@@ -16,6 +16,18 @@ installed on the app:
         ...
 
 (``paths=()``: only routes carrying a dependency are idempotent.)
+
+A route whose work writes to PostgreSQL can record its response in its own transaction
+instead (``docs/postgres.md``, "Transactional calls over HTTP"): the middleware then never
+claims for it, and the endpoint runs its work through :data:`IdempotentTransaction`:
+
+.. code-block:: python
+
+    @app.post("/orders", status_code=201)
+    async def create_order(order: Order, tx: IdempotentTransaction) -> Response:
+        async with Session() as session, session.begin():
+            response = await tx.run(session, lambda: insert(session, order))
+        return response  # committed: only now is the record visible to duplicates
 """
 
 from __future__ import annotations
@@ -24,17 +36,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Final, TypeAlias
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Request, Response
 
 from idempotency_async.errors import ConfigError
-from idempotency_async.integrations._http import RequestState, register_marker
+from idempotency_async.integrations._http import HttpTransaction, RequestState, register_marker
 from idempotency_async.integrations.starlette import request_state
 
 __all__ = [
+    "HttpTransaction",
     "IdempotencyKey",
+    "IdempotentTransaction",
     "OptionalIdempotencyKey",
     "idempotency_dependency",
     "idempotency_openapi",
+    "idempotent_transaction",
     "required_idempotency_dependency",
 ]
 
@@ -99,8 +114,28 @@ def _state(request: Request) -> RequestState:
     return state
 
 
+async def idempotent_transaction(
+    request: Request,
+    idempotency_key: Annotated[str, Header(alias=_HEADER, description=_DESCRIPTION)],
+) -> HttpTransaction[Response]:
+    """Make a route transactional; returns the request's :class:`HttpTransaction`.
+
+    The middleware does not claim the key for the route: it replays a committed response
+    (or answers 409/422) without running the endpoint, and otherwise runs it.  The endpoint
+    opens its database transaction, calls ``await tx.run(connection_or_session, work)``
+    — ``work()`` writes through that connection and returns the Response — commits, then
+    returns what ``run`` returned.  The record commits with the work's writes, or not at
+    all; the COMMIT is the point of no return.  The key is required (400 without it).
+    """
+    transaction = _state(request).transaction
+    if not isinstance(transaction, HttpTransaction):  # the middleware sets it; never reached
+        raise ConfigError("this transactional route's request has no transaction state")
+    return transaction
+
+
 register_marker(idempotency_dependency, requires_key=False)
 register_marker(required_idempotency_dependency, requires_key=True)
+register_marker(idempotent_transaction, requires_key=True, transactional=True)
 
 IdempotencyKey: TypeAlias = Annotated[str, Depends(required_idempotency_dependency)]
 """Endpoint parameter type that opts the route in, requires the key and receives it."""
@@ -108,6 +143,13 @@ IdempotencyKey: TypeAlias = Annotated[str, Depends(required_idempotency_dependen
 OptionalIdempotencyKey: TypeAlias = Annotated[str | None, Depends(idempotency_dependency)]
 """Endpoint parameter type that opts the route in and receives the key, or None when the
 request sent none (it then runs without idempotency unless the middleware requires keys)."""
+
+IdempotentTransaction: TypeAlias = Annotated[
+    HttpTransaction[Response], Depends(idempotent_transaction)
+]
+"""Endpoint parameter type that makes the route transactional (see
+:func:`idempotent_transaction`): the endpoint receives the request's
+:class:`HttpTransaction` (``.key``, ``.scope``, ``.fingerprint``, ``.run(...)``)."""
 
 
 def _problem(description: str) -> dict[str, Any]:

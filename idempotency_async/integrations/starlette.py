@@ -15,19 +15,25 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Host, Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from idempotency_async.errors import ConfigError
 from idempotency_async.integrations._http import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_BODY_DEPTH,
     DEFAULT_METHODS,
     DEFAULT_REQUEST_TIMEOUT,
     STATE_KEY,
+    STORED_HEADER,
     AsgiAdapter,
     CallerScope,
     HttpIdempotency,
+    HttpResponse,
     HttpSettings,
+    HttpTransaction,
+    Marks,
     PathPattern,
     RequestState,
     exchange,
@@ -36,7 +42,10 @@ from idempotency_async.integrations._http import (
 )
 from idempotency_async.manager import Manager
 
-__all__ = ["IdempotencyMiddleware", "RequestState", "request_state"]
+__all__ = ["HttpTransaction", "IdempotencyMiddleware", "RequestState", "request_state"]
+
+_NO_BODY = frozenset({204, 304})
+_UNMARKED = Marks(False, False, False)
 
 
 def request_state(scope: Scope) -> RequestState | None:
@@ -113,7 +122,7 @@ class IdempotencyMiddleware:
                 wait_timeout=wait_timeout,
             ),
         )
-        self._marked: dict[int, tuple[bool, bool]] = {}
+        self._marked: dict[int, Marks] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -124,7 +133,7 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         template, matched = route
-        marked, key_required = (False, False) if matched is None else self._marks(matched)
+        marked, key_required, transactional = _UNMARKED if matched is None else self._marks(matched)
         settings = self.rules.settings
         if not settings.applies(scope["method"], scope["path"], marked=marked):
             await self.app(scope, receive, send)
@@ -139,6 +148,8 @@ class IdempotencyMiddleware:
             marked=marked,
             key_required=key_required or settings.required,
             request=Request(scope),
+            transactional=transactional,
+            kind=_RESPONSES,
         )
         await exchange(self.rules, adapter)
 
@@ -153,8 +164,9 @@ class IdempotencyMiddleware:
         e.g. ``/orders/{order_id}``; ``caller``: what ``caller_scope`` returned)."""
         return self.rules.key_for(method, route, key, caller)
 
-    def _marks(self, route: BaseRoute) -> tuple[bool, bool]:
-        """Whether a route is opted in, and whether its marker requires the key."""
+    def _marks(self, route: BaseRoute) -> Marks:
+        """Whether a route is opted in, whether its marker requires the key, and whether
+        it is transactional."""
         known = self._marked.get(id(route))
         if known is None:
             known = route_marks(getattr(route, "dependant", None))
@@ -201,3 +213,38 @@ def _match(
             return _match(inner, {**scope, **child}, prefix + path, by_host)
         return prefix + path, route, by_host
     return None
+
+
+class _Responses:
+    """Starlette responses, as a transactional endpoint returns them (see
+    :class:`HttpTransaction`)."""
+
+    def parts(self, response: Response) -> tuple[int, list[tuple[str, str]], bytes]:
+        body = getattr(response, "body", None) if isinstance(response, Response) else None
+        if not isinstance(body, bytes | memoryview):
+            raise ConfigError(
+                "the work of a transactional call must return a Starlette Response with its "
+                f"whole body (e.g. JSONResponse), got {type(response).__name__}: a streamed "
+                "or file body cannot be recorded in the transaction"
+            )
+        headers = [
+            (name.decode("latin-1").lower(), value.decode("latin-1"))
+            for name, value in response.raw_headers
+        ]
+        return response.status_code, headers, bytes(body)
+
+    def build(self, response: HttpResponse) -> Response:
+        replayed = Response(response.body, status_code=response.status)
+        headers = [
+            (name.encode("latin-1"), value.encode("latin-1")) for name, value in response.headers
+        ]
+        if response.status not in _NO_BODY:
+            headers.append((b"content-length", str(len(response.body)).encode()))
+        replayed.raw_headers = headers
+        return replayed
+
+    def mark_not_stored(self, response: Response) -> None:
+        response.headers[STORED_HEADER] = "false"
+
+
+_RESPONSES = _Responses()

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Final
 
 from idempotency_async.errors import (
-    PersistenceError,
+    IdempotencyError,
+    LockTimeoutError,
     StoreAccessDeniedError,
     StoreUnavailableError,
     StoreValidationError,
@@ -46,11 +47,13 @@ def is_data_error(exc: BaseException) -> bool:
 
 
 def translated(exc: Exception, operation: str, key: str, table: str) -> Exception:
-    """The library's error for ``exc`` (``exc`` itself when it is not a driver failure).
+    """The library's error for ``exc`` (``exc`` itself when it is not a driver failure): a
+    ``PersistenceError``, or for a claim that waited too long for a row lock
+    ``LockTimeoutError``.
 
     Raise it ``from exc``.
     """
-    if isinstance(exc, PersistenceError):
+    if isinstance(exc, IdempotencyError):
         return exc
     where = f"Postgres {operation}" + (f" of key {key!r}" if key else "")
     state = getattr(exc, "sqlstate", None)
@@ -65,6 +68,13 @@ def translated(exc: Exception, operation: str, key: str, table: str) -> Exceptio
             return StoreAccessDeniedError(
                 f"{where} was refused ({exc}): check the user and password of the DSN, and "
                 f"that the user may SELECT, INSERT, UPDATE and DELETE on {table}"
+            )
+        if state == "55P03" and operation == "claim":
+            return LockTimeoutError(
+                f"key {key} is held by an open transactional call (execute_in_transaction), "
+                "whose transaction did not end before this call's lease would have: retry "
+                "later",
+                key=key,
             )
         if state.startswith(_UNAVAILABLE_CLASSES) or state in _UNAVAILABLE_STATES:
             return StoreUnavailableError(f"{where} failed: {type(exc).__name__}: {exc}")

@@ -20,6 +20,10 @@ no commit to flush).  The statement reads the key's row in its snapshot (``old``
   row committed after it).  ``ctid`` tells the versions apart: the snapshot keeps its
   version from being vacuumed while the statement runs.
 
+A claim waits for a row lock another transaction holds (an open transactional call's, until
+it ends) at most ``$7`` (a ``lock_timeout`` value such as ``'1500ms'``), set for that
+statement's transaction only: a lease-mode call's deadline bounds its claim too.
+
 Instants follow :mod:`idempotency_async.record`: expiry ``ceil(now + max(ttl, lease))``
 in whole seconds, lease end ``now + lease`` (microseconds, ``timestamptz``).
 """
@@ -32,11 +36,12 @@ from typing import Final, NamedTuple
 __all__ = [
     "COLUMNS",
     "DEFAULT_TABLE",
+    "SAVEPOINT_BEGIN",
     "SAVEPOINT_RELEASE",
     "SAVEPOINT_UNDO",
     "Statements",
+    "lock_wait",
     "quote_table",
-    "savepoint_begin",
     "statements",
 ]
 
@@ -120,7 +125,12 @@ def statements(table: str) -> Statements:
     # The CASEs read ``claimable`` from a sub-select over the conflicting row (``r``).
     keep_or_take = keep_or_take.replace("c.claimable", f"(SELECT {claimable} FROM n)")
     fields = "status, owner, expires, lease_end, validation, response, not_stored"
-    claim = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$2")} AS now),
+    # $7 bounds the claim's wait for a row lock (a row another transaction holds: a
+    # transactional call's claim, until that transaction ends).  Transaction-local, and set
+    # before the INSERT can wait: the INSERT reads ``n`` for its row.
+    claim = f"""WITH n AS MATERIALIZED (
+  SELECT {_NOW.format(param="$2")} AS now, set_config('lock_timeout', $7, true) AS lock_wait
+),
 old AS MATERIALIZED (SELECT r.ctid AS version, {_RECORD} FROM {t} AS r WHERE r.key = $1),
 w AS (
   INSERT INTO {t} AS r (key, {", ".join(COLUMNS)})
@@ -174,8 +184,9 @@ WHERE r.key > $1 AND ($2::text IS NULL OR r.status = $2) ORDER BY r.key LIMIT $3
     # The transactional claim (see savepoint_begin) puts the caller's lock_timeout back once
     # it has its answer: the projection is evaluated after the INSERT's lock wait ended.
     restore = "set_config('lock_timeout', current_setting('idempotency_async.lock_timeout'), true)"
+    # It also says where its answer came from: 2, the snapshot (nothing written, no lock).
     transactional_claim = claim.replace(
-        f"SELECT {fields}, n.now FROM (", f"SELECT {fields}, n.now, {restore} FROM ("
+        f"SELECT {fields}, n.now FROM (", f"SELECT {fields}, n.now, {restore}, pick FROM ("
     )
     assert transactional_claim != claim
     return Statements(
@@ -194,19 +205,23 @@ WHERE r.key > $1 AND ($2::text IS NULL OR r.status = $2) ORDER BY r.key LIMIT $3
 
 # -- transactional calls: the library's savepoint in the caller's transaction -------------
 # Scripts of several statements without parameters (one round trip, simple protocol).  The
-# lock_timeout is transaction-local and set inside the savepoint: rolling the savepoint back
-# reverts it; the claim puts the caller's value back (kept in a custom setting) otherwise.
+# claim's lock_timeout is transaction-local and set inside the savepoint: rolling the
+# savepoint back reverts it; the claim puts the caller's value back (kept in a custom
+# setting) otherwise.
 _SAVEPOINT: Final = "idempotency_async"
 SAVEPOINT_UNDO: Final = f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}"
 SAVEPOINT_RELEASE: Final = f"RELEASE SAVEPOINT {_SAVEPOINT}"
 
 
-def savepoint_begin(lock_wait: float) -> str:
-    """Open the savepoint and bound the claim's wait for a row lock to ``lock_wait``
-    seconds (at least a millisecond: ``0`` would mean no bound at all)."""
-    milliseconds = max(1, min(int(lock_wait * 1000), 2_147_483_647))
-    return (
-        f"SAVEPOINT {_SAVEPOINT}; SELECT set_config('idempotency_async.lock_timeout', "
-        f"current_setting('lock_timeout'), true), set_config('lock_timeout', "
-        f"'{milliseconds}ms', true)"
-    )
+# Opens the savepoint and keeps the caller's lock_timeout, which the claim (its own bound,
+# $7, set transaction-locally) puts back once it has its answer.
+SAVEPOINT_BEGIN: Final = (
+    f"SAVEPOINT {_SAVEPOINT}; SELECT set_config('idempotency_async.lock_timeout', "
+    "current_setting('lock_timeout'), true)"
+)
+
+
+def lock_wait(seconds: float) -> str:
+    """A claim's bound on waiting for a row lock, as a ``lock_timeout`` value: at least a
+    millisecond (``0`` would mean no bound at all)."""
+    return f"{max(1, min(int(seconds * 1000), 2_147_483_647))}ms"

@@ -24,10 +24,11 @@ from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores._postgres_errors import translated
 from idempotency_async.stores._postgres_psycopg import PsycopgConnection, is_psycopg_connection
 from idempotency_async.stores._postgres_sql import (
+    SAVEPOINT_BEGIN,
     SAVEPOINT_RELEASE,
     SAVEPOINT_UNDO,
     Statements,
-    savepoint_begin,
+    lock_wait,
 )
 from idempotency_async.stores._postgres_values import (
     claim_verdict,
@@ -39,6 +40,7 @@ from idempotency_async.stores.base import CLAIMED, Verdict, Written, judge
 
 __all__ = ["TransactionStore", "bind"]
 
+_FROM_SNAPSHOT: Final = 2  # the transactional claim's last column: where the answer came from
 _NOT_IN_TRANSACTION: Final = (
     "execute_in_transaction needs a connection in a transaction that the caller commits: "
     "`async with connection.transaction():` (asyncpg, psycopg) or `async with "
@@ -70,7 +72,11 @@ async def bind(connection: Any, sql: Statements, table: str, limit: int) -> Tran
     statement (``ConfigError`` otherwise)."""
     module = type(connection).__module__
     if module.startswith("sqlalchemy"):
-        return TransactionStore(await _sqlalchemy_driver(connection), sql, table, limit)
+        if not connection.in_transaction():
+            raise ConfigError(_NOT_IN_TRANSACTION)
+        session = None if hasattr(connection, "get_raw_connection") else _Session(connection)
+        driver = await _sqlalchemy_driver(connection)
+        return TransactionStore(driver, sql, table, limit, session)
     if is_psycopg_connection(connection):
         psycopg = PsycopgConnection(connection)
         if not psycopg.in_transaction():
@@ -119,6 +125,40 @@ async def _sqlalchemy_driver(connection: Any) -> _Connection:
     return _Asyncpg(driver)
 
 
+class _Session:
+    """A caller's SQLAlchemy ``AsyncSession``.  When the savepoint rolls back, the session
+    must forget what the callback did there, as SQLAlchemy's own nested transactions make
+    it forget — without flushing anything: objects the callback added (flushed or not),
+    loaded or deleted are expunged, and the others expired (reloaded when next read).  The
+    session had nothing unflushed when the call began (see :func:`bind`)."""
+
+    def __init__(self, session: Any) -> None:
+        if session.new or session.dirty or session.deleted:
+            raise ConfigError(
+                "execute_in_transaction needs a session without unflushed changes: a flush "
+                "inside the call (yours, or an autoflush before a query) would write them in "
+                "the call's savepoint, and a failing callback would roll them back with it. "
+                "`await session.flush()` before the call"
+            )
+        self._session = session
+        self._known: set[int] = set()
+
+    def remember(self) -> None:
+        """The objects in the session as the callback starts (by identity: mapped objects
+        need not be hashable)."""
+        self._known = {id(o) for o in self._session.identity_map.values()}
+
+    def forget_callback(self) -> None:
+        session = self._session
+        for obj in (*session.new, *session.deleted):
+            session.expunge(obj)
+        for obj in list(session.identity_map.values()):
+            if id(obj) in self._known:
+                session.expire(obj)
+            else:
+                session.expunge(obj)
+
+
 class TransactionStore:
     """The record store's operations on a caller's connection, in its transaction.
 
@@ -128,8 +168,16 @@ class TransactionStore:
 
     db_system_name: Final = "postgresql"
 
-    def __init__(self, connection: _Connection, sql: Statements, table: str, limit: int) -> None:
+    def __init__(
+        self,
+        connection: _Connection,
+        sql: Statements,
+        table: str,
+        limit: int,
+        session: _Session | None = None,
+    ) -> None:
         self._connection = connection
+        self._session = session
         self._sql = sql
         self.table = table
         self.max_response_bytes = limit
@@ -138,11 +186,11 @@ class TransactionStore:
     def table_name(self) -> str:
         return self.table
 
-    async def claim_within(self, claim: Claim, lock_wait: float) -> Verdict:
-        """Claim the key, waiting at most ``lock_wait`` seconds for a row another open
+    async def claim_within(self, claim: Claim, wait: float) -> Verdict:
+        """Claim the key, waiting at most ``wait`` seconds for a row another open
         transaction holds (then :class:`LockTimeoutError`)."""
         key = claim.key
-        await self._script("claim", key, savepoint_begin(lock_wait))
+        await self._script("claim", key, SAVEPOINT_BEGIN)
         try:
             row = await self._fetchrow(
                 "claim",
@@ -154,14 +202,21 @@ class TransactionStore:
                 float(claim.lease),
                 float(claim.ttl),
                 claim.validation,
+                lock_wait(wait),
             )
             verdict = claim_verdict(claim, row, self.max_response_bytes)
         except Exception as exc:
             await self._undo(exc)
             raise
+        if verdict is CLAIMED and self._session is not None:
+            self._session.remember()
         if verdict is not CLAIMED:
-            # Nothing to keep: a refused claim may still have locked (and rewritten) the row.
-            await self._script("claim", key, SAVEPOINT_UNDO)
+            # Nothing to keep.  An answer read from the statement's snapshot wrote nothing:
+            # releasing the savepoint is enough, and keeps psycopg's prepared statements
+            # (it drops them all after any ROLLBACK).  Otherwise the claim locked (and
+            # rewrote) a row committed while it waited: roll that back.
+            undo = SAVEPOINT_RELEASE if row[9] == _FROM_SNAPSHOT else SAVEPOINT_UNDO
+            await self._script("claim", key, undo)
         return verdict
 
     async def claim(self, claim: Claim) -> Verdict:
@@ -199,6 +254,8 @@ class TransactionStore:
         """Roll the savepoint back: the claim and the callback's writes go, and whoever
         waits on the row gets it."""
         await self._script("release", key, SAVEPOINT_UNDO)
+        if self._session is not None:
+            self._session.forget_callback()
         return True
 
     async def extend(self, claim: Claim) -> bool:
@@ -250,9 +307,10 @@ class TransactionStore:
             )
         if state == "40001":
             return SerializationFailureError(
-                f"the record of key {key} changed after this transaction's snapshot (a "
-                "duplicate committed meanwhile): roll the transaction back and run it again; "
-                "under READ COMMITTED a duplicate replays instead",
+                f"the {operation} of key {key} could not be serialized with a concurrent "
+                "transaction (under REPEATABLE READ or SERIALIZABLE: e.g. a duplicate committed "
+                "the record after this transaction's snapshot): roll the transaction back and "
+                "run it again; under READ COMMITTED a duplicate replays instead",
                 key=key,
                 sqlstate=state,
             )

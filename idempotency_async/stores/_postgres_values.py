@@ -50,8 +50,8 @@ _READ_FACTOR: Final = 4  # the written text, with the ", " and ": " jsonb prints
 
 def claim_verdict(claim: Claim, row: Any, limit: int) -> Verdict:
     """The verdict of the claim statement's answer ``row`` (the record that answered it
-    and the server's ``now``; a transactional claim adds one column)."""
-    if row is None or len(row) not in (8, 9):
+    and the server's ``now``; a transactional claim adds two columns)."""
+    if row is None or len(row) not in (8, 10):
         raise StoreUnavailableError(
             f"the server answered a claim of key {claim.key!r} with {row!r}, which is not the "
             "store's statement answer; the callback was not run"

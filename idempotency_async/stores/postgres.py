@@ -19,7 +19,12 @@ from idempotency_async.record import Claim, Completion, Record, Status
 from idempotency_async.stores._closed import closed_error
 from idempotency_async.stores._postgres_errors import is_data_error, translated
 from idempotency_async.stores._postgres_psycopg import PsycopgPool, is_psycopg_pool
-from idempotency_async.stores._postgres_sql import DEFAULT_TABLE, Statements, statements
+from idempotency_async.stores._postgres_sql import (
+    DEFAULT_TABLE,
+    Statements,
+    lock_wait,
+    statements,
+)
 from idempotency_async.stores._postgres_transaction import TransactionStore, bind
 from idempotency_async.stores._postgres_values import (
     claim_verdict,
@@ -206,6 +211,9 @@ class PostgresStore:
             float(claim.lease),
             float(claim.ttl),
             claim.validation,
+            # A row lock is held for one statement by another claim, but for a whole
+            # transaction by a transactional call: wait for it no longer than the lease.
+            lock_wait(claim.lease),
         )
         return claim_verdict(claim, row, self.max_response_bytes)
 

@@ -124,10 +124,8 @@ def _caller(trace: TxTrace, index: int, committed: dict[int, str], tolerance: fl
         if plan.isolation == "read_committed":
             found.append(f"T2: call {index} under READ COMMITTED got {error!r}")
     elif isinstance(error, errors.PersistenceError | errors.CompletionError):
-        # The server and the connection are fine unless the scenario killed the backend;
-        # under SERIALIZABLE the completion itself may meet a serialization failure.
-        retry = isinstance(error.__cause__, errors.TransactionRetryError)
-        if plan.fault != "kill_backend" and not (retry and plan.isolation == "serializable"):
+        # The server and the connection are fine unless the scenario killed the backend.
+        if plan.fault != "kill_backend":
             found.append(f"G5: call {index} got {type(error).__name__}: {error}")
     elif error is not None and not isinstance(
         error, errors.AlreadyInProgressError | errors.DeadlockDetectedError

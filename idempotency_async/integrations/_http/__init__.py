@@ -11,6 +11,8 @@ top-down::
     _rules        HttpIdempotency: the settings bound to the manager the middleware runs
     _markers      RequestState and the markers that opt a route in
     _gate         ResponseGate: the point of no return, as an explicit Phase
+    _answers      the answers to duplicates and store failures (409, 422, 503)
+    _transaction  HttpTransaction: transactional routes record in the endpoint's transaction
     _exchange     exchange / run: one idempotent request, the one algorithm
     _asgi         the ASGI adapter (every response message type classified)
 
@@ -20,12 +22,12 @@ What a request is keyed and validated by::
     body (≤ max_body_bytes) ──> fingerprint {path, query, media type, body}       (validation)
 """
 
+from idempotency_async.integrations._http._answers import retry_after
 from idempotency_async.integrations._http._asgi import STATE_KEY, AsgiAdapter, send_response
 from idempotency_async.integrations._http._exchange import (
     REPLAYED_ATTRIBUTE,
     Adapter,
     exchange,
-    retry_after,
     run,
 )
 from idempotency_async.integrations._http._fingerprint import check_length, fingerprint, too_large
@@ -38,6 +40,7 @@ from idempotency_async.integrations._http._keys import (
     request_scope,
 )
 from idempotency_async.integrations._http._markers import (
+    Marks,
     RequestState,
     register_marker,
     route_marks,
@@ -62,6 +65,7 @@ from idempotency_async.integrations._http._settings import (
     HttpSettings,
     PathPattern,
 )
+from idempotency_async.integrations._http._transaction import HttpTransaction, ResponseKind
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -81,10 +85,13 @@ __all__ = [
     "HttpIdempotency",
     "HttpResponse",
     "HttpSettings",
+    "HttpTransaction",
+    "Marks",
     "PathPattern",
     "Phase",
     "Rejection",
     "RequestState",
+    "ResponseKind",
     "ResponseGate",
     "check_length",
     "exchange",

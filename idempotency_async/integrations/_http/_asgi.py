@@ -68,6 +68,8 @@ class AsgiAdapter:
         marked: bool,
         key_required: bool,
         request: Any,
+        transactional: bool = False,
+        kind: Any = None,
     ) -> None:
         self.app = app
         self.rules = rules
@@ -76,6 +78,9 @@ class AsgiAdapter:
         self.send = send
         self.template = template
         self.marked = marked
+        self.transactional = transactional
+        self.kind = kind
+        self.head_sent = False
         self.key_required = key_required
         self.method: str = scope["method"]
         self.path: str = scope["path"]
@@ -119,8 +124,9 @@ class AsgiAdapter:
     async def answer(self, response: HttpResponse) -> None:
         await send_response(self.send, response)
 
-    async def run_endpoint(self, body: bytes, gate: ResponseGate) -> None:
-        self.gate = gate
+    def _replaying(self, body: bytes, gate: ResponseGate | None) -> Receive:
+        """A ``receive`` handing the endpoint the body already read, then the client's
+        later messages."""
         delivered = False
 
         async def receive() -> Message:
@@ -129,11 +135,23 @@ class AsgiAdapter:
                 delivered = True
                 return {"type": "http.request", "body": body, "more_body": False}
             message = await self.receive()
-            if message["type"] == "http.disconnect":
+            if message["type"] == "http.disconnect" and gate is not None:
                 gate.client_gone()  # Starlette then stops the stream: say why it ended
             return message
 
-        await self.app(self.scope, receive, self._tee)
+        return receive
+
+    async def forward(self, body: bytes) -> None:
+        async def send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.head_sent = True
+            await self.send(message)
+
+        await self.app(self.scope, self._replaying(body, None), send)
+
+    async def run_endpoint(self, body: bytes, gate: ResponseGate) -> None:
+        self.gate = gate
+        await self.app(self.scope, self._replaying(body, gate), self._tee)
         if self.head is not None:
             # A head without a body message: the response never ended (a stream cut short
             # before its first chunk, e.g. by a disconnect on servers before ASGI 2.4).  It

@@ -14,11 +14,14 @@ The response lifecycle (the point of no return is the first response head)::
     after the head: background tasks, slow or vanished clients, failures ──> never a release
 
 Each framework supplies an :class:`Adapter` that moves bytes; the algorithm is here once,
-and the head's decisions are the :class:`~._gate.ResponseGate`'s.
+and the head's decisions are the :class:`~._gate.ResponseGate`'s.  A transactional route
+is never claimed here: its endpoint records its response in its own transaction, and the
+exchange only answers what is committed (see :mod:`._transaction`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -35,6 +38,11 @@ from idempotency_async.errors import (
     ResponseNotStoredError,
 )
 from idempotency_async.instrumentation import annotate, call_attributes
+from idempotency_async.integrations._http._answers import (
+    in_progress,
+    reused,
+    store_unavailable,
+)
 from idempotency_async.integrations._http._fingerprint import check_length
 from idempotency_async.integrations._http._gate import ResponseGate
 from idempotency_async.integrations._http._keys import KEY_HEADER, parse_key
@@ -46,16 +54,20 @@ from idempotency_async.integrations._http._responses import (
     problem,
 )
 from idempotency_async.integrations._http._rules import HttpIdempotency
+from idempotency_async.integrations._http._transaction import (
+    HttpTransaction,
+    ResponseKind,
+    committed,
+    transaction_answer,
+)
 
-__all__ = ["REPLAYED_ATTRIBUTE", "Adapter", "exchange", "retry_after", "run"]
+__all__ = ["REPLAYED_ATTRIBUTE", "Adapter", "exchange", "run"]
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
 REPLAYED_ATTRIBUTE: Final = "idempotency.http.replayed"
 """Set on the current (server) span when a stored response is replayed."""
-# Retry-After of a 503 for a record the store found inconsistent (at least a minute).
-_INCONSISTENT_RETRY_AFTER: Final = 60
 
 _log = logging.getLogger("idempotency_async.http")
 
@@ -71,6 +83,12 @@ class Adapter(Protocol[R_co]):
     see :func:`._keys.host_route`)."""
     marked: bool
     """The route is opted in by a marker that tells whether the endpoint ran."""
+    transactional: bool
+    """The route is transactional: never claimed here (see :mod:`._transaction`)."""
+    kind: ResponseKind[Any]
+    """The framework's response type, for transactional routes."""
+    head_sent: bool
+    """A response head of the endpoint's went out (set by :meth:`forward`)."""
     key_required: bool
     request: Any
     """What ``caller_scope`` receives."""
@@ -89,6 +107,9 @@ class Adapter(Protocol[R_co]):
     async def run_endpoint(self, body: bytes, gate: ResponseGate) -> None:
         """Run the endpoint, telling ``gate`` about its response before forwarding it."""
 
+    async def forward(self, body: bytes) -> R_co:
+        """Run the endpoint on the body already read; its response goes out as it is."""
+
     def live(self) -> R_co:
         """What to return once the endpoint's own response went (or is going) out."""
 
@@ -98,6 +119,7 @@ class Adapter(Protocol[R_co]):
 
 async def exchange(rules: HttpIdempotency, adapter: Adapter[R]) -> R:
     """Handle one request the rules apply to."""
+    deadline = asyncio.get_running_loop().time() + rules.settings.request_timeout
     try:
         key = parse_key(adapter.headers(KEY_HEADER), required=adapter.key_required)
         state = RequestState(key)
@@ -120,11 +142,32 @@ async def exchange(rules: HttpIdempotency, adapter: Adapter[R]) -> R:
             content_type=content_type[0] if content_type else None,
             body=body,
         )
-        gate = ResponseGate(rules, state, adapter.marked)
-        answer = await run(rules, payload, lambda: adapter.run_endpoint(body, gate), gate)
+        if adapter.transactional:
+            answer = await committed(rules, payload)
+            if answer is None:
+                transaction = HttpTransaction(rules, payload, key, deadline, adapter.kind)
+                state.transaction = transaction
+                return await _in_transaction(rules, adapter, transaction, body)
+        else:
+            gate = ResponseGate(rules, state, adapter.marked)
+            answer = await run(rules, payload, lambda: adapter.run_endpoint(body, gate), gate)
     except Rejection as rejection:
         answer = rejection.response
     return adapter.live() if answer is None else await adapter.answer(answer)
+
+
+async def _in_transaction(
+    rules: HttpIdempotency, adapter: Adapter[R], transaction: HttpTransaction[Any], body: bytes
+) -> R:
+    """Run a transactional route's endpoint: it records its response itself; the errors
+    of its transactional call that leave it are answered here (409, 422, 503, 504)."""
+    try:
+        return await adapter.forward(body)
+    except Exception as exc:
+        answer = transaction_answer(rules, transaction, exc)
+        if answer is None or adapter.head_sent:
+            raise
+    return await adapter.answer(answer)
 
 
 class _Release(Exception):
@@ -174,17 +217,9 @@ async def run(
     except _Release:
         return None
     except AlreadyInProgressError as exc:
-        raise Rejection(_in_progress(exc, rules)) from exc
+        raise Rejection(in_progress(exc, rules)) from exc
     except PayloadValidationError as exc:
-        raise Rejection(
-            problem(
-                422,
-                "Idempotency-Key reused",
-                "this request differs from the one first sent with this Idempotency-Key (its "
-                "path, query, content type or body): send that request unchanged to get its "
-                "response, or use a new key for a new request",
-            )
-        ) from exc
+        raise Rejection(reused()) from exc
     except ResponseNotStoredError as exc:
         raise Rejection(not_available(exc.reason)) from exc
     except CompletionError as exc:
@@ -196,7 +231,7 @@ async def run(
     except (PersistenceError, InconsistentStateError) as exc:
         if gate.call is not None:
             raise
-        raise Rejection(_store_unavailable(exc)) from exc
+        raise Rejection(store_unavailable(exc)) from exc
     except DeadlineExceededError:
         if gate.forwarded:
             return None  # a 5xx or unrecorded response was under way: it stays cut short
@@ -213,53 +248,3 @@ async def run(
         return None
     annotate(rules.manager, {**attributes, REPLAYED_ATTRIBUTE: True})
     return rules.replay(stored)
-
-
-def retry_after(exc: AlreadyInProgressError, rules: HttpIdempotency) -> int:
-    """The seconds a client is told to wait before retrying a request still in progress.
-
-    As long as the first request has run so far (work that took 2 s is likely done 2 s
-    later), at least 1 and never past the holder's lease end (the key is claimable then).
-    The run time is derived from the lease left: the holder's lease is this middleware's
-    ``request_timeout`` plus the manager's ``lease_margin`` from its claim.
-    """
-    if exc.retry_after is None:
-        return 1
-    # Leases are kept to the millisecond; rounding first keeps a lease of 5.0004 s at 5.
-    left = max(1, math.ceil(round(exc.retry_after, 3)))
-    lease = rules.settings.request_timeout + rules.manager.options.lease_margin
-    ran = lease - exc.retry_after
-    return min(max(1, math.ceil(round(ran, 3))), left)
-
-
-def _in_progress(exc: AlreadyInProgressError, rules: HttpIdempotency) -> HttpResponse:
-    seconds = retry_after(exc, rules)
-    return problem(
-        409,
-        "Request in progress",
-        f"a request with this Idempotency-Key is still being processed: retry after {seconds} s",
-        headers=(("retry-after", str(seconds)),),
-    )
-
-
-def _store_unavailable(exc: Exception) -> HttpResponse:
-    # The store's message names endpoints, tables and SDK advice: for the operator's log,
-    # never for the client.
-    if isinstance(exc, InconsistentStateError):
-        # A record the store cannot make sense of stays until an operator removes it (or
-        # it expires): retrying at once would only meet it again.
-        _log.error(
-            "the idempotency record of this request is inconsistent (remove it with the CLI "
-            "if it persists); answered 503",
-            exc_info=exc,
-        )
-        wait = _INCONSISTENT_RETRY_AFTER
-    else:
-        _log.error("idempotency store failed before the request ran; answered 503", exc_info=exc)
-        wait = 1
-    return problem(
-        503,
-        "Service unavailable",
-        "the request was not processed: retry it with the same Idempotency-Key",
-        headers=(("retry-after", str(wait)),),
-    )

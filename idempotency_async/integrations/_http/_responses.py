@@ -1,8 +1,10 @@
 """The middleware's own answers, and the stored form of a response (written and read here).
 
-A stored response is the JSON value ``{"v": 1, "status", "headers", "body_b64"}``; its
-writer (:func:`stored_response`) and its reader (:func:`replay`) sit side by side so the
-format has one definition.  Every other answer is an RFC 9457 problem.
+A stored response is the JSON value ``{"v": 1, "status", "headers", "body_b64"}`` (or,
+when its body could not be stored, ``{"v": 1, "status", "stored": false, "reason"}``); its
+writers (:func:`stored_response`, :func:`not_stored_response`) and its reader
+(:func:`replay`) sit side by side so the format has one definition.  Every other answer
+is an RFC 9457 problem.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = [
     "Rejection",
     "content_length",
     "not_available",
+    "not_stored_response",
     "problem",
     "replay",
     "stored_response",
@@ -129,6 +132,13 @@ def stored_response(
     return result, ""
 
 
+def not_stored_response(status: int, reason: str) -> dict[str, Any]:
+    """The stored form of a response whose body could not be stored, written where the
+    record completes with a value (transactional routes): its status and why, so a
+    duplicate gets "not available" with the original status."""
+    return {"v": _FORMAT, "status": status, "stored": False, "reason": reason}
+
+
 def replay(stored: Any, replay_headers: Iterable[str]) -> HttpResponse:
     """The response a duplicate gets for a stored result.
 
@@ -141,8 +151,12 @@ def replay(stored: Any, replay_headers: Iterable[str]) -> HttpResponse:
     status = stored.get("status")
     if type(status) is not int or not 100 <= status <= 599:
         return not_available(f"the stored response has an invalid status ({status!r:.40})")
-    if stored.get("stored") is False:  # written by earlier versions
-        return not_available(f"HTTP {status}: too large or not complete")
+    if stored.get("stored") is False:
+        # A transactional route's response that could not be stored (and why); earlier
+        # versions wrote it without a reason.
+        reason = stored.get("reason")
+        why = reason[:300] if isinstance(reason, str) and reason else "too large or not complete"
+        return not_available(f"HTTP {status}: {why}")
     if status < 200:
         return not_available(f"HTTP {status}: an informational status is not a response")
     headers, why = _stored_headers(stored.get("headers"), replay_headers)

@@ -1,6 +1,5 @@
-"""Open defects of transactional calls found by the proof, each a failing reproduction
-marked ``xfail(strict=True)``: when the core is fixed the test passes, strict xfail
-fails, and the marker comes off."""
+"""Regression tests for the defects of transactional calls that the proof found (each
+was a strict-xfail reproduction until the core was fixed)."""
 
 from __future__ import annotations
 
@@ -23,15 +22,10 @@ async def _table(server: PostgresServer) -> str:
     return table
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core defect: PostgresStore's lease-mode claim has no lock bound, so a lease-mode "
-    "call meeting a key's row held by an open transactional call blocks until that "
-    "transaction ends, whatever its wait=False and timeout",
-)
 async def test_a_lease_mode_call_meeting_a_row_an_open_transaction_holds_keeps_its_bounds(
     postgres_server: PostgresServer,
 ) -> None:
+    # Found: the lease-mode claim waited on the row lock until the transaction ended.
     table = await _table(postgres_server)
     pool = await postgres_server.pool()
     try:
@@ -69,23 +63,17 @@ async def test_a_lease_mode_call_meeting_a_row_an_open_transaction_holds_keeps_i
         finally:
             release.set()
             assert await holder == "transactional"
-        # wait=False: refused at once; at the latest, its own 0.5 s timeout.  (Today it
-        # waits for the holder's COMMIT, then replays.)
+        # Not until the holder's COMMIT: at the latest, when its own 0.5 s lease ends.
         assert waited < 1.5, f"the lease-mode call waited {waited:.2f} s, then got {got!r}"
     finally:
         await pool.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core defect: on an AsyncSession, the callback's un-flushed ORM changes are not in "
-    "the library's savepoint; after the callback raises, ROLLBACK TO SAVEPOINT leaves them "
-    "pending, and a caller that commits (its transaction is documented as still usable) "
-    "commits the effect without a record, so the key runs and commits again",
-)
 async def test_an_orm_callback_s_unflushed_effect_is_undone_with_its_savepoint(
     postgres_server: PostgresServer,
 ) -> None:
+    # Found: the callback's un-flushed ORM objects outlived the savepoint's rollback and
+    # committed with the caller's transaction, so the key ran and committed again.
     sqlalchemy = pytest.importorskip("sqlalchemy")
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
     from sqlalchemy.orm import DeclarativeBase
@@ -137,16 +125,11 @@ async def test_an_orm_callback_s_unflushed_effect_is_undone_with_its_savepoint(
         await pool.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core defect: a serialization failure (40001) at the completion surfaces as "
-    "CompletionError ('outcome unknown … may stay in progress until its lease ends'), not "
-    "as a TransactionRetryError, though the transaction is aborted and nothing of the call "
-    "can commit: a caller retrying on TransactionRetryError does not retry it",
-)
 async def test_a_serialization_failure_at_the_completion_is_a_transaction_retry_error(
     postgres_server: PostgresServer,
 ) -> None:
+    # Found: it surfaced as CompletionError ("outcome unknown"), which a caller retrying on
+    # TransactionRetryError does not retry, though nothing of the call can commit.
     # Write skew between two SERIALIZABLE calls: each callback reads the other's record,
     # the second one commits first, and the first one's completion is the pivot's write.
     table = await _table(postgres_server)
