@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 TESTING = Path(__file__).resolve().parent.parent / "idempotency_async" / "testing"
-ORACLE = [TESTING / "_oracle.py", TESTING / "_store_checks.py"]
+ORACLE = [TESTING / "_oracle.py", TESTING / "_store_checks.py", TESTING / "_tx_oracle.py"]
 
 ALLOWED_NAMES = {
     "idempotency_async.record": {"Claim", "Completion", "Record", "Status"},
@@ -23,6 +23,7 @@ ALLOWED_MODULES = {
     "idempotency_async.testing._run": None,
     "idempotency_async.testing._scenario": None,
     "idempotency_async.testing._store_checks": None,
+    "idempotency_async.testing._tx_run": None,
 }
 # Attributes that reach into the library's judgement through an object in the trace.
 FORBIDDEN_ATTRIBUTES = {

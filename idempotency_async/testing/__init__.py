@@ -6,10 +6,12 @@ store; calls through ``execute``, ``execute_call``, decorated functions and an o
 ``force_release``; callbacks of every shape and outcome; duplicates, cancellations, clock
 skew and jumps, server-clock stores, full stores and every store error before and after
 its write applied — and checks the guarantee after each with an oracle of its own; a
-failing scenario is shrunk and printed as a ``--scenario`` reproducer.  ``StoreContract``
-is the protocol's pytest suite, to subclass with a ``store`` fixture.  ``StoreContract``
-needs pytest and pytest-asyncio (imported when first used); the simulator needs nothing
-beyond the library.  See ``docs/stores.md`` and ``docs/guarantees.md``.
+failing scenario is shrunk and printed as a ``--scenario`` reproducer.
+``simulate_transactions(dsn, seeds)`` does the same for transactional calls
+(``Manager.execute_in_transaction``) on a live PostgreSQL server (it needs asyncpg).
+``StoreContract`` is the protocol's pytest suite, to subclass with a ``store`` fixture.
+``StoreContract`` needs pytest and pytest-asyncio (imported when first used); the
+simulator needs nothing beyond the library.  See ``docs/stores.md`` and ``docs/guarantees.md``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ from idempotency_async.testing._simulate import (
     simulate,
     simulate_live,
 )
+from idempotency_async.testing._transactions import (
+    TransactionSimulationFailure,
+    run_transactional_scenario,
+    simulate_transactions,
+)
+from idempotency_async.testing._tx_scenario import TxScenario, generate_transactional
 
 if TYPE_CHECKING:
     from idempotency_async.testing._contract import StoreContract
@@ -47,11 +55,16 @@ __all__ = [
     "SimulationReport",
     "StoreContract",
     "StoreFactory",
+    "TransactionSimulationFailure",
+    "TxScenario",
     "generate",
+    "generate_transactional",
     "reproducer",
     "run_one",
+    "run_transactional_scenario",
     "simulate",
     "simulate_live",
+    "simulate_transactions",
 ]
 
 

@@ -7,14 +7,16 @@ of the same invariant, until no step does or the budget of reruns is spent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import replace
+from typing import TypeVar
 
 from idempotency_async.testing._scenario import CallPlan, ManagerPlan, Scenario
 
-__all__ = ["shrink_scenario"]
+__all__ = ["shrink_live", "shrink_scenario"]
 
 Runner = Callable[[Scenario], list[str]]
+S = TypeVar("S")
 
 
 def _invariant(violation: str) -> str:
@@ -124,3 +126,29 @@ def _simpler_manager(plan: ManagerPlan) -> Iterator[ManagerPlan]:
         candidate = replace(plan, **change)  # type: ignore[arg-type]
         if candidate != plan:
             yield candidate
+
+
+async def shrink_live(
+    scenario: S,
+    run: Callable[[S], Awaitable[list[str]]],
+    violations: list[str],
+    candidates: Callable[[S], Iterable[S]],
+    *,
+    budget: int = 60,
+) -> tuple[S, list[str]]:
+    """:func:`shrink_scenario` for scenarios that run in real time on a live server: ``run``
+    is awaited, and ``candidates`` gives the scenarios one step simpler than its argument."""
+    wanted = _invariant(violations[0]) if violations else ""
+    best, found = scenario, violations
+    progress = True
+    while progress and budget > 0:
+        progress = False
+        for candidate in candidates(best):
+            budget -= 1
+            if budget <= 0:
+                break
+            got = await run(candidate)
+            if any(_invariant(violation) == wanted for violation in got):
+                best, found, progress = candidate, got, True
+                break
+    return best, found

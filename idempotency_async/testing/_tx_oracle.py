@@ -1,0 +1,172 @@
+"""The oracle of transactional scenarios: exactly once for the database effect.
+
+It judges from what committed (the record rows, the effect rows, the callers' own
+writes) and what each caller got, with no judgement of the library's: each callback
+writes one effect row naming itself and returns its own name, so
+
+- E1 every key with a committed record has exactly one committed effect row, the
+  record's run's; a key without one has none; no record stays in progress (T6);
+- E2 the committed run is a run whose callback returned and whose COMMIT was not refused;
+- E3 a caller that got a result got its own run's (then, if it committed, that run is
+  the record's) or a replay of the committed run's — never an uncommitted result (T7), a
+  result its snapshot could not see (T2), nor somebody else's after running its own;
+- G5 an outcome is a value, the caller's own exception, a refusal or lock timeout, a
+  deadlock, ``CancelledError`` only when cancelled, ``DeadlineExceededError`` only with a
+  timeout, a serialization failure only under snapshot isolation (T2), a store or
+  completion error only when the scenario killed the connection;
+- T4 a lock wait is bounded (immediate with ``wait`` off), and after a refusal, a lock
+  timeout, a cutoff or its own callback's exception the caller's transaction still
+  commits its own writes (only the library's savepoint was rolled back);
+- T1 a caller's own write before the call committed exactly when its COMMIT did, and
+  its ``lock_timeout`` is its own again after the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+
+from idempotency_async import errors
+from idempotency_async.testing._tx_run import CALLER_LOCK_TIMEOUT, TxCallbackFailed, TxTrace
+
+__all__ = ["check_transactional"]
+
+# Faults after which the caller does not commit on purpose, or cannot.
+_NO_COMMIT = (
+    "rollback_after_return",
+    "kill_backend",
+    "close_socket",
+    "commit_unanswered",
+    "commit_fails",
+    "cancel",
+)
+
+
+def check_transactional(trace: TxTrace, *, tolerance: float) -> list[str]:
+    """The violations ``trace`` shows (empty: the scenario kept the guarantee)."""
+    scenario = trace.scenario
+    found: list[str] = []
+    by_writer = {outcome.writer: outcome for outcome in trace.outcomes}
+    committed: dict[int, str] = {}
+    for key, status, response in trace.records:
+        if status != "COMPLETED":
+            found.append(f"T6: record {key!r} committed as {status}")
+            continue
+        writer = json.loads(response) if response is not None else None
+        outcome = by_writer.get(writer) if isinstance(writer, str) else None
+        if outcome is None or not isinstance(writer, str):
+            found.append(f"E1: record {key!r} holds {response!r}, which no callback returned")
+            continue
+        index = scenario.calls[outcome.call].key
+        if index in committed:
+            found.append(f"E1: key {index} has two records ({committed[index]}, {writer})")
+        committed[index] = writer
+    effects: dict[int, list[str]] = defaultdict(list)
+    for index, writer in trace.effects:
+        effects[index].append(writer)
+    for index in sorted({call.key for call in scenario.calls} | set(effects)):
+        written = sorted(effects.get(index, []))
+        if index in committed and written != [committed[index]]:
+            found.append(
+                f"E1: key {index}: the record is {committed[index]}'s run, effects committed "
+                f"by {written}"
+            )
+        elif index not in committed and written:
+            found.append(f"E1: key {index}: no committed record, effects committed by {written}")
+    for index, writer in committed.items():
+        outcome = by_writer[writer]
+        if not outcome.returned or outcome.committed is False:
+            found.append(
+                f"E2: key {index}: the record is call {outcome.call}'s, whose callback "
+                f"{'returned' if outcome.returned else 'did not return'} and whose transaction "
+                f"did not commit ({outcome.commit_error or outcome.error!r})"
+            )
+    for outcome in trace.outcomes:
+        found += _caller(trace, outcome.call, committed, tolerance)
+    found += [f"G4: call {index} never finished" for index in trace.unfinished]
+    return found
+
+
+def _caller(trace: TxTrace, index: int, committed: dict[int, str], tolerance: float) -> list[str]:
+    found: list[str] = []
+    outcome = trace.outcomes[index]
+    plan = trace.scenario.calls[index]
+    manager = trace.scenario.managers[plan.manager]
+    key = plan.key
+    error = outcome.error
+    if outcome.returned_value:
+        value = outcome.value
+        if value == outcome.writer:
+            if outcome.committed is True and committed.get(key) != outcome.writer:
+                found.append(
+                    f"E1: call {index} committed its run of key {key}, but the record is "
+                    f"{committed.get(key)}'s"
+                )
+        elif value != committed.get(key):
+            found.append(
+                f"E3: call {index} got {value!r} for key {key}; the committed run is "
+                f"{committed.get(key)}'s"
+            )
+        elif outcome.ran:
+            found.append(f"E3: call {index} ran its callback, then got {value!r}")
+    elif isinstance(error, asyncio.CancelledError):
+        if not outcome.cancel_requested:
+            found.append(f"G5: call {index} got CancelledError without being cancelled")
+    elif error is not None and error is outcome.raised:
+        pass  # its own callback's exception (or its own statement's failure)
+    elif isinstance(error, TxCallbackFailed):
+        found.append(f"G5: call {index} got a callback's exception it did not raise {error!r}")
+    elif isinstance(error, errors.DeadlineExceededError):
+        if plan.timeout is None:
+            found.append(f"G5: call {index} had no timeout but got {error!r}")
+    elif isinstance(error, errors.SerializationFailureError):
+        if plan.isolation == "read_committed":
+            found.append(f"T2: call {index} under READ COMMITTED got {error!r}")
+    elif isinstance(error, errors.PersistenceError | errors.CompletionError):
+        # The server and the connection are fine unless the scenario killed the backend.
+        if plan.fault != "kill_backend":
+            found.append(f"G5: call {index} got {type(error).__name__}: {error}")
+    elif error is not None and not isinstance(
+        error, errors.AlreadyInProgressError | errors.DeadlockDetectedError
+    ):
+        found.append(f"G5: call {index} got {type(error).__name__}: {error}")
+    elapsed = (outcome.exited or 0.0) - (outcome.entered or 0.0)
+    if isinstance(error, errors.AlreadyInProgressError):
+        bound = manager.wait_timeout if manager.wait else 0.0
+        if plan.timeout is not None:
+            bound = min(bound, plan.timeout)
+        if elapsed > bound + tolerance:
+            found.append(
+                f"T4: call {index} waited {elapsed:.3f} s for the row (wait={manager.wait}, "
+                f"bound {bound:.3f} s) before {type(error).__name__}"
+            )
+        if isinstance(error, errors.LockTimeoutError) and manager.wait:
+            floor = 0.5 * manager.wait_timeout
+            if plan.timeout is not None:
+                floor = min(floor, 0.5 * plan.timeout)
+            if elapsed < floor - 0.01:
+                found.append(
+                    f"T4: call {index} gave up its lock wait after {elapsed:.3f} s "
+                    f"(wait_timeout {manager.wait_timeout}, timeout {plan.timeout})"
+                )
+    usable = isinstance(
+        error, TxCallbackFailed | errors.AlreadyInProgressError | errors.DeadlineExceededError
+    )
+    # Under SERIALIZABLE a COMMIT may be refused as a serialization failure on its own.
+    refused = plan.isolation == "serializable" and outcome.commit_state == "40001"
+    if usable and plan.fault not in _NO_COMMIT and outcome.committed is not True and not refused:
+        found.append(
+            f"T4: after {type(error).__name__} call {index}'s own transaction did not commit "
+            f"({outcome.commit_error})"
+        )
+    if outcome.lock_timeout is not None and outcome.lock_timeout != CALLER_LOCK_TIMEOUT:
+        found.append(
+            f"T1: after call {index} the transaction's lock_timeout is {outcome.lock_timeout} "
+            f"(the caller set {CALLER_LOCK_TIMEOUT})"
+        )
+    if outcome.committed is True and outcome.writer not in trace.attempts:
+        found.append(f"T1: call {index} committed, but its own write before the call is gone")
+    if outcome.committed is False and outcome.writer in trace.attempts:
+        found.append(f"T1: call {index} did not commit, but its own write is there")
+    return found

@@ -1,0 +1,327 @@
+"""Facts about PostgreSQL that transactional calls rely on, checked on the real server with
+raw SQL (asyncpg) rather than assumed.
+
+A transactional call claims its key inside a savepoint of the caller's transaction, with
+the store's own claim statement, and undoes only that savepoint when its callback fails or
+its lock wait times out.  That is sound only if: a duplicate blocked on the row is
+released by ``ROLLBACK TO SAVEPOINT`` while the holder's transaction stays open (a new
+row, and an existing row the claim rewrote); a transaction-local ``lock_timeout`` set
+inside the savepoint goes away with its rollback (and stays with its release); and under
+REPEATABLE READ a claim that meets a record committed after its snapshot fails with
+40001 rather than answering from the stale snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from _postgres import PostgresServer, fresh_table_name
+
+from idempotency_async.stores._postgres_sql import (
+    SAVEPOINT_BEGIN,
+    SAVEPOINT_RELEASE,
+    SAVEPOINT_UNDO,
+    statements,
+)
+from idempotency_async.stores.postgres import create_table
+
+pytestmark = pytest.mark.postgres
+
+_LEASE = 30.0
+_TTL = 3600.0
+
+
+@pytest.fixture
+async def table(postgres_server: PostgresServer) -> str:
+    name = fresh_table_name()
+    await create_table(postgres_server.dsn, table=name)
+    return name
+
+
+@pytest.fixture
+async def connections(postgres_server: PostgresServer) -> AsyncIterator[list[Any]]:
+    """Three connections: holder, duplicate, observer."""
+    opened = [await postgres_server.connect() for _ in range(3)]
+    try:
+        yield opened
+    finally:
+        for connection in opened:
+            connection.terminate()
+
+
+async def _claim(connection: Any, table: str, key: str, owner: str, lock_wait: str = "30s") -> Any:
+    """The store's own claim statement, judged by the server's clock, waiting at most
+    ``lock_wait`` for a row lock."""
+    return await connection.fetchrow(
+        statements(table).claim, key, None, owner, _LEASE, _TTL, "validation", lock_wait
+    )
+
+
+async def _blocked_on_a_lock(observer: Any, connection: Any, seconds: float = 15.0) -> None:
+    """Wait until ``connection``'s backend waits for a lock (not merely slow)."""
+    pid = connection.get_server_pid()
+    give_up = time.monotonic() + seconds
+    while time.monotonic() < give_up:
+        wait = await observer.fetchval(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", pid
+        )
+        if wait == "Lock":
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"backend {pid} never waited for a lock")
+
+
+async def _owner(observer: Any, table: str, key: str) -> Any:
+    return await observer.fetchrow(f'SELECT status, owner FROM "{table}" WHERE key = $1', key)
+
+
+async def test_rolling_back_the_savepoint_of_a_new_row_releases_a_blocked_claim(
+    table: str, connections: list[Any]
+) -> None:
+    holder, duplicate, observer = connections
+    await holder.execute("BEGIN")
+    await holder.execute("SAVEPOINT idempotency_async")
+    first = await _claim(holder, table, "k", "holder")
+    assert (first["status"], first["owner"]) == ("INPROGRESS", "holder")
+
+    await duplicate.execute("BEGIN")
+    blocked = asyncio.create_task(_claim(duplicate, table, "k", "duplicate"))
+    try:
+        await _blocked_on_a_lock(observer, duplicate)
+        assert not blocked.done()
+        await holder.execute("ROLLBACK TO SAVEPOINT idempotency_async")
+        # Released by the savepoint's rollback alone: the holder's transaction is still open.
+        second = await asyncio.wait_for(blocked, timeout=10)
+    finally:
+        if not blocked.done():
+            blocked.cancel()
+    assert (second["status"], second["owner"]) == ("INPROGRESS", "duplicate")
+    assert holder.is_in_transaction()
+    assert await holder.fetchval("SELECT 1") == 1  # usable, not aborted
+    await duplicate.execute("COMMIT")
+    await holder.execute("COMMIT")
+    row = await _owner(observer, table, "k")
+    assert (row["status"], row["owner"]) == ("INPROGRESS", "duplicate")
+
+
+async def test_rolling_back_the_savepoint_of_a_rewritten_row_releases_a_blocked_claim(
+    table: str, connections: list[Any]
+) -> None:
+    holder, duplicate, observer = connections
+    # A committed record whose lease is over: claimable, so the holder's claim rewrites it
+    # (ON CONFLICT DO UPDATE) and holds its row lock.
+    await observer.execute(
+        f'INSERT INTO "{table}" (key, status, owner, expires_at, lease_ends_at) '
+        "VALUES ('k', 'INPROGRESS', 'crashed', now() + interval '1 hour', "
+        "now() - interval '1 second')"
+    )
+    await holder.execute("BEGIN")
+    await holder.execute("SAVEPOINT idempotency_async")
+    first = await _claim(holder, table, "k", "holder")
+    assert (first["status"], first["owner"]) == ("INPROGRESS", "holder")
+
+    await duplicate.execute("BEGIN")
+    blocked = asyncio.create_task(_claim(duplicate, table, "k", "duplicate"))
+    try:
+        await _blocked_on_a_lock(observer, duplicate)
+        await holder.execute("ROLLBACK TO SAVEPOINT idempotency_async")
+        second = await asyncio.wait_for(blocked, timeout=10)
+    finally:
+        if not blocked.done():
+            blocked.cancel()
+    assert (second["status"], second["owner"]) == ("INPROGRESS", "duplicate")
+    assert await holder.fetchval("SELECT 1") == 1
+    await duplicate.execute("COMMIT")
+    await holder.execute("COMMIT")
+    row = await _owner(observer, table, "k")
+    assert (row["status"], row["owner"]) == ("INPROGRESS", "duplicate")
+
+
+async def test_a_blocked_claim_sees_the_committed_completion_and_does_not_write(
+    table: str, connections: list[Any]
+) -> None:
+    # The other way a lock wait ends: the holder completes in its savepoint and commits;
+    # the duplicate's claim answers with the COMPLETED row (its replay), owner untouched.
+    holder, duplicate, observer = connections
+    sql = statements(table)
+    await holder.execute("BEGIN")
+    await holder.execute("SAVEPOINT idempotency_async")
+    await _claim(holder, table, "k", "holder")
+    await duplicate.execute("BEGIN")
+    blocked = asyncio.create_task(_claim(duplicate, table, "k", "duplicate"))
+    try:
+        await _blocked_on_a_lock(observer, duplicate)
+        done = await holder.fetchrow(
+            sql.complete, "k", "holder", None, _TTL, "validation", '{"v": 1}', None
+        )
+        assert done is not None
+        await holder.execute("RELEASE SAVEPOINT idempotency_async")
+        await holder.execute("COMMIT")
+        answer = await asyncio.wait_for(blocked, timeout=10)
+    finally:
+        if not blocked.done():
+            blocked.cancel()
+    assert (answer["status"], answer["owner"], answer["response"]) == (
+        "COMPLETED",
+        "holder",
+        '{"v": 1}',
+    )
+    await duplicate.execute("COMMIT")
+    row = await _owner(observer, table, "k")
+    assert (row["status"], row["owner"]) == ("COMPLETED", "holder")
+
+
+async def _lock_timeout(connection: Any) -> str:
+    value: str = await connection.fetchval("SHOW lock_timeout")
+    return value
+
+
+@pytest.mark.parametrize("end", ["ROLLBACK TO SAVEPOINT", "RELEASE SAVEPOINT"])
+async def test_a_transaction_local_lock_timeout_follows_its_savepoint(
+    connections: list[Any], end: str
+) -> None:
+    connection = connections[0]
+    await connection.execute("BEGIN")
+    await connection.execute("SET LOCAL lock_timeout = '7s'")  # the caller's own setting
+    await connection.execute("SAVEPOINT idempotency_async")
+    await connection.execute("SELECT set_config('lock_timeout', '25ms', true)")
+    assert await _lock_timeout(connection) == "25ms"
+    await connection.execute(f"{end} idempotency_async")
+    if end.startswith("ROLLBACK"):
+        assert await _lock_timeout(connection) == "7s"  # reverted with the savepoint
+        await connection.execute("RELEASE SAVEPOINT idempotency_async")
+        assert await _lock_timeout(connection) == "7s"
+    else:
+        assert await _lock_timeout(connection) == "25ms"  # kept until the transaction ends
+    await connection.execute("COMMIT")
+    assert await _lock_timeout(connection) == "0"  # the session's value again
+
+
+async def test_a_lock_timeout_inside_the_savepoint_leaves_the_outer_transaction_usable(
+    table: str, connections: list[Any]
+) -> None:
+    holder, duplicate, observer = connections
+    await holder.execute("BEGIN")
+    await _claim(holder, table, "k", "holder")
+    await duplicate.execute("BEGIN")
+    await duplicate.execute("CREATE TEMP TABLE effects (n int) ON COMMIT DROP")
+    await duplicate.execute("INSERT INTO effects VALUES (1)")
+    await duplicate.execute("SAVEPOINT idempotency_async")
+    started = time.monotonic()
+    with pytest.raises(Exception) as timed_out:
+        await _claim(duplicate, table, "k", "duplicate", lock_wait="50ms")
+    assert getattr(timed_out.value, "sqlstate", None) == "55P03"
+    assert time.monotonic() - started < 5
+    await duplicate.execute("ROLLBACK TO SAVEPOINT idempotency_async")
+    await duplicate.execute("RELEASE SAVEPOINT idempotency_async")
+    # The caller's own writes before the call survive; its transaction goes on.
+    assert await duplicate.fetchval("SELECT count(*) FROM effects") == 1
+    assert await _lock_timeout(duplicate) == "0"
+    await duplicate.execute("COMMIT")
+    await holder.execute("ROLLBACK")
+    assert await _owner(observer, table, "k") is None
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
+async def test_a_claim_meeting_a_record_committed_after_its_snapshot_is_a_serialization_failure(
+    table: str, connections: list[Any], isolation: str
+) -> None:
+    holder, duplicate, observer = connections
+    sql = statements(table)
+    await duplicate.execute(f"BEGIN ISOLATION LEVEL {isolation}")
+    await duplicate.fetchval("SELECT 1")  # the snapshot is taken here
+    await holder.execute("BEGIN")
+    await _claim(holder, table, "k", "holder")
+    await holder.fetchrow(sql.complete, "k", "holder", None, _TTL, "validation", '"done"', None)
+    await holder.execute("COMMIT")
+    # The snapshot does not see the COMPLETED record: a replay from it is impossible, and
+    # the claim must not take the row either.
+    with pytest.raises(Exception) as failed:
+        await _claim(duplicate, table, "k", "duplicate")
+    assert getattr(failed.value, "sqlstate", None) == "40001"
+    await duplicate.execute("ROLLBACK")
+    row = await _owner(observer, table, "k")
+    assert (row["status"], row["owner"]) == ("COMPLETED", "holder")
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
+async def test_a_claim_blocked_under_repeatable_read_fails_when_the_holder_commits(
+    table: str, connections: list[Any], isolation: str
+) -> None:
+    holder, duplicate, observer = connections
+    sql = statements(table)
+    await holder.execute("BEGIN")
+    await _claim(holder, table, "k", "holder")
+    await duplicate.execute(f"BEGIN ISOLATION LEVEL {isolation}")
+    blocked = asyncio.create_task(_claim(duplicate, table, "k", "duplicate"))
+    try:
+        await _blocked_on_a_lock(observer, duplicate)
+        await holder.fetchrow(sql.complete, "k", "holder", None, _TTL, "validation", '"done"', None)
+        await holder.execute("COMMIT")
+        with pytest.raises(Exception) as failed:
+            await asyncio.wait_for(blocked, timeout=10)
+    finally:
+        if not blocked.done():
+            blocked.cancel()
+    assert getattr(failed.value, "sqlstate", None) == "40001"
+    await duplicate.execute("ROLLBACK")
+    row = await _owner(observer, table, "k")
+    assert (row["status"], row["owner"]) == ("COMPLETED", "holder")
+
+
+async def test_a_claim_under_repeatable_read_replays_a_record_its_snapshot_sees(
+    table: str, connections: list[Any]
+) -> None:
+    # The counterpart: a record committed before the snapshot answers the claim, no error.
+    holder, duplicate, observer = connections
+    sql = statements(table)
+    await _claim(holder, table, "k", "holder")
+    await holder.fetchrow(sql.complete, "k", "holder", None, _TTL, "validation", '"done"', None)
+    await duplicate.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    answer = await _claim(duplicate, table, "k", "duplicate")
+    assert (answer["status"], answer["owner"], answer["response"]) == (
+        "COMPLETED",
+        "holder",
+        '"done"',
+    )
+    await duplicate.execute("COMMIT")
+    assert (await _owner(observer, table, "k"))["owner"] == "holder"
+
+
+async def test_the_store_s_transactional_claim_bounds_its_wait_and_puts_the_caller_s_back(
+    table: str, connections: list[Any]
+) -> None:
+    # The library's own savepoint script and transactional claim: the claim waits at most
+    # its own bound, and the caller's lock_timeout is in force again once it answered,
+    # whether the savepoint is then kept or undone.
+    holder, duplicate, _ = connections
+    sql = statements(table)
+    await holder.execute("BEGIN")
+    await _claim(holder, table, "held", "holder")
+    await duplicate.execute("BEGIN")
+    await duplicate.execute("SET LOCAL lock_timeout = '7s'")
+    await duplicate.execute(SAVEPOINT_BEGIN)
+    started = time.monotonic()
+    with pytest.raises(Exception) as timed_out:
+        await duplicate.fetchrow(
+            sql.transactional_claim, "held", None, "me", _LEASE, _TTL, "v", "50ms"
+        )
+    assert getattr(timed_out.value, "sqlstate", None) == "55P03"
+    assert time.monotonic() - started < 3  # its own 50 ms, not the caller's 7 s
+    await duplicate.execute(SAVEPOINT_UNDO)
+    assert await _lock_timeout(duplicate) == "7s"
+    await duplicate.execute(SAVEPOINT_BEGIN)
+    row = await duplicate.fetchrow(
+        sql.transactional_claim, "free", None, "me", _LEASE, _TTL, "v", "50ms"
+    )
+    assert (row["status"], row["owner"]) == ("INPROGRESS", "me")
+    assert await _lock_timeout(duplicate) == "7s"
+    await duplicate.execute(SAVEPOINT_RELEASE)
+    assert await _lock_timeout(duplicate) == "7s"
+    await duplicate.execute("COMMIT")
+    assert await _lock_timeout(duplicate) == "0"
+    await holder.execute("ROLLBACK")
