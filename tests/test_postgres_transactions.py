@@ -578,3 +578,26 @@ async def test_a_failed_orm_callback_leaves_nothing_in_the_session(
     finally:
         await engine.dispose()
     assert sorted(await setup.effects()) == [("caller's", 0), ("o", 2)]
+
+
+async def test_an_operators_release_of_a_key_an_open_transaction_holds_is_bounded(
+    setup: Setup,
+) -> None:
+    manager = setup.manager()
+    # An expired record the transactional call claims over: its committed row is locked
+    # (a row the transaction inserted is invisible to others, and deleted as nothing).
+    await setup.pool.execute(
+        f"INSERT INTO {setup.table} (key, status, owner, expires_at) "
+        "VALUES ($1, 'COMPLETED', 'old', now() - interval '1 hour')",
+        manager.key_for({"id": "r"}),
+    )
+    conn, tx, _ = await _hold(setup, manager, {"id": "r"}, 1)
+    try:
+        started = time.monotonic()
+        with pytest.raises(errors.StoreUnavailableError, match="open transaction"):
+            await manager.force_release(manager.key_for({"id": "r"}) or "")
+        assert time.monotonic() - started < 4
+        await tx.commit()
+    finally:
+        await setup.pool.release(conn)
+    assert await manager.force_release(manager.key_for({"id": "r"}) or "") is not None

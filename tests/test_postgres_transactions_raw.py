@@ -324,4 +324,8 @@ async def test_the_store_s_transactional_claim_bounds_its_wait_and_puts_the_call
     assert await _lock_timeout(duplicate) == "7s"
     await duplicate.execute("COMMIT")
     assert await _lock_timeout(duplicate) == "0"
+    # Nothing of the library's is left in the session (no custom setting either).
+    assert await duplicate.fetchval("SHOW ALL") is not None
+    settings = await duplicate.fetch("SELECT name FROM pg_settings WHERE name LIKE 'idempotency%'")
+    assert settings == []
     await holder.execute("ROLLBACK")

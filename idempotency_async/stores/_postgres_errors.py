@@ -76,6 +76,11 @@ def translated(exc: Exception, operation: str, key: str, table: str) -> Exceptio
                 "later",
                 key=key,
             )
+        if state == "55P03":
+            return StoreUnavailableError(
+                f"{where} waited too long for the record's row: an open transaction (a "
+                "transactional call) holds it; try again once that transaction has ended"
+            )
         if state.startswith(_UNAVAILABLE_CLASSES) or state in _UNAVAILABLE_STATES:
             return StoreUnavailableError(f"{where} failed: {type(exc).__name__}: {exc}")
         return StoreUnavailableError(f"{where} failed ({state} {type(exc).__name__}: {exc})")

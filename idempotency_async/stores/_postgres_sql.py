@@ -55,6 +55,7 @@ COLUMNS: Final = (
     "response",
     "not_stored",
 )
+_OPERATOR_LOCK_WAIT: Final = "2s"
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _NOW: Final = "coalesce({param}::float8, extract(epoch FROM clock_timestamp())::float8)"
 # What a statement returns about a record: its fields, instants as Unix seconds.
@@ -127,9 +128,13 @@ def statements(table: str) -> Statements:
     fields = "status, owner, expires, lease_end, validation, response, not_stored"
     # $7 bounds the claim's wait for a row lock (a row another transaction holds: a
     # transactional call's claim, until that transaction ends).  Transaction-local, and set
-    # before the INSERT can wait: the INSERT reads ``n`` for its row.
-    claim = f"""WITH n AS MATERIALIZED (
-  SELECT {_NOW.format(param="$2")} AS now, set_config('lock_timeout', $7, true) AS lock_wait
+    # before the INSERT can wait: the INSERT reads ``n`` for its row.  The value it replaces
+    # is read first (``n`` reads ``caller``), for a transactional claim to put back.
+    claim = f"""WITH caller AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_wait),
+n AS MATERIALIZED (
+  SELECT {_NOW.format(param="$2")} AS now, c.lock_wait AS caller_lock_wait,
+         set_config('lock_timeout', $7, true) AS lock_wait
+  FROM caller AS c
 ),
 old AS MATERIALIZED (SELECT r.ctid AS version, {_RECORD} FROM {t} AS r WHERE r.key = $1),
 w AS (
@@ -168,7 +173,12 @@ UPDATE {t} AS r SET
   lease_ends_at = to_timestamp(n.now + $4::float8), validation = $6
 FROM n WHERE r.key = $1 AND r.owner = $2 AND r.status = 'INPROGRESS'
 RETURNING 1"""
-    force_release = f"DELETE FROM {t} AS r WHERE r.key = $1 RETURNING {_RECORD}"
+    # An operator's release waits for a row an open transactional call holds at most
+    # _OPERATOR_LOCK_WAIT (set before the DELETE can wait: it joins ``n``).
+    force_release = f"""WITH n AS MATERIALIZED (
+  SELECT set_config('lock_timeout', '{_OPERATOR_LOCK_WAIT}', true) AS lock_wait
+)
+DELETE FROM {t} AS r USING n WHERE r.key = $1 RETURNING {_RECORD}"""
     # One bounded batch: the oldest expired rows no other transaction holds.  An expired
     # record's lease has ended too (expiry is never before the lease end).
     vacuum = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$1")} AS now),
@@ -181,9 +191,9 @@ SELECT count(*) FROM d"""
     # Operators' listing: keyset pages in key order, optionally one status.
     page = f"""SELECT r.key, {_RECORD} FROM {t} AS r
 WHERE r.key > $1 AND ($2::text IS NULL OR r.status = $2) ORDER BY r.key LIMIT $3"""
-    # The transactional claim (see savepoint_begin) puts the caller's lock_timeout back once
-    # it has its answer: the projection is evaluated after the INSERT's lock wait ended.
-    restore = "set_config('lock_timeout', current_setting('idempotency_async.lock_timeout'), true)"
+    # The transactional claim puts the caller's lock_timeout back once it has its answer:
+    # the projection is evaluated after the INSERT's lock wait ended.
+    restore = "set_config('lock_timeout', n.caller_lock_wait, true)"
     # It also says where its answer came from: 2, the snapshot (nothing written, no lock).
     transactional_claim = claim.replace(
         f"SELECT {fields}, n.now FROM (", f"SELECT {fields}, n.now, {restore}, pick FROM ("
@@ -204,21 +214,13 @@ WHERE r.key > $1 AND ($2::text IS NULL OR r.status = $2) ORDER BY r.key LIMIT $3
 
 
 # -- transactional calls: the library's savepoint in the caller's transaction -------------
-# Scripts of several statements without parameters (one round trip, simple protocol).  The
-# claim's lock_timeout is transaction-local and set inside the savepoint: rolling the
-# savepoint back reverts it; the claim puts the caller's value back (kept in a custom
-# setting) otherwise.
+# Statements without parameters (the simple protocol; the undo is two in one round trip).
+# The claim's lock_timeout is transaction-local and set inside the savepoint: rolling the
+# savepoint back reverts it; the claim puts the caller's value back otherwise.
 _SAVEPOINT: Final = "idempotency_async"
+SAVEPOINT_BEGIN: Final = f"SAVEPOINT {_SAVEPOINT}"
 SAVEPOINT_UNDO: Final = f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}"
 SAVEPOINT_RELEASE: Final = f"RELEASE SAVEPOINT {_SAVEPOINT}"
-
-
-# Opens the savepoint and keeps the caller's lock_timeout, which the claim (its own bound,
-# $7, set transaction-locally) puts back once it has its answer.
-SAVEPOINT_BEGIN: Final = (
-    f"SAVEPOINT {_SAVEPOINT}; SELECT set_config('idempotency_async.lock_timeout', "
-    "current_setting('lock_timeout'), true)"
-)
 
 
 def lock_wait(seconds: float) -> str:
