@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
+
 from idempotency_async.errors import StoreUnavailableError
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores.base import Store, Verdict, Written
@@ -146,3 +148,13 @@ def checkout_env(**extra: str) -> dict[str, str]:
         "PYTHONPATH": root if not path else os.pathsep.join((root, path)),
         **extra,
     }
+
+
+def on_stores(*names: str) -> pytest.MarkDecorator:
+    """Run a test on these of the conftest's six stores only.
+
+    For the sleep-bound scenarios of the lifecycle, whose timing no store changes beyond
+    its round trips: the whole CI run must stay within its time budget, and each store's
+    own behaviour is covered by the contract kit and the rest of its suite.
+    """
+    return pytest.mark.parametrize("store", names, indirect=True)

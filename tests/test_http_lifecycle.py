@@ -19,6 +19,7 @@ from _http_apps import serve_aio, serve_asgi
 from aiohttp import web
 from fastapi import BackgroundTasks, FastAPI, Request
 from fastapi.responses import StreamingResponse
+from support import on_stores
 
 from idempotency_async import Manager
 from idempotency_async.integrations.aiohttp import idempotency_middleware, idempotent_endpoint
@@ -149,18 +150,10 @@ def _replayed(response: httpx.Response) -> bool:
     return response.headers.get("idempotent-replayed") == "true"
 
 
-# The sleep-bound scenarios below (background tasks, slow and vanished clients) exercise the
-# response gate, which no store takes part in beyond claim and completion: they run on the
-# in-memory store and the two network stores of the default installs, not on all six (the
-# conftest's ``store`` list), to keep CI within its time budget.  Every store runs the
-# gate's other tests.
-_SLOW_STORES = pytest.mark.parametrize("store", ["memory", "dynamodb", "redis"], indirect=True)
-
-
 # ---------------------------------------------------------------------- background tasks
 
 
-@_SLOW_STORES
+@on_stores("memory", "dynamodb", "redis")
 async def test_background_task_does_not_delay_the_response(start: Start) -> None:
     async with start("fastapi") as served, served.client() as client:
         began = time.monotonic()
@@ -192,7 +185,7 @@ async def test_failing_background_task_does_not_release_the_key(start: Start) ->
     assert served.calls["failing-task"] == 1
 
 
-@_SLOW_STORES
+@on_stores("memory", "dynamodb", "redis")
 async def test_background_task_outliving_the_deadline_leaves_a_completed_key(
     start: Start,
 ) -> None:
@@ -210,7 +203,7 @@ async def test_background_task_outliving_the_deadline_leaves_a_completed_key(
 # ---------------------------------------------------------------------- slow readers
 
 
-@_SLOW_STORES
+@on_stores("memory", "dynamodb", "redis")
 @pytest.mark.parametrize("framework", ["fastapi", "aiohttp"])
 async def test_slow_reader_gets_the_whole_stream_and_the_key_completes(
     start: Start, framework: str
@@ -239,7 +232,7 @@ async def test_slow_reader_gets_the_whole_stream_and_the_key_completes(
 # ---------------------------------------------------------------------- vanished clients
 
 
-@_SLOW_STORES
+@on_stores("memory", "dynamodb", "redis")
 @pytest.mark.parametrize("framework", ["fastapi", "aiohttp"])
 async def test_client_gone_mid_stream_never_runs_the_endpoint_again(
     start: Start, framework: str
@@ -268,6 +261,7 @@ async def test_client_gone_mid_stream_never_runs_the_endpoint_again(
 # ---------------------------------------------------------------------- deadline
 
 
+@on_stores("memory", "dynamodb", "redis")
 @pytest.mark.parametrize("framework", ["fastapi", "aiohttp"])
 async def test_endpoint_cut_off_before_answering_is_504_and_runs_again_later(
     start: Start, framework: str

@@ -20,7 +20,7 @@ from _moto import fresh_store, new_session
 from _redis import RedisServer, fresh_redis_store
 from aiobotocore.config import AioConfig
 from aiohttp import web
-from support import Clock, RecordingStore, record_of, start_holding
+from support import Clock, RecordingStore, on_stores, record_of, start_holding
 from test_dynamodb_store import _answer_with_error, _Proxy
 
 from idempotency_async import (
@@ -64,6 +64,7 @@ class Runs:
 # -- 1. a lease without a deadline bounds the callback --------------------------------
 
 
+@on_stores("memory", "dynamodb", "redis")
 async def test_lease_option_cuts_the_callback_off_before_the_lease_ends(store: Store) -> None:
     events: list[Event] = []
     manager = make(store, lease=1.0, on_event=events.append)
@@ -95,6 +96,7 @@ async def test_without_deadline_or_lease_the_ttl_bounds_the_callback(store: Stor
 # -- 2. only the callback runs under the cutoff ----------------------------------------
 
 
+@on_stores("memory", "dynamodb", "redis")
 async def test_slow_release_after_a_failure_keeps_the_callers_exception(store: Store) -> None:
     # The callback fails before its cutoff; the release outlasts the cutoff.
     # timeout 2 s: cutoff at 1.6 s, lease end at 2 s; the release runs from 0.9 s to 1.62 s
@@ -119,6 +121,7 @@ async def test_release_past_the_lease_end_is_abandoned_with_a_note(store: Store)
     assert any("abandoned at the lease end" in note for note in caught.value.__notes__)
 
 
+@on_stores("memory", "dynamodb", "redis")
 async def test_a_failure_inside_a_task_group_reaches_the_group(store: Store) -> None:
     recording = RecordingStore(store, delay={"release": 0.6})
     manager = make(recording)
@@ -608,6 +611,7 @@ async def _aborts(*call: Any) -> Any:
     raise _Abort
 
 
+@on_stores("memory", "dynamodb", "redis")
 async def test_a_base_exception_is_a_crash_and_leaves_no_cutoff_armed(store: Store) -> None:
     recording = RecordingStore(store)
     manager = make(recording)

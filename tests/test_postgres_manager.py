@@ -37,7 +37,7 @@ _ENV = {
         [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
     ),
 }
-POSTGRES_SEEDS = int(os.environ.get("SIM_POSTGRES_SEEDS", "100"))
+POSTGRES_SEEDS = int(os.environ.get("SIM_POSTGRES_SEEDS", "70"))
 
 
 async def _worker(*args: str, **options: Any) -> asyncio.subprocess.Process:

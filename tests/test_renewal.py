@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from support import RecordingStore, record_of
+from support import RecordingStore, on_stores, record_of
 
 from idempotency_async import Event, Manager, MemoryStore, Options, errors
 from idempotency_async.record import Claim, Status
@@ -39,6 +39,7 @@ class Extends(RecordingStore):
         return await super().extend(claim)
 
 
+@on_stores("memory", "dynamodb", "postgres")
 async def test_renewal_holds_the_key_past_several_short_leases(store: Store) -> None:
     recording = Extends(store)
     manager = renewing(recording)
@@ -98,6 +99,7 @@ async def test_a_refused_renewal_cuts_the_callback_off_at_once(store: Store) -> 
     assert (await store.get(key, now=manager.options.clock())).record is None
 
 
+@on_stores("memory", "dynamodb", "postgres")
 @pytest.mark.parametrize("fault", ["raises", "slow"])
 async def test_an_unconfirmed_renewal_cuts_the_callback_off_before_the_lease_ends(
     store: Store, fault: str
@@ -124,6 +126,7 @@ async def test_an_unconfirmed_renewal_cuts_the_callback_off_before_the_lease_end
     assert await make(store).execute({"id": 3}, _returns("next"), timeout=5) == "next"
 
 
+@on_stores("memory", "dynamodb", "postgres")
 async def test_the_renewing_task_ends_with_a_cancelled_caller(store: Store) -> None:
     recording = Extends(store)
     manager = renewing(recording)
@@ -148,6 +151,7 @@ async def test_the_renewing_task_ends_with_a_cancelled_caller(store: Store) -> N
     assert await make(store).execute({"id": 4}, _returns("next"), timeout=5) == "next"
 
 
+@on_stores("memory", "dynamodb", "postgres")
 async def test_the_lease_never_outlasts_the_deadline(store: Store) -> None:
     recording = Extends(store)
     manager = renewing(recording)

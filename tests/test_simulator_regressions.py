@@ -118,7 +118,7 @@ async def test_dynamodb_records_results_it_cannot_encode(dynamodb_client: Any) -
 
 
 def test_a_batch_whose_handler_cancels_itself_reports_the_record() -> None:
-    # Found past the 20,000 seeds CI runs (seed 38325 of a 60,000-seed run, before lease
+    # Found past the 20,000 seeds CI then ran (seed 38325 of a 60,000-seed run, before lease
     # renewal was generated): a batch handler raising CancelledError on its own made
     # process_batch raise it, and its key stayed in progress (G3/G5).  Fixed by running a
     # batch's records in a task group that reports such a record as failed, and by treating
