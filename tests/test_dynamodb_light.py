@@ -44,7 +44,7 @@ from idempotency_async.testing import simulate_live
 NOW = 1_700_000_000.0
 # The aioboto3 transport's live run has 150 seeds on the same store code; this one proves
 # the transport under the simulator's faults, and keeps the CI run inside its budget.
-LIVE_SEEDS = int(os.environ.get("SIM_LIGHT_SEEDS", "60"))
+LIVE_SEEDS = int(os.environ.get("SIM_LIGHT_SEEDS", "40"))
 
 # -- signing ---------------------------------------------------------------------------
 

@@ -84,6 +84,7 @@ async def test_lease_option_cuts_the_callback_off_before_the_lease_ends(store: S
     assert slow.starts == 1 and second.starts == 1
 
 
+@on_stores("memory", "postgres", "redis")
 async def test_without_deadline_or_lease_the_ttl_bounds_the_callback(store: Store) -> None:
     manager = make(store, expires_after=1.0)
     loop = asyncio.get_running_loop()
@@ -110,6 +111,7 @@ async def test_slow_release_after_a_failure_keeps_the_callers_exception(store: S
     assert await record_of(store, manager.key_for({"id": 1})) is None
 
 
+@on_stores("memory", "postgres", "redis")
 async def test_release_past_the_lease_end_is_abandoned_with_a_note(store: Store) -> None:
     recording = RecordingStore(store, delay={"release": 5})
     manager = make(recording)
@@ -286,6 +288,7 @@ async def test_a_response_the_store_cannot_keep_gives_one_answer_everywhere(
 # -- 8. the completion write is bounded at the lease end --------------------------------
 
 
+@on_stores("memory", "postgres", "redis")
 async def test_a_completion_slower_than_the_lease_is_abandoned_as_unknown(store: Store) -> None:
     recording = RecordingStore(store, delay={"complete": 30})
     manager = make(recording)
@@ -299,6 +302,7 @@ async def test_a_completion_slower_than_the_lease_is_abandoned_as_unknown(store:
     assert "unknown" in str(caught.value)
 
 
+@on_stores("memory", "postgres", "redis")
 async def test_completion_reserve_is_configurable(store: Store) -> None:
     # timeout 2 s: the default reserve (0.4 s) would cut off at 1.6 s, this one at 0.8 s.
     manager = make(store, completion_reserve=1.2)
@@ -432,6 +436,7 @@ async def test_in_progress_rejection_reports_seconds(store: Store) -> None:
 # -- found by the fault simulator ------------------------------------------------------
 
 
+@on_stores("memory", "postgres", "redis")
 async def test_a_claim_answered_after_the_cutoff_does_not_start_the_callback(
     store: Store,
 ) -> None:
@@ -446,6 +451,7 @@ async def test_a_claim_answered_after_the_cutoff_does_not_start_the_callback(
     assert [event.kind for event in events] == ["claimed", "cut_off"]
 
 
+@on_stores("memory", "postgres", "redis")
 async def test_execute_call_does_not_start_a_callback_claimed_after_the_cutoff(
     store: Store,
 ) -> None:
@@ -854,6 +860,7 @@ async def test_the_local_cache_keeps_a_server_clock_record_as_long_as_the_server
         assert events[-1].kind == "cache_hit"
 
 
+@on_stores("memory", "postgres", "redis")
 async def test_the_local_cache_counts_a_replayed_records_life_from_the_request(
     store: Store,
 ) -> None:

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from support import Clock, RecordingStore, record_of, start_holding
+from support import Clock, RecordingStore, on_stores, record_of, start_holding
 
 from idempotency_async import Event, Manager, MemoryStore, Options, errors
 from idempotency_async.record import Status
@@ -288,6 +288,7 @@ async def test_record_that_stays_claimable_ends_in_inconsistent_state(store: Sto
     assert stale.calls == ["claim", "claim", "claim"]
 
 
+@on_stores("memory", "dynamodb", "redis")
 async def test_local_cache_replays_without_a_store_call(store: Store, clock: Clock) -> None:
     recording = RecordingStore(store)
     manager = make(recording, clock, use_local_cache=True, expires_after=1)
@@ -409,6 +410,7 @@ async def test_timeout_leaves_record_claimable_right_after_the_deadline(
     assert await other.execute({"id": 1}, work, timeout=5) == "second try"
 
 
+@on_stores("memory", "dynamodb", "redis")
 async def test_callback_is_cut_off_before_the_lease_ends(store: Store) -> None:
     recording = RecordingStore(store)
     manager = make(recording)

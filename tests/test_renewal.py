@@ -167,6 +167,7 @@ async def test_the_lease_never_outlasts_the_deadline(store: Store) -> None:
         assert claim.now + claim.lease <= wall_deadline + 0.05
 
 
+@on_stores("memory", "dynamodb", "postgres")
 async def test_without_a_deadline_the_lease_option_bounds_a_renewed_callback(
     store: Store,
 ) -> None:

@@ -1,4 +1,4 @@
-"""The fault simulator on the project's stores: MemoryStore on a virtual clock (12,000
+"""The fault simulator on the project's stores: MemoryStore on a virtual clock (10,000
 scenarios); DynamoDB on the moto server and Redis on a real redis-server in real time
 (client clock, and the server's own clock).
 
@@ -32,8 +32,8 @@ from idempotency_async.testing import (
 from idempotency_async.testing.__main__ import main
 
 # More seeds locally: SIM_MEMORY_SEEDS=200000 SIM_LIVE_SEEDS=2000 python -m pytest ...
-MEMORY_SEEDS = int(os.environ.get("SIM_MEMORY_SEEDS", "12000"))
-LIVE_SEEDS = int(os.environ.get("SIM_LIVE_SEEDS", "100"))
+MEMORY_SEEDS = int(os.environ.get("SIM_MEMORY_SEEDS", "10000"))
+LIVE_SEEDS = int(os.environ.get("SIM_LIVE_SEEDS", "80"))
 REDIS_SEEDS = int(os.environ.get("SIM_REDIS_SEEDS", "70"))
 
 
