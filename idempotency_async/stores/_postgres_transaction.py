@@ -98,9 +98,8 @@ async def bind(connection: Any, sql: Statements, table: str, limit: int) -> Tran
 
 async def _sqlalchemy_driver(connection: Any) -> _Connection:
     """The driver connection under a SQLAlchemy ``AsyncConnection`` or ``AsyncSession``
-    in a transaction.  Never flushes, commits or closes anything of the caller's."""
-    if not connection.in_transaction():
-        raise ConfigError(_NOT_IN_TRANSACTION)
+    in a transaction (checked by :func:`bind`).  Never flushes, commits or closes anything
+    of the caller's."""
     if hasattr(connection, "get_raw_connection"):
         core = connection
     else:  # an AsyncSession: its connection for the transaction it is in
