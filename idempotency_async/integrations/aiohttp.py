@@ -26,7 +26,7 @@ import asyncio
 import functools
 import itertools
 import weakref
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar, cast
 
 from aiohttp import web
@@ -126,8 +126,17 @@ def transactional_endpoint(handler: _H) -> _H:
 
     @functools.wraps(handler)
     async def endpoint(request: web.Request) -> web.StreamResponse:
+        state = request_state(request)
         request_transaction(request)  # the middleware ran: else a ConfigError (a 500)
-        return await handler(request)
+        assert state is not None
+        # A response the handler returns is its own: one returned before its transaction
+        # ran is answered with a 500 (see docs/http.md); one it raises goes out as it is.
+        state.endpoint_ran = True
+        try:
+            return await handler(request)
+        except BaseException:
+            state.endpoint_ran = False
+            raise
 
     _MARKED.add(endpoint)
     _TRANSACTIONAL.add(endpoint)
@@ -289,9 +298,15 @@ class _Aiohttp:
     async def passthrough(self) -> web.StreamResponse:
         return await self.handler(self.request)
 
-    async def forward(self, body: bytes) -> web.StreamResponse:
+    async def forward(
+        self, body: bytes, vet: Callable[[int], HttpResponse | None]
+    ) -> web.StreamResponse:
         # The body was handed back to the request when it was read (read_body).
-        return await self.handler(self.request)
+        response = await self.handler(self.request)
+        instead = vet(response.status)
+        if instead is None or response.prepared:  # a prepared head is out: logged only
+            return response
+        return await self.answer(instead)
 
     def live(self) -> web.StreamResponse:
         if self.response is None:
@@ -371,6 +386,9 @@ class _Aiohttp:
 class _Responses:
     """aiohttp responses, as a transactional handler returns them (see
     :class:`HttpTransaction`)."""
+
+    async def respond(self, value: object) -> web.Response:
+        return value  # type: ignore[return-value]  # checked by parts()
 
     def parts(self, response: web.Response) -> tuple[int, list[tuple[str, str]], bytes]:
         whole = isinstance(response, web.Response) and not response.prepared
