@@ -41,6 +41,12 @@ _log = logging.getLogger("idempotency_async")
 class Manager:
     """Runs each key's work at most once while its record lives, and replays the result.
 
+    A crash is covered up to the lease: a process that dies after the work's effect and
+    before completing the record leaves the key in progress until its lease (the call's
+    deadline, or a renewed short lease) ends; a retry then runs the work again.
+    :meth:`execute_in_transaction` makes database effects exactly once; downstream keys
+    carry the key to providers (``docs/choose.md``).
+
     A manager snapshots its :class:`Options`, owns its local cache and its in-flight
     table; several managers may share one store with distinct key prefixes.
     """

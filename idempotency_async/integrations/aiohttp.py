@@ -72,7 +72,13 @@ __all__ = [
 _H = TypeVar("_H", bound=Handler)
 
 
-_STATE_KEY = web.RequestKey("idempotency_async", RequestState)
+# aiohttp 3.14 types request storage with RequestKey (and warns on plain string keys);
+# earlier versions have no RequestKey and take the string.
+_STATE_KEY: web.RequestKey[RequestState] = (
+    web.RequestKey("idempotency_async", RequestState)
+    if hasattr(web, "RequestKey")
+    else "idempotency_async"  # type: ignore[assignment]
+)
 _MARKED: weakref.WeakSet[Handler] = weakref.WeakSet()
 _TRANSACTIONAL: weakref.WeakSet[Handler] = weakref.WeakSet()
 
