@@ -17,7 +17,7 @@ The second answer carries ``Idempotent-Replayed: true`` and the first one's body
 open wait for its COMMIT and replay it (``wait=True``).  The tables are created at start-up
 here for the demo; in production create them with a migration (``idempotency-async
 create-table --print-sql``, docs/postgres.md).  Needs the ``postgres`` and ``fastapi``
-extras and ``sqlalchemy[asyncio]>=2``.
+extras and the ``sqlalchemy`` extra (``pip install -e '.[postgres,sqlalchemy,fastapi]'``).
 """
 
 from __future__ import annotations
