@@ -239,21 +239,34 @@ class _DomainRouting:
 
     def __init__(self) -> None:
         # By root application (gone with it), then by the chain of sub-applications below
-        # it, by identity: they live as long as the root's router that holds them.
-        self._chains: weakref.WeakKeyDictionary[web.Application, dict[tuple[int, ...], bool]]
-        self._chains = weakref.WeakKeyDictionary()
+        # it, by identity: they live as long as the root's router that holds them.  Keyed
+        # by id with a weak reference, not a WeakKeyDictionary: applications before
+        # aiohttp 3.11 are unhashable.
+        self._chains: dict[int, tuple[weakref.ref[web.Application], dict[tuple[int, ...], bool]]]
+        self._chains = {}
 
     def by_domain(self, apps: tuple[web.Application, ...]) -> bool:
         if len(apps) < 2:
             return False  # no sub-application: nothing was routed by host
-        chains = self._chains.get(apps[0])
-        if chains is None:
-            chains = self._chains[apps[0]] = {}
+        root = apps[0]
+        entry = self._chains.get(id(root))
+        if entry is None or entry[0]() is not root:
+            entry = (weakref.ref(root, self._forget(id(root))), {})
+            self._chains[id(root)] = entry
+        chains = entry[1]
         chain = tuple(map(id, apps[1:]))
         routed = chains.get(chain)
         if routed is None:
             routed = chains[chain] = _by_domain(apps)
         return routed
+
+    def _forget(self, key: int) -> Callable[[weakref.ref[web.Application]], None]:
+        def forget(gone: weakref.ref[web.Application]) -> None:
+            entry = self._chains.get(key)
+            if entry is not None and entry[0] is gone:
+                del self._chains[key]
+
+        return forget
 
 
 def _by_domain(apps: tuple[web.Application, ...]) -> bool:
