@@ -19,8 +19,9 @@ from idempotency_async.stores.dynamodb_light import LightDynamoDBClient
 
 # The light DynamoDB client (extra dynamodb-light): it imports no botocore, so the cold
 # start is about a quarter of aioboto3's (docs/lambda.md, "Cold start").  It signs with
-# the credentials in the environment: Lambda sets them for the function's role.  On a laptop with a profile or SSO, export
-# them into the shell first (AWS CLI v2), and this same line works there:
+# the credentials in the environment: Lambda sets them for the function's role.  On a
+# laptop with a profile or SSO, export them into the shell first (AWS CLI v2), and this
+# same line works there:
 #   eval "$(aws configure export-credentials --profile dev --format env)"; export AWS_REGION=...
 # The store opens the client on the first invocation, inside the event loop that
 # lambda_entrypoint keeps for warm invocations.
