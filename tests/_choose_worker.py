@@ -3,7 +3,8 @@ store write, its sockets closed by the kernel), for the rows of docs/choose.md.
 
 Usage: python _choose_worker.py MODE DSN RECORDS EFFECTS KEY [PROVIDER_URL]
 
-MODE is ``lease`` (lease of 1 s), ``renewal`` (a 60 s deadline, a renewed lease of 1 s),
+MODE is ``lease`` (a lease of LEASE s), ``renewal`` (a 60 s deadline, a renewed lease of
+LEASE s),
 ``transactional`` (the effect written through the call's own transaction) or
 ``downstream`` (lease mode; the effect is a provider call carrying a downstream key).
 It prints ``effect`` just before it dies.
@@ -23,7 +24,8 @@ from idempotency_async import Manager, Options, downstream_key
 from idempotency_async.stores.postgres import PostgresStore
 
 # What each mode's worker and the test's retry use (docs/choose.md, "How each row is tested").
-LEASE = 1.0
+# Generous: the callback (a local insert or HTTP call) must finish within it, under load.
+LEASE = 2.0
 OPTIONS = {
     "lease": {},
     "renewal": {"renew_lease": LEASE},

@@ -139,7 +139,7 @@ async def test_lease_mode_runs_again_after_a_crash_once_the_lease_ends(
 ) -> None:
     found, _, connection = row
     await found.crash("lease", "k")
-    # The key stays in progress until the lease (the call's 1 s deadline) ends...
+    # The key stays in progress until the lease (the call's 2 s deadline) ends...
     _, refused = await found.retry("lease", "k", within=10)
     # ...then the retry runs the callback again: the committed effect happened twice.
     assert await found.committed(connection, "k") == 2
@@ -151,7 +151,7 @@ async def test_renewal_frees_a_crashed_key_after_one_short_lease(
 ) -> None:
     found, _, connection = row
     await found.crash("renewal", "k")
-    # The call's deadline is 60 s; the renewed lease is 1 s: the key is free within a
+    # The call's deadline is 60 s; the renewed lease is 2 s: the key is free within a
     # few seconds of the crash (generous: 15 s), and the callback runs again.
     _, refused = await found.retry("renewal", "k", within=15)
     assert refused < 15 < TIMEOUT["renewal"]
