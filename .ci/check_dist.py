@@ -25,6 +25,7 @@ EXTRAS = {
     "dynamodb-light",
     "redis",
     "postgres",
+    "sqlalchemy",
     "starlette",
     "fastapi",
     "aiohttp",

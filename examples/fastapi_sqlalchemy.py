@@ -17,7 +17,7 @@ The second answer carries ``Idempotent-Replayed: true`` and the first one's body
 open wait for its COMMIT and replay it (``wait=True``).  The tables are created at start-up
 here for the demo; in production create them with a migration (``idempotency-async
 create-table --print-sql``, docs/postgres.md).  Needs the ``postgres`` and ``fastapi``
-extras and ``sqlalchemy[asyncio]>=2``.
+extras and the ``sqlalchemy`` extra (``pip install -e '.[postgres,sqlalchemy,fastapi]'``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
@@ -101,29 +100,35 @@ class Order(BaseModel):
     slow: float = Field(0.0, ge=0, le=10, description="seconds to take inside the transaction")
 
 
-@app.post("/orders", status_code=201)
-async def create_order(order: Order, tx: IdempotentTransaction) -> Response:
+class Created(BaseModel):
+    id: str
+    sku: str
+    qty: int
+
+
+@app.post("/orders", status_code=201, response_model=Created)
+async def create_order(order: Order, tx: IdempotentTransaction, response: Response) -> Response:
     async with Session() as session, session.begin():
 
-        async def work() -> Response:
+        async def work() -> Created:
             # Runs once per Idempotency-Key (again only if an earlier run rolled back).
             order_id = f"ord_{uuid.uuid4().hex[:12]}"
             session.add(OrderRow(id=order_id, sku=order.sku, qty=order.qty))
             await session.flush()
             await asyncio.sleep(order.slow)
             print(f"creating {order_id} for Idempotency-Key {tx.key!r}", flush=True)
-            body = {"id": order_id, "sku": order.sku, "qty": order.qty}
-            location = {"Location": f"/orders/{order_id}"}
-            return JSONResponse(body, status_code=201, headers=location)
+            response.headers["Location"] = f"/orders/{order_id}"
+            return Created(id=order_id, sku=order.sku, qty=order.qty)
 
-        # The order row and the record (with this response) are written in this
-        # transaction; a duplicate that committed first is replayed instead.
-        response = await tx.run(session, work)
+        # The order row and the record (with this response, serialized as the route
+        # serializes a return value) are written in this transaction; a duplicate that
+        # committed first is replayed instead.
+        answer = await tx.run(session, work)
     # Leaving session.begin() committed both: the point of no return.  Had the COMMIT (or
     # a statement after run()) failed, neither would exist and a retry would run the work.
-    replayed = response.headers.get("idempotent-replayed") == "true"
+    replayed = answer.headers.get("idempotent-replayed") == "true"
     print(f"answered Idempotency-Key {tx.key!r} (replayed: {replayed})", flush=True)
-    return response
+    return answer
 
 
 @app.get("/orders")

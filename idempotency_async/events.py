@@ -22,6 +22,7 @@ EventKind: TypeAlias = Literal[
     "cut_off",
     "record_unreadable",
     "renew_failed",
+    "transaction_not_run",
 ]
 
 
@@ -40,7 +41,9 @@ class Event:
     ``InconsistentStateError`` the caller got.  Delete the record to free the key.
     ``renew_failed``: a lease renewal (``Options(renew_lease=...)``) got no answer; ``error``
     says why, and the next renewal is tried at the next interval.  A renewal the store
-    refused is ``lease_lost``.
+    refused is ``lease_lost``.  ``transaction_not_run``: an HTTP route that declares a
+    transaction returned a response without running it (nothing was recorded; the
+    middleware answered 500 instead); ``error`` is a ``ConfigError`` naming the route.
     """
 
     kind: EventKind

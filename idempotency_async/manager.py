@@ -25,6 +25,7 @@ from idempotency_async._lease import effective_deadline
 from idempotency_async._lifecycle import Call, Lifecycle, Unprotected
 from idempotency_async._responses import not_stored_error
 from idempotency_async.errors import ConfigError, InconsistentStateError
+from idempotency_async.events import EventKind
 from idempotency_async.instrumentation import Observer
 from idempotency_async.options import Options, disabled_by_environment
 from idempotency_async.record import Record
@@ -39,6 +40,12 @@ _log = logging.getLogger("idempotency_async")
 
 class Manager:
     """Runs each key's work at most once while its record lives, and replays the result.
+
+    A crash is covered up to the lease: a process that dies after the work's effect and
+    before completing the record leaves the key in progress until its lease (the call's
+    deadline, or a renewed short lease) ends; a retry then runs the work again.
+    :meth:`execute_in_transaction` makes database effects exactly once; downstream keys
+    carry the key to providers (``docs/choose.md``).
 
     A manager snapshots its :class:`Options`, owns its local cache and its in-flight
     table; several managers may share one store with distinct key prefixes.
@@ -266,6 +273,12 @@ class Manager:
         local caches keep replaying the key until their entries expire.
         """
         return await self._lifecycle.force_release(key)
+
+    def report(self, kind: EventKind, key: str, *, error: BaseException | None = None) -> None:
+        """Deliver an event about ``key`` as this manager's own (``Options(on_event=...)``,
+        telemetry, the ``idempotency_async`` logger at DEBUG): for integrations that find
+        something outside a call, e.g. ``transaction_not_run``."""
+        self._lifecycle.emit(kind, key, error=error)
 
     def clear_cache(self) -> None:
         """Forget locally cached responses; the store is left alone."""

@@ -22,6 +22,7 @@ import orjson
 import pytest
 from _http_apps import SERVERS, Served, serve_aio, serve_asgi
 from aiohttp import BodyPartReader, web
+from fastapi import APIRouter, FastAPI
 from opentelemetry.trace import StatusCode
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -34,6 +35,7 @@ from test_otel import Otel, otel
 from idempotency_async import Manager, MemoryStore, Options, errors
 from idempotency_async._json import nesting_depth
 from idempotency_async.integrations.aiohttp import idempotency_middleware
+from idempotency_async.integrations.fastapi import IdempotencyKey
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
 from idempotency_async.record import Claim, Completion
 
@@ -678,3 +680,35 @@ async def test_stream_cut_before_its_first_chunk_on_asgi_2_3_is_not_replayed_as_
         "stopped before its end" in again.json()["detail"]
         or "disconnected" in again.json()["detail"]
     )
+
+
+async def test_fastapi_routes_of_an_included_router_are_idempotent() -> None:
+    # FastAPI 0.16x includes a router as a single route that matches through its routes
+    # as included; the middleware must find the route (template and marker) inside it.
+    runs: Counter[str] = Counter()
+    inner, outer = APIRouter(), APIRouter()
+
+    @inner.post("/orders/{order_id}", status_code=201)
+    async def create(order_id: str, key: IdempotencyKey) -> dict[str, int]:
+        runs[order_id] += 1
+        return {"run": runs[order_id]}
+
+    outer.include_router(inner, prefix="/v1")
+    app = FastAPI()
+    app.include_router(outer, prefix="/api")
+    middleware = IdempotencyMiddleware(
+        app, manager=Manager(MemoryStore()), paths=(), caller_scope=lambda request: "t"
+    )
+    async with serve_asgi(middleware) as url, httpx.AsyncClient(base_url=url) as client:
+        answers = await asyncio.gather(
+            *(client.post("/api/v1/orders/o-1", headers={"Idempotency-Key": "k"}) for _ in range(4))
+        )
+        replay = await client.post("/api/v1/orders/o-1", headers={"Idempotency-Key": "k"})
+        missing = await client.post("/api/v1/orders/o-1")
+
+    assert runs["o-1"] == 1, [(a.status_code, a.text) for a in answers]
+    assert replay.status_code == 201 and replay.headers["idempotent-replayed"] == "true"
+    assert [a.status_code for a in answers].count(201) >= 1
+    assert missing.status_code == 400  # the route's marker requires the key
+    key = middleware.key_for("POST", "/api/v1/orders/{order_id}", "k", caller="t")
+    assert await middleware.manager.force_release(key) is not None  # stored under the template

@@ -148,6 +148,8 @@ def fastapi_app(env: Env, wait: bool, *, middleware: bool = True) -> FastAPI:
         order_id: str, order: _Order, request: Request, tx: IdempotentTransaction
     ) -> Response:
         env.calls["endpoint"] += 1
+        if order.mode == "skip":  # a defect: the route never runs its transaction
+            return JSONResponse({"order_id": order_id}, status_code=201)
         async with env.pool.acquire() as connection:
             transaction = await env.begin(connection, request.headers.get("x-isolation"))
 
@@ -186,6 +188,8 @@ def aiohttp_app(env: Env, wait: bool, *, middleware: bool = True) -> web.Applica
         tx = request_transaction(request)
         order = _Order.model_validate(await request.json())
         order_id = request.match_info["order_id"]
+        if order.mode == "skip":  # a defect: the handler never runs its transaction
+            return web.json_response({"order_id": order_id}, status=201)
         async with env.pool.acquire() as connection:
             transaction = await env.begin(connection, request.headers.get("x-isolation"))
 
@@ -462,3 +466,21 @@ async def test_a_streamed_response_is_refused_and_nothing_commits(start: Start, 
     assert refused.status_code == 500  # a ConfigError: the work's writes rolled back
     assert env.calls["work"] == 1
     assert (await env.count(env.orders), await env.count(env.records)) == (0, 0)
+
+
+async def test_a_route_that_returns_without_running_its_transaction_is_a_500(
+    start: Start, env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = await start()
+
+    with caplog.at_level("ERROR", logger="idempotency_async.http"):
+        answers = [
+            await client.post("/orders/o-1", json={"sku": "A", "mode": "skip"}, headers=_key("s"))
+            for _ in range(2)
+        ]
+
+    # Never a silent success: nothing was recorded, so each request ran the endpoint.
+    assert [answer.status_code for answer in answers] == [500, 500]
+    assert all(_is_problem(answer) and "o-1" not in answer.text for answer in answers)
+    assert env.calls["endpoint"] == 2 and env.calls["work"] == 0
+    assert "without running its transaction" in caplog.text

@@ -26,7 +26,7 @@ import asyncio
 import functools
 import itertools
 import weakref
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar, cast
 
 from aiohttp import web
@@ -72,7 +72,13 @@ __all__ = [
 _H = TypeVar("_H", bound=Handler)
 
 
-_STATE_KEY = web.RequestKey("idempotency_async", RequestState)
+# aiohttp 3.14 types request storage with RequestKey (and warns on plain string keys);
+# earlier versions have no RequestKey and take the string.
+_STATE_KEY: web.RequestKey[RequestState] = (
+    web.RequestKey("idempotency_async", RequestState)
+    if hasattr(web, "RequestKey")
+    else "idempotency_async"  # type: ignore[assignment]
+)
 _MARKED: weakref.WeakSet[Handler] = weakref.WeakSet()
 _TRANSACTIONAL: weakref.WeakSet[Handler] = weakref.WeakSet()
 
@@ -126,8 +132,17 @@ def transactional_endpoint(handler: _H) -> _H:
 
     @functools.wraps(handler)
     async def endpoint(request: web.Request) -> web.StreamResponse:
+        state = request_state(request)
         request_transaction(request)  # the middleware ran: else a ConfigError (a 500)
-        return await handler(request)
+        assert state is not None
+        # A response the handler returns is its own: one returned before its transaction
+        # ran is answered with a 500 (see docs/http.md); one it raises goes out as it is.
+        state.endpoint_ran = True
+        try:
+            return await handler(request)
+        except BaseException:
+            state.endpoint_ran = False
+            raise
 
     _MARKED.add(endpoint)
     _TRANSACTIONAL.add(endpoint)
@@ -224,21 +239,34 @@ class _DomainRouting:
 
     def __init__(self) -> None:
         # By root application (gone with it), then by the chain of sub-applications below
-        # it, by identity: they live as long as the root's router that holds them.
-        self._chains: weakref.WeakKeyDictionary[web.Application, dict[tuple[int, ...], bool]]
-        self._chains = weakref.WeakKeyDictionary()
+        # it, by identity: they live as long as the root's router that holds them.  Keyed
+        # by id with a weak reference, not a WeakKeyDictionary: applications before
+        # aiohttp 3.11 are unhashable.
+        self._chains: dict[int, tuple[weakref.ref[web.Application], dict[tuple[int, ...], bool]]]
+        self._chains = {}
 
     def by_domain(self, apps: tuple[web.Application, ...]) -> bool:
         if len(apps) < 2:
             return False  # no sub-application: nothing was routed by host
-        chains = self._chains.get(apps[0])
-        if chains is None:
-            chains = self._chains[apps[0]] = {}
+        root = apps[0]
+        entry = self._chains.get(id(root))
+        if entry is None or entry[0]() is not root:
+            entry = (weakref.ref(root, self._forget(id(root))), {})
+            self._chains[id(root)] = entry
+        chains = entry[1]
         chain = tuple(map(id, apps[1:]))
         routed = chains.get(chain)
         if routed is None:
             routed = chains[chain] = _by_domain(apps)
         return routed
+
+    def _forget(self, key: int) -> Callable[[weakref.ref[web.Application]], None]:
+        def forget(gone: weakref.ref[web.Application]) -> None:
+            entry = self._chains.get(key)
+            if entry is not None and entry[0] is gone:
+                del self._chains[key]
+
+        return forget
 
 
 def _by_domain(apps: tuple[web.Application, ...]) -> bool:
@@ -289,9 +317,15 @@ class _Aiohttp:
     async def passthrough(self) -> web.StreamResponse:
         return await self.handler(self.request)
 
-    async def forward(self, body: bytes) -> web.StreamResponse:
+    async def forward(
+        self, body: bytes, vet: Callable[[int], HttpResponse | None]
+    ) -> web.StreamResponse:
         # The body was handed back to the request when it was read (read_body).
-        return await self.handler(self.request)
+        response = await self.handler(self.request)
+        instead = vet(response.status)
+        if instead is None or response.prepared:  # a prepared head is out: logged only
+            return response
+        return await self.answer(instead)
 
     def live(self) -> web.StreamResponse:
         if self.response is None:
@@ -371,6 +405,9 @@ class _Aiohttp:
 class _Responses:
     """aiohttp responses, as a transactional handler returns them (see
     :class:`HttpTransaction`)."""
+
+    async def respond(self, value: object) -> web.Response:
+        return value  # type: ignore[return-value]  # checked by parts()
 
     def parts(self, response: web.Response) -> tuple[int, list[tuple[str, str]], bytes]:
         whole = isinstance(response, web.Response) and not response.prepared

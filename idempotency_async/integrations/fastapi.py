@@ -23,9 +23,10 @@ claims for it, and the endpoint runs its work through :data:`IdempotentTransacti
 
 .. code-block:: python
 
-    @app.post("/orders", status_code=201)
+    @app.post("/orders", status_code=201, response_model=OrderOut)
     async def create_order(order: Order, tx: IdempotentTransaction) -> Response:
         async with Session() as session, session.begin():
+            # insert() returns an OrderOut (or a dict), serialized as the route would
             response = await tx.run(session, lambda: insert(session, order))
         return response  # committed: only now is the record visible to duplicates
 """
@@ -37,8 +38,10 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, Final, TypeAlias
 
 from fastapi import Depends, Header, Request, Response
+from fastapi.routing import APIRoute
 
 from idempotency_async.errors import ConfigError
+from idempotency_async.integrations._fastapi_responses import RouteResponses
 from idempotency_async.integrations._http import HttpTransaction, RequestState, register_marker
 from idempotency_async.integrations.starlette import request_state
 
@@ -116,21 +119,31 @@ def _state(request: Request) -> RequestState:
 
 async def idempotent_transaction(
     request: Request,
+    response: Response,
     idempotency_key: Annotated[str, Header(alias=_HEADER, description=_DESCRIPTION)],
-) -> HttpTransaction[Response]:
-    """Make a route transactional; returns the request's :class:`HttpTransaction`.
+) -> AsyncIterator[HttpTransaction[Response]]:
+    """Make a route transactional; yields the request's :class:`HttpTransaction`.
 
     The middleware does not claim the key for the route: it replays a committed response
     (or answers 409/422) without running the endpoint, and otherwise runs it.  The endpoint
     opens its database transaction, calls ``await tx.run(connection_or_session, work)``
-    — ``work()`` writes through that connection and returns the Response — commits, then
-    returns what ``run`` returned.  The record commits with the work's writes, or not at
-    all; the COMMIT is the point of no return.  The key is required (400 without it).
+    — ``work()`` writes through that connection and returns what a plain route returns
+    (a dict, a model, a ``Response``), serialized as this route serializes its endpoint's
+    return value — commits, then returns what ``run`` returned (a ``Response``: declare
+    the model with ``response_model=``).  The record commits with the work's writes, or
+    not at all; the COMMIT is the point of no return.  The key is required (400 without
+    it).  An endpoint that returns a response without having run its transaction gets a
+    500 instead (logged, and the ``transaction_not_run`` event).
     """
-    transaction = _state(request).transaction
+    state = _state(request)
+    transaction = state.transaction
     if not isinstance(transaction, HttpTransaction):  # the middleware sets it; never reached
         raise ConfigError("this transactional route's request has no transaction state")
-    return transaction
+    route = request.scope.get("route")
+    if isinstance(route, APIRoute):
+        transaction.kind = RouteResponses(route, request.scope, response)
+    async with _running(state):
+        yield transaction
 
 
 register_marker(idempotency_dependency, requires_key=False)

@@ -122,7 +122,7 @@ class IdempotencyMiddleware:
                 wait_timeout=wait_timeout,
             ),
         )
-        self._marked: dict[int, Marks] = {}
+        self._marked: dict[int, tuple[BaseRoute, Marks]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -167,11 +167,14 @@ class IdempotencyMiddleware:
     def _marks(self, route: BaseRoute) -> Marks:
         """Whether a route is opted in, whether its marker requires the key, and whether
         it is transactional."""
+        # Keyed by identity; the route is kept beside its marks so that an id reused by
+        # another object (FastAPI rebuilds an included router's routes when they change)
+        # is never taken for it.
         known = self._marked.get(id(route))
-        if known is None:
-            known = route_marks(getattr(route, "dependant", None))
+        if known is None or known[0] is not route:
+            known = (route, route_marks(getattr(route, "dependant", None)))
             self._marked[id(route)] = known
-        return known
+        return known[1]
 
 
 def _route_template(scope: Scope, app: ASGIApp) -> tuple[str, BaseRoute | None] | None:
@@ -201,6 +204,14 @@ def _match(
     routes: Sequence[BaseRoute], scope: Scope, prefix: str, by_host: bool = False
 ) -> tuple[str, BaseRoute | None, bool] | None:
     for route in routes:
+        contexts = getattr(route, "effective_route_contexts", None)
+        if callable(contexts):
+            # FastAPI 0.16x includes a router as one route that matches through its routes
+            # as included (full path, the include's dependencies): match those instead.
+            found = _match(list(contexts()), scope, prefix, by_host)
+            if found is not None:
+                return found
+            continue
         match, child = route.matches(scope)
         if match is not Match.FULL:
             continue
@@ -215,9 +226,12 @@ def _match(
     return None
 
 
-class _Responses:
+class Responses:
     """Starlette responses, as a transactional endpoint returns them (see
-    :class:`HttpTransaction`)."""
+    :class:`HttpTransaction`); FastAPI's routes refine :meth:`respond`."""
+
+    async def respond(self, value: object) -> Response:
+        return value  # type: ignore[return-value]  # checked by parts()
 
     def parts(self, response: Response) -> tuple[int, list[tuple[str, str]], bytes]:
         body = getattr(response, "body", None) if isinstance(response, Response) else None
@@ -247,4 +261,4 @@ class _Responses:
         response.headers[STORED_HEADER] = "false"
 
 
-_RESPONSES = _Responses()
+_RESPONSES = Responses()

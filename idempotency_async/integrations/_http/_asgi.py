@@ -141,9 +141,22 @@ class AsgiAdapter:
 
         return receive
 
-    async def forward(self, body: bytes) -> None:
+    async def forward(
+        self, body: bytes, vet: Callable[[int], HttpResponse | None] | None = None
+    ) -> None:
+        replaced = False
+
         async def send(message: Message) -> None:
+            nonlocal replaced
+            if replaced:
+                return  # the rest of a response the middleware answered instead
             if message["type"] == "http.response.start":
+                instead = None if vet is None else vet(message["status"])
+                if instead is not None:
+                    replaced = True
+                    await send_response(self.send, instead)
+                    self.head_sent = True
+                    return
                 self.head_sent = True
             await self.send(message)
 

@@ -31,6 +31,7 @@ from idempotency_async._lifecycle import Call
 from idempotency_async.errors import (
     AlreadyInProgressError,
     CompletionError,
+    ConfigError,
     DeadlineExceededError,
     InconsistentStateError,
     PayloadValidationError,
@@ -64,6 +65,9 @@ from idempotency_async.integrations._http._transaction import (
 __all__ = ["REPLAYED_ATTRIBUTE", "Adapter", "exchange", "run"]
 
 R = TypeVar("R")
+
+Vet = Callable[[int], HttpResponse | None]
+"""Judges the status of a transactional endpoint's response before it goes out."""
 R_co = TypeVar("R_co", covariant=True)
 
 REPLAYED_ATTRIBUTE: Final = "idempotency.http.replayed"
@@ -107,8 +111,10 @@ class Adapter(Protocol[R_co]):
     async def run_endpoint(self, body: bytes, gate: ResponseGate) -> None:
         """Run the endpoint, telling ``gate`` about its response before forwarding it."""
 
-    async def forward(self, body: bytes) -> R_co:
-        """Run the endpoint on the body already read; its response goes out as it is."""
+    async def forward(self, body: bytes, vet: Vet) -> R_co:
+        """Run the endpoint on the body already read; its response goes out as it is,
+        unless ``vet(status)``, called with the status of the endpoint's response before
+        its head goes out, returns another response to send instead."""
 
     def live(self) -> R_co:
         """What to return once the endpoint's own response went (or is going) out."""
@@ -147,7 +153,7 @@ async def exchange(rules: HttpIdempotency, adapter: Adapter[R]) -> R:
             if answer is None:
                 transaction = HttpTransaction(rules, payload, key, deadline, adapter.kind)
                 state.transaction = transaction
-                return await _in_transaction(rules, adapter, transaction, body)
+                return await _in_transaction(rules, adapter, state, transaction, body)
         else:
             gate = ResponseGate(rules, state, adapter.marked)
             answer = await run(rules, payload, lambda: adapter.run_endpoint(body, gate), gate)
@@ -157,12 +163,37 @@ async def exchange(rules: HttpIdempotency, adapter: Adapter[R]) -> R:
 
 
 async def _in_transaction(
-    rules: HttpIdempotency, adapter: Adapter[R], transaction: HttpTransaction[Any], body: bytes
+    rules: HttpIdempotency,
+    adapter: Adapter[R],
+    state: RequestState,
+    transaction: HttpTransaction[Any],
+    body: bytes,
 ) -> R:
     """Run a transactional route's endpoint: it records its response itself; the errors
-    of its transactional call that leave it are answered here (409, 422, 503, 504)."""
+    of its transactional call that leave it are answered here (409, 422, 503, 504), and
+    a response it returns without having run its transaction is replaced by a 500."""
+
+    def vet(status: int) -> HttpResponse | None:
+        # Responses the endpoint did not return (request validation, raised HTTP errors)
+        # and server errors are no success: they go out as they are.
+        if transaction.answered or not state.endpoint_ran or status >= 500:
+            return None
+        error = ConfigError(
+            f"the transactional route {adapter.method} {adapter.template} returned a "
+            f"{status} response without running its transaction: nothing was recorded, so "
+            "a retry runs it again. Return what `await tx.run(connection, work)` returned "
+            "(FastAPI: tx: IdempotentTransaction; aiohttp: request_transaction(request))"
+        )
+        _log.error("%s; answered 500 instead", error)
+        rules.manager.report("transaction_not_run", transaction.record_key, error=error)
+        return problem(
+            500,
+            "Internal Server Error",
+            "the server did not record this request: it may or may not have taken effect",
+        )
+
     try:
-        return await adapter.forward(body)
+        return await adapter.forward(body, vet)
     except Exception as exc:
         answer = transaction_answer(rules, transaction, exc)
         if answer is None or adapter.head_sent:

@@ -8,10 +8,12 @@ hands the endpoint an :class:`HttpTransaction`::
                                │ in progress (a lease) ──> 409
                                └ nothing committed ──> the endpoint runs, and calls
     HttpTransaction.run(connection, work) ──> Manager.execute_in_transaction(connection, ...)
-        work() returns the response ──> encoded as the middleware stores responses, written
-                                         in the savepoint; 5xx: rolled back, not stored
+        work() returns the response (FastAPI: or a value, serialized as the route would)
+                               ──> encoded as the middleware stores responses, written
+                                   in the savepoint; 5xx: rolled back, not stored
         a duplicate committed first ──> its replay (Idempotent-Replayed: true)
     the endpoint's COMMIT ──> the point of no return; a rollback leaves no record
+    an endpoint that returns without run() having answered ──> 500 (never a silent success)
 
 A duplicate arriving while the first request's transaction is open blocks on the record's
 row (``wait``) or is refused at once; either way it learns nothing before the COMMIT.
@@ -69,6 +71,11 @@ _log = logging.getLogger("idempotency_async.http")
 class ResponseKind(Protocol[Resp]):
     """A framework's response type, as a transactional endpoint returns it."""
 
+    async def respond(self, value: object) -> Resp:
+        """The response for what the work returned: a response as it is; FastAPI
+        serializes any other value as the route serializes its endpoint's return value.
+        ``ConfigError`` for a value the framework cannot send as a whole response."""
+
     def parts(self, response: Resp) -> tuple[int, list[tuple[str, str]], bytes]:
         """Status, headers (lower-cased names) and whole body; ``ConfigError`` when the
         body is not in hand (a stream)."""
@@ -103,7 +110,13 @@ class HttpTransaction(Generic[Resp]):
         self._rules = rules
         self._payload = payload
         self._deadline = deadline
-        self._kind = kind
+        self.kind = kind
+        """How the framework's responses are made, read and built (an adapter may refine
+        it per request: FastAPI's serializes values as the route does)."""
+        self.answered = False
+        """:meth:`run` returned: the work's response was recorded, or a replay came back.
+        An endpoint that returns a response while this is False never ran its transaction
+        (the middleware answers 500 instead)."""
         self.key = key
         """The request's Idempotency-Key (unquoted)."""
         self.scope: dict[str, Any] = payload["scope"]
@@ -122,18 +135,21 @@ class HttpTransaction(Generic[Resp]):
         """What the manager keys and validates (``{"scope": ..., "fingerprint": ...}``)."""
         return self._payload
 
-    async def run(self, connection: Any, work: Callable[[], Awaitable[Resp]]) -> Resp:
+    async def run(self, connection: Any, work: Callable[[], Awaitable[object]]) -> Resp:
         """Run ``work`` once per key inside ``connection``'s open transaction; return the
         response the endpoint sends.
 
-        ``work()`` writes through ``connection`` and returns the response (its whole body
-        in hand).  The response is encoded and written with the record in a savepoint of
-        the transaction, before it commits: commit the transaction, then return what this
-        returns.  A 5xx response or an exception rolls the savepoint back (nothing stored,
-        a retry runs).  When a duplicate committed first, ``work`` does not run and the
-        stored response comes back with ``Idempotent-Replayed: true``.  In-progress,
-        reuse, retryable-transaction and store errors propagate: let them leave the
-        transaction (it rolls back) and the middleware answers them (409, 422, 503).
+        ``work()`` writes through ``connection`` and returns the response (its whole body in
+        hand) — in FastAPI, or what a plain route returns (a dict, a model), which is
+        serialized here as the route would serialize it (``response_model``,
+        ``status_code``, ``response_class``, the ``Response`` parameter's status and headers
+        as set so far).  The response is encoded and written with the record in a savepoint
+        of the transaction, before it commits: commit the transaction, then return what this
+        returns.  A 5xx response or an exception rolls the savepoint back (nothing stored, a
+        retry runs).  When a duplicate committed first, ``work`` does not run and the stored
+        response comes back with ``Idempotent-Replayed: true``.  In-progress, reuse,
+        retryable-transaction and store errors propagate: let them leave the transaction (it
+        rolls back) and the middleware answers them (409, 422, 503).
         """
         rules = self._rules
         settings = rules.settings
@@ -141,8 +157,8 @@ class HttpTransaction(Generic[Resp]):
         not_stored: list[bool] = []
 
         async def callback() -> dict[str, Any]:
-            response = await work()
-            status, headers, body = self._kind.parts(response)
+            response = await self.kind.respond(await work())
+            status, headers, body = self.kind.parts(response)
             if status >= 500 and not settings.store_server_errors:
                 raise _ServerError(response)
             responses.append(response)
@@ -168,17 +184,19 @@ class HttpTransaction(Generic[Resp]):
             with call_attributes(rules.manager, attributes):
                 result = await execute(connection, self._payload, callback, deadline=self._deadline)
         except _ServerError as error:
+            self.answered = True
             return error.response  # type: ignore[return-value]
         except _ANSWERED as exc:
             self.raised = exc
             raise
+        self.answered = True
         if responses:
             response = responses[-1]
             if not_stored:
-                self._kind.mark_not_stored(response)
+                self.kind.mark_not_stored(response)
             return response
         annotate(rules.manager, {_REPLAYED_ATTRIBUTE: True})
-        return self._kind.build(rules.replay(result))
+        return self.kind.build(rules.replay(result))
 
 
 async def committed(rules: HttpIdempotency, payload: dict[str, Any]) -> HttpResponse | None:
