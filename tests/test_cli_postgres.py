@@ -92,6 +92,32 @@ async def test_vacuum_deletes_expired_records(postgres_server: PostgresServer) -
         await connection.close()
 
 
+async def test_list_limit_reads_what_it_shows_and_says_whether_more_remain(
+    postgres_server: PostgresServer,
+) -> None:
+    table = fresh_table_name()
+    url = f"{postgres_server.dsn}?table={table}"
+    (await cli("create-table", "--store", url)).ok()
+    async with PostgresStore.from_url(postgres_server.dsn, table=table) as store:
+        for i in range(5):
+            await store.claim(Claim(f"k{i}", "o", 0, 300.0, 3600.0, None))
+    s = ("--store", url)
+    two, five, held = await asyncio.gather(
+        cli("list", *s, "--limit", "2"),
+        cli("list", *s, "--limit", "5", "--json"),
+        cli("list", *s, "--limit", "2", "--status", "INPROGRESS", "--page-size", "2"),
+    )
+    # One statement of limit + 1 rows (not a page of 1000): the extra row says more remain.
+    assert [row.split()[-1] for row in two.ok().splitlines()[1:]] == ["k0", "k1"]
+    assert two.err == "2 records shown, stopped at --limit 2: more remain (read 3 items)\n"
+    assert [json.loads(line)["key"] for line in five.ok().splitlines()] == [
+        f"k{i}" for i in range(5)
+    ]
+    assert five.err == "5 records (read 5 items)\n"
+    # With a --page-size the limit fell on a page's end: one page more tells.
+    assert held.err == "2 records shown, stopped at --limit 2: more remain (read 4 items)\n"
+
+
 async def test_postgres_usage_errors_are_one_line() -> None:
     wrong, bad_table, print_redis = await asyncio.gather(
         cli("vacuum", "--store", "redis://127.0.0.1:1/0"),
@@ -128,28 +154,3 @@ async def test_the_postgres_target_lists_the_stores_records_page_by_page(
     assert [[record.key for record in page.records] for page in pages] == [["a", "b"], ["c"]]
     assert [page.scanned for page in pages] == [2, 1]
 
-
-async def test_list_limit_reads_what_it_shows_and_says_whether_more_remain(
-    postgres_server: PostgresServer,
-) -> None:
-    table = fresh_table_name()
-    url = f"{postgres_server.dsn}?table={table}"
-    (await cli("create-table", "--store", url)).ok()
-    async with PostgresStore.from_url(postgres_server.dsn, table=table) as store:
-        for i in range(5):
-            await store.claim(Claim(f"k{i}", "o", 0, 300.0, 3600.0, None))
-    s = ("--store", url)
-    two, five, held = await asyncio.gather(
-        cli("list", *s, "--limit", "2"),
-        cli("list", *s, "--limit", "5", "--json"),
-        cli("list", *s, "--limit", "2", "--status", "INPROGRESS", "--page-size", "2"),
-    )
-    # One statement of limit + 1 rows (not a page of 1000): the extra row says more remain.
-    assert [row.split()[-1] for row in two.ok().splitlines()[1:]] == ["k0", "k1"]
-    assert two.err == "2 records shown, stopped at --limit 2: more remain (read 3 items)\n"
-    assert [json.loads(line)["key"] for line in five.ok().splitlines()] == [
-        f"k{i}" for i in range(5)
-    ]
-    assert five.err == "5 records (read 5 items)\n"
-    # With a --page-size the limit fell on a page's end: one page more tells.
-    assert held.err == "2 records shown, stopped at --limit 2: more remain (read 4 items)\n"
