@@ -153,4 +153,3 @@ async def test_the_postgres_target_lists_the_stores_records_page_by_page(
         await store.aclose()
     assert [[record.key for record in page.records] for page in pages] == [["a", "b"], ["c"]]
     assert [page.scanned for page in pages] == [2, 1]
-
