@@ -12,7 +12,6 @@ from _cli import cli
 from _postgres import PostgresServer, fresh_table_name
 
 from idempotency_async import Manager, Options
-from idempotency_async.record import Claim
 from idempotency_async.stores.postgres import PostgresStore
 
 pytestmark = pytest.mark.postgres
@@ -95,6 +94,8 @@ async def test_vacuum_deletes_expired_records(postgres_server: PostgresServer) -
 async def test_list_limit_reads_what_it_shows_and_says_whether_more_remain(
     postgres_server: PostgresServer,
 ) -> None:
+    from idempotency_async.record import Claim
+
     table = fresh_table_name()
     url = f"{postgres_server.dsn}?table={table}"
     (await cli("create-table", "--store", url)).ok()
