@@ -27,7 +27,7 @@ from idempotency_async._keys import KeyDeriver
 from idempotency_async.events import Event
 from idempotency_async.integrations.aiohttp import idempotency_middleware, idempotent_endpoint
 from idempotency_async.record import Claim, Completion
-from idempotency_async.stores.dynamodb import DynamoDBStore
+from idempotency_async.stores.dynamodb import DynamoDBStore, create_table
 from idempotency_async.stores.memory import MemoryStore
 
 VECTORS = json.loads((ROOT / "tests" / "data" / "ts_canonical_vectors.json").read_text())
@@ -359,9 +359,9 @@ async def test_list_limit_reads_what_it_shows_and_says_whether_more_remain(
 ) -> None:
     table = _table()
     store_url = _url(moto_endpoint, table)
-    (await cli("create-table", "--store", store_url)).ok()
     now = time.time()
     async with open_client(moto_endpoint) as client:
+        await create_table(client, table)
         store = DynamoDBStore(client, table_name=table)
         for i in range(5):
             await store.claim(Claim(f"shop#{i}", "owner", now, lease=300, ttl=3600))
@@ -394,9 +394,9 @@ async def test_list_limit_says_when_it_cannot_tell_whether_more_remain(
     table = _table()
     layout = {"sort_key_attr": "sk", "static_pk_value": "idempotency#shop"}
     store_url = _url(moto_endpoint, table, **layout)
-    (await cli("create-table", "--store", store_url)).ok()
     now = time.time()
     async with open_client(moto_endpoint) as client:
+        await create_table(client, table, sort_key=True)
         store = DynamoDBStore(client, table_name=table, **layout)
         for key in ("k1", "k2", "k3"):
             await store.claim(Claim(key, "owner", now, lease=300, ttl=3600))

@@ -95,10 +95,11 @@ async def test_list_limit_reads_what_it_shows_and_says_whether_more_remain(
     postgres_server: PostgresServer,
 ) -> None:
     from idempotency_async.record import Claim
+    from idempotency_async.stores.postgres import create_table
 
     table = fresh_table_name()
     url = f"{postgres_server.dsn}?table={table}"
-    (await cli("create-table", "--store", url)).ok()
+    await create_table(postgres_server.dsn, table=table)
     async with PostgresStore.from_url(postgres_server.dsn, table=table) as store:
         for i in range(5):
             await store.claim(Claim(f"k{i}", "o", 0, 300.0, 3600.0, None))
