@@ -27,7 +27,7 @@ from idempotency_async._keys import KeyDeriver
 from idempotency_async.events import Event
 from idempotency_async.integrations.aiohttp import idempotency_middleware, idempotent_endpoint
 from idempotency_async.record import Claim, Completion
-from idempotency_async.stores.dynamodb import DynamoDBStore
+from idempotency_async.stores.dynamodb import DynamoDBStore, create_table
 from idempotency_async.stores.memory import MemoryStore
 
 VECTORS = json.loads((ROOT / "tests" / "data" / "ts_canonical_vectors.json").read_text())
@@ -287,7 +287,12 @@ async def test_get_list_and_release_on_a_table(moto_endpoint: str) -> None:
     assert listed_in_progress.err == "3 records (read 5 items)\n"  # three pages, filtered
     assert len(limited.ok().splitlines()) == 1 + 2
     progress = limited.err.splitlines()
-    assert progress == ["1 items read, 1 listed…", "2 records (read 2 items)"]
+    # The limit fell on a page's end: one page more told that more remain.
+    assert progress == [
+        "1 items read, 1 listed…",
+        "2 items read, 2 listed…",
+        "2 records shown, stopped at --limit 2: more remain (read 3 items)",
+    ]
     assert exists.error() == f"table {table!r} already exists"
 
     # release: asks first, shows what it deleted, refuses without a yes.
@@ -347,6 +352,88 @@ async def test_sort_key_mode_with_renamed_attributes(moto_endpoint: str) -> None
     assert listed_keys == {"checkout#held", manager.key_for({"cart": 1})}  # its partition only
     assert [json.loads(line)["status"] for line in completed.ok().splitlines()] == ["COMPLETED"]
     assert got.json()["owner"] == "owner-1"
+
+
+async def test_list_limit_reads_what_it_shows_and_says_whether_more_remain(
+    moto_endpoint: str,
+) -> None:
+    table = _table()
+    store_url = _url(moto_endpoint, table)
+    now = time.time()
+    async with open_client(moto_endpoint) as client:
+        await create_table(client, table)
+        store = DynamoDBStore(client, table_name=table)
+        for i in range(5):
+            await store.claim(Claim(f"shop#{i}", "owner", now, lease=300, ttl=3600))
+            if i >= 3:
+                await store.complete(Completion(f"shop#{i}", "owner", now, 3600, None, None))
+    s = ("--store", store_url)
+    two, five, held_two, held_three = await asyncio.gather(
+        cli("list", *s, "--limit", "2"),
+        cli("list", *s, "--limit", "5", "--json"),
+        cli("list", *s, "--limit", "2", "--status", "INPROGRESS"),
+        cli("list", *s, "--limit", "3", "--status", "INPROGRESS"),
+    )
+    # Unfiltered, a request reads one item past the limit (not a 1 MB page of them), and
+    # that item says that more remain.
+    assert len(two.ok().splitlines()) == 1 + 2
+    assert two.err == "2 records shown, stopped at --limit 2: more remain (read 3 items)\n"
+    assert len(five.ok().splitlines()) == 5
+    assert five.err == "5 records (read 5 items)\n"  # all of them: nothing more to say
+    # A status filter applies after DynamoDB's Limit: the page is the table's 1 MB page.
+    assert len(held_two.ok().splitlines()) == 1 + 2
+    assert held_two.err == "2 records shown, stopped at --limit 2: more remain (read 5 items)\n"
+    assert len(held_three.ok().splitlines()) == 1 + 3
+    assert held_three.err == "3 records (read 5 items)\n"
+
+
+async def test_list_limit_says_when_it_cannot_tell_whether_more_remain(
+    moto_endpoint: str,
+) -> None:
+    # Sort-key mode lists in key order (a Query of the partition): k1 and k3 in progress.
+    table = _table()
+    layout = {"sort_key_attr": "sk", "static_pk_value": "idempotency#shop"}
+    store_url = _url(moto_endpoint, table, **layout)
+    now = time.time()
+    async with open_client(moto_endpoint) as client:
+        await create_table(client, table, sort_key=True)
+        store = DynamoDBStore(client, table_name=table, **layout)
+        for key in ("k1", "k2", "k3"):
+            await store.claim(Claim(key, "owner", now, lease=300, ttl=3600))
+        await store.complete(Completion("k2", "owner", now, 3600, None, None))
+    s = ("--store", store_url, "--status", "INPROGRESS", "--page-size", "1")
+    one, two = await asyncio.gather(
+        cli("list", *s, "--limit", "1"), cli("list", *s, "--limit", "2")
+    )
+    # k1 filled the limit at a page's end; the one page read past it (k2) held no match.
+    assert [row.split()[-1] for row in one.ok().splitlines()[1:]] == ["k1"]
+    assert one.err == "1 record shown, stopped at --limit 1: there may be more (read 2 items)\n"
+    assert [row.split()[-1] for row in two.ok().splitlines()[1:]] == ["k1", "k3"]
+    # k3 filled it at the partition's end: DynamoDB said no more (no LastEvaluatedKey).
+    assert two.err == "2 records (read 3 items)\n"
+
+
+def test_list_and_vacuum_help_say_what_the_options_do_and_their_defaults(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from idempotency_async.cli._parser import build_parser
+
+    helps = {}
+    for command in ("list", "vacuum"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        helps[command] = " ".join(capsys.readouterr().out.split())
+    page_size = helps["list"].split("--page-size N ", 1)[1]
+    for default in (
+        "1 MB",
+        "SCAN COUNT (default 100)",
+        "Postgres rows per statement (default 1000)",
+    ):
+        assert default in page_size
+    assert "--limit N show at most N records" in helps["list"]
+    assert "whether more remain" in helps["list"]
+    assert "rows deleted per statement (default 1000)" in helps["vacuum"]
+    assert "(default: until none is left)" in helps["vacuum"]
 
 
 # ------------------------------------------------------------------------------ errors

@@ -76,10 +76,48 @@ async def test_vacuum_deletes_expired_records(postgres_server: PostgresServer) -
         )
         vacuumed = await cli("vacuum", "--store", url, "--batch-size", "3", "--max-batches", "2")
         assert "deleted 6 expired records" in vacuumed.ok()
+        # Stopped by --max-batches after a full batch: it says more may remain, and how to
+        # go on.
+        assert "stopped after --max-batches 2 with the last batch full" in vacuumed.out
+        assert "more expired records may remain; run the command again" in vacuumed.out
         assert await connection.fetchval(f"SELECT count(*) FROM {table}") == 1
-        assert "deleted 1 expired record " in (await cli("vacuum", "--store", url)).ok()
+        rest = await cli("vacuum", "--store", url, "--batch-size", "3", "--max-batches", "2")
+        assert rest.ok() == f"deleted 1 expired record from {table}\n"  # done: nothing more
+        assert await connection.fetchval(f"SELECT count(*) FROM {table}") == 0
+        assert (await cli("vacuum", "--store", url)).ok() == (
+            f"deleted 0 expired records from {table}\n"
+        )
     finally:
         await connection.close()
+
+
+async def test_list_limit_reads_what_it_shows_and_says_whether_more_remain(
+    postgres_server: PostgresServer,
+) -> None:
+    from idempotency_async.record import Claim
+    from idempotency_async.stores.postgres import create_table
+
+    table = fresh_table_name()
+    url = f"{postgres_server.dsn}?table={table}"
+    await create_table(postgres_server.dsn, table=table)
+    async with PostgresStore.from_url(postgres_server.dsn, table=table) as store:
+        for i in range(5):
+            await store.claim(Claim(f"k{i}", "o", 0, 300.0, 3600.0, None))
+    s = ("--store", url)
+    two, five, held = await asyncio.gather(
+        cli("list", *s, "--limit", "2"),
+        cli("list", *s, "--limit", "5", "--json"),
+        cli("list", *s, "--limit", "2", "--status", "INPROGRESS", "--page-size", "2"),
+    )
+    # One statement of limit + 1 rows (not a page of 1000): the extra row says more remain.
+    assert [row.split()[-1] for row in two.ok().splitlines()[1:]] == ["k0", "k1"]
+    assert two.err == "2 records shown, stopped at --limit 2: more remain (read 3 items)\n"
+    assert [json.loads(line)["key"] for line in five.ok().splitlines()] == [
+        f"k{i}" for i in range(5)
+    ]
+    assert five.err == "5 records (read 5 items)\n"
+    # With a --page-size the limit fell on a page's end: one page more tells.
+    assert held.err == "2 records shown, stopped at --limit 2: more remain (read 4 items)\n"
 
 
 async def test_postgres_usage_errors_are_one_line() -> None:

@@ -158,8 +158,29 @@ async def test_list_on_redis_scans_the_prefix_bounded_and_streamed(
     assert len(held.out.splitlines()) == 2
     assert len(limited.ok().splitlines()) == 1 + 2
     # One key per page, stopped at the limit: at most the pages it needed were read.
-    assert limited.err.splitlines()[-1].startswith("2 records (read ")
+    assert limited.err.splitlines()[-1].startswith("2 records shown, stopped at --limit 2: ")
     assert "items read" in limited.err
+
+
+async def test_list_limit_on_redis_reads_what_it_shows(redis_server: Any) -> None:  # noqa: F811
+    prefix = f"cli{uuid.uuid4().hex[:8]}:"
+    url = f"{redis_server.url}/0?key_prefix={prefix}"
+    store = redis_store.RedisStore.from_url(redis_server.url, key_prefix=prefix)
+    try:
+        for i in range(5):
+            await _write(store, f"shop#{i}", {"ok": i})
+        two, five = await asyncio.gather(
+            cli("list", "--store", url, "--limit", "2"),
+            cli("list", "--store", url, "--limit", "5"),
+        )
+    finally:
+        await store.aclose()
+    # Records are read limit + 1 at a time (not a SCAN COUNT's 100): the extra one says
+    # more remain.
+    assert len(two.ok().splitlines()) == 1 + 2
+    assert two.err == "2 records shown, stopped at --limit 2: more remain (read 3 items)\n"
+    assert len(five.ok().splitlines()) == 1 + 5
+    assert five.err == "5 records (read 5 items)\n"
 
 
 async def test_powertools_format_records_are_addressable(redis_server: Any) -> None:  # noqa: F811

@@ -49,9 +49,21 @@ class DynamoDBTarget:
         return dynamodb.DynamoDBStore(client_factory=factory, table_name=self.table, **self.options)
 
     def pages(
-        self, store: Any, *, status: Status | None, page_size: int | None
+        self,
+        store: Any,
+        *,
+        status: Status | None,
+        page_size: int | None,
+        limit: int | None = None,
     ) -> AsyncGenerator[Any, None]:
-        """A ``Query`` of the partition in sort-key mode, a ``Scan`` of the table otherwise."""
+        """A ``Query`` of the partition in sort-key mode, a ``Scan`` of the table otherwise.
+
+        DynamoDB's ``Limit`` counts the items a request reads before the status filter, so
+        only an unfiltered listing sizes its requests by ``limit``; a filtered one reads
+        1 MB pages (a page of ``limit`` items might hold no match at all).
+        """
+        if page_size is None and status is None:
+            page_size = limit
         pages: AsyncGenerator[Any, None] = store.pages(status=status, page_size=page_size)
         return pages
 

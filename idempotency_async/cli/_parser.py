@@ -49,19 +49,29 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[store, output],
         help="list records, optionally by status",
         description=(
-            "List records. DynamoDB: a Query in sort-key mode, a Scan of the table otherwise. "
-            "Redis: a SCAN of the keys under the URL's key_prefix."
+            "List records, page by page as they are read. DynamoDB: a Query in sort-key "
+            "mode, a Scan of the table otherwise. Redis: a SCAN of the keys under the URL's "
+            "key_prefix. Postgres: the table in key order. A summary on stderr says how many "
+            "were listed, and with --limit whether more remain."
         ),
     )
     listing.add_argument(
         "--status", choices=[status.value for status in Status], help="only records in it"
     )
-    listing.add_argument("--limit", metavar="N", type=_positive_int, help="stop after N records")
+    listing.add_argument(
+        "--limit",
+        metavar="N",
+        type=_positive_int,
+        help="show at most N records, reading little more than they need (default: all)",
+    )
     listing.add_argument(
         "--page-size",
         metavar="N",
         type=_positive_int,
-        help="items read per request (DynamoDB default: 1 MB pages; Redis: the SCAN COUNT, 100)",
+        help="records read per request to the store: DynamoDB's Limit (default: as many as "
+        "fit in 1 MB), Redis's SCAN COUNT (default 100), Postgres rows per statement "
+        "(default 1000). With --limit N the default reads N+1 at most (DynamoDB and Redis: "
+        "only without --status, as they filter after reading)",
     )
     listing.add_argument(
         "--progress",
@@ -107,14 +117,23 @@ def _add_vacuum(commands: Any, store: argparse.ArgumentParser) -> None:
         help="delete expired records (postgres://)",
         description=(
             "Delete expired records from a postgres:// store, BATCH rows per statement "
-            "(each its own short transaction), until none is left or MAX batches ran."
+            "(each its own short transaction), until none is left or MAX batches ran. "
+            "When it stops at MAX with the last batch full, it says more may remain: run it "
+            "again to continue."
         ),
     )
     vacuum.add_argument(
-        "--batch-size", metavar="BATCH", type=_positive_int, default=1000, help="(1000)"
+        "--batch-size",
+        metavar="BATCH",
+        type=_positive_int,
+        default=1000,
+        help="rows deleted per statement (default 1000)",
     )
     vacuum.add_argument(
-        "--max-batches", metavar="MAX", type=_positive_int, help="(default: until done)"
+        "--max-batches",
+        metavar="MAX",
+        type=_positive_int,
+        help="stop after MAX statements, at most BATCH x MAX rows (default: until none is left)",
     )
 
 

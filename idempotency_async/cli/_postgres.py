@@ -17,6 +17,9 @@ from idempotency_async.cli._errors import CliError
 __all__ = ["PostgresTarget", "parse"]
 
 _STORE_OPTIONS: Final = ("table",)
+# The store's own page when none is asked for (PostgresStore.pages), and the largest a
+# --limit makes.
+_PAGE_ROWS: Final = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,8 +30,13 @@ class PostgresTarget:
     def store(self, aws: Any) -> Any:
         return _module().PostgresStore.from_url(self.dsn, table=self.table)
 
-    def pages(self, store: Any, *, status: Any, page_size: int | None) -> AsyncGenerator[Any, None]:
-        """``list``: the store's records in key order (keyset pages)."""
+    def pages(
+        self, store: Any, *, status: Any, page_size: int | None, limit: int | None = None
+    ) -> AsyncGenerator[Any, None]:
+        """``list``: the store's records in key order (keyset pages).  The status filter is
+        in the statement, so without a ``page_size`` a page holds at most ``limit`` rows."""
+        if page_size is None and limit is not None:
+            page_size = min(limit, _PAGE_ROWS)
         pages: AsyncGenerator[Any, None] = store.pages(status=status, page_size=page_size)
         return pages
 

@@ -107,14 +107,16 @@ async def run_list(args: argparse.Namespace) -> int:
         raise CliError(f"list is not supported for {args.store.split(':', 1)[0]}:// stores")
     store = target.store(_aws(args))
     status = None if args.status is None else Status(args.status)
+    limit: int | None = args.limit
     progress = _Progress(sys.stderr, forced=args.progress)
     shown = scanned = 0
+    more: bool | None = False  # records past the limit; None: the pages read cannot tell
     now = time.time()
     header = not args.json
-    async with (
-        aclosing(store),
-        aclosing(target.pages(store, status=status, page_size=args.page_size)) as pages,
-    ):
+    # Reading one record past the limit tells whether more remain.
+    wanted = None if limit is None else limit + 1
+    pages = target.pages(store, status=status, page_size=args.page_size, limit=wanted)
+    async with aclosing(store), aclosing(pages):
         async for page in pages:
             if header:  # after the first answer: an error is then the only output
                 print(ROW_HEADER)
@@ -123,20 +125,36 @@ async def run_list(args: argparse.Namespace) -> int:
             if page.records:
                 progress.clear()
             for record in page.records:
-                if args.limit is not None and shown >= args.limit:
+                if limit is not None and shown >= limit:
+                    more = True
                     break
                 shown += 1
                 print(
                     json.dumps(record_json(record, now)) if args.json else record_row(record, now)
                 )
             sys.stdout.flush()
-            if args.limit is not None and shown >= args.limit:
-                break
+            if more is not False:
+                break  # a record past the limit, or the page read past it held none
+            if limit is not None and shown >= limit:
+                # The limit fell on a page's end: one more page tells whether any is left.
+                # (Sized by the limit, the page that held the limit's records was short
+                # when they were all: the listing then ends without another request.)
+                more = None
             progress.update(scanned, shown)
+        else:
+            more = False  # read to the end
     progress.done()
-    what = "record" if shown == 1 else "records"
-    print(f"{shown} {what} (read {scanned} items)", file=sys.stderr)
+    print(_list_summary(shown, scanned, limit, more), file=sys.stderr)
     return 0
+
+
+def _list_summary(shown: int, scanned: int, limit: int | None, more: bool | None) -> str:
+    what = "record" if shown == 1 else "records"
+    read = f"read {scanned} items"
+    if more is False:
+        return f"{shown} {what} ({read})"
+    rest = "more remain" if more else "there may be more"
+    return f"{shown} {what} shown, stopped at --limit {limit}: {rest} ({read})"
 
 
 async def run_create_table(args: argparse.Namespace) -> int:
@@ -166,9 +184,18 @@ async def run_vacuum(args: argparse.Namespace) -> int:
             "vacuum is for postgres:// stores (DynamoDB and Redis delete expired records "
             "themselves, by TTL)"
         )
-    deleted = await target.vacuum(batch_size=args.batch_size, max_batches=args.max_batches)
+    batch_size, max_batches = args.batch_size, args.max_batches
+    deleted = await target.vacuum(batch_size=batch_size, max_batches=max_batches)
     what = "record" if deleted == 1 else "records"
     print(f"deleted {deleted} expired {what} from {target.table}")
+    # Each batch deletes at most batch_size rows and only a full one is followed by
+    # another, so this total means --max-batches stopped it after a full batch.
+    if max_batches is not None and deleted == batch_size * max_batches:
+        print(
+            f"stopped after --max-batches {max_batches} with the last batch full: more "
+            "expired records may remain; run the command again to continue (each run deletes "
+            f"at most {deleted}), or leave out --max-batches to delete them all"
+        )
     return 0
 
 

@@ -58,18 +58,29 @@ class RedisTarget:
         )
 
     async def pages(
-        self, store: Any, *, status: Status | None, page_size: int | None
+        self,
+        store: Any,
+        *,
+        status: Status | None,
+        page_size: int | None,
+        limit: int | None = None,
     ) -> AsyncGenerator[RedisPage, None]:
         """The records under the store's ``key_prefix``, a ``SCAN`` batch at a time.
 
-        ``page_size`` is the ``COUNT`` hint of each ``SCAN`` (default 100).  Nothing is
-        held beyond one page, so ``--limit`` bounds the work and output streams.
+        ``page_size`` is the ``COUNT`` hint of each ``SCAN`` (default 100) and the number
+        of records read per page.  Without a ``page_size`` and a status filter, a page
+        reads at most ``limit`` records (the ``SCAN`` keeps its ``COUNT``: a smaller one
+        means more round trips to find the prefix's keys).  Nothing is held beyond one
+        page, so ``--limit`` bounds the work and output streams.
         """
         count = page_size or _SCAN_COUNT
+        batch_size = count
+        if page_size is None and status is None and limit is not None:
+            batch_size = min(count, limit)
         client = self._scan_client()
         try:
             names = _record_names(client, self.key_prefix, count)
-            async for batch in _batches(names, count):
+            async for batch in _batches(names, batch_size):
                 records = await asyncio.gather(*(_read(store, key) for key in batch))
                 found = [
                     record

@@ -60,9 +60,19 @@ class Listing(Protocol):
     """A target whose store can list its records (``list``); optional for a backend."""
 
     def pages(
-        self, store: Any, *, status: Status | None, page_size: int | None
+        self,
+        store: Any,
+        *,
+        status: Status | None,
+        page_size: int | None,
+        limit: int | None = None,
     ) -> AsyncGenerator[Page, None]:
-        """The store's records page by page, optionally only those with ``status``."""
+        """The store's records page by page, optionally only those with ``status``.
+
+        ``page_size``: what each request reads (None: the backend's default).  ``limit``:
+        the caller stops after that many records, so without a ``page_size`` no request
+        reads more than the limit needs where the backend can tell.
+        """
         ...
 
 
