@@ -9,6 +9,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import time
 import tomllib
 import uuid
@@ -252,7 +253,7 @@ async def test_get_list_and_release_on_a_table(moto_endpoint: str) -> None:
     assert "duplicates get the stored response" in completed.out
     assert "response    stored (pass --show-response to print it)" in completed.out
     assert "charged" not in completed.out  # responses only on request
-    assert "UTC (in 60 min)" in completed.out
+    assert re.search(r"UTC \(in (59|60) min\)", completed.out)
     record = completed_json.json()
     assert record["response"] == {"charged": 5}
     assert record["state"] == "completed" and record["owner"]
@@ -264,21 +265,22 @@ async def test_get_list_and_release_on_a_table(moto_endpoint: str) -> None:
     assert now + 3600 <= record["expiration"] <= math.ceil(populated + 3600)
 
     assert "status      INPROGRESS" in in_progress.ok()
-    assert "lease end   " in in_progress.out and "(in 5 min)" in in_progress.out
+    assert "lease end   " in in_progress.out and re.search(r"\(in [45] min\)", in_progress.out)
     assert "owner       owner-live" in in_progress.out
     assert "refused (HTTP 409)" in in_progress.out
     assert not_stored.json()["not_stored"] == (
         "too large for a DynamoDB item even compressed (9000000 bytes of JSON)"
     )
     assert not_stored.json()["response_stored"] is False
-    assert "lease ended" in lapsed.ok() and "(9 min ago)" in lapsed.out
+    # Minutes are rounded: a loaded machine may take half a minute to start the CLIs.
+    assert "lease ended" in lapsed.ok() and re.search(r"\((9|10) min ago\)", lapsed.out)
 
     rows = listed.ok().splitlines()
     assert rows[0].split() == ["STATUS", "STATE", "KEY"]
     by_key = {row.split()[-1]: row for row in rows[1:]}
     assert set(by_key) == set(keys.values())
-    assert "lease ends in 5 min" in by_key[keys["in_progress"]]
-    assert "lease lapsed 9 min ago" in by_key[keys["lapsed"]]
+    assert re.search(r"lease ends in [45] min", by_key[keys["in_progress"]])
+    assert re.search(r"lease lapsed (9|10) min ago", by_key[keys["lapsed"]])
     assert "expired 2 h ago" in by_key[keys["expired"]]
     assert "response not stored" in by_key[keys["not_stored"]]
     assert listed.err == "5 records (read 5 items)\n"
