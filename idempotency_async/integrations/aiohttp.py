@@ -277,7 +277,9 @@ class _Aiohttp:
         self.key_required = rules.settings.required or transactional
         self.method = request.method
         self.path = request.path
-        self.query = request.query_string
+        # As the handler reads them (``request.query``): ``query_string`` is decoded
+        # already, and parsing it would decode it a second time.
+        self.query = list(request.query.items())
         self.response: web.StreamResponse | None = None
 
     def headers(self, name: str) -> list[str]:

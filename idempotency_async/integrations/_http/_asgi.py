@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
+from urllib.parse import parse_qsl
 
 from idempotency_async.integrations._http._fingerprint import too_large
 from idempotency_async.integrations._http._gate import ResponseGate
@@ -84,7 +85,10 @@ class AsgiAdapter:
         self.key_required = key_required
         self.method: str = scope["method"]
         self.path: str = scope["path"]
-        self.query = scope.get("query_string", b"").decode("latin-1")
+        # Decoded as Starlette's ``request.query_params`` decodes it.
+        self.query = parse_qsl(
+            scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
+        )
         self.request = request
         # A list, as Starlette keeps it (a server may send any iterable, read more than once).
         self.raw_headers: list[tuple[bytes, bytes]] = list(scope["headers"])
