@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 import httpx
 import pytest
@@ -531,7 +532,7 @@ def _fingerprint(
         caller=None,
         key="k",
         path="/p",
-        query=query,
+        query=parse_qsl(query, keep_blank_values=True),
         content_type=content_type,
         body=body,
     )

@@ -53,6 +53,7 @@ from idempotency_async.integrations._http import (
     RequestState,
     ResponseGate,
     ResponseKind,
+    content_length,
     exchange,
     host_route,
     too_large,
@@ -305,7 +306,9 @@ class _Aiohttp:
         self.key_required = rules.settings.required or transactional
         self.method = request.method
         self.path = request.path
-        self.query = request.query_string
+        # As the handler reads them (``request.query``): ``query_string`` is decoded
+        # already, and parsing it would decode it a second time.
+        self.query = list(request.query.items())
         self.response: web.StreamResponse | None = None
 
     def headers(self, name: str) -> list[str]:
@@ -383,7 +386,7 @@ class _Aiohttp:
         original = request._payload_writer
         # aiohttp has no public hook on a response's writes: the writer of this request is
         # swapped for a tee while the handler runs, so streamed bodies are captured too.
-        request._payload_writer = _TeeWriter(original, gate)
+        request._payload_writer = tee = _TeeWriter(original, gate)
         try:
             response = self.response = await self.handler(request)
             if response.prepared:
@@ -396,10 +399,27 @@ class _Aiohttp:
                 if await gate.start(response.status, headers, data):
                     response.headers[STORED_HEADER] = "false"
             else:
+                # Sent here, through the tee, so that its head is the point of no return.
+                # A FileResponse sends its body with sendfile, around the tee.
+                tee.from_file = isinstance(response, web.FileResponse)
                 await response.prepare(request)
                 await response.write_eof()
+                _sent(response)
         finally:
             request._payload_writer = original
+
+
+def _sent(response: web.StreamResponse) -> None:
+    """Make aiohttp's own ``prepare`` of a response the middleware already sent a no-op.
+
+    aiohttp prepares whatever the handler chain returns.  ``StreamResponse.prepare`` does
+    nothing once the body has ended; ``FileResponse.prepare`` opens and sends the file again
+    (and fails, dropping the connection): the base class's is the one that applies now.
+    """
+    if type(response).prepare is not web.StreamResponse.prepare:
+        response.prepare = functools.partial(  # type: ignore[method-assign]
+            web.StreamResponse.prepare, response
+        )
 
 
 class _Responses:
@@ -440,6 +460,9 @@ class _TeeWriter(AbstractStreamWriter):
         self._inner = inner
         self._gate = gate
         self._client_gone = False
+        self.from_file = False
+        """The response is a ``FileResponse``: a body it announces goes out by sendfile."""
+        self._compressing = False
 
     @property
     def buffer_size(self) -> int:
@@ -495,6 +518,9 @@ class _TeeWriter(AbstractStreamWriter):
             await self._inner.drain()
 
     def enable_compression(self, encoding: str = "deflate", strategy: int | None = None) -> None:
+        # The writer compresses what passes through here: the capture holds the body
+        # before its coding.
+        self._compressing = True
         self._inner.enable_compression(encoding, strategy)
 
     def enable_chunking(self) -> None:
@@ -503,8 +529,17 @@ class _TeeWriter(AbstractStreamWriter):
     async def write_headers(self, status_line: str, headers: CIMultiDict[str]) -> None:
         status = int(status_line.split(" ", 2)[1])
         captured = [(name.lower(), value) for name, value in headers.items()]
+        if self._compressing:
+            # aiohttp codes the body below this writer: the captured bytes are the body
+            # before its coding, so the record keeps it without its Content-Encoding.
+            captured = [(name, value) for name, value in captured if name != "content-encoding"]
         # The point of no return: recorded before the head is forwarded.
-        if await self._gate.start(status, captured, None):
+        not_stored = await self._gate.start(status, captured, None)
+        if self.from_file and content_length(captured):
+            # The file's bytes will not pass through here (an empty or missing file's
+            # answer has no body to lose, and is recorded as it is).
+            not_stored = self._gate.untrackable() or not_stored
+        if not_stored:
             headers[STORED_HEADER] = "false"
         await self._inner.write_headers(status_line, headers)
 

@@ -6,7 +6,11 @@ in their class hierarchy: the store works with either client without importing b
 Not every client exception is a ``RedisError``: the cluster client's
 ``RedisClusterException`` (and ``SlotNotCoveredError``, raised when no node answers)
 derive from ``Exception`` alone, so anything raised from the client's own packages counts
-as a client failure too.
+as a client failure too.  And not every failure is a client exception at all: redis-py's
+cluster client can fail a command with a bare ``AttributeError`` while it reloads its
+slot map (a connection closed under a command).  Whatever a call to the client raises is
+a store error: ``StoreUnavailableError`` (outcome unknown) when nothing more specific
+applies.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ from collections.abc import Iterator
 from typing import Final
 
 from idempotency_async.errors import (
+    IdempotencyError,
     PersistenceError,
     StoreAccessDeniedError,
     StoreUnavailableError,
     StoreValidationError,
 )
 
-__all__ = ["is_no_script", "translate_errors", "translated"]
+__all__ = ["is_client_defect", "is_no_script", "translate_errors", "translated"]
 
 _DENIED: Final = frozenset({"AuthenticationError", "AuthorizationError", "NoPermissionError"})
 _UNAVAILABLE: Final = frozenset(
@@ -58,6 +63,13 @@ def _from_client(exc: BaseException) -> bool:
     return any(cls.__module__.partition(".")[0] in _CLIENT_PACKAGES for cls in type(exc).__mro__)
 
 
+def is_client_defect(exc: BaseException) -> bool:
+    """Whether the client failed with an exception that is not one of its own (a defect,
+    such as redis-py's ``'NoneType' object has no attribute 'writelines'`` while a cluster
+    client reloads its slot map): the command may be sent again on a fresh connection."""
+    return not isinstance(exc, IdempotencyError) and not _from_client(exc)
+
+
 def is_no_script(exc: BaseException) -> bool:
     """Whether the server lost the script (restart, failover, ``SCRIPT FLUSH``)."""
     return "NoScriptError" in _names(exc)
@@ -72,14 +84,23 @@ def translate_errors(operation: str, key: str) -> Iterator[None]:
 
 
 def translated(exc: Exception, operation: str, key: str) -> Exception:
-    """The library's error for ``exc`` (``exc`` itself when it is not a client failure).
+    """The library's error for ``exc``, raised by a call to the client (``exc`` itself
+    when it is already one of the library's errors).
 
     Raise it ``from exc``; the hot paths call this from an ``except`` block rather than
     entering :func:`translate_errors`, whose generator costs a few µs per use.
     """
-    if isinstance(exc, PersistenceError):
+    if isinstance(exc, IdempotencyError):
         return exc
-    return _translate(exc, operation, key) or exc
+    translated = _translate(exc, operation, key)
+    if translated is not None:
+        return translated
+    where = f"Redis {operation}" + (f" of key {key!r}" if key else "")
+    return StoreUnavailableError(
+        f"{where} failed inside the Redis client ({type(exc).__name__}: {exc}); the outcome "
+        "is unknown: retry (a cluster client reloading its slot map, e.g. while slots "
+        "migrate, fails commands this way)"
+    )
 
 
 def _translate(exc: Exception, operation: str, key: str) -> PersistenceError | None:

@@ -32,7 +32,12 @@ from idempotency_async.stores._record_formats import (
     RecordFormat,
     check_record_format,
 )
-from idempotency_async.stores._redis_errors import is_no_script, translate_errors, translated
+from idempotency_async.stores._redis_errors import (
+    is_client_defect,
+    is_no_script,
+    translate_errors,
+    translated,
+)
 from idempotency_async.stores._redis_records import (
     claim_tail,
     completion_tail,
@@ -60,6 +65,9 @@ _TAKEOVER: Final = 4
 # (SET NX, never deleted, min(10 s, TTL)); our takeovers of a lapsed record take it too.
 _LOCK_SUFFIX: Final = ":lock"
 _LOCK_SECONDS: Final = 10
+# Times a command failed by a client defect (not a Redis error) is sent again after the
+# cluster client reloads its slot map (see _eval_now).
+_RESENDS: Final = 2
 
 
 class _Script:
@@ -276,21 +284,45 @@ class RedisStore:
     async def _eval_now(
         self, operation: str, script: _Script, key: str, args: tuple[Any, ...]
     ) -> Any:
-        client, name = self._client, self.key_prefix + key
         try:
-            try:
-                return await client.evalsha(script.sha, 1, name, *args)
-            except Exception as exc:
-                if not is_no_script(exc):
-                    raise
-            # A restart, a failover or SCRIPT FLUSH dropped the script: load it and retry.
-            await client.script_load(script.text)
-            return await client.evalsha(script.sha, 1, name, *args)
+            for _ in range(_RESENDS):
+                try:
+                    return await self._evalsha(script, key, args)
+                except Exception as exc:
+                    if not is_client_defect(exc) or operation == "force release":
+                        raise
+                # redis-py's cluster client fails commands with a bare AttributeError when
+                # a MOVED makes it close every connection to reload its slot map while
+                # others are connecting (slots migrating).  Reload the map (under the
+                # client's lock) and send the command again: every script here may be
+                # resent by its owner (a claim meets its own token, a completion or a
+                # release repeats).  force_release is not: a second run would report
+                # nothing deleted.
+                await self._reload_slots()
+            return await self._evalsha(script, key, args)
         except Exception as exc:
             error = translated(exc, operation, key)
             if error is exc:
                 raise
             raise error from exc
+
+    async def _evalsha(self, script: _Script, key: str, args: tuple[Any, ...]) -> Any:
+        client, name = self._client, self.key_prefix + key
+        try:
+            return await client.evalsha(script.sha, 1, name, *args)
+        except Exception as exc:
+            if not is_no_script(exc):
+                raise
+        # A restart, a failover or SCRIPT FLUSH dropped the script: load it and retry.
+        await client.script_load(script.text)
+        return await client.evalsha(script.sha, 1, name, *args)
+
+    async def _reload_slots(self) -> None:
+        """A cluster client's ``initialize()`` reloads its slot map when the client marked
+        it stale (and does nothing otherwise); other clients have no map."""
+        initialize = getattr(self._client, "initialize", None)
+        if initialize is not None:
+            await initialize()
 
     # -- Store protocol -------------------------------------------------------------
 

@@ -321,6 +321,107 @@ class StoreContract:
         losers = {v.record.owner for v in verdicts if v.record is not None}
         assert losers == {record.owner}
 
+    # -- every claim path, raced; every field, round-tripped -------------------------
+
+    async def test_every_claim_path_raced_has_exactly_one_winner(self, store: Store) -> None:
+        """Concurrent claims of a key on each path a claim can take: expired, lapsed
+        lease, released, and an owner's resent claim (lapsed and live).  A store whose
+        takeover reads, then writes (as the Powertools ports do) passes a race on a fresh
+        key, and fails here: two retries of a crashed holder's key would both run."""
+        for path in _RACED_PATHS:
+            key = "k#race-" + path.replace(",", "").replace(" ", "-")
+            now = await _prepare_race(store, path, key)
+            owners = ["owner-a"] * 3 if path.startswith("own") else []
+            owners += [f"owner-{n}" for n in range(RACERS - len(owners))]
+            winner = await _race_has_one_owner(
+                store, path, [claim(key, o, now=now) for o in owners]
+            )
+            if path == "own token, live":
+                assert winner == "owner-a", f"{path}: the live lease went to {winner}"
+
+    async def test_every_field_of_a_record_round_trips_through_its_completion(
+        self, store: Store
+    ) -> None:
+        """Key, status, owner and validation hash come back from every read, before and
+        after the completion (with or without its response).  A store that drops the
+        validation hash would replay one payload's response to another (a missing hash
+        is not a match)."""
+        for key, encoded, response in (("k#with", encode_json(5), 5), ("k#without", None, None)):
+            await store.claim(Claim(key, "owner-a", NOW, 30.0, 3600.0, "v-claimed"))
+            meeting = await store.claim(claim(key, "owner-b", now=NOW + 1))
+            _has_fields(meeting.record, key, Status.INPROGRESS, "owner-a", "v-claimed")
+            reason = None if encoded is not None else "why"
+            done = Completion(
+                key, "owner-a", NOW + 2, 3600.0, "v-claimed", encoded, response, reason
+            )
+            written = await store.complete(done)
+            assert written is (Written.RESPONSE if encoded else Written.WITHOUT_RESPONSE)
+            for verdict in (
+                await store.get(key, now=NOW + 3),
+                await store.claim(claim(key, "owner-b", now=NOW + 3)),
+            ):
+                assert verdict.state is State.COMPLETED
+                _has_fields(verdict.record, key, Status.COMPLETED, "owner-a", "v-claimed")
+                assert verdict.record is not None
+                assert verdict.record.response_stored is (encoded is not None)
+                assert verdict.record.response == response
+                assert verdict.record.expiration == math.ceil(NOW + 2 + 3600)
+        # No hash claimed, none stored.
+        await store.claim(Claim("k#none", "owner-a", NOW, 30.0, 3600.0, None))
+        await store.complete(Completion("k#none", "owner-a", NOW, 3600.0, None, b"1", 1))
+        _has_fields(await record_of(store, "k#none"), "k#none", Status.COMPLETED, "owner-a", None)
+
+
+RACERS = 12
+_RACED_PATHS = ("expired", "lapsed lease", "released", "own token, lapsed", "own token, live")
+
+
+async def _prepare_race(store: Store, path: str, key: str) -> float:
+    """Write the record ``path`` races on; the time the race runs at."""
+    if path == "expired":
+        await store.claim(claim(key, "owner-old"))
+        await store.complete(completion(key, "owner-old", 1))
+        return NOW + 3601  # past ceil(NOW + 3600)
+    if path == "released":
+        await store.claim(claim(key, "owner-failed"))
+        assert await store.release(key, "owner-failed") is True
+        return NOW + 1
+    if path == "own token, live":
+        await store.claim(claim(key, "owner-a"))
+        return NOW + 1
+    owner = "owner-a" if path.startswith("own") else "owner-crashed"
+    await store.claim(claim(key, owner, lease_s=5))
+    return NOW + 6  # the lease has lapsed
+
+
+async def _race_has_one_owner(store: Store, path: str, claims: list[Claim]) -> str:
+    """Send ``claims`` of one key at once: exactly one owner's claims succeed (an owner's
+    resent claim meets itself), and every other claim meets that owner's record."""
+    verdicts = await asyncio.gather(*(store.claim(each) for each in claims))
+    pairs = list(zip(claims, verdicts, strict=True))
+    winners = {each.owner for each, verdict in pairs if verdict.state is State.CLAIMED}
+    assert len(winners) == 1, f"{path}: {len(winners)} owners claimed one key at once"
+    (winner,) = winners
+    for each, verdict in pairs:
+        if verdict.state is not State.CLAIMED:
+            met = verdict.record.owner if verdict.record is not None else None
+            assert verdict.state is State.IN_PROGRESS and met == winner, (path, each, verdict)
+    record = await record_of(store, claims[0].key, claims[0].now)
+    assert record is not None and record.owner == winner, (path, record)
+    assert record.status is Status.INPROGRESS, (path, record)
+    assert record.lease_end is not None and record.lease_end > claims[0].now, (path, record)
+    return winner
+
+
+def _has_fields(
+    record: Record | None, key: str, status: Status, owner: str, validation: str | None
+) -> None:
+    assert record is not None, key
+    assert (record.key, record.status, record.owner) == (key, status, owner), record
+    assert record.validation == validation, (
+        f"{key}: validation hash {validation!r} came back as {record.validation!r}"
+    )
+
 
 def _types(value: object) -> object:
     if isinstance(value, dict):

@@ -551,9 +551,11 @@ class _Checker:
         return False
 
     def validation_matches(self, call: int, record: Record) -> bool:
-        """A replay requires the caller's validation hash to match the record's."""
+        """A replay requires the caller's validation hash to match the record's; a record
+        that lost its hash matches nothing (every writer here is this library, which
+        keeps it)."""
         mine = self.validation_of(call)
-        return mine is None or record.validation is None or record.validation == mine
+        return mine is None or record.validation == mine
 
     def check_validation(self) -> None:
         """Every claim carries the validation hash of its caller's payload."""

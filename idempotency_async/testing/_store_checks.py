@@ -263,6 +263,9 @@ class StoreChecks:
             and after.owner == done.owner
             and after.response_stored is (answer is Written.RESPONSE)
             and (answer is not Written.RESPONSE or after.response == done.response)
+            # The validation hash outlives the completion: without it a replay could not
+            # refuse another payload (a missing hash is not a match).
+            and after.validation == done.validation
             and abs(after.expiration - expected_expiry(done.now, done.ttl, 0.0))
             <= self.expiry_slack
         )

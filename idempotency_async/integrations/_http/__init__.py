@@ -48,6 +48,7 @@ from idempotency_async.integrations._http._markers import (
 from idempotency_async.integrations._http._responses import (
     HttpResponse,
     Rejection,
+    content_length,
     not_available,
     problem,
     replay,
@@ -94,6 +95,7 @@ __all__ = [
     "ResponseKind",
     "ResponseGate",
     "check_length",
+    "content_length",
     "exchange",
     "fingerprint",
     "host_route",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
+from urllib.parse import parse_qsl
 
 from idempotency_async.integrations._http._fingerprint import too_large
 from idempotency_async.integrations._http._gate import ResponseGate
@@ -84,7 +85,10 @@ class AsgiAdapter:
         self.key_required = key_required
         self.method: str = scope["method"]
         self.path: str = scope["path"]
-        self.query = scope.get("query_string", b"").decode("latin-1")
+        # Decoded as Starlette's ``request.query_params`` decodes it.
+        self.query = parse_qsl(
+            scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
+        )
         self.request = request
         # A list, as Starlette keeps it (a server may send any iterable, read more than once).
         self.raw_headers: list[tuple[bytes, bytes]] = list(scope["headers"])
@@ -191,8 +195,10 @@ class AsgiAdapter:
         elif kind is _Kind.FILE:
             # The body is sent by the server from a file: it never passes through here.
             if self.head is not None:
-                await self._start(None)
+                await self._start(None, from_file=True)
             gate.untrackable()
+            if not message.get("more_body", False):
+                await gate.end()  # pathsend ends the response: its reason is the file's
         elif self.head is not None:
             # INFORMATIONAL, TRAILERS or UNKNOWN once a head is held: the head goes first,
             # as a stream (its body is not in hand), and the capture goes on.
@@ -201,14 +207,18 @@ class AsgiAdapter:
         # message after the body): forwarded as it is; it says nothing about the body.
         await self._forward(message)
 
-    async def _start(self, body: bytes | None) -> None:
-        """The point of no return: the gate records, then the head goes out."""
+    async def _start(self, body: bytes | None, *, from_file: bool = False) -> None:
+        """The point of no return: the gate records, then the head goes out.  ``from_file``:
+        the body follows from a file the server sends (the head says it is not stored)."""
         gate, head = self.gate, self.head
         assert gate is not None and head is not None
         self.head = None
         raw = list(head.get("headers", []))
         headers = [(name.decode("latin-1").lower(), value.decode("latin-1")) for name, value in raw]
-        if await gate.start(head["status"], headers, body):
+        not_stored = await gate.start(head["status"], headers, body)
+        if from_file:
+            not_stored = gate.untrackable() or not_stored
+        if not_stored:
             head = {**head, "headers": [*raw, (STORED_HEADER.encode(), b"false")]}
         await self._forward(head)
         if body is not None:

@@ -81,7 +81,8 @@ class Adapter(Protocol[R_co]):
 
     method: str
     path: str
-    query: str
+    query: list[tuple[str, str]]
+    """The query pairs as the application decodes them."""
     template: str
     """The matched route's path template (after the matched host on host-routed routes,
     see :func:`._keys.host_route`)."""

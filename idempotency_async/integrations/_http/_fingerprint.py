@@ -15,9 +15,9 @@ import base64
 import json
 import re
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import parse_qsl
 
 from idempotency_async._json import loads_strict, nesting_depth
 from idempotency_async.canonical import HASH_ALGORITHMS, canonical_bytes, digest_bytes
@@ -55,13 +55,16 @@ def too_large(limit: int) -> HttpResponse:
 def fingerprint(
     *,
     path: str,
-    query: str,
+    query: Iterable[tuple[str, str]],
     content_type: str | None,
     body: bytes,
     max_depth: int,
     hash_function: str,
 ) -> str:
     """The digest of a request's concrete path, query pairs, media type and body.
+
+    ``query`` is the pairs as the application decodes them (each framework decodes its
+    raw query once; decoding them again would make ``?x=%2541`` the same as ``?x=A``).
 
     Raises :class:`Rejection` (400) for a JSON body that is unreadable or nested deeper
     than ``max_depth``.
@@ -74,9 +77,7 @@ def fingerprint(
         # its fast path.
         # Sorted by name only, stably: a repeated name keeps the order its values were
         # sent in (``?a=1&a=2`` and ``?a=2&a=1`` differ to an app reading the last one).
-        "query": [
-            list(pair) for pair in sorted(parse_qsl(query, keep_blank_values=True), key=_name)
-        ],
+        "query": [list(pair) for pair in sorted(query, key=_name)],
         "media_type": media_type,
         "body": body_material,
     }

@@ -42,6 +42,10 @@ _STREAMING: Final = (
     "end (the client disconnected or the request was cancelled)"
 )
 
+# The reason a body the server sent from a file is not stored: it never passed through
+# the middleware, so there is nothing to keep (and no size to blame).
+_FROM_FILE: Final = "sent from a file: its body never passed through the middleware"
+
 _log = logging.getLogger("idempotency_async.http")
 
 
@@ -59,7 +63,8 @@ class Phase(enum.Enum):
     STREAMING = "streaming"
     """Recorded as not stored and forwarded; the body is captured for a second write."""
     OVERFLOWED = "overflowed"
-    """Streaming, but the body cannot be stored (:attr:`ResponseGate.overflow` says why)."""
+    """Streaming, but the body cannot be stored (:attr:`ResponseGate.overflow` says why:
+    too large, or sent from a file)."""
     ENDED = "ended"
     """The record has its last write."""
 
@@ -119,7 +124,9 @@ class ResponseGate:
         declared = content_length(self.headers)
         await self._complete_without(_STREAMING)
         if declared is not None and declared > limit:
-            self._overflow(f"its Content-Length ({declared} bytes) is over the limit of {limit}")
+            self._overflow(
+                f"too large: its Content-Length ({declared} bytes) is over the limit of {limit}"
+            )
             return True
         self.phase = Phase.STREAMING
         return False
@@ -131,7 +138,7 @@ class ResponseGate:
         self.body += chunk
         limit = self.rules.max_response_bytes
         if len(self.body) > limit:
-            self._overflow(f"the streamed body grew past the limit of {limit} bytes")
+            self._overflow(f"too large: the streamed body grew past the limit of {limit} bytes")
 
     async def end(self) -> None:
         """The streamed body is complete (before its last chunk is forwarded): attach it."""
@@ -144,13 +151,16 @@ class ResponseGate:
                 await self._complete_without(reason)
         elif self.phase is Phase.OVERFLOWED:
             self.phase = Phase.ENDED
-            await self._complete_without(f"too large: {self.overflow}")
+            await self._complete_without(self.overflow)
         # AWAITING_HEAD, PASSING, RECORDING_HEAD, ENDED: no stream of the record's to end.
 
-    def untrackable(self) -> None:
-        """Part of the body bypassed the capture (a file sent by path)."""
-        if self.phase is Phase.STREAMING:
-            self._overflow("its body was sent from a file, bypassing the capture")
+    def untrackable(self) -> bool:
+        """The body bypasses the capture (a file the server sends by itself: ASGI
+        ``pathsend``, aiohttp's ``FileResponse``).  True: the record will not get the body."""
+        if self.phase is Phase.STREAMING or self.phase is Phase.OVERFLOWED:
+            self._overflow(_FROM_FILE)
+            return True
+        return False
 
     def client_gone(self) -> None:
         self.gone = True

@@ -42,6 +42,7 @@ _TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
 _FIELD_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 _NO_BODY: Final = frozenset({204, 304})
 _REASON: Final = re.compile(r"HTTP ([1-5][0-9][0-9]): (.*)", re.DOTALL)
+_ENCODING: Final = "content-encoding"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,10 +118,11 @@ def stored_response(
         return None, (
             f"too large: the body ({len(body)} bytes) is over the limit of {max_body_bytes}"
         )
+    kept = _with_body(headers, replay_headers)
     result = {
         "v": _FORMAT,
         "status": status,
-        "headers": [[name, value] for name, value in headers if name in replay_headers],
+        "headers": [[name, value] for name, value in headers if name in kept],
         "body_b64": base64.b64encode(body).decode("ascii"),
     }
     size = len(orjson.dumps(result))
@@ -130,6 +132,17 @@ def stored_response(
             f"too large: {size} bytes to store, over the store's limit of {max_stored_bytes}",
         )
     return result, ""
+
+
+def _with_body(headers: Iterable[tuple[str, str]], allowed: Iterable[str]) -> frozenset[str]:
+    """The header names kept with a body: the allowed ones, and those that say what the
+    body's bytes are — its Content-Encoding (a compressed body replayed without it is
+    unreadable) and, beside it, the Vary that tells caches the coding was negotiated."""
+    names = {name for name, _ in headers}
+    kept = {*allowed, _ENCODING}
+    if _ENCODING in names:
+        kept.add("vary")
+    return frozenset(kept)
 
 
 def not_stored_response(status: int, reason: str) -> dict[str, Any]:
@@ -178,13 +191,11 @@ def _stored_headers(stored: Any, allowed: Iterable[str]) -> tuple[tuple[tuple[st
     """The stored headers the allow-list passes, or why the stored ones are unusable."""
     if not isinstance(stored, list):
         return (), "has no header list"
+    names = [pair[0].lower() for pair in stored if _is_pair(pair)]
+    allowed = _with_body(((name, "") for name in names), allowed)
     kept: list[tuple[str, str]] = []
     for pair in stored:
-        if (
-            not isinstance(pair, list)
-            or len(pair) != 2
-            or not all(isinstance(part, str) for part in pair)
-        ):
+        if not _is_pair(pair):
             return (), "has a malformed header"
         name, value = pair[0].lower(), pair[1]
         if _TOKEN.fullmatch(name) is None or _FIELD_VALUE.fullmatch(value) is None:
@@ -194,3 +205,7 @@ def _stored_headers(stored: Any, allowed: Iterable[str]) -> tuple[tuple[tuple[st
         if name in allowed:
             kept.append((name, value))
     return tuple(kept), ""
+
+
+def _is_pair(pair: Any) -> bool:
+    return isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)

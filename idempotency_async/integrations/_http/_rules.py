@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any, Final
 
 from idempotency_async._derive import HTTP_OWNED, derive
@@ -68,11 +69,12 @@ class HttpIdempotency:
         caller: str | None,
         key: str,
         path: str,
-        query: str,
+        query: Iterable[tuple[str, str]],
         content_type: str | None,
         body: bytes,
     ) -> dict[str, Any]:
-        """What the manager hashes: ``scope`` becomes the key, ``fingerprint`` the validation."""
+        """What the manager hashes: ``scope`` becomes the key, ``fingerprint`` the validation
+        (``query``: the pairs as the application decodes them)."""
         digest = fingerprint(
             path=path,
             query=query,

@@ -39,14 +39,14 @@ DEFAULT_MAX_BODY_BYTES: Final = 1024 * 1024
 DEFAULT_MAX_BODY_DEPTH: Final = 400
 DEFAULT_REQUEST_TIMEOUT: Final = 30.0
 # Never stored or replayed, even when configured: cookies are per client and session, the
-# others describe one transfer of the body, not the response.
+# others describe one transfer of the body, not the response.  (Content-Encoding is not
+# one of them: it says what the stored bytes are, and travels with the body.)
 NEVER_REPLAYED: Final = frozenset(
     {
         "set-cookie",
         "content-length",
         "transfer-encoding",
         "connection",
-        "content-encoding",
         "keep-alive",
         "upgrade",
         "trailer",

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from idempotency_async._derive import derive
-from idempotency_async.deadlines import deadline as ambient_deadline
 from idempotency_async.errors import ConfigError
 from idempotency_async.instrumentation import annotate
 from idempotency_async.integrations._lambda.context import invocation_deadline
@@ -36,6 +35,12 @@ BatchResponse = dict[str, list[dict[str, str]]]
 """``{"batchItemFailures": [{"itemIdentifier": ...}, ...]}``, as Lambda expects it."""
 
 DEFAULT_CONCURRENCY = 10
+# Time kept back to answer before Lambda ends the invocation: min(0.25 s, 10 % of the time
+# left when the batch starts).  Records' leases end that long before the Lambda deadline;
+# a record still in a store round trip halfway through it is cut off, so the batch returns
+# its batchItemFailures with the other half to spare.
+_MAX_ANSWER_RESERVE = 0.25
+_ANSWER_SHARE = 0.1
 # Telemetry: the counts on the current (invocation) span.
 _BATCH_SIZE = "idempotency.batch.size"
 _BATCH_FAILURES = "idempotency.batch.failures"
@@ -96,6 +101,12 @@ async def process_batch(
     key of an earlier record) join that first record: they replay its result, or fail with
     it without running.
 
+    With ``context`` (the Lambda context), the batch keeps min(0.25 s, 10 %) of the time
+    left back to answer: records' leases end that long before Lambda ends the invocation,
+    records not started by then fail without running, and one still in a store round trip
+    halfway through that reserve is cut off and fails; the batch returns its
+    ``batchItemFailures`` rather than being ended with the whole batch redelivered.
+
     ``event_type`` (:class:`~idempotency_async.integrations.aws_lambda.EventType` or
     its value) makes the expected kind explicit.
     :class:`~idempotency_async.errors.BatchEventError` is raised, before any record
@@ -114,12 +125,19 @@ async def process_batch(
     for item in items:
         run.prepare(item)
     when = invocation_deadline(context)
-    if when is None:
-        failed = await _process(run, items, concurrency)
-    else:
-        async with ambient_deadline(at=when):
-            run.deadline = when
-            failed = await _process(run, items, concurrency)
+    if when is not None:
+        keep = min(_MAX_ANSWER_RESERVE, _ANSWER_SHARE * (when - asyncio.get_running_loop().time()))
+        run.deadline = when - keep  # leases end here, and no record starts after it
+        run.stop = when - keep / 2  # whatever still runs is cut off here
+    failed = await _process(run, items, concurrency)
+    if run.not_started:
+        _log.warning(
+            "%d of %d %s records were not started: the invocation's deadline was near; "
+            "they are reported in batchItemFailures and will be redelivered",
+            run.not_started,
+            len(items),
+            source.name,
+        )
     annotate(manager, {_BATCH_SIZE: len(records), _BATCH_FAILURES: len(failed)})
     return {"batchItemFailures": [{"itemIdentifier": identifier} for identifier in failed]}
 

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from idempotency_async.deadlines import deadline as ambient_deadline
 from idempotency_async.errors import (
     AlreadyInProgressError,
     BatchEventError,
@@ -65,6 +66,12 @@ class RecordRunner:
     source: Source
     handler: Callable[[dict[str, Any]], Awaitable[object]]
     deadline: float | None = None
+    """The records' deadline (``loop.time()``): their leases end here, and a record not
+    started by then fails without running."""
+    stop: float | None = None
+    """Past the deadline, when a record still running (a store round trip under way) is
+    cut off and fails: the batch answers before Lambda ends the invocation."""
+    not_started: int = 0
 
     def prepare(self, item: Item) -> None:
         """Read the record: its decoded payload, key and group; or why it is unreadable.
@@ -106,11 +113,19 @@ class RecordRunner:
         if item.unreadable is not None or item.payload is None:
             return self.unreadable(item)
         payload = item.payload
+        if self.deadline is not None and asyncio.get_running_loop().time() >= self.deadline:
+            self.not_started += 1  # reported once for the batch
+            return False
         try:
             with call_attributes(self.manager, {_ITEM_ID: item.identifier}):
-                await self.manager.execute(
-                    payload, lambda: self.handler(payload), deadline=self.deadline
-                )
+                if self.stop is None:
+                    await self.manager.execute(payload, lambda: self.handler(payload))
+                else:
+                    # Also the ambient deadline of the idempotent calls the handler makes.
+                    async with ambient_deadline(at=self.stop):
+                        await self.manager.execute(
+                            payload, lambda: self.handler(payload), deadline=self.deadline
+                        )
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is None or task.cancelling():
@@ -130,20 +145,35 @@ class RecordRunner:
                 "%s record %s was processed, but: %s", self.source.name, item.identifier, exc
             )
             return True
-        except Exception as exc:
-            if duplicate and isinstance(exc, AlreadyInProgressError):
-                # Its first copy ran to completion in this batch, but the completion write
-                # did not land (in progress until the lease ends): processed with it.
-                _log.warning(
-                    "%s record %s is a duplicate of one processed in this batch: %s",
-                    self.source.name,
-                    item.identifier,
-                    exc,
-                )
-                return True
-            _log.exception("%s record %s failed", self.source.name, item.identifier)
+        except TimeoutError as exc:
+            if self.deadline is None or asyncio.get_running_loop().time() < self.deadline:
+                return self._failed(item, duplicate, exc)
+            # Cut off by the invocation's deadline: redelivered, the batch still answers.
+            _log.error(
+                "%s record %s was cut off by the invocation's deadline and failed: %s",
+                self.source.name,
+                item.identifier,
+                exc,
+            )
             return False
+        except Exception as exc:
+            return self._failed(item, duplicate, exc)
         return True
+
+    def _failed(self, item: Item, duplicate: bool, exc: Exception) -> bool:
+        """A record whose call raised: redelivered (False), unless it was processed."""
+        if duplicate and isinstance(exc, AlreadyInProgressError):
+            # Its first copy ran to completion in this batch, but the completion write
+            # did not land (in progress until the lease ends): processed with it.
+            _log.warning(
+                "%s record %s is a duplicate of one processed in this batch: %s",
+                self.source.name,
+                item.identifier,
+                exc,
+            )
+            return True
+        _log.error("%s record %s failed", self.source.name, item.identifier, exc_info=exc)
+        return False
 
     def unreadable(self, item: Item) -> bool:
         """A record that cannot be read fails alone, without running."""

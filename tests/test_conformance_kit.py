@@ -1,0 +1,186 @@
+"""The conformance kit fails unsafe stores, not only correct ones pass it.
+
+Two stores built to be wrong the way real ports are wrong:
+
+- ``ReadThenWriteTakeover``: a fresh key is claimed atomically, but a lapsed or expired
+  record is taken over by reading it, then writing over it — as the Powertools ports do.
+  Two retries of a crashed holder's key can then both run.
+- ``DropsValidation``: completes records without their validation hash.  A different
+  payload under the same key then replays the first one's response.
+
+The kit (``StoreContract`` and the simulator) must fail both; every real store passes it
+(``tests/test_store_contract.py``, ``tests/test_simulator.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any
+
+import pytest
+
+from idempotency_async import Manager, MemoryStore, Options, errors
+from idempotency_async.record import Claim, Completion, Record
+from idempotency_async.stores.base import State, Verdict, Written
+from idempotency_async.testing import SimulationFailure, StoreContract, simulate
+from idempotency_async.testing._contract import _prepare_race, _race_has_one_owner, claim
+
+NOW = 1_700_000_000.0
+
+
+class _Wrapped:
+    """A MemoryStore behind the store protocol, for a subclass to make unsafe."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+        self.max_response_bytes = self.inner.max_response_bytes
+
+    async def claim(self, claim: Claim) -> Verdict:
+        return await self.inner.claim(claim)
+
+    async def get(self, key: str, *, now: float) -> Verdict:
+        return await self.inner.get(key, now=now)
+
+    async def complete(self, completion: Completion) -> Written:
+        return await self.inner.complete(completion)
+
+    async def release(self, key: str, owner: str) -> bool:
+        return await self.inner.release(key, owner)
+
+    async def extend(self, claim: Claim) -> bool:
+        return await self.inner.extend(claim)
+
+    async def force_release(self, key: str) -> Record | None:
+        return await self.inner.force_release(key)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class ReadThenWriteTakeover(_Wrapped):
+    """Takes over a lapsed or expired record in two steps: read it, then overwrite it."""
+
+    async def claim(self, claim: Claim) -> Verdict:
+        read = await self.inner.get(claim.key, now=claim.now)
+        if read.record is None or read.state is not State.CLAIMABLE:
+            return await self.inner.claim(claim)  # a fresh key: one conditional write
+        await asyncio.sleep(0)  # the round trip between the read and the write
+        await self.inner.force_release(claim.key)  # the unconditional put, in two steps
+        return await self.inner.claim(claim)
+
+
+class DropsValidation(_Wrapped):
+    """Completes records without their validation hash."""
+
+    async def complete(self, completion: Completion) -> Written:
+        return await self.inner.complete(completion._replace(validation=None))
+
+
+async def _kit_failures(factory: Any) -> dict[str, str]:
+    """Run every ``StoreContract`` test on a fresh store from ``factory``: the failing
+    tests, with why."""
+    failures = {}
+    suite = StoreContract()
+    for name, test in inspect.getmembers(suite, inspect.iscoroutinefunction):
+        if not name.startswith("test_"):
+            continue
+        store = factory()
+        try:
+            await test(store)
+        except AssertionError as exc:
+            failures[name] = str(exc).splitlines()[0] if str(exc) else "assertion failed"
+        finally:
+            await store.aclose()
+    return failures
+
+
+async def test_the_kit_fails_a_read_then_write_takeover() -> None:
+    failures = await _kit_failures(ReadThenWriteTakeover)
+
+    # The first path raced that takes over a record: an expired one.
+    assert failures == {
+        "test_every_claim_path_raced_has_exactly_one_winner": (
+            "expired: 12 owners claimed one key at once"
+        )
+    }
+    # (The race the kit had before, on a fresh key, passes: that path is atomic.)
+    for path in ("lapsed lease", "own token, lapsed"):
+        store = ReadThenWriteTakeover()
+        with pytest.raises(AssertionError, match=f"{path}: [0-9]+ owners claimed"):
+            await _race(store, path)
+
+
+async def _race(store: Any, path: str) -> None:
+    """One path of the kit's race test on its own (the test stops at its first failure)."""
+    now = await _prepare_race(store, path, "k#1")
+    await _race_has_one_owner(store, path, [claim("k#1", f"o-{n}", now=now) for n in range(12)])
+
+
+async def test_the_kit_fails_a_store_that_drops_the_validation_hash() -> None:
+    failures = await _kit_failures(DropsValidation)
+
+    assert failures == {
+        "test_every_field_of_a_record_round_trips_through_its_completion": (
+            "k#with: validation hash 'v-claimed' came back as None"
+        )
+    }
+
+
+def test_the_simulator_fails_a_store_that_drops_the_validation_hash() -> None:
+    with pytest.raises(SimulationFailure) as caught:
+        simulate(DropsValidation, range(40), shrink=False)
+    assert "completion of" in str(caught.value)
+
+
+async def test_the_memory_store_passes_the_whole_kit() -> None:
+    # The same harness on a correct store: the failures above are the stores', not its.
+    assert await _kit_failures(MemoryStore) == {}
+
+
+# ---------------------------------------------------------------------- what they break
+
+
+async def test_the_takeover_store_runs_a_crashed_holders_retries_twice() -> None:
+    store = ReadThenWriteTakeover()
+    clock = [NOW]
+    manager = Manager(store, Options(clock=lambda: clock[0], lease=5.0))
+    key = manager.key_for({"id": "order-1"})
+    assert key is not None
+    await store.claim(Claim(key, "crashed", NOW, 5.0, 3600.0, None))  # then it died
+    clock[0] = NOW + 6  # its lease has lapsed
+    runs: list[int] = []
+
+    async def charge() -> str:
+        runs.append(1)
+        await asyncio.sleep(0.01)
+        return "charged"
+
+    outcomes = await asyncio.gather(
+        manager.execute({"id": "order-1"}, charge),
+        Manager(store, Options(clock=lambda: clock[0], lease=5.0)).execute(
+            {"id": "order-1"}, charge
+        ),
+        return_exceptions=True,
+    )
+    assert len(runs) == 2, outcomes  # what the kit now refuses to certify
+
+
+async def test_the_hash_dropping_store_replays_another_payloads_response() -> None:
+    manager = Manager(
+        DropsValidation(),
+        Options(event_key_jmespath="id", payload_validation_jmespath="amount"),
+    )
+    assert await manager.execute({"id": "o-1", "amount": 10}, lambda: _value("charged 10"))
+    replayed = await manager.execute({"id": "o-1", "amount": 99}, lambda: _value("charged 99"))
+    assert replayed == "charged 10"  # instead of PayloadValidationError
+    correct = Manager(
+        MemoryStore(), Options(event_key_jmespath="id", payload_validation_jmespath="amount")
+    )
+    await correct.execute({"id": "o-1", "amount": 10}, lambda: _value("charged 10"))
+    with pytest.raises(errors.PayloadValidationError):
+        await correct.execute({"id": "o-1", "amount": 99}, lambda: _value("charged 99"))
+
+
+async def _value(value: str) -> str:
+    return value
