@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator, Mapping
 from types import TracebackType
 from typing import Any, Final, Literal, NamedTuple, Self
 
+from idempotency_async._redact import redact, redact_url, secrets_in
 from idempotency_async.errors import ConfigError, StoreUnavailableError
 from idempotency_async.record import Claim, Completion, Record, Status
 from idempotency_async.stores._closed import closed_error
@@ -180,6 +181,14 @@ class PostgresStore:
             if self._pool is None:
                 try:
                     self._pool = await _asyncpg().create_pool(self._dsn, **self._pool_options)
+                except (ValueError, TypeError) as exc:
+                    # The DSN did not parse (a port that is not a number, say): never a
+                    # traceback, and never the password, even in a chained exception.
+                    dsn = self._dsn or ""
+                    raise ConfigError(
+                        f"cannot connect with the DSN {redact_url(dsn)!r}: "
+                        f"{redact(str(exc), secrets_in(dsn))[:200]}"
+                    ) from None
                 except Exception as exc:
                     error = translated(exc, "connect", "", self.table)
                     if error is exc:
