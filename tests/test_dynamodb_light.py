@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import logging
 import os
 import shutil
 import ssl
@@ -23,6 +24,7 @@ from unittest import mock
 import botocore.auth
 import botocore.awsrequest
 import botocore.credentials
+import httpx
 import pytest
 from _moto import fresh_table, new_session, open_light_client
 from aiobotocore.config import AioConfig
@@ -642,6 +644,40 @@ async def test_the_largest_item_dynamodb_sends_is_still_read() -> None:
         assert record is not None and record.response == nulls
         text = await get_record(store, "k#1")
     assert text is not None and text.not_stored is not None  # not JSON: read as not stored
+
+
+async def test_no_header_value_reaches_the_log_even_chained(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Should a header value get past the checks (here a token swapped in after them), h11's
+    # refusal quotes it: neither the store's error nor anything chained to it, as the HTTP
+    # integration logs them, may carry it.
+    from _http_apps import serve_asgi
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from idempotency_async.integrations.starlette import IdempotencyMiddleware
+
+    async def create(request: Any) -> JSONResponse:
+        return JSONResponse({"ok": True}, 201)
+
+    async with (
+        _Scripted(_OK) as server,
+        open_light_client(server.url, max_attempts=2) as client,
+    ):
+        client._credentials = Credentials("AKIDEXAMPLE", "secret", _SECRET + "\n")
+        app = Starlette(routes=[Route("/orders", create, methods=["POST"])])
+        manager = Manager(DynamoDBStore(client, table_name="t"))
+        app.add_middleware(IdempotencyMiddleware, manager=manager, caller_scope=lambda r: "c")
+        async with serve_asgi(app) as base_url, httpx.AsyncClient(base_url=base_url) as http:
+            with caplog.at_level("DEBUG"):
+                answer = await http.post("/orders", json={}, headers={"Idempotency-Key": "k1"})
+    assert answer.status_code == 503
+    assert server.targets == []  # nothing was sent, and nothing retried
+    logged = "\n".join(logging.Formatter().format(record) for record in caplog.records)
+    assert "ConnectionError" in logged  # the store's error was logged, with its chain
+    assert _SECRET not in logged
 
 
 # -- hostile endpoints: answers that are not one per request -----------------------------
