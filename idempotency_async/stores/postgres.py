@@ -28,6 +28,7 @@ from idempotency_async.stores._postgres_sql import (
 )
 from idempotency_async.stores._postgres_transaction import TransactionStore, bind
 from idempotency_async.stores._postgres_values import (
+    check_key,
     claim_verdict,
     completion_text,
     record_from_row,
@@ -232,6 +233,7 @@ class PostgresStore:
         )
         if row[0] is None:
             return judge(None, row[7])
+        check_key(key, row[8])
         return judge(record_from_row(key, row, self.max_response_bytes), row[7])
 
     async def complete(self, completion: Completion) -> Written:
@@ -291,7 +293,25 @@ class PostgresStore:
         row = await self._fetchrow("force release", key, self._sql.force_release, key)
         if row is None:
             return None
+        check_key(key, row[7])
         return record_from_row(key, row, self.max_response_bytes)
+
+    async def release_exactly(self, record: Record) -> bool:
+        """Delete the record of ``record.key`` only if it is still ``record``: the same
+        owner, status, expiry and lease end (what ``idempotency-async release`` showed the
+        operator).  False, deleting nothing, when the key holds another record or none.
+        One statement; it waits at most 2 s for a row an open transaction holds."""
+        row = await self._fetchrow(
+            "release exactly",
+            record.key,
+            self._sql.release_exactly,
+            record.key,
+            record.owner,
+            record.status.value,
+            float(record.expiration),
+            record.lease_end,
+        )
+        return row is not None
 
     # -- transactional calls ---------------------------------------------------------
 
