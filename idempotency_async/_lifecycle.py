@@ -54,7 +54,7 @@ from idempotency_async.errors import (
 )
 from idempotency_async.options import Options
 from idempotency_async.record import Claim, Completion, Record
-from idempotency_async.stores.base import CLAIMED, State, Store, Verdict, Written
+from idempotency_async.stores.base import CLAIMED, State, Store, Verdict, Written, check_key
 
 __all__ = ["Call", "Lifecycle", "TransactionalStore", "Unprotected"]
 
@@ -191,6 +191,8 @@ class Lifecycle:
                         verdict = await transaction.claim_within(
                             lease.claim, self.waiting.lock_wait(lease.cutoff_at, loop)
                         )
+                    if verdict is not CLAIMED and verdict.__class__ is Verdict:
+                        check_key(verdict, key)
                 except InconsistentStateError as exc:
                     # The store could not read the record that blocked the claim: nothing
                     # was written, so there is nothing to release.

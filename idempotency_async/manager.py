@@ -28,7 +28,7 @@ from idempotency_async.errors import ConfigError, InconsistentStateError
 from idempotency_async.instrumentation import Observer
 from idempotency_async.options import Options, disabled_by_environment
 from idempotency_async.record import Record
-from idempotency_async.stores.base import State, Store
+from idempotency_async.stores.base import State, Store, check_key
 
 __all__ = ["Manager"]
 
@@ -290,6 +290,7 @@ class Manager:
         lifecycle = self._lifecycle
         try:
             verdict = await lifecycle.store.get(keys.key, now=self.options.clock())
+            check_key(verdict, keys.key)
         except InconsistentStateError as exc:
             lifecycle.emit("record_unreadable", keys.key, error=exc)
             raise
