@@ -367,6 +367,51 @@ class DynamoDBStore:
                 f"the record was deleted, but it could not be read: {exc}"
             ) from exc.__cause__
 
+    async def release_exactly(self, record: Record) -> bool:
+        """Delete the record of ``record.key`` only if it is still ``record``: the same
+        owner, status, expiry and lease end (what ``idempotency-async release`` showed the
+        operator; instants compared as this store reads them, rounded up).  False, deleting
+        nothing, when the key holds another record or none.  One conditional DeleteItem."""
+        names = {"#id": self._key_attr, "#status": self._status_attr}
+        values: dict[str, Any] = {":status": {"S": record.status.value}}
+        conditions = ["attribute_exists(#id)", "#status = :status"]
+        for name, attribute, value in (
+            ("owner", self._owner_attr, record.owner),
+            (
+                "expiry",
+                self._expiry_attr,
+                None if record.expiration >= _NEVER else record.expiration,
+            ),
+            (
+                "lease",
+                self._in_progress_expiry_attr,
+                None if record.lease_end is None else round(record.lease_end * 1000),
+            ),
+        ):
+            names[f"#{name}"] = attribute
+            if value is None:
+                conditions.append(f"attribute_not_exists(#{name})")
+            elif isinstance(value, str):
+                conditions.append(f"#{name} = :{name}")
+                values[f":{name}"] = {"S": value}
+            else:
+                # Read as ceil(value): the instants in (value - 1, value] read the same.
+                conditions.append(f"#{name} > :{name}_below AND #{name} <= :{name}")
+                values[f":{name}"] = {"N": str(value)}
+                values[f":{name}_below"] = {"N": str(value - 1)}
+        try:
+            async with self._call("release exactly") as client:
+                await client.delete_item(
+                    TableName=self.table_name,
+                    Key=self._key(record.key),
+                    ConditionExpression=" AND ".join(conditions),
+                    ExpressionAttributeNames=names,
+                    ExpressionAttributeValues=values,
+                )
+        except ConditionFailed:
+            return False
+        return True
+
     # -- operators ------------------------------------------------------------------
 
     async def pages(
