@@ -194,9 +194,13 @@ class Lifecycle:
                     if verdict is not CLAIMED and verdict.__class__ is Verdict:
                         check_key(verdict, key)
                 except InconsistentStateError as exc:
-                    # The store could not read the record that blocked the claim: nothing
-                    # was written, so there is nothing to release.
+                    # The store could not read the record that blocked the claim, or its
+                    # answer was about another key: then this claim's own answer is unknown
+                    # (it may have applied), so it gets the owner-fenced release of an
+                    # unknown outcome, which deletes nothing but this claim's record.
                     self.emit("record_unreadable", key, error=exc)
+                    if transaction is None:
+                        await self._release_unknown_claim(lease, exc, loop)
                     raise
                 except _REFUSALS:
                     raise

@@ -262,3 +262,31 @@ async def test_postgres_refuses_the_row_of_another_key(
                 await store.force_release("p#aB")
     finally:
         await pool.close()
+
+
+async def test_a_claim_answered_about_another_key_is_released_as_unknown(
+    redis_server: RedisServer,
+) -> None:
+    # The claim's own answer was not the one read (the proxy held it back): it may have
+    # applied.  Like any claim whose outcome is unknown it gets its owner-fenced release,
+    # so the key is not blocked for the whole lease by a claim nobody holds.
+    ran: list[int] = []
+
+    async def charge(order: int) -> dict[str, int]:
+        ran.append(order)
+        return {"charged": order}
+
+    async with _RespStaleProxy(redis_server.port) as proxy, _redis_through(proxy) as store:
+        manager = Manager(store, Options(key_prefix="p"))
+        await manager.execute({"id": 1}, lambda: charge(1), timeout=30)
+        assert await manager.execute({"id": 1}, lambda: charge(1), timeout=30) == {"charged": 1}
+        proxy.stale = True  # the next claim reads the conflict answer above, about key 1
+        with pytest.raises(InconsistentStateError):
+            await manager.execute({"id": 2}, lambda: charge(2), timeout=30)
+        direct = RedisStore(redis_server.client(), key_prefix=store.key_prefix)
+        try:
+            left = await direct.get(str(manager.key_for({"id": 2})), now=NOW)
+        finally:
+            await direct.aclose()
+    assert ran == [1]
+    assert left.record is None  # the claim applied, and was released
