@@ -134,12 +134,9 @@ async def test_dates_python_cannot_show_are_shown_without_a_traceback(
         )
     finally:
         await connection.close()
-    shown, as_json, listed = await asyncio.gather(
-        cli("get", "--store", url, "far"),
-        cli("get", "--store", url, "far", "--json"),
-        cli("list", "--store", url),
+    shown, as_json = await asyncio.gather(
+        cli("get", "--store", url, "far"), cli("get", "--store", url, "far", "--json")
     )
     assert "beyond the calendar" in shown.ok()
     record = as_json.json()
     assert record["expires_at"] is None and record["expiration"] > 9_000_000_000_000
-    assert "far" in listed.ok()

@@ -153,8 +153,11 @@ class _RespStaleProxy:
             pass
         finally:
             self._tasks.discard(task)
-            upstream.close()
-            client.close()
+            for writer in (upstream, client):
+                writer.close()
+            for writer in (upstream, client):
+                with contextlib.suppress(Exception):
+                    await writer.wait_closed()
 
     async def _replies(self, reader: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
         while True:
@@ -283,10 +286,11 @@ async def test_a_claim_answered_about_another_key_is_released_as_unknown(
         proxy.stale = True  # the next claim reads the conflict answer above, about key 1
         with pytest.raises(InconsistentStateError):
             await manager.execute({"id": 2}, lambda: charge(2), timeout=30)
-        direct = RedisStore(redis_server.client(), key_prefix=store.key_prefix)
+        client = redis_server.client()
         try:
+            direct = RedisStore(client, key_prefix=store.key_prefix)
             left = await direct.get(str(manager.key_for({"id": 2})), now=NOW)
         finally:
-            await direct.aclose()
+            await client.aclose()
     assert ran == [1]
     assert left.record is None  # the claim applied, and was released

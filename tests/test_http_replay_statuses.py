@@ -108,6 +108,7 @@ async def test_a_replayed_status_never_breaks_the_connection(start: Start, case:
         assert client.left_over() == b""
     finally:
         writer.close()
+        await writer.wait_closed()
     assert status == expected, (status, headers, body)
     if expected in (204, 304):
         assert body == b"" and "content-length" not in headers
