@@ -613,7 +613,7 @@ async def test_hostile_pages_are_typed_store_errors(answer: dict[str, Any]) -> N
 
 
 async def test_an_answer_is_bounded_by_its_decoded_size_not_only_its_bytes() -> None:
-    # 2.6 MB of empty maps decode to 140 MB of Python objects: more JSON values than an
+    # 2.7 MB of empty maps take over 100 MiB once parsed: more JSON values than an
     # item of 400 KB can hold, refused before decoding.
     empty_maps = {"L": [{"M": {}}] * 300_000}
     async with (

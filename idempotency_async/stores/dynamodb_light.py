@@ -59,8 +59,8 @@ _MAX_RESPONSE_BYTES: Final = 16 * 1024 * 1024
 # DynamoDB's item size counts at least one byte per value (an attribute or element and its
 # type), so an answer about one item (400 KB) holds at most ~410,000 values, and a page
 # (1 MB, items of at least two bytes with their own objects) ~1.6 million.  An answer with
-# more is not DynamoDB's, whatever its size on the wire: 2.6 MB of empty maps decode to
-# 140 MB.
+# more is not DynamoDB's, whatever its size on the wire: 2.7 MB of empty maps take 104 MiB
+# once parsed (benchmarks/light_answer_memory.py).
 _ITEM_VALUES: Final = 420_000
 _PAGE_VALUES: Final = 1_600_000
 _PAGE_OPERATIONS: Final = frozenset({"Query", "Scan"})
