@@ -15,7 +15,7 @@ import hashlib
 from contextvars import ContextVar, Token
 from typing import Final
 
-__all__ = ["CURRENT", "NAMED", "REQUEST", "Run", "derive"]
+__all__ = ["CURRENT", "NAMED", "REQUEST", "Run", "derive", "issue"]
 
 CURRENT: Final[ContextVar[Run]] = ContextVar("idempotency_async.downstream")
 
@@ -31,13 +31,15 @@ REQUEST: Final = b"R"
 class Run:
     """One run of a callback under a claimed key: opened at its start, ended at its end."""
 
-    __slots__ = ("_token", "counts", "key", "open")
+    __slots__ = ("_token", "counts", "issued", "key", "open")
 
     def __init__(self, key: str) -> None:
         self.key = key
         self.open = True
         self.counts: dict[str, int] | None = None
         """Requests seen per method and URL by the client hooks (made on first use)."""
+        self.issued: set[str] | None = None
+        """The keys the client hooks added to requests in this run (made on first use)."""
         self._token: Token[Run] = CURRENT.set(self)
 
     def end(self) -> None:
@@ -54,6 +56,14 @@ class Run:
         count = counts.get(request, 0) + 1
         counts[request] = count
         return count
+
+
+def issue(run: Run, key: str) -> str:
+    """Note that a client hook added ``key`` to a request of ``run``; returns it."""
+    if run.issued is None:
+        run.issued = set()
+    run.issued.add(key)
+    return key
 
 
 def derive(key: str, kind: bytes, name: str) -> str:

@@ -54,7 +54,7 @@ from idempotency_async.errors import (
 )
 from idempotency_async.options import Options
 from idempotency_async.record import Claim, Completion, Record
-from idempotency_async.stores.base import CLAIMED, State, Store, Verdict, Written
+from idempotency_async.stores.base import CLAIMED, State, Store, Verdict, Written, check_key
 
 __all__ = ["Call", "Lifecycle", "TransactionalStore", "Unprotected"]
 
@@ -191,10 +191,16 @@ class Lifecycle:
                         verdict = await transaction.claim_within(
                             lease.claim, self.waiting.lock_wait(lease.cutoff_at, loop)
                         )
+                    if verdict is not CLAIMED and verdict.__class__ is Verdict:
+                        check_key(verdict, key)
                 except InconsistentStateError as exc:
-                    # The store could not read the record that blocked the claim: nothing
-                    # was written, so there is nothing to release.
+                    # The store could not read the record that blocked the claim, or its
+                    # answer was about another key: then this claim's own answer is unknown
+                    # (it may have applied), so it gets the owner-fenced release of an
+                    # unknown outcome, which deletes nothing but this claim's record.
                     self.emit("record_unreadable", key, error=exc)
+                    if transaction is None:
+                        await self._release_unknown_claim(lease, exc, loop)
                     raise
                 except _REFUSALS:
                     raise

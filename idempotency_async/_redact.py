@@ -32,7 +32,8 @@ __all__ = ["MASK", "redact", "redact_url", "secrets_in"]
 MASK: Final = "***"
 
 _SHORTEST: Final = 4
-_SCHEME: Final = r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)"
+# Bounded: unbounded, a long word without "://" made every search quadratic.
+_SCHEME: Final = r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]{0,31}://)"
 # The user information runs from "scheme://" to the LAST "@" before the host, greedily: a
 # password may hold "/", "?", "#" or "@" (that is how a URL ends up malformed and quoted in
 # an error), and hiding too much beats showing a password.  It never crosses another
@@ -45,6 +46,12 @@ _USERINFO_QUOTED: Final = re.compile(
 )
 # - any other URL in a message: up to the last "@" before a space or a quote.
 _USERINFO: Final = re.compile(rf"(?P<lead>){_SCHEME}(?P<userinfo>(?:(?!://)[^\s'\"<>])*)@")
+# - a URL on its own whose scheme is mistyped (``postgres//u:PW@h``, ``redis:/u:PW@h``,
+#   ``u:PW@h``): whatever follows the scheme-like start, up to the last "@".
+_WELL_FORMED: Final = re.compile(rf"\A\s*{_SCHEME}")
+_MISTYPED: Final = re.compile(
+    r"\A(?P<lead>\s*(?:[A-Za-z][A-Za-z0-9+.-]{0,31}(?=[:/])(?!://))?:?/*)(?P<userinfo>.*)@", re.S
+)
 _SECRET_NAME: Final = (
     r"[A-Za-z0-9_.-]*(?:pass|pwd|secret|token|auth|credential|signature)[A-Za-z0-9_.-]*"
 )
@@ -74,13 +81,20 @@ def _redact_text(text: str) -> str:
     return _SECRET_PARAM.sub(lambda match: f"{match['name']}{MASK}", text)
 
 
+def _mask_mistyped(match: re.Match[str]) -> str:
+    user, colon, _password = match["userinfo"].partition(":")
+    return f"{match['lead']}{user}:{MASK}@" if colon else f"{match['lead']}{MASK}@"
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password and secret query values replaced by ``***``.
 
     Safe on text that is not a valid URL: whatever looks like user information or a secret
     parameter is hidden, the rest (scheme, host, port, path) is kept so the message still
-    says which URL is meant.
+    says which URL is meant.  A mistyped scheme (``postgres//user:PW@host``) hides the same.
     """
+    if _WELL_FORMED.match(url) is None:
+        url = _MISTYPED.sub(_mask_mistyped, url, count=1)
     return _redact_text(_USERINFO_WHOLE.sub(_mask_userinfo, url, count=1))
 
 
@@ -93,6 +107,8 @@ def secrets_in(url: str) -> tuple[str, ...]:
     found: list[str] = []
     # Decoded too: a URL nested in a parameter (``?endpoint=http%3A%2F%2Fuser%3Apw%40host``).
     whole = _USERINFO_WHOLE.match(url)
+    if whole is None and _WELL_FORMED.match(url) is None:
+        whole = _MISTYPED.match(url)
     if whole is not None:
         found.append(_userinfo_secret(whole))
     for text in (url, unquote(url)):

@@ -19,7 +19,7 @@ from idempotency_async.errors import (
     StoreUnavailableError,
 )
 from idempotency_async.options import Options
-from idempotency_async.stores.base import State, Store, Verdict
+from idempotency_async.stores.base import State, Store, Verdict, check_key
 
 __all__ = ["UNANSWERED", "Unanswered", "Waiting"]
 
@@ -66,6 +66,8 @@ class Waiting:
                 sent = loop.time()
                 try:
                     verdict = await store.get(keys.key, now=self._options.clock())
+                    if verdict.__class__ is Verdict:
+                        check_key(verdict, keys.key)
                 except InconsistentStateError as exc:
                     self._emitter.emit("record_unreadable", keys.key, error=exc)
                     raise

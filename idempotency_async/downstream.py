@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from idempotency_async._downstream import CURRENT, NAMED, REQUEST, derive
+from idempotency_async._downstream import CURRENT, NAMED, REQUEST, derive, issue
 from idempotency_async.errors import ConfigError, NoDownstreamKeyError
 
 if TYPE_CHECKING:
@@ -132,7 +132,19 @@ class _Policy:
         number = run.number(request)
         if present:
             return None  # a header the caller set wins
-        return derive(run.key, REQUEST, f"{number} {request}")
+        return issue(run, derive(run.key, REQUEST, f"{number} {request}"))
+
+    def carried(self, method: str, host: str | None, port: int | None, value: str) -> bool:
+        """Whether ``value``, in the header of a request this policy does not cover, is a
+        key a hook added in the running call: a client that follows a redirect (httpx:
+        307 and 308 keep the method and the headers) carries it to another host, which
+        must not get it."""
+        run = CURRENT.get(None)
+        if run is None or run.issued is None or value not in run.issued:
+            return False
+        if host is None or method.upper() not in self.methods:
+            return True
+        return not self.allows(host, port)
 
 
 def httpx_event_hook(
@@ -167,6 +179,10 @@ def httpx_event_hook(
         )
         if key is not None:
             request.headers[policy.header] = key
+        elif present and policy.carried(
+            request.method, url.host, _port(url.scheme, url.port), request.headers[policy.header]
+        ):
+            del request.headers[policy.header]  # followed a redirect off the allow-list
 
     return add_downstream_key
 
@@ -195,9 +211,17 @@ def aiohttp_middleware(
         )
         if key is not None:
             request.headers[policy.header] = key
+        elif present and policy.carried(
+            request.method, url.host, _port(url.scheme, url.port), request.headers[policy.header]
+        ):
+            del request.headers[policy.header]
         return await handler(request)
 
     return add_downstream_key
+
+
+def _port(scheme: str, port: int | None) -> int | None:
+    return _DEFAULT_PORTS.get(scheme) if port is None else port
 
 
 def _policy(hosts: Iterable[str], methods: Iterable[str], header: str) -> _Policy:

@@ -29,7 +29,7 @@ from idempotency_async.events import EventKind
 from idempotency_async.instrumentation import Observer
 from idempotency_async.options import Options, disabled_by_environment
 from idempotency_async.record import Record
-from idempotency_async.stores.base import State, Store
+from idempotency_async.stores.base import State, Store, check_key
 
 __all__ = ["Manager"]
 
@@ -303,6 +303,7 @@ class Manager:
         lifecycle = self._lifecycle
         try:
             verdict = await lifecycle.store.get(keys.key, now=self.options.clock())
+            check_key(verdict, keys.key)
         except InconsistentStateError as exc:
             lifecycle.emit("record_unreadable", keys.key, error=exc)
             raise

@@ -602,6 +602,32 @@ async def test_passwords_holding_url_delimiters_never_show() -> None:
     assert "'foo://u:***@h'" in messages["scheme"]
 
 
+async def test_mistyped_schemes_and_ports_never_show_the_password() -> None:
+    # "postgres//" and "rediss//" have no scheme for a parser: the URL was quoted whole; a
+    # port that is not a number ended in asyncpg's traceback.
+    urls = {  # (rediss//: the same parse; RedisStore.from_url's own error below)
+        "postgres-scheme": f"postgres//admin:{PASSWORD}@127.0.0.1/db",
+        "postgres-port": f"postgres://admin:{PASSWORD}@127.0.0.1:abc/db",
+    }
+    runs = await asyncio.gather(*(cli("get", "--store", url, "k") for url in urls.values()))
+    messages = dict(zip(urls, (run.error() for run in runs), strict=True))
+    for what, message in messages.items():
+        for secret in (PASSWORD, "S3cr3t-pw!", "S3cr3t"):
+            assert secret not in message, (what, message)
+        assert "admin:***@" in message, (what, message)
+    assert "scheme must be one of" in messages["postgres-scheme"]
+    assert "abc" in messages["postgres-port"]
+
+
+def test_redis_from_url_hides_a_password_after_a_mistyped_scheme() -> None:
+    redis_store = pytest.importorskip("idempotency_async.stores.redis")
+    from idempotency_async.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        redis_store.RedisStore.from_url(f"rediss//admin:{PASSWORD}@host")
+    assert "S3cr3t" not in str(caught.value) and "admin:***@" in str(caught.value)
+
+
 def test_redis_from_url_hides_a_password_holding_a_hash() -> None:
     redis_store = pytest.importorskip("idempotency_async.stores.redis")
     from idempotency_async.errors import ConfigError

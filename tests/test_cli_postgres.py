@@ -12,7 +12,7 @@ from _cli import cli
 from _postgres import PostgresServer, fresh_table_name
 
 from idempotency_async import Manager, Options
-from idempotency_async.stores.postgres import PostgresStore
+from idempotency_async.stores.postgres import PostgresStore, create_table
 
 pytestmark = pytest.mark.postgres
 
@@ -155,3 +155,26 @@ async def test_the_postgres_target_lists_the_stores_records_page_by_page(
         await store.aclose()
     assert [[record.key for record in page.records] for page in pages] == [["a", "b"], ["c"]]
     assert [page.scanned for page in pages] == [2, 1]
+
+
+async def test_dates_python_cannot_show_are_shown_without_a_traceback(
+    postgres_server: PostgresServer,
+) -> None:
+    # Postgres holds years 4713 BC to 294276 AD; Python's calendar ends at 1 and 9999.
+    table = fresh_table_name()
+    url = f"{postgres_server.dsn}?table={table}"
+    connection = await postgres_server.connect()
+    try:
+        await create_table(connection, table=table)
+        await connection.execute(
+            f'INSERT INTO "{table}" (key, status, owner, expires_at, lease_ends_at) VALUES '
+            "('far', 'INPROGRESS', 'o', '294276-12-31 23:59:59+00', '4713-01-01 00:00:00+00 BC')"
+        )
+    finally:
+        await connection.close()
+    shown, as_json = await asyncio.gather(
+        cli("get", "--store", url, "far"), cli("get", "--store", url, "far", "--json")
+    )
+    assert "beyond the calendar" in shown.ok()
+    record = as_json.json()
+    assert record["expires_at"] is None and record["expiration"] > 9_000_000_000_000

@@ -387,3 +387,79 @@ def test_property_every_run_numbers_its_requests_the_same_way(
         assert (key is None) == (method == "GET")
     keyed = [key for key in first if key is not None]
     assert len(set(keyed)) == len(keyed)  # no two requests of a run share a key
+
+
+# ---------------------------------------------------------------------- redirects
+
+
+@asynccontextmanager
+async def redirecting_server(received: Received, status: int, target: str) -> AsyncIterator[int]:
+    """A server recording each request, answering /start with a ``status`` redirect to
+    ``target`` and anything else with 200."""
+
+    async def handle(request: web.Request) -> web.Response:
+        received.requests.append(
+            (request.method, request.path_qs, request.headers.get(received.header))
+        )
+        if request.path == "/start":
+            return web.Response(status=status, headers={"Location": target})
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        assert server.port is not None
+        yield server.port
+    finally:
+        await server.close()
+
+
+@pytest.mark.parametrize("client", ["httpx", "aiohttp"])
+@pytest.mark.parametrize("status", [307, 308])
+async def test_a_redirect_off_the_allow_list_does_not_carry_the_key(
+    client: str, status: int
+) -> None:
+    # 307 and 308 keep the method and the body, and httpx keeps the headers: the key the
+    # hook added for the allowed host went to the host the redirect named.
+    elsewhere, allowed = Received(), Received()
+    async with recording_server(elsewhere) as other_port:
+        target = f"http://127.0.0.1:{other_port}/sink"
+        async with redirecting_server(allowed, status, target) as port:
+            hosts = [f"127.0.0.1:{port}"]
+            if client == "httpx":
+                opened: Any = httpx.AsyncClient(
+                    event_hooks={"request": [httpx_event_hook(hosts=hosts)]},
+                    follow_redirects=True,
+                )
+            else:
+                opened = aiohttp.ClientSession(middlewares=[aiohttp_middleware(hosts=hosts)])
+            async with opened as session:
+
+                async def pay() -> None:
+                    if client == "httpx":
+                        (await session.post(f"http://127.0.0.1:{port}/start")).raise_for_status()
+                    else:
+                        async with session.post(f"http://127.0.0.1:{port}/start") as answer:
+                            answer.raise_for_status()
+
+                await Manager(MemoryStore()).execute({"order": 1}, pay, timeout=10)
+    assert allowed.keys()[0] is not None  # the allowed host got its key
+    assert elsewhere.requests and elsewhere.keys() == [None]
+
+
+async def test_a_redirect_within_the_allow_list_keeps_the_key() -> None:
+    received = Received()
+    async with redirecting_server(received, 307, "/next") as port:
+        hook = httpx_event_hook(hosts=[f"127.0.0.1:{port}"])
+        async with httpx.AsyncClient(
+            event_hooks={"request": [hook]}, follow_redirects=True
+        ) as client:
+
+            async def pay() -> None:
+                (await client.post(f"http://127.0.0.1:{port}/start")).raise_for_status()
+
+            await Manager(MemoryStore()).execute({"order": 1}, pay, timeout=10)
+    first, second = received.keys()
+    assert first is not None and second == first  # the same request, redirected

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import logging
 import os
 import shutil
 import ssl
@@ -23,8 +24,10 @@ from unittest import mock
 import botocore.auth
 import botocore.awsrequest
 import botocore.credentials
+import httpx
 import pytest
-from _moto import fresh_table, open_light_client
+from _moto import fresh_table, new_session, open_light_client
+from aiobotocore.config import AioConfig
 from hypothesis import given
 from hypothesis import strategies as st
 from test_dynamodb_store import claim_for, completion_for, get_record, try_claim
@@ -32,10 +35,13 @@ from test_dynamodb_store import claim_for, completion_for, get_record, try_claim
 from idempotency_async import Manager, Options
 from idempotency_async.errors import (
     ConfigError,
+    IdempotencyError,
+    InconsistentStateError,
     StoreThrottledError,
     StoreUnavailableError,
     StoreValidationError,
 )
+from idempotency_async.record import Record
 from idempotency_async.stores._sigv4 import Credentials, sign
 from idempotency_async.stores.dynamodb import DynamoDBStore
 from idempotency_async.stores.dynamodb_light import LightDynamoDBClient
@@ -235,6 +241,85 @@ def test_missing_settings_are_config_errors_before_any_request(
 def test_bad_options_are_config_errors(options: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         LightDynamoDBClient(**options)
+
+
+_SECRET = "s3cr3t-VALUE-0123456789"
+
+
+@pytest.mark.parametrize(
+    "variable", ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"]
+)
+@pytest.mark.parametrize("bad", ["\n", " ", "\r\nX-Injected: 1", "\x01", "é"])
+@pytest.mark.usefixtures("lambda_environment")
+def test_a_credential_that_cannot_be_sent_is_a_config_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, variable: str, bad: str
+) -> None:
+    # A token read from a file with its line break: h11 quoted it whole in its error,
+    # which the store and the HTTP integration's log carried.
+    monkeypatch.setenv(variable, _SECRET + bad)
+    with pytest.raises(ConfigError, match=variable) as caught:
+        LightDynamoDBClient()
+    assert _SECRET not in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["access_key_id", "secret_access_key", "session_token"])
+def test_a_credential_passed_in_is_checked_too(name: str) -> None:
+    given = {"access_key_id": "AKID", "secret_access_key": "secret", "session_token": "token"}
+    given[name] = _SECRET + "\n"
+    with pytest.raises(ConfigError, match=f"{name}=") as caught:
+        LightDynamoDBClient(region="eu-west-1", **given)
+    assert _SECRET not in str(caught.value)
+
+
+async def test_a_region_is_checked_before_it_becomes_a_host_name() -> None:
+    # "x@127.0.0.1:PORT/#" made the default endpoint https://dynamodb.x@127.0.0.1:PORT/#...
+    # and sent the signed request, session token included, to that host.
+    async with _Scripted(_OK) as server:
+        port = server.url.rsplit(":", 1)[1]
+        for region in (f"x@127.0.0.1:{port}/#", "eu-west-1.evil.example/", "eu west 1"):
+            with pytest.raises(ConfigError, match="region"):
+                LightDynamoDBClient(region=region, access_key_id="AKID", secret_access_key="s")
+        assert server.connections == 0
+
+
+@pytest.mark.usefixtures("lambda_environment")
+def test_a_region_from_the_environment_is_named_when_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AWS_REGION", "eu-west-1@attacker.example")
+    with pytest.raises(ConfigError, match="AWS_REGION"):
+        LightDynamoDBClient()
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "warned"),
+    [
+        ("http://dynamodb.example.com", True),
+        ("http://10.0.0.5:8000", True),
+        ("http://127.0.0.1:8000", False),
+        ("http://localhost:8000", False),
+        ("http://[::1]:8000", False),
+        ("https://dynamodb.example.com", False),
+    ],
+)
+@pytest.mark.usefixtures("lambda_environment")
+def test_signed_requests_over_plain_http_to_another_host_are_warned_about(
+    caplog: pytest.LogCaptureFixture, endpoint: str, warned: bool
+) -> None:
+    with caplog.at_level("WARNING", logger="idempotency_async"):
+        LightDynamoDBClient(endpoint_url=endpoint)
+    warnings = [record for record in caplog.records if "plain http://" in record.getMessage()]
+    assert bool(warnings) == warned
+
+
+@pytest.mark.usefixtures("lambda_environment")
+def test_a_password_in_the_endpoint_is_never_shown() -> None:
+    client = LightDynamoDBClient(endpoint_url=f"https://user:{_SECRET}@dynamodb.example.com")
+    assert _SECRET not in repr(client)
+    assert "dynamodb.example.com" in repr(client)
+    with pytest.raises(ConfigError) as caught:
+        LightDynamoDBClient(endpoint_url=f"ftp://user:{_SECRET}@dynamodb.example.com")
+    assert _SECRET not in str(caught.value)
 
 
 # -- HTTP behaviour, against scripted servers ---------------------------------------------
@@ -459,6 +544,279 @@ async def test_tls_certificates_are_verified(tmp_path: Path) -> None:
         await server.wait_closed()
     assert isinstance(caught.value.__cause__, ssl.SSLCertVerificationError)
     assert answered == []
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"NULL": True}
+    for _ in range(depth):
+        value = {"M": {"a": value}}
+    return value
+
+
+def _item(**attributes: Any) -> dict[str, Any]:
+    return {"id": {"S": "k#1"}, "status": {"S": "COMPLETED"}, **attributes}
+
+
+_HOSTILE_ANSWERS = {
+    "binary-not-text": (200, {"Item": _item(data={"B": 5})}),
+    "binary-not-base64": (200, {"Item": _item(data={"B": "!!not base64!!"})}),
+    "binary-set-not-base64": (200, {"Item": _item(data={"BS": ["?"]})}),
+    "nested-too-deep": (200, {"Item": _item(data=_nested(400))}),
+    "item-a-list": (200, {"Item": ["not", "a", "map"]}),
+    "item-a-string": (200, {"Item": "k#1"}),
+    "attribute-not-a-map": (200, {"Item": {"id": "k#1", "status": {"S": "COMPLETED"}}}),
+    "not-an-object": (200, ["an", "array"]),
+    "conflict-item-a-list": (
+        400,
+        {
+            "__type": "com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException",
+            "Item": [1, 2],
+        },
+    ),
+    "huge-error-message": (400, {"__type": "ValidationException", "message": "x" * 2_000_000}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_HOSTILE_ANSWERS))
+async def test_hostile_answers_are_typed_store_errors(case: str) -> None:
+    # Answers a DynamoDB never sends: a typed error of the library, never a TypeError,
+    # binascii.Error, RecursionError or AttributeError; and its message stays short.
+    status, answer = _HOSTILE_ANSWERS[case]
+    async with (
+        _Scripted((status, answer, None)) as server,
+        open_light_client(server.url, max_attempts=1) as client,
+    ):
+        store = DynamoDBStore(client, table_name="t")
+        for operation in (
+            lambda: get_record(store, "k#1"),
+            lambda: store.claim(claim_for("k#1", "A")),
+            lambda: store.force_release("k#1"),
+        ):
+            try:
+                await operation()
+            except IdempotencyError as exc:
+                assert len(str(exc)) < 3000, str(exc)[:200]
+
+
+@pytest.mark.parametrize("answer", [{"Items": {"a": 1}}, {"Items": [], "ScannedCount": "many"}])
+async def test_hostile_pages_are_typed_store_errors(answer: dict[str, Any]) -> None:
+    async with (
+        _Scripted((200, answer, None)) as server,
+        open_light_client(server.url, max_attempts=1) as client,
+    ):
+        store = DynamoDBStore(client, table_name="t")
+        try:
+            async for _ in store.pages():
+                pass
+        except IdempotencyError:
+            pass
+
+
+async def test_an_answer_is_bounded_by_its_decoded_size_not_only_its_bytes() -> None:
+    # 2.7 MB of empty maps take over 100 MiB once parsed: more JSON values than an
+    # item of 400 KB can hold, refused before decoding.
+    empty_maps = {"L": [{"M": {}}] * 300_000}
+    async with (
+        _Scripted((200, {"Item": _item(data=empty_maps)}, None)) as server,
+        open_light_client(server.url, max_attempts=3) as client,
+    ):
+        store = DynamoDBStore(client, table_name="t")
+        with pytest.raises(StoreUnavailableError, match="more JSON values than DynamoDB sends"):
+            await get_record(store, "k#1")
+    assert server.targets == ["GetItem"]  # not retried: it would be refused again
+
+
+async def test_the_largest_item_dynamodb_sends_is_still_read() -> None:
+    # An item of 400 KB with as many values as DynamoDB allows (a NULL costs two bytes in a
+    # list), and a string full of brackets and commas, which are not values.
+    nulls = [None] * 200_000
+    brackets = "{[,]}" * 80_000
+    answers = [
+        (200, {"Item": _item(data={"L": [{"NULL": True}] * len(nulls)})}, None),
+        (200, {"Item": _item(data={"S": brackets}, data_format={"S": "json"})}, None),
+    ]
+    async with (
+        _Scripted(*answers) as server,
+        open_light_client(server.url, max_attempts=1) as client,
+    ):
+        store = DynamoDBStore(client, table_name="t", max_response_bytes=2_000_000)
+        record = await get_record(store, "k#1")
+        assert record is not None and record.response == nulls
+        text = await get_record(store, "k#1")
+    assert text is not None and text.not_stored is not None  # not JSON: read as not stored
+
+
+async def test_no_header_value_reaches_the_log_even_chained(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Should a header value get past the checks (here a token swapped in after them), h11's
+    # refusal quotes it: neither the store's error nor anything chained to it, as the HTTP
+    # integration logs them, may carry it.
+    from _http_apps import serve_asgi
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from idempotency_async.integrations.starlette import IdempotencyMiddleware
+
+    async def create(request: Any) -> JSONResponse:
+        return JSONResponse({"ok": True}, 201)
+
+    async with (
+        _Scripted(_OK) as server,
+        open_light_client(server.url, max_attempts=2) as client,
+    ):
+        client._credentials = Credentials("AKIDEXAMPLE", "secret", _SECRET + "\n")
+        app = Starlette(routes=[Route("/orders", create, methods=["POST"])])
+        manager = Manager(DynamoDBStore(client, table_name="t"))
+        app.add_middleware(IdempotencyMiddleware, manager=manager, caller_scope=lambda r: "c")
+        async with serve_asgi(app) as base_url, httpx.AsyncClient(base_url=base_url) as http:
+            with caplog.at_level("DEBUG"):
+                answer = await http.post("/orders", json={}, headers={"Idempotency-Key": "k1"})
+    assert answer.status_code == 503
+    assert server.targets == []  # nothing was sent, and nothing retried
+    logged = "\n".join(logging.Formatter().format(record) for record in caplog.records)
+    assert "ConnectionError" in logged  # the store's error was logged, with its chain
+    assert _SECRET not in logged
+
+
+# -- hostile endpoints: answers that are not one per request -----------------------------
+
+
+class _Doubling:
+    """A DynamoDB endpoint answering with the COMPLETED item of the key asked about (GetItem:
+    found; PutItem: the claim's conditional check failed on it), except that its ``nth``
+    answer is sent twice: both copies in one write (``"together"``), the second while the
+    connection sits idle (``"later"``), or the copy held back and sent as the answer to the
+    next request (``"stale"``, as a proxy that mixes answers up)."""
+
+    def __init__(self, mode: str, nth: int = 1) -> None:
+        self.mode = mode
+        self.nth = nth
+        self.connections = 0
+        self.requests = 0
+        self.url = ""
+        self._held: bytes | None = None
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def __aenter__(self) -> _Doubling:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        for writer in list(self._writers):
+            writer.close()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    @staticmethod
+    def answer(request: dict[str, Any]) -> bytes:
+        key = (request.get("Key") or request["Item"])["id"]["S"]
+        answer: dict[str, Any] = {
+            "Item": {
+                "id": {"S": key},
+                "status": {"S": "COMPLETED"},
+                "expiration": {"N": str(int(NOW) + 3600)},
+                "data": {"M": {"for": {"S": key}}},
+            }
+        }
+        status = "200 OK"
+        if "Item" in request:
+            status = "400 Bad Request"
+            answer["__type"] = "com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException"
+        body = json.dumps(answer).encode()
+        return (
+            f"HTTP/1.1 {status}\r\nContent-Type: application/x-amz-json-1.0\r\n".encode()
+            + f"x-amz-crc32: {zlib.crc32(body)}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._writers.add(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                request = json.loads(await reader.readexactly(length))
+                self.requests += 1
+                answer = self.answer(request)
+                if self._held is not None:
+                    answer, self._held = self._held, None
+                elif self.requests == self.nth and self.mode == "together":
+                    answer += answer
+                elif self.requests == self.nth and self.mode == "stale":
+                    self._held = answer
+                elif self.requests == self.nth and self.mode == "later":
+                    later = asyncio.create_task(self._send_later(writer, answer))
+                    self._tasks.add(later)
+                writer.write(answer)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    @staticmethod
+    async def _send_later(writer: asyncio.StreamWriter, answer: bytes) -> None:
+        await asyncio.sleep(0.05)
+        writer.write(answer)
+        await writer.drain()
+
+
+@pytest.mark.parametrize("mode", ["together", "later"])
+async def test_a_connection_with_bytes_left_unread_is_not_reused(mode: str) -> None:
+    # An answer sent twice leaves a second answer on the kept-alive connection: reused, it
+    # would answer the next request — get("key-B") said key-A's record was key-B's.
+    async with (
+        _Doubling(mode) as server,
+        open_light_client(server.url, max_attempts=1) as client,
+    ):
+        store = DynamoDBStore(client, table_name="t")
+        first = await get_record(store, "key-A")
+        await asyncio.sleep(0.2)  # "later": the second copy has arrived
+        second = await get_record(store, "key-B")
+        third = await get_record(store, "key-C")
+    assert first is not None and first.response == {"for": "key-A"}
+    assert second is not None and second.key == "key-B"
+    assert second.response == {"for": "key-B"}
+    assert third is not None and third.response == {"for": "key-C"}
+    assert server.connections == 2  # the spoiled connection was closed, the next one kept
+
+
+@pytest.mark.parametrize("operation", ["get", "claim"])
+@pytest.mark.parametrize("transport", ["light", "aioboto3"])
+async def test_an_answer_about_another_key_is_never_an_answer(
+    transport: str, operation: str
+) -> None:
+    # A proxy that answers each request with the previous one's answer: no transport can
+    # tell, but the item names its key.  Read as key-B's, key-A's completed record would
+    # replay key-A's response to key-B's caller.
+    async def ask(store: DynamoDBStore, key: str) -> Record | None:
+        if operation == "get":
+            return await get_record(store, key)
+        return await try_claim(store, claim_for(key, "owner"), NOW)
+
+    async with _Doubling("stale") as server:
+        if transport == "light":
+            opened: Any = open_light_client(server.url, max_attempts=1)
+        else:
+            config = AioConfig(retries={"total_max_attempts": 1, "mode": "standard"})
+            opened = new_session().client("dynamodb", endpoint_url=server.url, config=config)
+        async with opened as client:
+            store = DynamoDBStore(client, table_name="t")
+            first = await ask(store, "key-A")
+            with pytest.raises(InconsistentStateError, match=r"key 'key-B'.*key 'key-A'"):
+                await ask(store, "key-B")
+    assert first is not None and first.key == "key-A"
 
 
 # -- records shared with aioboto3 ------------------------------------------------------------

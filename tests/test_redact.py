@@ -26,6 +26,12 @@ from idempotency_async._redact import redact, redact_url, secrets_in
         ("redis://host:6379/0?key_prefix=a@b", "redis://host:***@b"),
         ("redis://h/0?next=http://u:pw@e/x", "redis://h/0?next=http://u:***@e/x"),
         ("dynamodb://table?region=eu-west-1", "dynamodb://table?region=eu-west-1"),
+        # A mistyped scheme: the user information is still the text up to the last "@".
+        ("postgres//u:hunter22@h/db", "postgres//u:***@h/db"),
+        ("rediss//u:hunter22@h", "rediss//u:***@h"),
+        ("postgres:/u:hunter22@h/db", "postgres:/u:***@h/db"),
+        ("u:hunter22@h:5432/db", "u:***@h:5432/db"),
+        ("rediss//hunter22@h", "rediss//***@h"),
     ],
 )
 def test_redact_url_hides_passwords_and_keeps_the_rest(url: str, shown: str) -> None:
@@ -61,3 +67,19 @@ def test_passwords_with_url_delimiters_never_reach_text(password: str) -> None:
         shown = redact(message)
         assert password not in shown and "host:bad" in shown, shown
     assert password not in redact(f"failed: {url} and {password}", secrets_in(url))
+
+
+@pytest.mark.parametrize("url", ["postgres//u:hunter22@h/db", "rediss//u:hunter22@h"])
+def test_a_mistyped_scheme_still_gives_its_password_to_redact(url: str) -> None:
+    assert "hunter22" in secrets_in(url)
+    assert "hunter22" not in redact(f"something about {url!r}", secrets_in(url))
+
+
+def test_redacting_a_long_word_is_not_quadratic() -> None:
+    # A scheme pattern without a bound searched the whole word at every position: an
+    # answer's 2 MB error message took minutes.
+    import time
+
+    started = time.perf_counter()
+    redact("x" * 100_000)
+    assert time.perf_counter() - started < 10  # linear: 0.1 s here; quadratic: minutes

@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from contextlib import aclosing
-from typing import TextIO
+from typing import Any, TextIO
 
 from idempotency_async.cli._errors import EXIT_NOT_FOUND, CliError
 from idempotency_async.cli._postgres import PostgresTarget
@@ -15,6 +15,7 @@ from idempotency_async.cli._render import ROW_HEADER, record_json, record_lines,
 from idempotency_async.cli._schemes import parse_target
 from idempotency_async.cli._targets import AwsSettings, Listing, Target
 from idempotency_async.cli._terminal import printable
+from idempotency_async.errors import InconsistentStateError
 from idempotency_async.record import Record, Status
 
 __all__ = ["run_create_table", "run_get", "run_list", "run_release", "run_vacuum"]
@@ -50,15 +51,12 @@ async def run_release(args: argparse.Namespace) -> int:
         )
     store = _target(args).store(_aws(args))
     async with aclosing(store):
-        if not args.yes:
-            now = time.time()
-            record = (await store.get(args.key, now=now)).record
-            if record is None:
+        if args.yes:
+            deleted = await store.force_release(args.key)
+            if deleted is None:
                 raise _no_record(args.key)
-            _confirm(record, now)
-        deleted = await store.force_release(args.key)
-    if deleted is None:
-        raise _no_record(args.key)
+        else:
+            deleted = await _release_what_was_shown(store, args.key)
     now = time.time()
     if args.json:
         print(json.dumps({"deleted": record_json(deleted, now, show_response=False)}))
@@ -66,6 +64,29 @@ async def run_release(args: argparse.Namespace) -> int:
         print("deleted:")
         print("\n".join(f"  {line}" for line in record_lines(deleted, now)))
     return 0
+
+
+async def _release_what_was_shown(store: Any, key: str) -> Record:
+    """Show the record, ask, and delete exactly that record: if the key holds another one
+    by then (a new call claimed it, the holder completed it, its lease was renewed), the
+    operator never saw it and nothing is deleted."""
+    now = time.time()
+    try:
+        record: Record | None = (await store.get(key, now=now)).record
+    except InconsistentStateError as exc:
+        raise CliError(
+            f"{exc}; the record cannot be shown, so there is nothing to confirm: pass --yes "
+            "to delete whatever the key holds"
+        ) from exc
+    if record is None:
+        raise _no_record(key)
+    _confirm(record, now)
+    if not await store.release_exactly(record):
+        raise CliError(
+            f"not released: the record of key {key!r} changed (or was deleted) since it was "
+            "shown, so the one now there was never confirmed; run release again to see it"
+        )
+    return record
 
 
 def _confirm(record: Record, now: float) -> None:

@@ -50,8 +50,23 @@ def state_of(record: Record, now: float) -> str:
 def local_time(instant: float) -> str:
     if instant >= _NEVER:
         return "never"
-    moment = datetime.datetime.fromtimestamp(instant).astimezone()
+    moment = _moment(instant)
+    if moment is None:
+        return _beyond_the_calendar(instant)
     return moment.strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def _moment(instant: float) -> datetime.datetime | None:
+    """The local time of a Unix time, or None beyond what Python's calendar holds (years
+    1-9999; a record may hold year 294276 or 4713 BC, which Postgres accepts)."""
+    try:
+        return datetime.datetime.fromtimestamp(instant).astimezone()
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _beyond_the_calendar(instant: float) -> str:
+    return f"Unix time {instant:.0f} (beyond the calendar this tool shows)"
 
 
 def relative(instant: float, now: float) -> str:
@@ -80,7 +95,8 @@ def _when(instant: float, now: float) -> str:
 def _iso(instant: float | None) -> str | None:
     if instant is None or instant >= _NEVER:
         return None
-    return datetime.datetime.fromtimestamp(instant).astimezone().isoformat(timespec="seconds")
+    moment = _moment(instant)
+    return None if moment is None else moment.isoformat(timespec="seconds")
 
 
 def record_json(record: Record, now: float, *, show_response: bool = False) -> dict[str, Any]:

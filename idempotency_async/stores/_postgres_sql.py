@@ -58,6 +58,10 @@ COLUMNS: Final = (
 _OPERATOR_LOCK_WAIT: Final = "2s"
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _NOW: Final = "coalesce({param}::float8, extract(epoch FROM clock_timestamp())::float8)"
+# The key of the row an answer came from, last in every answer about one key: a key
+# column that compares other than byte for byte (citext, a nondeterministic collation)
+# would find another key's row.
+_STORED_KEY: Final = "r.key::text AS stored_key"
 # What a statement returns about a record: its fields, instants as Unix seconds.
 _RECORD: Final = (
     "r.status, r.owner, extract(epoch FROM r.expires_at)::float8 AS expires, "
@@ -76,6 +80,7 @@ class Statements(NamedTuple):
     release: str
     extend: str
     force_release: str
+    release_exactly: str
     vacuum: str
     page: str
     transactional_claim: str
@@ -136,7 +141,9 @@ n AS MATERIALIZED (
          set_config('lock_timeout', $7, true) AS lock_wait
   FROM caller AS c
 ),
-old AS MATERIALIZED (SELECT r.ctid AS version, {_RECORD} FROM {t} AS r WHERE r.key = $1),
+old AS MATERIALIZED (
+  SELECT r.ctid AS version, {_RECORD}, {_STORED_KEY} FROM {t} AS r WHERE r.key = $1
+),
 w AS (
   INSERT INTO {t} AS r (key, {", ".join(COLUMNS)})
   SELECT $1, 'INPROGRESS', $3, to_timestamp(ceil(n.now + greatest($5::float8, $4::float8))),
@@ -146,16 +153,16 @@ w AS (
   ON CONFLICT (key) DO UPDATE SET
     {keep_or_take}
   WHERE (SELECT {claimable} FROM n) OR r.ctid IS DISTINCT FROM (SELECT version FROM old)
-  RETURNING {_RECORD}
+  RETURNING {_RECORD}, {_STORED_KEY}
 )
-SELECT {fields}, n.now FROM (
-  SELECT 1 AS pick, {fields} FROM w
+SELECT {fields}, n.now, stored_key FROM (
+  SELECT 1 AS pick, {fields}, stored_key FROM w
   UNION ALL
-  SELECT 2, {fields} FROM old
+  SELECT 2, {fields}, stored_key FROM old
 ) AS answer, n
 ORDER BY pick LIMIT 1"""
     get = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$2")} AS now)
-SELECT {_RECORD}, n.now FROM n LEFT JOIN {t} AS r ON r.key = $1"""
+SELECT {_RECORD}, n.now, {_STORED_KEY} FROM n LEFT JOIN {t} AS r ON r.key = $1"""
     # The response travels as text and is cast on the server: an application's pool may
     # carry its own jsonb codec (json.dumps), which would encode the text a second time.
     complete = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$3")} AS now)
@@ -178,7 +185,18 @@ RETURNING 1"""
     force_release = f"""WITH n AS MATERIALIZED (
   SELECT set_config('lock_timeout', '{_OPERATOR_LOCK_WAIT}', true) AS lock_wait
 )
-DELETE FROM {t} AS r USING n WHERE r.key = $1 RETURNING {_RECORD}"""
+DELETE FROM {t} AS r USING n WHERE r.key = $1 RETURNING {_RECORD}, {_STORED_KEY}"""
+    # An operator's release of the record they were shown: only while the row is still that
+    # record (owner, status, expiry and lease end as the store read them).
+    release_exactly = f"""WITH n AS MATERIALIZED (
+  SELECT set_config('lock_timeout', '{_OPERATOR_LOCK_WAIT}', true) AS lock_wait
+)
+DELETE FROM {t} AS r USING n
+WHERE r.key = $1 AND r.key::text = $1::text COLLATE "C"
+  AND r.owner IS NOT DISTINCT FROM $2 AND r.status = $3
+  AND ceil(extract(epoch FROM r.expires_at)::float8 - 1e-6::float8) = $4::float8
+  AND extract(epoch FROM r.lease_ends_at)::float8 IS NOT DISTINCT FROM $5::float8
+RETURNING 1"""
     # One bounded batch: the oldest expired rows no other transaction holds.  An expired
     # record's lease has ended too (expiry is never before the lease end).
     vacuum = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$1")} AS now),
@@ -196,7 +214,8 @@ WHERE r.key > $1 AND ($2::text IS NULL OR r.status = $2) ORDER BY r.key LIMIT $3
     restore = "set_config('lock_timeout', n.caller_lock_wait, true)"
     # It also says where its answer came from: 2, the snapshot (nothing written, no lock).
     transactional_claim = claim.replace(
-        f"SELECT {fields}, n.now FROM (", f"SELECT {fields}, n.now, {restore}, pick FROM ("
+        f"SELECT {fields}, n.now, stored_key FROM (",
+        f"SELECT {fields}, n.now, {restore}, pick, stored_key FROM (",
     )
     assert transactional_claim != claim
     return Statements(
@@ -207,6 +226,7 @@ WHERE r.key > $1 AND ($2::text IS NULL OR r.status = $2) ORDER BY r.key LIMIT $3
         release,
         extend,
         force_release,
+        release_exactly,
         vacuum,
         page,
         transactional_claim,

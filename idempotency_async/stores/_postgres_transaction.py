@@ -31,6 +31,7 @@ from idempotency_async.stores._postgres_sql import (
     lock_wait,
 )
 from idempotency_async.stores._postgres_values import (
+    check_key,
     claim_verdict,
     completion_text,
     record_from_row,
@@ -225,6 +226,7 @@ class TransactionStore:
         row = await self._fetchrow("get", key, self._sql.get, key, None)
         if row[0] is None:
             return judge(None, row[7])
+        check_key(key, row[8])
         return judge(record_from_row(key, row, self.max_response_bytes), row[7])
 
     async def complete(self, completion: Completion) -> Written:

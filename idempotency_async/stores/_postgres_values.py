@@ -28,6 +28,7 @@ from idempotency_async.record import Claim, Completion, Record, Status
 from idempotency_async.stores.base import CLAIMED, State, Verdict
 
 __all__ = [
+    "check_key",
     "claim_verdict",
     "completion_text",
     "decode_response",
@@ -51,11 +52,12 @@ _READ_FACTOR: Final = 4  # the written text, with the ", " and ": " jsonb prints
 def claim_verdict(claim: Claim, row: Any, limit: int) -> Verdict:
     """The verdict of the claim statement's answer ``row`` (the record that answered it
     and the server's ``now``; a transactional claim adds two columns)."""
-    if row is None or len(row) not in (8, 10):
+    if row is None or len(row) not in (9, 11):
         raise StoreUnavailableError(
-            f"the server answered a claim of key {claim.key!r} with {row!r}, which is not the "
-            "store's statement answer; the callback was not run"
+            f"the server answered a claim of key {claim.key!r} with {row!r:.200}, which is not "
+            "the store's statement answer; the callback was not run"
         )
+    check_key(claim.key, row[-1])
     if row[0] == "INPROGRESS" and row[1] == claim.owner:
         return CLAIMED
     record = record_from_row(claim.key, row, limit)
@@ -64,6 +66,18 @@ def claim_verdict(claim: Claim, row: Any, limit: int) -> Verdict:
         return Verdict(State.COMPLETED, record, None, record.expiration - now)
     end = record.expiration if record.lease_end is None else record.lease_end
     return Verdict(State.IN_PROGRESS, record, max(end - now, 0.0))
+
+
+def check_key(key: str, stored: Any) -> None:
+    """Refuse an answer from another key's row (``stored``: the row's key, last in every
+    answer about one key; None when there is no row)."""
+    if stored is not None and stored != key:
+        raise InconsistentStateError(
+            f"the store asked about key {key!r} and the table answered with the row of key "
+            f"{str(stored)[:200]!r}: its key column compares keys other than byte for byte "
+            "(citext, a nondeterministic collation, char(n)?) or a proxy mixed answers up. "
+            "It was not used; the key column must be text with a deterministic collation"
+        )
 
 
 def completion_text(completion: Completion, limit: int) -> tuple[str | None, str | None]:

@@ -21,20 +21,23 @@ lease))`` in seconds, lease end ``ceil((now + lease) * 1000)`` in milliseconds. 
 itself lives one second past the record's expiry (``PX``, a duration, so it is right
 whatever clock judged).
 
-Answers: claim ``1`` when written, else ``{state, record, now}`` with state 2 (in
+Answers: claim ``1`` when written, else ``{state, record, now, key}`` with state 2 (in
 progress), 3 (completed), 4 (a lapsed record that may be taken over once the caller holds
 its ``<key>:lock``; only asked for with ``ARGV[6] == 'ask'``, see
 :mod:`idempotency_async.stores.redis`) or 9 (unreadable); complete ``1``/``0``; release
 ``1``/``0``; extend (a claim's arguments, fenced by the owner) ``1``/``0``; get
-``{record or nil, now}``; force release the deleted record or nil.  ``now`` travels as
-text: Redis truncates Lua numbers to integers.
+``{record or nil, now, key}``; force release ``{deleted record or nil, key}``; release
+exactly ``1`` (deleted) / ``0`` (the record differs from the one described, or is gone).
+``now`` travels as text: Redis truncates Lua numbers to integers.  Every answer that
+carries a record carries ``KEYS[1]`` too, so the client can tell an answer about another
+key (a proxy or connection that mixed answers up) from one about its own.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["CLAIM", "COMPLETE", "EXTEND", "FORCE_RELEASE", "GET", "RELEASE"]
+__all__ = ["CLAIM", "COMPLETE", "EXTEND", "FORCE_RELEASE", "GET", "RELEASE", "RELEASE_EXACTLY"]
 
 _COMMON: Final = r"""
 local function head(raw)
@@ -87,8 +90,10 @@ if raw then
       if lease_end ~= nil and lease_end < now * 1000 then state = nil else state = 2 end
     end
   end
-  if state then return {state, raw, text(now, ARGV[2])} end
-  if ARGV[6] == 'ask' and rec.owner ~= ARGV[1] then return {4, raw, text(now, ARGV[2])} end
+  if state then return {state, raw, text(now, ARGV[2]), KEYS[1]} end
+  if ARGV[6] == 'ask' and rec.owner ~= ARGV[1] then
+    return {4, raw, text(now, ARGV[2]), KEYS[1]}
+  end
 end
 local lease = tonumber(ARGV[3])
 local expiration = math.ceil(now + math.max(tonumber(ARGV[4]), lease))
@@ -149,12 +154,39 @@ GET: Final = (
     _COMMON
     + r"""
 local now = clock(ARGV[1])
-return {redis.call('GET', KEYS[1]), text(now, ARGV[1])}
+return {redis.call('GET', KEYS[1]), text(now, ARGV[1]), KEYS[1]}
 """
 )
 
 FORCE_RELEASE: Final = r"""
 local raw = redis.call('GET', KEYS[1])
 if raw then redis.call('DEL', KEYS[1]) end
-return raw
+return {raw, KEYS[1]}
 """
+
+# The record as an operator saw it: owner ('' for none, after a leading '='), status, and
+# expiry and lease end as whole seconds / milliseconds ('' for none), rounded up as the
+# client reads them.
+RELEASE_EXACTLY: Final = (
+    _COMMON
+    + r"""
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+local rec = head(raw)
+if rec == nil then return 0 end
+local function ceiled(value)
+  if value == nil then return '' end
+  local n = tonumber(value)
+  if n == nil then return '?' end
+  return int(math.ceil(n))
+end
+local owner = rec.owner
+if type(owner) ~= 'string' then owner = '' end
+if '=' .. owner ~= ARGV[1] or rec.status ~= ARGV[2] then return 0 end
+if ceiled(rec.expiration) ~= ARGV[3] or ceiled(rec.in_progress_expiration) ~= ARGV[4] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple, Protocol, runtime_checkable
 
+from idempotency_async.errors import InconsistentStateError
 from idempotency_async.record import Claim, Completion, Record, Status
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "Store",
     "Verdict",
     "Written",
+    "check_key",
     "judge",
 ]
 
@@ -83,6 +85,19 @@ def judge(record: Record | None, now: float) -> Verdict:
     elif end < now:
         return Verdict(State.CLAIMABLE, record)
     return Verdict(State.IN_PROGRESS, record, end - now)
+
+
+def check_key(verdict: Verdict, key: str) -> None:
+    """Refuse a verdict whose record is for another key than ``key``, the one asked about:
+    a store bug, a proxy that mixed answers up or a crafted record is never an answer
+    (``InconsistentStateError``)."""
+    record = verdict.record
+    if record is not None and record.key != key:
+        raise InconsistentStateError(
+            f"the store answered a request about key {key!r} with the record of key "
+            f"{str(record.key)[:200]!r}: it was not used (a store or proxy that mixes answers "
+            "up, or a damaged record)"
+        )
 
 
 @runtime_checkable

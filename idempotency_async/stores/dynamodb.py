@@ -216,8 +216,18 @@ class DynamoDBStore:
     @contextlib.asynccontextmanager
     async def _call(self, operation: str) -> AsyncIterator[Any]:
         client = await self._get_client()
-        with translate_errors(operation, self.table_name):
-            yield client
+        try:
+            with translate_errors(operation, self.table_name):
+                yield client
+        except ConditionFailed as exc:
+            if operation in _CONDITIONAL:
+                raise
+            # An answer to a request without a condition: not DynamoDB's.
+            raise StoreUnavailableError(
+                f"the endpoint answered a {operation} on table {self.table_name!r} with a "
+                "failed condition the request did not set: check that the client's endpoint "
+                "is DynamoDB"
+            ) from exc
 
     # -- Store protocol -------------------------------------------------------------
 
@@ -259,7 +269,7 @@ class DynamoDBStore:
         except ConditionFailed as failed:
             if failed.item is None:
                 return judge(None, now)  # raced with a delete: claimable
-            return judge(self._decode(failed.item), now)
+            return judge(self._decode(failed.item, claim.key), now)
         if not isinstance(answer, Mapping) or "ConsumedCapacity" not in answer:
             raise StoreUnavailableError(
                 f"the endpoint answered a claim on table {self.table_name!r} without "
@@ -274,7 +284,7 @@ class DynamoDBStore:
                 TableName=self.table_name, Key=self._key(key), ConsistentRead=True
             )
         item = response.get("Item")
-        return judge(None if item is None else self._decode(item), now)
+        return judge(None if item is None else self._decode(item, key), now)
 
     async def complete(self, completion: Completion) -> Written:
         data = await self._prepare_data(completion)
@@ -351,11 +361,56 @@ class DynamoDBStore:
         if not item:
             return None
         try:
-            return self._decode(item)
+            return self._decode(item, key)
         except InconsistentStateError as exc:
             raise InconsistentStateError(
                 f"the record was deleted, but it could not be read: {exc}"
             ) from exc.__cause__
+
+    async def release_exactly(self, record: Record) -> bool:
+        """Delete the record of ``record.key`` only if it is still ``record``: the same
+        owner, status, expiry and lease end (what ``idempotency-async release`` showed the
+        operator; instants compared as this store reads them, rounded up).  False, deleting
+        nothing, when the key holds another record or none.  One conditional DeleteItem."""
+        names = {"#id": self._key_attr, "#status": self._status_attr}
+        values: dict[str, Any] = {":status": {"S": record.status.value}}
+        conditions = ["attribute_exists(#id)", "#status = :status"]
+        for name, attribute, value in (
+            ("owner", self._owner_attr, record.owner),
+            (
+                "expiry",
+                self._expiry_attr,
+                None if record.expiration >= _NEVER else record.expiration,
+            ),
+            (
+                "lease",
+                self._in_progress_expiry_attr,
+                None if record.lease_end is None else round(record.lease_end * 1000),
+            ),
+        ):
+            names[f"#{name}"] = attribute
+            if value is None:
+                conditions.append(f"attribute_not_exists(#{name})")
+            elif isinstance(value, str):
+                conditions.append(f"#{name} = :{name}")
+                values[f":{name}"] = {"S": value}
+            else:
+                # Read as ceil(value): the instants in (value - 1, value] read the same.
+                conditions.append(f"#{name} > :{name}_below AND #{name} <= :{name}")
+                values[f":{name}"] = {"N": str(value)}
+                values[f":{name}_below"] = {"N": str(value - 1)}
+        try:
+            async with self._call("release exactly") as client:
+                await client.delete_item(
+                    TableName=self.table_name,
+                    Key=self._key(record.key),
+                    ConditionExpression=" AND ".join(conditions),
+                    ExpressionAttributeNames=names,
+                    ExpressionAttributeValues=values,
+                )
+        except ConditionFailed:
+            return False
+        return True
 
     # -- operators ------------------------------------------------------------------
 
@@ -391,14 +446,22 @@ class DynamoDBStore:
         while True:
             async with self._call(operation) as client:
                 answer = await getattr(client, operation)(**request)
+            items = answer.get("Items", [])
+            if not isinstance(items, list):
+                raise StoreUnavailableError(
+                    f"the endpoint answered a {operation} of table {self.table_name!r} without "
+                    "an item list: check that the client's endpoint is DynamoDB"
+                )
             records, unreadable = [], []
-            for item in answer.get("Items", []):
+            for item in items:
                 try:
                     records.append(self._decode(item))
                 except InconsistentStateError as exc:
                     logger.warning("%s", exc)
                     unreadable.append(exc)
-            scanned = int(answer.get("ScannedCount", len(records) + len(unreadable)))
+            scanned = answer.get("ScannedCount")
+            if isinstance(scanned, bool) or not isinstance(scanned, int):
+                scanned = len(records) + len(unreadable)
             yield RecordPage(records, scanned, tuple(unreadable))
             last = answer.get("LastEvaluatedKey")
             if not last:
@@ -527,23 +590,50 @@ class DynamoDBStore:
             return {self._key_attr: {"S": key}}
         return {self._key_attr: {"S": self._static_pk_value}, self._sort_key_attr: {"S": key}}
 
-    def _decode(self, item: Mapping[str, Any]) -> Record:
+    def _decode(self, item: Any, key: str | None = None) -> Record:
         """The record in ``item``, read as untrusted input (other writers share the table).
 
         A malformed response makes a COMPLETED record "not stored" (it still replays, as
         ``ResponseNotStoredError``); malformed control fields (key, status, expiry, lease,
-        owner, validation) make the record unreadable: ``InconsistentStateError``.
+        owner, validation) make the record unreadable: ``InconsistentStateError``.  So does
+        an item for another key than ``key``, the one asked about: an endpoint or proxy
+        that mixed answers up, or a damaged item — never an answer for this key.
         """
-        try:
-            return self._decode_item(item)
-        except _UNREADABLE as exc:
-            key = _key_text(item.get(self._sort_key_attr or self._key_attr))
+        if not isinstance(item, Mapping):
             raise InconsistentStateError(
-                f"the record of key {key} in table {self.table_name!r} cannot be read "
+                f"the store asked table {self.table_name!r} about key {key!r} and got an item "
+                f"that is not an attribute map ({type(item).__name__}): check that the "
+                "client's endpoint is DynamoDB"
+            )
+        try:
+            record = self._decode_item(item)
+        except _UNREADABLE as exc:
+            found = _key_text(item.get(self._sort_key_attr or self._key_attr))
+            raise InconsistentStateError(
+                f"the record of key {found} in table {self.table_name!r} cannot be read "
                 f"({_why(exc)}): it was not written by this library or a Powertools port "
                 "with this store's attribute names. Check the attribute options; if it is "
                 "foreign or damaged, delete it (manager.force_release or the CLI's release)"
             ) from exc
+        if key is not None and (record.key != key or not self._in_partition(item)):
+            found = _key_text(item.get(self._sort_key_attr or self._key_attr))
+            raise InconsistentStateError(
+                f"the store asked table {self.table_name!r} about key {key!r} and got the "
+                f"record of key {found}{self._partition_text(item)}: an endpoint or proxy "
+                "that mixes answers up, or a damaged item. It was not used"
+            )
+        return record
+
+    def _in_partition(self, item: Mapping[str, Any]) -> bool:
+        if self._sort_key_attr is None:
+            return True
+        partition = item.get(self._key_attr)
+        return isinstance(partition, Mapping) and partition.get("S") == self._static_pk_value
+
+    def _partition_text(self, item: Mapping[str, Any]) -> str:
+        if self._in_partition(item):
+            return ""
+        return f" in partition {_key_text(item.get(self._key_attr))}"
 
     def _decode_item(self, item: Mapping[str, Any]) -> Record:
         key_attr = self._sort_key_attr or self._key_attr
@@ -604,6 +694,9 @@ def _not_stored(reason: str | None) -> _Data:
 
 
 # -- item decoding ------------------------------------------------------------------
+
+# The operations whose requests carry a condition (the others never fail one).
+_CONDITIONAL: Final = frozenset({"claim", "complete", "release", "extend", "release exactly"})
 
 _NEVER: Final = 2**63
 

@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator, Mapping
 from types import TracebackType
 from typing import Any, Final, Literal, NamedTuple, Self
 
+from idempotency_async._redact import redact, redact_url, secrets_in
 from idempotency_async.errors import ConfigError, StoreUnavailableError
 from idempotency_async.record import Claim, Completion, Record, Status
 from idempotency_async.stores._closed import closed_error
@@ -27,6 +28,7 @@ from idempotency_async.stores._postgres_sql import (
 )
 from idempotency_async.stores._postgres_transaction import TransactionStore, bind
 from idempotency_async.stores._postgres_values import (
+    check_key,
     claim_verdict,
     completion_text,
     record_from_row,
@@ -180,6 +182,14 @@ class PostgresStore:
             if self._pool is None:
                 try:
                     self._pool = await _asyncpg().create_pool(self._dsn, **self._pool_options)
+                except (ValueError, TypeError) as exc:
+                    # The DSN did not parse (a port that is not a number, say): never a
+                    # traceback, and never the password, even in a chained exception.
+                    dsn = self._dsn or ""
+                    raise ConfigError(
+                        f"cannot connect with the DSN {redact_url(dsn)!r}: "
+                        f"{redact(str(exc), secrets_in(dsn))[:200]}"
+                    ) from None
                 except Exception as exc:
                     error = translated(exc, "connect", "", self.table)
                     if error is exc:
@@ -223,6 +233,7 @@ class PostgresStore:
         )
         if row[0] is None:
             return judge(None, row[7])
+        check_key(key, row[8])
         return judge(record_from_row(key, row, self.max_response_bytes), row[7])
 
     async def complete(self, completion: Completion) -> Written:
@@ -282,7 +293,25 @@ class PostgresStore:
         row = await self._fetchrow("force release", key, self._sql.force_release, key)
         if row is None:
             return None
+        check_key(key, row[7])
         return record_from_row(key, row, self.max_response_bytes)
+
+    async def release_exactly(self, record: Record) -> bool:
+        """Delete the record of ``record.key`` only if it is still ``record``: the same
+        owner, status, expiry and lease end (what ``idempotency-async release`` showed the
+        operator).  False, deleting nothing, when the key holds another record or none.
+        One statement; it waits at most 2 s for a row an open transaction holds."""
+        row = await self._fetchrow(
+            "release exactly",
+            record.key,
+            self._sql.release_exactly,
+            record.key,
+            record.owner,
+            record.status.value,
+            float(record.expiration),
+            record.lease_end,
+        )
+        return row is not None
 
     # -- transactional calls ---------------------------------------------------------
 

@@ -84,7 +84,9 @@ _RELEASE: Final = _Script(scripts.RELEASE)
 _EXTEND: Final = _Script(scripts.EXTEND)
 _GET: Final = _Script(scripts.GET)
 _FORCE_RELEASE: Final = _Script(scripts.FORCE_RELEASE)
-_SCRIPTS: Final = (_CLAIM, _COMPLETE, _RELEASE, _EXTEND, _GET, _FORCE_RELEASE)
+_RELEASE_EXACTLY: Final = _Script(scripts.RELEASE_EXACTLY)
+_SCRIPTS: Final = (_CLAIM, _COMPLETE, _RELEASE, _EXTEND, _GET, _FORCE_RELEASE, _RELEASE_EXACTLY)
+_NEVER: Final = 2**63  # the expiry of a record without one, as _redis_records reads it
 
 
 class RedisStore:
@@ -355,6 +357,7 @@ class RedisStore:
             async with self._gate or contextlib.nullcontext():
                 acquired = await self._client.set(lock, "True", ex=seconds, nx=True)
         if not acquired:
+            self._check_key(claim.key, answer[3] if len(answer) > 3 else None)
             return Verdict(State.IN_PROGRESS, self._decode(claim.key, answer[1]), float(seconds))
         return await self._claim(claim.key, (*args[:-1], b"held"))
 
@@ -373,12 +376,13 @@ class RedisStore:
             return answer
         if answer == 1:
             return CLAIMED
-        if not isinstance(answer, list) or len(answer) != 3:
+        if not isinstance(answer, list) or len(answer) != 4:
             raise StoreUnavailableError(
-                f"the server answered a claim of key {key!r} with {answer!r}, which is not the "
-                "store's script answer; the callback was not run"
+                f"the server answered a claim of key {key!r} with {answer!r:.200}, which is not "
+                "the store's script answer; the callback was not run"
             )
-        state, raw, now_text = answer
+        state, raw, now_text, answered = answer
+        self._check_key(key, answered)
         record = self._decode(key, raw)
         now = float(now_text)
         if state == _COMPLETED:
@@ -393,15 +397,15 @@ class RedisStore:
         )
 
     async def get(self, key: str, *, now: float) -> Verdict:
-        if self._client_clock:
-            with translate_errors("get", key):
-                client = self._client if self._ready else await self._open()
-                async with self._gate or contextlib.nullcontext():
-                    raw = await client.get(self.key_prefix + key)
-        else:
-            raw, now_text = await self._eval("get", _GET, key, b"")
-            now = float(now_text)
-        return judge(None if raw is None else self._decode(key, raw), now)
+        answer = await self._eval("get", _GET, key, repr(now) if self._client_clock else b"")
+        if not isinstance(answer, list) or len(answer) != 3:
+            raise StoreUnavailableError(
+                f"the server answered a read of key {key!r} with {answer!r:.200}, which is not "
+                "the store's script answer"
+            )
+        raw, now_text, answered = answer
+        self._check_key(key, answered)
+        return judge(None if raw is None else self._decode(key, raw), float(now_text))
 
     async def complete(self, completion: Completion) -> Written:
         key = completion.key
@@ -448,7 +452,14 @@ class RedisStore:
         return bool(answer == 1)
 
     async def force_release(self, key: str) -> Record | None:
-        raw = await self._eval("force release", _FORCE_RELEASE, key)
+        answer = await self._eval("force release", _FORCE_RELEASE, key)
+        if not isinstance(answer, list) or len(answer) != 2:
+            raise StoreUnavailableError(
+                f"the server answered the release of key {key!r} with {answer!r:.200}, which is "
+                "not the store's script answer"
+            )
+        raw, answered = answer
+        self._check_key(key, answered)
         if raw is None:
             return None
         try:
@@ -458,7 +469,38 @@ class RedisStore:
                 f"the record was deleted, but it could not be read: {exc}"
             ) from exc.__cause__
 
+    async def release_exactly(self, record: Record) -> bool:
+        """Delete the record of ``record.key`` only if it is still ``record``: the same
+        owner, status, expiry and lease end (what ``idempotency-async release`` showed the
+        operator).  False, deleting nothing, when the key holds another record or none.
+        One atomic script."""
+        expiration = "" if record.expiration >= _NEVER else str(record.expiration)
+        lease = "" if record.lease_end is None else str(round(record.lease_end * 1000))
+        answer = await self._eval(
+            "release exactly",
+            _RELEASE_EXACTLY,
+            record.key,
+            "=" + (record.owner or ""),
+            record.status.value,
+            expiration,
+            lease,
+        )
+        return bool(answer == 1)
+
     # -- internals ------------------------------------------------------------------
+
+    def _check_key(self, key: str, answered: Any) -> None:
+        """An answer names the Redis key it is about: one about another key (a proxy or a
+        connection that mixed answers up) is never an answer about ``key``."""
+        name = self.key_prefix + key
+        if isinstance(answered, bytes):
+            answered = answered.decode("utf-8", "replace")
+        if answered != name:
+            raise InconsistentStateError(
+                f"the server answered a request about key {name!r} with the record of "
+                f"{str(answered)[:200]!r}: a proxy or connection that mixes answers up. It was "
+                "not used"
+            )
 
     async def _claim_acknowledged(self, key: str, args: tuple[Any, ...]) -> Any:
         """The claim script and ``WAIT`` pipelined on one connection (one round trip)."""

@@ -15,7 +15,7 @@ from urllib.parse import parse_qsl
 from idempotency_async.integrations._http._fingerprint import too_large
 from idempotency_async.integrations._http._gate import ResponseGate
 from idempotency_async.integrations._http._markers import RequestState
-from idempotency_async.integrations._http._responses import HttpResponse, Rejection
+from idempotency_async.integrations._http._responses import NO_BODY, HttpResponse, Rejection
 from idempotency_async.integrations._http._rules import HttpIdempotency
 from idempotency_async.integrations._http._settings import STORED_HEADER
 
@@ -242,6 +242,7 @@ async def send_response(send: Send, response: HttpResponse) -> None:
     headers = [
         (name.encode("latin-1"), value.encode("latin-1")) for name, value in response.headers
     ]
-    headers.append((b"content-length", str(len(response.body)).encode()))
+    if response.status not in NO_BODY:
+        headers.append((b"content-length", str(len(response.body)).encode()))
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     await send({"type": "http.response.body", "body": response.body, "more_body": False})

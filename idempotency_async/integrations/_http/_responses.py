@@ -25,6 +25,7 @@ from idempotency_async.integrations._http._settings import (
 )
 
 __all__ = [
+    "NO_BODY",
     "HttpResponse",
     "Rejection",
     "content_length",
@@ -40,7 +41,8 @@ _FORMAT: Final = 1
 # or end a header).
 _TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
 _FIELD_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
-_NO_BODY: Final = frozenset({204, 304})
+NO_BODY: Final = frozenset({204, 304})
+"""Final statuses that carry no body (nor a Content-Length): a replay of one has none."""
 _REASON: Final = re.compile(r"HTTP ([1-5][0-9][0-9]): (.*)", re.DOTALL)
 _ENCODING: Final = "content-encoding"
 
@@ -72,10 +74,16 @@ def problem(
 
 def not_available(reason: str | None) -> HttpResponse:
     """The answer to a duplicate of a request whose response was not stored: the original
-    status (written first in the record's reason), and the reason it was not stored."""
+    status (written first in the record's reason) when it can carry a body, else 409, and
+    the reason it was not stored."""
     match = None if reason is None else _REASON.fullmatch(reason)
     status = 409 if match is None else int(match[1])
     why = reason if match is None else match[2]
+    if not 200 <= status <= 599 or status in NO_BODY:
+        # The reason comes from the record (another writer may have put it there): only a
+        # final status that carries this answer's body is used; 1xx, 204 and 304 would
+        # leave the body on the connection, to be read as the next response.
+        status, why = 409, reason
     return problem(
         status,
         "Response not available",
@@ -182,7 +190,7 @@ def replay(stored: Any, replay_headers: Iterable[str]) -> HttpResponse:
         body = base64.b64decode(encoded, validate=True)
     except (ValueError, binascii.Error):
         return not_available(f"HTTP {status}: the stored response has no valid body")
-    if body and status in _NO_BODY:
+    if body and status in NO_BODY:
         return not_available(f"HTTP {status}: the stored response has a body it cannot carry")
     return HttpResponse(status, (*headers, (REPLAYED_HEADER, "true")), body)
 
