@@ -549,10 +549,18 @@ class Lifecycle:
             why = f"failed ({error!r})"
         finally:
             timer.close()
-        exc.add_note(
-            f"idempotency-async: releasing key {key} {why}; the key stays in progress until "
-            "its lease ends"
-        )
+        if self.transaction is not None:
+            # Undoing a transactional call failed: its claim is still in the caller's
+            # transaction, whose COMMIT the table's guard refuses.
+            exc.add_note(
+                f"idempotency-async: undoing the transactional call of key {key} {why}; "
+                "roll the transaction back (its COMMIT would be refused)"
+            )
+        else:
+            exc.add_note(
+                f"idempotency-async: releasing key {key} {why}; the key stays in progress "
+                "until its lease ends"
+            )
         self.emit("release_failed", key, error=failure)
         return None
 

@@ -65,10 +65,17 @@ class Waiting:
                 delay = min(delay * 2, _MAX_POLL)
                 sent = loop.time()
                 try:
-                    verdict = await store.get(keys.key, now=self._options.clock())
+                    # Bounded like the wait: a read stuck behind a lock (a migration's)
+                    # ends the wait, not the call's deadline.
+                    async with asyncio.timeout_at(wait_until):
+                        verdict = await store.get(keys.key, now=self._options.clock())
                 except InconsistentStateError as exc:
                     self._emitter.emit("record_unreadable", keys.key, error=exc)
                     raise
+                except TimeoutError:
+                    if loop.time() < wait_until:
+                        raise  # the store's own timeout, not the wait's end
+                    self.refuse(keys.key, verdict.retry_after)
                 if verdict.__class__ is not Verdict:
                     raise StoreUnavailableError(
                         f"the store answered a read of key {keys.key} with {verdict!r}, not a "

@@ -28,7 +28,13 @@ import json
 from collections import defaultdict
 
 from idempotency_async import errors
-from idempotency_async.testing._tx_run import CALLER_LOCK_TIMEOUT, TxCallbackFailed, TxTrace
+from idempotency_async.testing._tx_run import (
+    CALLER_LOCK_TIMEOUT,
+    TxCallbackFailed,
+    TxOutcome,
+    TxTrace,
+)
+from idempotency_async.testing._tx_scenario import TxCallPlan
 
 __all__ = ["check_transactional"]
 
@@ -88,6 +94,19 @@ def check_transactional(trace: TxTrace, *, tolerance: float) -> list[str]:
     return found
 
 
+def _abandoned_at_deadline(outcome: TxOutcome, plan: TxCallPlan) -> bool:
+    """A completion abandoned at the call's deadline: ``CompletionError`` with its outcome
+    unknown, after the call lasted at least its timeout (a completion is abandoned at the
+    deadline or later, never before)."""
+    error = outcome.error
+    return (
+        isinstance(error, errors.CompletionError)
+        and error.outcome_unknown
+        and plan.timeout is not None
+        and (outcome.exited or 0.0) - (outcome.entered or 0.0) >= plan.timeout
+    )
+
+
 def _caller(trace: TxTrace, index: int, committed: dict[int, str], tolerance: float) -> list[str]:
     found: list[str] = []
     outcome = trace.outcomes[index]
@@ -124,8 +143,11 @@ def _caller(trace: TxTrace, index: int, committed: dict[int, str], tolerance: fl
         if plan.isolation == "read_committed":
             found.append(f"T2: call {index} under READ COMMITTED got {error!r}")
     elif isinstance(error, errors.PersistenceError | errors.CompletionError):
-        # The server and the connection are fine unless the scenario killed the backend.
-        if plan.fault != "kill_backend":
+        # The server and the connection are fine unless the scenario killed the backend —
+        # or the call's own deadline passed while its completion was on the wire: then it
+        # was abandoned (documented: its outcome is unknown).  Judged by what happened (the
+        # call lasted its whole timeout), never by how loaded the machine was.
+        if plan.fault != "kill_backend" and not _abandoned_at_deadline(outcome, plan):
             found.append(f"G5: call {index} got {type(error).__name__}: {error}")
     elif error is not None and not isinstance(
         error, errors.AlreadyInProgressError | errors.DeadlockDetectedError
