@@ -321,7 +321,7 @@ async def test_the_claim_function_bounds_its_wait_and_leaves_the_caller_s_transa
     assert (await _fn_claim(duplicate, table, "free", "me", "50ms"))["answer"] == "claimed"
     assert await _lock_timeout(duplicate) == "7s"
     assert await duplicate.fetchval("SELECT count(*) FROM mine") == 1  # not aborted
-    await duplicate.execute(f'DELETE FROM "{table}" WHERE key = \'free\'')
+    await duplicate.execute(f"DELETE FROM \"{table}\" WHERE key = 'free'")
     await duplicate.execute("COMMIT")
     assert await _lock_timeout(duplicate) == "0"
     # Nothing of the library's carries over to the session's next transaction.
@@ -384,7 +384,7 @@ async def test_the_guard_refuses_a_commit_of_an_unfinished_claim_and_nothing_els
     await _fn_claim(connection, table, "done", "b")
     await connection.fetchrow(sql.complete, "done", "b", _TTL, "validation", '"r"', None)
     await _fn_claim(connection, table, "undone", "c")
-    await connection.execute(f'DELETE FROM "{table}" WHERE key = \'undone\'')
+    await connection.execute(f"DELETE FROM \"{table}\" WHERE key = 'undone'")
     await connection.execute("SAVEPOINT caller")
     await _fn_claim(connection, table, "rolled-back", "d")
     await connection.execute("ROLLBACK TO SAVEPOINT caller")
