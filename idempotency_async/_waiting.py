@@ -56,6 +56,7 @@ class Waiting:
         strongly consistent read a fifth of it."""
         delay = _FIRST_POLL
         started = loop.time()
+        bounded = getattr(store, "reads_bounded", False)
         try:
             while True:
                 left = wait_until - loop.time()
@@ -66,8 +67,9 @@ class Waiting:
                 sent = loop.time()
                 try:
                     # Bounded like the wait: a read stuck behind a lock (a migration's)
-                    # ends the wait, not the call's deadline.
-                    async with asyncio.timeout_at(wait_until):
+                    # ends the wait, not the call's deadline — by the store itself when its
+                    # reads say so (a cancellation there could hurt its transaction).
+                    async with asyncio.timeout_at(None if bounded else wait_until):
                         verdict = await store.get(keys.key, now=self._options.clock())
                 except InconsistentStateError as exc:
                     self._emitter.emit("record_unreadable", keys.key, error=exc)

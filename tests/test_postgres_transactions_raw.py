@@ -422,15 +422,19 @@ async def test_a_row_this_transaction_left_unfinished_is_never_taken_over(
     # the row its earlier, unfinished claim wrote (whose callback's writes are still there).
     connection, _, _ = connections
     await connection.execute("BEGIN")
-    assert (await _fn_claim(connection, table, "k", "first"))["answer"] == "claimed"
-    assert (await _fn_claim(connection, table, "k", "second"))["answer"] == "mine"
+    await connection.execute("SET LOCAL lock_timeout = '7s'")
+    assert (await _fn_claim(connection, table, "k", "first", "50ms"))["answer"] == "claimed"
+    assert (await _fn_claim(connection, table, "k", "second", "50ms"))["answer"] == "mine"
+    assert await _lock_timeout(connection) == "7s"  # its own again, whatever the answer
     await connection.execute("ROLLBACK")
 
 
 async def test_a_claim_function_read_is_a_read(table: str, connections: list[Any]) -> None:
     connection, _, observer = connections
     await connection.execute("BEGIN")
-    nothing = await _fn_claim(connection, table, "k", None, None)
+    await connection.execute("SET LOCAL lock_timeout = '7s'")
+    nothing = await _fn_claim(connection, table, "k", None, "50ms")
     assert (nothing["answer"], nothing["status"]) == ("read", None)
+    assert await _lock_timeout(connection) == "7s"
     await connection.execute("COMMIT")
     assert await _owner(observer, table, "k") is None

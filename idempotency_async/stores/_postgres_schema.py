@@ -141,6 +141,7 @@ BEGIN
         END IF;
         SELECT {read} INTO r FROM {t} AS t WHERE t.key = p_key;
         got := FOUND;
+        PERFORM set_config('lock_timeout', caller_wait, true);  -- (its own again)
         IF p_owner IS NULL THEN  -- a read (a duplicate polling a lease-mode holder)
             IF NOT got THEN
                 RETURN QUERY SELECT 'read'::text, {_NOTHING}, n, snap;
@@ -158,11 +159,13 @@ BEGIN
                 RETURN;
             END IF;
             IF NOT (r.expires < n OR (r.status = 'INPROGRESS' AND r.lease_end < n)) THEN
-                PERFORM set_config('lock_timeout', caller_wait, true);  -- (its own again)
                 RETURN QUERY SELECT 'read'::text, r.status, r.owner, r.expires, r.lease_end,
                     r.validation, r.response, r.not_stored, n, snap;
                 RETURN;
             END IF;
+        END IF;
+        IF p_wait IS NOT NULL THEN  -- the insert may wait for the row's lock
+            PERFORM set_config('lock_timeout', p_wait, true);
         END IF;
         INSERT INTO {t} AS t (key, {", ".join(COLUMNS)})
         VALUES (p_key, 'INPROGRESS', p_owner, to_timestamp(ceil(n + p_ttl)), '-infinity',

@@ -57,6 +57,9 @@ class TransactionStore:
     :meth:`complete` completes, :meth:`release` undoes the call."""
 
     db_system_name: Final = "postgresql"
+    reads_bounded: Final = True
+    """Its reads end a wait on the server (a lock timeout), not by a cancellation: a
+    cancellation could land on the caller's next statement and abort its transaction."""
 
     def __init__(
         self,
@@ -74,6 +77,7 @@ class TransactionStore:
         self._read_bound = response_bound(limit)
         self._owner: str | None = None  # the claim this call holds, until undone
         self._savepoint: str | None = None
+        self._deadline = self._wait_until = 0.0  # loop times, set by the claim
 
     @property
     def table_name(self) -> str:
@@ -83,7 +87,13 @@ class TransactionStore:
         """Claim the key, waiting at most ``wait`` seconds for a lock another transaction
         holds (the key's row, or the table), then :class:`LockTimeoutError`."""
         key = claim.key
-        left = _left(asyncio.get_running_loop().time() + claim.lease, key)  # the deadline
+        now = asyncio.get_running_loop().time()
+        self._deadline = now + claim.lease
+        self._wait_until = now + wait
+        # The claim function ends its own lock waits by ``wait`` (the server's bound); the
+        # driver's cancellation is the backstop, later, so that it never races the answer
+        # (a cancel landing on the next statement would abort the caller's transaction).
+        left = _left(self._deadline, key) + _CLEANUP
         try:
             row = await self._fetchrow(
                 "claim",
@@ -143,10 +153,20 @@ class TransactionStore:
 
     async def get(self, key: str, *, now: float) -> Verdict:
         """Read the key's row (a duplicate polling a lease-mode holder), through the claim
-        function: a cancellation (the wait's end) then rolls back only its
-        subtransaction, never the caller's transaction."""
+        function: its lock waits end with the call's wait, on the server, and a
+        cancellation rolls back only the function's subtransaction."""
+        now = asyncio.get_running_loop().time()
         row = await self._fetchrow(
-            "get", key, None, self._schema.claim, key, None, 0.0, None, None, self._read_bound
+            "get",
+            key,
+            max(self._deadline - now, 0.0) + _CLEANUP,  # the backstop, as for the claim
+            self._schema.claim,
+            key,
+            None,
+            0.0,
+            None,
+            lock_wait(max(self._wait_until - now, 0.0)),  # the server's bound: the wait's end
+            self._read_bound,
         )
         if row is None or len(row) != _ANSWERED or row[0] != "read":
             raise _caught(row[0] if row else None, row[7] if row else None, key, "get")
