@@ -139,7 +139,13 @@ async def test_a_failure_prints_a_shrunk_scenario_that_runs_again(
 def _one_call(**changes: Any) -> TxScenario:
     scenario = generate_transactional(3)
     call = replace(
-        scenario.calls[0], key=0, fault="none", behaviour="return", timeout=0.5, mode="transaction"
+        scenario.calls[0],
+        key=0,
+        fault="none",
+        behaviour="return",
+        timeout=0.5,
+        mode="transaction",
+        driver="asyncpg",
     )
     return replace(scenario, calls=(replace(call, **changes),), table_lock=None)
 
