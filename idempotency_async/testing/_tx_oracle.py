@@ -106,9 +106,10 @@ def check_transactional(trace: TxTrace, *, tolerance: float) -> list[str]:
             found.append(f"E1: key {index}: no committed record, effects committed by {written}")
     for index, writer in committed.items():
         outcome = by_writer[writer]
-        returned = outcome.returned
-        if writer in others:  # the second call's run: did it return?
-            returned = outcome.second_ran and outcome.second_value == writer
+        # The first call's run, or a second call's run of the same caller (its own key, or
+        # the same key after the first call's run was undone): did it return?
+        second_returned = outcome.second_ran and outcome.second_value == writer
+        returned = second_returned if writer in others else outcome.returned or second_returned
         if not returned or outcome.committed is False or outcome.undone:
             found.append(
                 f"E2: key {index}: the record is call {outcome.call}'s, whose callback "
@@ -207,12 +208,24 @@ def _caller(trace: TxTrace, index: int, committed: dict[int, str], tolerance: fl
                     f"T4: call {index} gave up its lock wait after {elapsed:.3f} s "
                     f"(wait_timeout {manager.wait_timeout}, timeout {plan.timeout})"
                 )
-    usable = isinstance(
-        error, TxCallbackFailed | errors.AlreadyInProgressError | errors.DeadlineExceededError
+    usable_errors = (
+        TxCallbackFailed,
+        errors.AlreadyInProgressError,
+        errors.DeadlineExceededError,
     )
+    usable = isinstance(error, usable_errors)
+    # A second call that spoiled the transaction made the caller roll back.
+    second = outcome.second_error
+    spoiled = second is not None and not isinstance(second, usable_errors)
     # Under SERIALIZABLE a COMMIT may be refused as a serialization failure on its own.
     refused = plan.isolation == "serializable" and outcome.commit_state == "40001"
-    if usable and plan.fault not in _NO_COMMIT and outcome.committed is not True and not refused:
+    if (
+        usable
+        and plan.fault not in _NO_COMMIT
+        and outcome.committed is not True
+        and not refused
+        and not spoiled
+    ):
         found.append(
             f"T4: after {type(error).__name__} call {index}'s own transaction did not commit "
             f"({outcome.commit_error})"
