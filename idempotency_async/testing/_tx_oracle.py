@@ -61,6 +61,7 @@ _NO_COMMIT = (
     "commit_unanswered",
     "commit_fails",
     "cancel",
+    "callback_commits",  # the callback's COMMIT (refused) ended the transaction
 )
 
 
