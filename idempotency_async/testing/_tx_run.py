@@ -277,7 +277,9 @@ async def run_transactional(
         # The caller's own timeout, handled: it goes on and commits (misuse).
         handled = plan.fault == "commit_after_timeout" and outcome.cancel_requested
         spoiled = outcome.error is not None and not isinstance(outcome.error, _USABLE)
-        if (spoiled and not handled) or plan.fault in ("rollback_after_return", "cancel"):
+        # (A callback that committed ended the transaction: nothing is left to commit.)
+        undone = ("rollback_after_return", "cancel", "callback_commits")
+        if (spoiled and not handled) or plan.fault in undone:
             try:
                 await caller.execute("ROLLBACK")
             except Exception:
