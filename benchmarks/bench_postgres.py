@@ -3,6 +3,8 @@
     python benchmarks/bench_postgres.py            # full run (about a minute)
     python benchmarks/bench_postgres.py --smoke    # a few seconds, for CI
     python benchmarks/bench_postgres.py --durable  # commits flushed to disk (fsync on)
+    python benchmarks/bench_postgres.py --concurrent 16 [--durable]
+                                                   # transactional vs lease mode, 16 callers
 
 The script starts its own PostgreSQL (``initdb`` into a temporary directory, a free
 loopback port, ``fsync=off``: what is measured is the client and the statements, not the
@@ -34,6 +36,13 @@ size; every call borrows a connection and writes one row into an effects table):
 Their round trips are counted on the wire by a loopback proxy (turns of the conversation:
 a client write after the server's answer), after a warm-up, so the drivers' prepared
 statements and the pool's own traffic (asyncpg resets a connection it takes back) count.
+Budget (transactional, counting the caller's BEGIN and COMMIT, not the pool's reset): a
+first call at most 6, a replay at most 3.
+
+``--concurrent N``: only the transactional paths, N callers at once per path (each on a
+pool of N connections per driver, each caller making its calls one after another); the
+time per call is the round's wall time over its calls.  Budget: tx at most 0.7x lease on
+first calls.  The table's guard trigger fires at every transactional COMMIT: its cost is in.
 
 One round = N sequential calls of one path; the paths' rounds are interleaved (the order
 rotates every repeat) and the medians of the per-round means are compared.  Budget: the
@@ -544,6 +553,68 @@ def tx_round_trips(loop: asyncio.AbstractEventLoop, server: Server) -> dict[str,
     return loop.run_until_complete(count())
 
 
+TX_BUDGET = 0.7  # tx / lease time per call on first calls, N concurrent callers
+TX_TRIPS = {"first": 6, "replay": 3}  # counting BEGIN and COMMIT, not the pool's reset
+
+
+def concurrent_paths(
+    loop: asyncio.AbstractEventLoop, drivers: list[Driver], callers: int
+) -> list[Path_]:
+    """Each transactional path with ``callers`` callers at once: a round of n calls is
+    ``callers`` tasks making n / ``callers`` calls each (fresh keys, or the one replayed
+    key), so ``Path_`` divides the round's wall time by n."""
+    paths = []
+    for driver in drivers:
+        calls, setups = driver.calls()
+        for setup in setups:
+            loop.run_until_complete(setup)
+        for (name, kind), call in calls.items():
+            paths.append(Path_(f"{driver.name} {name}", kind, gathered(loop, call, callers)))
+    return paths
+
+
+def gathered(
+    loop: asyncio.AbstractEventLoop, call: Callable[[], Awaitable[None]], callers: int
+) -> Callable[[int], None]:
+    async def caller(n: int) -> None:
+        for _ in range(n):
+            await call()
+
+    async def round_(n: int) -> None:
+        await asyncio.gather(*(caller(max(1, n // callers)) for _ in range(callers)))
+
+    return lambda n: loop.run_until_complete(round_(n))
+
+
+def concurrent_report(paths: list[Path_], callers: int, durable: bool) -> bool:
+    by = {(p.name, p.kind): p for p in paths}
+    print(
+        f"Transactional calls, {callers} concurrent callers "
+        f"({'durable commits' if durable else 'fsync off'}): wall time per call, medians"
+    )
+    print(f"  {'driver':<9}{'call':<8}{'raw-tx':>8}{'tx':>8}{'lease':>8}{'tx/lease':>10}")
+    within = True
+    for name in DRIVERS:
+        for kind in ("first", "replay"):
+            raw, tx, lease = (by[(f"{name} {path}", kind)] for path in TX_PATHS)
+            ratio = tx.wall / lease.wall
+            if kind == "first":
+                within &= ratio <= TX_BUDGET
+            print(
+                f"  {name:<9}{kind:<8}{raw.wall * 1e6:8.0f}{tx.wall * 1e6:8.0f}"
+                f"{lease.wall * 1e6:8.0f}{ratio:10.2f}"
+            )
+        ratios = sorted(
+            a / b
+            for a, b in zip(
+                by[(f"{name} tx", "first")].walls, by[(f"{name} lease", "first")].walls, strict=True
+            )
+        )
+        print(f"  {name:<9}first   tx/lease per round: {ratios[0]:.2f}-{ratios[-1]:.2f}")
+    print(f"  budget tx/lease on first calls <= {TX_BUDGET}: {'met' if within else 'NOT met'}")
+    return within
+
+
 def tx_report(paths: list[Path_], trips: dict[str, dict[str, int]]) -> None:
     by = {(p.name, p.kind): p for p in paths}
     print("  transactional calls: medians, ratios of times, round trips on the wire")
@@ -639,7 +710,15 @@ def main() -> None:
     durable = "--durable" in sys.argv
     if durable:
         sys.argv.remove("--durable")
+    callers = 0
+    if "--concurrent" in sys.argv:
+        at = sys.argv.index("--concurrent")
+        callers = int(sys.argv[at + 1])
+        del sys.argv[at : at + 2]
     args = parse_args(__doc__ or "")
+    if callers:
+        concurrent_main(callers, durable, args.smoke, args.repeats)
+        return
     calls, repeats = (20, 3) if args.smoke else (100, 21)
     repeats = args.repeats or repeats
     logging.getLogger("idempotency_async").setLevel(logging.ERROR)
@@ -672,7 +751,8 @@ def main() -> None:
                 path.timed_round(calls)
         within = report(base, calls, repeats, durable)
         trips = round_trips(loop, pool)
-        tx_report(transactional, tx_round_trips(loop, server))
+        tx_counts = tx_round_trips(loop, server)
+        tx_report(transactional, tx_counts)
         if not isinstance(idemkit, str):
             loop.run_until_complete(idemkit.backend.aclose())
         loop.run_until_complete(pool.close())
@@ -682,6 +762,15 @@ def main() -> None:
         loop.close()
         server.stop()
     print("  round trips per call: " + ", ".join(f"{k} {v}" for k, v in trips.items()))
+    tx_trips_ok = True
+    for name, counted in tx_counts.items():
+        reset = 1 if name == "asyncpg" else 0  # asyncpg's pool resets a returned connection
+        for kind, budget in TX_TRIPS.items():
+            got = counted[f"{kind} tx"] - reset
+            tx_trips_ok &= got <= budget
+            print(f"  {name} transactional {kind}: {got} round trips (budget {budget})")
+    if not tx_trips_ok:
+        raise SystemExit("transactional round trips over budget")
     if trips != {"first": 2, "replay": 1, "cached": 0, "in progress": 1}:
         raise SystemExit(f"round trips are not 2/1/0/1: {trips}")
     if not within:
@@ -689,6 +778,43 @@ def main() -> None:
             print("  (over budget: smoke runs are too short to judge; not failing)")
         else:
             raise SystemExit("over budget")
+
+
+def concurrent_main(callers: int, durable: bool, smoke: bool, repeats: int | None) -> None:
+    calls, rounds = (callers * 2, 3) if smoke else (callers * 12, repeats or 15)
+    logging.getLogger("idempotency_async").setLevel(logging.ERROR)
+    server = start_postgres(durable)
+    if server is None:
+        print("bench_postgres: skipped — the PostgreSQL server binaries are not installed")
+        return
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    drivers: list[Driver] = []
+    try:
+        import asyncpg
+
+        pool = loop.run_until_complete(asyncpg.create_pool(server.dsn, min_size=1, max_size=2))
+        loop.run_until_complete(create_table(pool, table=TABLE))
+        loop.run_until_complete(pool.execute(f"CREATE TABLE {EFFECTS} (id text, n int)"))
+        loop.run_until_complete(pool.close())
+        for name in DRIVERS:
+            pool = loop.run_until_complete(driver_pool(name, server.dsn, callers))
+            drivers.append(Driver(name, pool))
+        paths = concurrent_paths(loop, drivers, callers)
+        for path in paths:
+            path.run(calls)  # warm up: every connection of every pool, prepared statements
+        for repeat in range(rounds):
+            shift = repeat % len(paths)
+            for path in paths[shift:] + paths[:shift]:
+                path.timed_round(calls)
+        within = concurrent_report(paths, callers, durable)
+    finally:
+        for driver in drivers:
+            loop.run_until_complete(close_pool(driver.pool))
+        loop.close()
+        server.stop()
+    if not within and not smoke:
+        print("  (over the budget)")
 
 
 if __name__ == "__main__":

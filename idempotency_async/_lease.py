@@ -105,6 +105,7 @@ def lease_for(
         left + options.lease_margin,
         options.expires_after,
         keys.validation,
+        options.wait_timeout if options.wait else 0.0,
     )
     return Lease(claim, now + left - reserve, now + left, reserve)
 

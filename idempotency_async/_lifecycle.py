@@ -63,6 +63,7 @@ T = TypeVar("T")
 _log = logging.getLogger("idempotency_async")
 
 _CLAIM_RETRIES = 2
+_UNDO_BOUND = 0.5  # seconds a transactional call's undo may take after its deadline
 # Store errors that refuse a claim outright (the request, or the record it met, cannot be
 # processed): nothing was written.  Any other failure may hide a claim that applied.
 _REFUSALS = (StoreAccessDeniedError, StoreValidationError)
@@ -542,7 +543,10 @@ class Lifecycle:
         """Owner-fenced release, abandoned at the lease end; a failure becomes a note on
         ``exc`` (None returned), never the caller's outcome."""
         key = lease.claim.key
-        timer = self._cutoffs_of(loop).start(max(lease.ends_at, loop.time() + lease.reserve))
+        # Undoing a transactional call is a statement in the caller's transaction: cutting it
+        # short could abort that transaction, so it gets at least _UNDO_BOUND.
+        grace = lease.reserve if self.transaction is None else max(lease.reserve, _UNDO_BOUND)
+        timer = self._cutoffs_of(loop).start(max(lease.ends_at, loop.time() + grace))
         try:
             return await self.store.release(key, lease.claim.owner)
         except asyncio.CancelledError as cancelled:
@@ -555,10 +559,18 @@ class Lifecycle:
             why = f"failed ({error!r})"
         finally:
             timer.close()
-        exc.add_note(
-            f"idempotency-async: releasing key {key} {why}; the key stays in progress until "
-            "its lease ends"
-        )
+        if self.transaction is not None:
+            # Undoing a transactional call failed: its claim is still in the caller's
+            # transaction, whose COMMIT the table's guard refuses.
+            exc.add_note(
+                f"idempotency-async: undoing the transactional call of key {key} {why}; "
+                "roll the transaction back (its COMMIT would be refused)"
+            )
+        else:
+            exc.add_note(
+                f"idempotency-async: releasing key {key} {why}; the key stays in progress "
+                "until its lease ends"
+            )
         self.emit("release_failed", key, error=failure)
         return None
 

@@ -56,6 +56,7 @@ class Waiting:
         strongly consistent read a fifth of it."""
         delay = _FIRST_POLL
         started = loop.time()
+        bounded = getattr(store, "reads_bounded", False)
         try:
             while True:
                 left = wait_until - loop.time()
@@ -65,12 +66,20 @@ class Waiting:
                 delay = min(delay * 2, _MAX_POLL)
                 sent = loop.time()
                 try:
-                    verdict = await store.get(keys.key, now=self._options.clock())
+                    # Bounded like the wait: a read stuck behind a lock (a migration's)
+                    # ends the wait, not the call's deadline — by the store itself when its
+                    # reads say so (a cancellation there could hurt its transaction).
+                    async with asyncio.timeout_at(None if bounded else wait_until):
+                        verdict = await store.get(keys.key, now=self._options.clock())
                     if verdict.__class__ is Verdict:
                         check_key(verdict, keys.key)
                 except InconsistentStateError as exc:
                     self._emitter.emit("record_unreadable", keys.key, error=exc)
                     raise
+                except TimeoutError:
+                    if loop.time() < wait_until:
+                        raise  # the store's own timeout, not the wait's end
+                    self.refuse(keys.key, verdict.retry_after)
                 if verdict.__class__ is not Verdict:
                     raise StoreUnavailableError(
                         f"the store answered a read of key {keys.key} with {verdict!r}, not a "

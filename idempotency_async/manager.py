@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from idempotency_async._callback import (
     ReturnedNotAwaitable,
@@ -24,12 +24,15 @@ from idempotency_async._keys import key_deriver
 from idempotency_async._lease import effective_deadline
 from idempotency_async._lifecycle import Call, Lifecycle, Unprotected
 from idempotency_async._responses import not_stored_error
-from idempotency_async.errors import ConfigError, InconsistentStateError
+from idempotency_async.errors import ConfigError, DeadlineExceededError, InconsistentStateError
 from idempotency_async.events import EventKind
 from idempotency_async.instrumentation import Observer
 from idempotency_async.options import Options, disabled_by_environment
 from idempotency_async.record import Record
 from idempotency_async.stores.base import State, Store, check_key
+
+if TYPE_CHECKING:
+    from idempotency_async.stores.postgres import TransactionConnection
 
 __all__ = ["Manager"]
 
@@ -219,7 +222,7 @@ class Manager:
 
     async def execute_in_transaction(
         self,
-        connection: Any,
+        connection: TransactionConnection,
         payload: Any,
         callback: Callable[[], Awaitable[T]],
         *,
@@ -230,11 +233,14 @@ class Manager:
         transaction, or replay the committed result (``PostgresStore`` only).
 
         ``connection`` (asyncpg, psycopg 3, or SQLAlchemy's ``AsyncConnection`` /
-        ``AsyncSession``) must be in a transaction: the claim, the writes ``callback`` makes
-        through it and the completion are part of that transaction, and the **caller
-        commits** it (or rolls it back, and then nothing of the call happened).  A
-        duplicate waits on the key's row until this transaction ends, then replays what it
-        committed or runs if it rolled back.  Nothing is cached before the commit.
+        ``AsyncSession`` bound to one engine) must be in a transaction: the claim, the
+        writes ``callback`` makes through it and the completion are part of that
+        transaction, and the **caller commits** it (or rolls it back, and then nothing of
+        the call happened).  A COMMIT while the call has not finished (after a handled
+        timeout or cancellation, or from inside the callback) is refused by the table's
+        guard.  A duplicate waits on the key's row until this transaction ends, then
+        replays what it committed or runs if it rolled back.  Nothing is cached before the
+        commit.  Anything else (a pool, an engine) is ``ConfigError`` before any statement.
         See docs/postgres.md, "Transactional calls".
         """
         if not callable(callback):
@@ -284,7 +290,14 @@ class Manager:
         """Forget locally cached responses; the store is left alone."""
         self._lifecycle.replays.clear()
 
-    async def replay(self, payload: Any, *, default: Any) -> Any:
+    async def replay(
+        self,
+        payload: Any,
+        *,
+        default: Any,
+        deadline: float | None = None,
+        timeout: float | None = None,
+    ) -> Any:
         """The stored result of ``payload``'s key if its record is completed, read without
         claiming (one strongly consistent read, no local cache); ``default`` when there is
         no live record (or ``payload`` selects no key).
@@ -296,17 +309,30 @@ class Manager:
         front doors that must answer duplicates before deciding how to run the work (the
         HTTP middleware on transactional routes); the result is never cached, so a store
         that commits records in its callers' transactions is read as it committed them.
+
+        ``timeout`` / ``deadline`` (and the ambient deadline) bound the read as they bound
+        :meth:`execute`: past it, :class:`~idempotency_async.errors.DeadlineExceededError`
+        (the read is cancelled, e.g. one waiting for a lock a migration holds).
         """
         keys = None if self._disabled else self._keys.derive(payload)
         if keys is None:
             return default
         lifecycle = self._lifecycle
+        loop = asyncio.get_running_loop()
+        when = effective_deadline(loop, deadline=deadline, timeout=timeout)
         try:
-            verdict = await lifecycle.store.get(keys.key, now=self.options.clock())
+            async with asyncio.timeout_at(when):
+                verdict = await lifecycle.store.get(keys.key, now=self.options.clock())
             check_key(verdict, keys.key)
         except InconsistentStateError as exc:
             lifecycle.emit("record_unreadable", keys.key, error=exc)
             raise
+        except TimeoutError as exc:
+            if isinstance(exc, DeadlineExceededError) or when is None or loop.time() < when:
+                raise
+            raise DeadlineExceededError(
+                f"the read of key {keys.key} got no answer before its deadline", key=keys.key
+            ) from exc
         record = verdict.record
         if record is None or verdict.state is State.CLAIMABLE:
             return default

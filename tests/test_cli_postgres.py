@@ -178,3 +178,50 @@ async def test_dates_python_cannot_show_are_shown_without_a_traceback(
     assert "beyond the calendar" in shown.ok()
     record = as_json.json()
     assert record["expires_at"] is None and record["expiration"] > 9_000_000_000_000
+
+
+async def test_migrate_brings_a_version_1_table_to_the_current_schema(
+    postgres_server: PostgresServer,
+) -> None:
+    # A table as create-table made it before schema version 2: no guard, no claim function;
+    # a transactional call on it is refused with the migration to run.
+    from idempotency_async import errors
+    from idempotency_async.stores._postgres_sql import table_ddl
+    from idempotency_async.stores.postgres import SCHEMA_VERSION, migration_sql
+
+    table = fresh_table_name()
+    url = f"{postgres_server.dsn}?table={table}"
+    connection = await postgres_server.connect()
+    pool = await postgres_server.pool()
+    try:
+        for statement in table_ddl(table):
+            await connection.execute(statement)
+        store = PostgresStore(pool, table=table)
+        manager = Manager(store, Options(key_prefix="m", event_key_jmespath="id"))
+
+        async def transactional() -> Any:
+            async with pool.acquire() as conn, conn.transaction():
+                return await manager.execute_in_transaction(
+                    conn, {"id": 1}, lambda: asyncio.sleep(0, "done")
+                )
+
+        with pytest.raises(errors.ConfigError, match="idempotency-async migrate") as refused:
+            await transactional()
+        assert "CREATE CONSTRAINT TRIGGER" in str(refused.value)  # the DDL, for a DBA
+        printed = (await cli("migrate", "--store", url, "--print-sql")).ok()
+        assert printed == migration_sql(table)
+        assert "CREATE TABLE" not in printed  # only what version 2 adds
+        migrated = await cli("migrate", "--store", url)
+        assert f"schema version {SCHEMA_VERSION}" in migrated.ok()
+        assert "schema version" in (await cli("migrate", "--store", url)).ok()  # idempotent
+        assert await transactional() == "done"
+        comment = await connection.fetchval(f"SELECT obj_description('\"{table}\"'::regclass)")
+        assert comment == f"idempotency-async records, schema {SCHEMA_VERSION}"
+    finally:
+        await pool.close()
+        await connection.close()
+
+
+async def test_migrate_is_for_postgres_only() -> None:
+    failed = await cli("migrate", "--store", "redis://localhost:1/0")
+    assert "migrate is for postgres://" in failed.error()

@@ -241,7 +241,12 @@ async def _case_insensitive_table(server: PostgresServer) -> tuple[Any, str]:
         f"CREATE COLLATION {collation} (provider = icu, locale = 'und-u-ks-level2', "
         "deterministic = false)"
     )
-    await pool.execute(table_sql(table).replace("key text", f'key text COLLATE "{collation}"'))
+    # The whole schema (the claim function included), the key column collated.
+    await pool.execute(
+        table_sql(table).replace(
+            "key text PRIMARY KEY", f'key text COLLATE "{collation}" PRIMARY KEY'
+        )
+    )
     return pool, table
 
 
@@ -263,6 +268,33 @@ async def test_postgres_refuses_the_row_of_another_key(
                 await store.claim(_claim("p#aB", "another"))
             else:
                 await store.force_release("p#aB")
+    finally:
+        await pool.close()
+
+
+async def test_a_transactional_claim_refuses_the_row_of_another_key(
+    postgres_server: PostgresServer,
+) -> None:
+    from idempotency_async.stores.postgres import PostgresStore
+
+    pool, table = await _case_insensitive_table(postgres_server)
+    try:
+        store = PostgresStore(pool, table=table)  # the server's clock, as transactions use
+        await _complete(store, "p#Ab")  # live: read, and refused
+        await pool.execute(  # expired: taken over by the claim, and refused
+            f'INSERT INTO "{table}" (key, status, owner, expires_at) '
+            "VALUES ('q#Ab', 'COMPLETED', 'old', now() - interval '1 hour')"
+        )
+        async with pool.acquire() as conn:
+            for asked, found in (("p#aB", "p#Ab"), ("q#aB", "q#Ab")):
+                transaction = conn.transaction()
+                await transaction.start()
+                try:
+                    bound = await store.transaction_store(conn)
+                    with pytest.raises(InconsistentStateError, match=f"'{asked}'.*'{found}'"):
+                        await bound.claim_within(_claim(asked, "another"), 0.0)
+                finally:
+                    await transaction.rollback()
     finally:
         await pool.close()
 

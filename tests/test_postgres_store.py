@@ -18,7 +18,12 @@ from idempotency_async import errors
 from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion, Status
 from idempotency_async.stores.base import CLAIMED, State, Written
-from idempotency_async.stores.postgres import PostgresStore, create_table, table_sql
+from idempotency_async.stores.postgres import (
+    SCHEMA_VERSION,
+    PostgresStore,
+    create_table,
+    table_sql,
+)
 from idempotency_async.testing import StoreContract
 
 pytestmark = pytest.mark.postgres
@@ -280,11 +285,20 @@ async def test_create_table_is_idempotent_and_prints_the_same_sql(
     table = fresh_table_name()
     await create_table(postgres_server.dsn, table=table)
     await create_table(postgres_server.dsn, table=table)
-    sql = table_sql(table)
-    assert sql.count(";\n") == 2 and f'"{table}"' in sql
-    await _sql(postgres_server, sql.replace(f'"{table}"', f'"{table}_copy"'))
-    async with PostgresStore.from_url(postgres_server.dsn, table=f"{table}_copy") as store:
+    copy = f"{table}_copy"
+    sql = table_sql(copy)
+    assert f'CREATE TABLE IF NOT EXISTS "{copy}"' in sql
+    assert "CREATE CONSTRAINT TRIGGER idempotency_async_unfinished" in sql
+    assert f"schema {SCHEMA_VERSION}'" in sql
+    await _sql(postgres_server, sql)  # what a migration tool would run
+    pool = await postgres_server.pool()
+    try:
+        store = PostgresStore(pool, table=copy)
         assert await store.claim(_claim(now=0)) is CLAIMED
+        async with pool.acquire() as conn, conn.transaction():
+            assert (await store.transaction_store(conn)).table == copy  # the guard is there
+    finally:
+        await pool.close()
 
 
 async def test_a_pool_with_its_own_jsonb_codec_stores_responses_unchanged(

@@ -1,14 +1,18 @@
 """Facts about PostgreSQL that transactional calls rely on, checked on the real server with
 raw SQL (asyncpg) rather than assumed.
 
-A transactional call claims its key inside a savepoint of the caller's transaction, with
-the store's own claim statement, and undoes only that savepoint when its callback fails or
-its lock wait times out.  That is sound only if: a duplicate blocked on the row is
-released by ``ROLLBACK TO SAVEPOINT`` while the holder's transaction stays open (a new
-row, and an existing row the claim rewrote); a transaction-local ``lock_timeout`` set
-inside the savepoint goes away with its rollback (and stays with its release); and under
-REPEATABLE READ a claim that meets a record committed after its snapshot fails with
-40001 rather than answering from the stale snapshot.
+A transactional call claims its key with the table's claim function (schema version 2),
+which works in a subtransaction of its own, then opens a savepoint for the callback's
+writes; the table's deferred guard trigger refuses a COMMIT while a transactional claim is
+unfinished.  That is sound only if: the claim function's lock timeout, a caller's
+statement_timeout or a client's cancellation — on the row or on the table — leave the
+caller's transaction usable with its own ``lock_timeout``; the guard refuses exactly the
+unfinished claims (also after ``SET CONSTRAINTS ALL IMMEDIATE``, not after the claim's
+subtransaction rolled back); under REPEATABLE READ a claim meeting a record committed
+after its snapshot fails with 40001 rather than answering from the stale snapshot.  The
+savepoint facts below are the general ones the undo relies on (a duplicate blocked on a
+row is released by ``ROLLBACK TO SAVEPOINT`` while the holder's transaction stays open; a
+transaction-local setting follows its savepoint).
 """
 
 from __future__ import annotations
@@ -21,13 +25,9 @@ from typing import Any
 import pytest
 from _postgres import PostgresServer, fresh_table_name
 
-from idempotency_async.stores._postgres_sql import (
-    SAVEPOINT_BEGIN,
-    SAVEPOINT_RELEASE,
-    SAVEPOINT_UNDO,
-    statements,
-)
-from idempotency_async.stores.postgres import create_table
+from idempotency_async.stores._postgres_schema import schema
+from idempotency_async.stores._postgres_sql import statements
+from idempotency_async.stores.postgres import REFUSED_COMMIT, create_table
 
 pytestmark = pytest.mark.postgres
 
@@ -292,40 +292,149 @@ async def test_a_claim_under_repeatable_read_replays_a_record_its_snapshot_sees(
     assert (await _owner(observer, table, "k"))["owner"] == "holder"
 
 
-async def test_the_store_s_transactional_claim_bounds_its_wait_and_puts_the_caller_s_back(
+async def _fn_claim(
+    connection: Any, table: str, key: str, owner: str | None, lock_wait: str | None = "30s"
+) -> Any:
+    """The table's claim function, as a transactional call calls it."""
+    return await connection.fetchrow(
+        schema(table).claim, key, owner, _TTL, "validation", lock_wait, 1_000_000
+    )
+
+
+async def test_the_claim_function_bounds_its_wait_and_leaves_the_caller_s_transaction_usable(
     table: str, connections: list[Any]
 ) -> None:
-    # The library's own savepoint script and transactional claim: the claim waits at most
-    # its own bound, and the caller's lock_timeout is in force again once it answered,
-    # whether the savepoint is then kept or undone.
+    # A lock timeout inside the function rolls back only its own subtransaction: no error
+    # reaches the caller's transaction, whose lock_timeout is its own again, claimed or not.
     holder, duplicate, _ = connections
-    sql = statements(table)
     await holder.execute("BEGIN")
-    await _claim(holder, table, "held", "holder")
+    assert (await _fn_claim(holder, table, "held", "holder"))["answer"] == "claimed"
     await duplicate.execute("BEGIN")
     await duplicate.execute("SET LOCAL lock_timeout = '7s'")
-    await duplicate.execute(SAVEPOINT_BEGIN)
+    await duplicate.execute("CREATE TEMP TABLE mine (n int) ON COMMIT DROP")
+    await duplicate.execute("INSERT INTO mine VALUES (1)")
     started = time.monotonic()
-    with pytest.raises(Exception) as timed_out:
-        await duplicate.fetchrow(
-            sql.transactional_claim, "held", None, "me", _LEASE, _TTL, "v", "50ms"
-        )
-    assert getattr(timed_out.value, "sqlstate", None) == "55P03"
+    answer = await _fn_claim(duplicate, table, "held", "me", "50ms")
+    assert answer["answer"] == "55P03"
     assert time.monotonic() - started < 3  # its own 50 ms, not the caller's 7 s
-    await duplicate.execute(SAVEPOINT_UNDO)
     assert await _lock_timeout(duplicate) == "7s"
-    await duplicate.execute(SAVEPOINT_BEGIN)
-    row = await duplicate.fetchrow(
-        sql.transactional_claim, "free", None, "me", _LEASE, _TTL, "v", "50ms"
-    )
-    assert (row["status"], row["owner"]) == ("INPROGRESS", "me")
+    assert (await _fn_claim(duplicate, table, "free", "me", "50ms"))["answer"] == "claimed"
     assert await _lock_timeout(duplicate) == "7s"
-    await duplicate.execute(SAVEPOINT_RELEASE)
-    assert await _lock_timeout(duplicate) == "7s"
+    assert await duplicate.fetchval("SELECT count(*) FROM mine") == 1  # not aborted
+    await duplicate.execute(f"DELETE FROM \"{table}\" WHERE key = 'free'")
     await duplicate.execute("COMMIT")
     assert await _lock_timeout(duplicate) == "0"
-    # Nothing of the library's is left in the session (no custom setting either).
-    assert await duplicate.fetchval("SHOW ALL") is not None
-    settings = await duplicate.fetch("SELECT name FROM pg_settings WHERE name LIKE 'idempotency%'")
-    assert settings == []
+    # Nothing of the library's carries over to the session's next transaction.
+    await duplicate.execute("BEGIN")
+    unfinished = await duplicate.fetchval(
+        "SELECT current_setting('idempotency_async.unfinished', true)"
+    )
+    assert unfinished in (None, "")
+    await duplicate.execute("COMMIT")
     await holder.execute("ROLLBACK")
+
+
+@pytest.mark.parametrize("how", ["lock_timeout", "statement_timeout", "client_cancel"])
+async def test_a_claim_waiting_for_a_table_lock_is_bounded_and_harmless(
+    table: str, connections: list[Any], how: str
+) -> None:
+    # A migration holding ACCESS EXCLUSIVE on the table: the claim function's own
+    # lock_timeout covers it (the lock is taken inside the function), so does a caller's
+    # statement_timeout, and a client-side cancel is caught — the caller's transaction
+    # stays usable in every case.
+    migration, caller, _ = connections
+    await migration.execute("BEGIN")
+    await migration.execute(f'LOCK TABLE "{table}" IN ACCESS EXCLUSIVE MODE')
+    await caller.execute("BEGIN")
+    started = time.monotonic()
+    if how == "lock_timeout":
+        answer = (await _fn_claim(caller, table, "k", "me", "100ms"))["answer"]
+        assert answer == "55P03"
+    elif how == "statement_timeout":
+        await caller.execute("SET LOCAL statement_timeout = '100ms'")
+        answer = await _fn_claim(caller, table, "k", "me", "30s")
+        assert (answer["answer"], "statement timeout" in answer["not_stored"]) == ("57014", True)
+    else:
+        with pytest.raises(asyncio.TimeoutError):
+            await caller.fetchrow(
+                schema(table).claim, "k", "me", _TTL, "v", "30s", 1000, timeout=0.1
+            )
+    assert time.monotonic() - started < 5
+    assert await caller.fetchval("SELECT 1") == 1  # the transaction is not aborted
+    await caller.execute("COMMIT")
+    await migration.execute("ROLLBACK")
+
+
+async def test_the_guard_refuses_a_commit_of_an_unfinished_claim_and_nothing_else(
+    table: str, connections: list[Any]
+) -> None:
+    connection, _, observer = connections
+    sql = schema(table)
+    # Unfinished: the COMMIT is refused with the guard's SQLSTATE, and nothing commits.
+    await connection.execute("BEGIN")
+    await _fn_claim(connection, table, "unfinished", "a")
+    with pytest.raises(Exception) as refused:
+        await connection.execute("COMMIT")
+    assert getattr(refused.value, "sqlstate", None) == REFUSED_COMMIT
+    assert not connection.is_in_transaction()
+    assert await _owner(observer, table, "unfinished") is None
+    # Completed: commits.  Deleted (a failed call undone): commits.  A caller's savepoint
+    # rolled back over the claim: its event went with it, commits.
+    await connection.execute("BEGIN")
+    await _fn_claim(connection, table, "done", "b")
+    await connection.fetchrow(sql.complete, "done", "b", _TTL, "validation", '"r"', None)
+    await _fn_claim(connection, table, "undone", "c")
+    await connection.execute(f"DELETE FROM \"{table}\" WHERE key = 'undone'")
+    await connection.execute("SAVEPOINT caller")
+    await _fn_claim(connection, table, "rolled-back", "d")
+    await connection.execute("ROLLBACK TO SAVEPOINT caller")
+    await connection.execute("COMMIT")
+    assert (await _owner(observer, table, "done"))["status"] == "COMPLETED"
+    assert await _owner(observer, table, "rolled-back") is None
+
+
+async def test_set_constraints_all_immediate_neither_breaks_a_claim_nor_passes_the_guard(
+    table: str, connections: list[Any]
+) -> None:
+    connection, _, observer = connections
+    sql = schema(table)
+    # Before the claim: the claim re-defers the guard, so it succeeds, and the completed
+    # call commits.
+    await connection.execute("BEGIN")
+    await connection.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    assert (await _fn_claim(connection, table, "k", "a"))["answer"] == "claimed"
+    await connection.fetchrow(sql.complete, "k", "a", _TTL, "validation", '"r"', None)
+    await connection.execute("COMMIT")
+    assert (await _owner(observer, table, "k"))["status"] == "COMPLETED"
+    # During an unfinished call: the statement switching to immediate is refused.
+    await connection.execute("BEGIN")
+    await _fn_claim(connection, table, "j", "b")
+    with pytest.raises(Exception) as refused:
+        await connection.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    assert getattr(refused.value, "sqlstate", None) == REFUSED_COMMIT
+    await connection.execute("ROLLBACK")
+
+
+async def test_a_row_this_transaction_left_unfinished_is_never_taken_over(
+    table: str, connections: list[Any]
+) -> None:
+    # A second claim of the key in the same transaction answers "mine" instead of taking
+    # the row its earlier, unfinished claim wrote (whose callback's writes are still there).
+    connection, _, _ = connections
+    await connection.execute("BEGIN")
+    await connection.execute("SET LOCAL lock_timeout = '7s'")
+    assert (await _fn_claim(connection, table, "k", "first", "50ms"))["answer"] == "claimed"
+    assert (await _fn_claim(connection, table, "k", "second", "50ms"))["answer"] == "mine"
+    assert await _lock_timeout(connection) == "7s"  # its own again, whatever the answer
+    await connection.execute("ROLLBACK")
+
+
+async def test_a_claim_function_read_is_a_read(table: str, connections: list[Any]) -> None:
+    connection, _, observer = connections
+    await connection.execute("BEGIN")
+    await connection.execute("SET LOCAL lock_timeout = '7s'")
+    nothing = await _fn_claim(connection, table, "k", None, "50ms")
+    assert (nothing["answer"], nothing["status"]) == ("read", None)
+    assert await _lock_timeout(connection) == "7s"
+    await connection.execute("COMMIT")
+    assert await _owner(observer, table, "k") is None

@@ -24,6 +24,7 @@ ALLOWED_MODULES = {
     "idempotency_async.testing._scenario": None,
     "idempotency_async.testing._store_checks": None,
     "idempotency_async.testing._tx_run": None,
+    "idempotency_async.testing._tx_scenario": None,  # the transactional scenario types
 }
 # Attributes that reach into the library's judgement through an object in the trace.
 FORBIDDEN_ATTRIBUTES = {

@@ -62,6 +62,7 @@ def _run(args: argparse.Namespace) -> int:
         "list": _records.run_list,
         "release": _records.run_release,
         "create-table": _records.run_create_table,
+        "migrate": _records.run_migrate,
         "vacuum": _records.run_vacuum,
     }[args.command]
     return asyncio.run(command(args))

@@ -98,13 +98,29 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Create the DynamoDB table the store URL names (on-demand billing, TTL on the "
             "expiry attribute); sort-key mode when the URL sets sort_key_attr. For "
-            "postgres:// the table and its expiry index, if missing."
+            "postgres:// the table, its expiry index and its transactional parts (the guard "
+            "trigger, the claim function), if missing."
         ),
     )
     create.add_argument(
         "--print-sql",
         action="store_true",
         help="postgres:// only: print the SQL for a migration instead of running it",
+    )
+    migrate = commands.add_parser(
+        "migrate",
+        parents=[store],
+        help="bring a postgres:// table to the library's schema version",
+        description=(
+            "Add to a postgres:// table created by an earlier version what this version needs "
+            "(for transactional calls: the guard trigger that refuses to commit an unfinished "
+            "claim, and the claim function). Idempotent; run it as the table's owner."
+        ),
+    )
+    migrate.add_argument(
+        "--print-sql",
+        action="store_true",
+        help="print the SQL for a migration tool (or a DBA) instead of running it",
     )
     _add_vacuum(commands, store)
     return parser

@@ -56,6 +56,16 @@ class PostgresTarget:
     async def create_table(self) -> None:
         await _module().create_table(self.dsn, table=self.table)
 
+    def migration_sql(self) -> str:
+        """The SQL that brings an older table to the library's schema version."""
+        return str(_module().migration_sql(self.table))
+
+    async def migrate(self) -> None:
+        await _module().migrate_table(self.dsn, table=self.table)
+
+    def schema_version(self) -> int:
+        return int(_module().SCHEMA_VERSION)
+
 
 def parse(parts: SplitResult) -> PostgresTarget:
     if not parts.netloc and not parts.path.strip("/"):

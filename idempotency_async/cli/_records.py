@@ -1,4 +1,5 @@
-"""``get``, ``list``, ``release`` and ``create-table``: the store side of the tool."""
+"""``get``, ``list``, ``release``, ``create-table`` and ``migrate``: the store side of the
+tool."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from idempotency_async.cli._terminal import printable
 from idempotency_async.errors import InconsistentStateError
 from idempotency_async.record import Record, Status
 
-__all__ = ["run_create_table", "run_get", "run_list", "run_release", "run_vacuum"]
+__all__ = ["run_create_table", "run_get", "run_list", "run_migrate", "run_release", "run_vacuum"]
 
 
 def _aws(args: argparse.Namespace) -> AwsSettings:
@@ -198,6 +199,18 @@ async def run_create_table(args: argparse.Namespace) -> int:
     return 0
 
 
+async def run_migrate(args: argparse.Namespace) -> int:
+    target = _target(args)
+    if not isinstance(target, PostgresTarget):
+        raise CliError("migrate is for postgres:// stores (DynamoDB and Redis need none)")
+    if args.print_sql:
+        print(target.migration_sql(), end="")
+        return 0
+    await target.migrate()
+    print(f"table {target.table!r} is at schema version {target.schema_version()}")
+    return 0
+
+
 async def run_vacuum(args: argparse.Namespace) -> int:
     target = _target(args)
     if not isinstance(target, PostgresTarget):
@@ -225,7 +238,10 @@ async def _create_sql_table(target: PostgresTarget, *, print_sql: bool) -> int:
         print(target.sql(), end="")
         return 0
     await target.create_table()
-    print(f"created table {target.table!r} and its expiry index (or they existed)")
+    print(
+        f"created table {target.table!r}, its expiry index and its transactional parts "
+        f"(schema version {target.schema_version()}), or they existed"
+    )
     return 0
 
 

@@ -19,6 +19,7 @@ _PARAMETER: Final = re.compile(r"\$(\d+)")
 # psycopg.pq.TransactionStatus values (not imported: psycopg is optional).
 _IDLE: Final = 0
 _INTRANS: Final = 2
+_INERROR: Final = 3
 
 
 def is_psycopg_pool(pool: Any) -> bool:
@@ -86,12 +87,15 @@ class PsycopgConnection:
     def __init__(self, connection: Any) -> None:
         self._connection = connection
 
-    def in_transaction(self, *, implicit: bool = False) -> bool:
+    def in_transaction(self, *, implicit: bool = False, aborted: bool = False) -> bool:
         """Whether the connection is in a transaction (``implicit``: or will open one with
-        its next statement, as a connection out of autocommit does — SQLAlchemy's way)."""
+        its next statement, as a connection out of autocommit does — SQLAlchemy's way;
+        ``aborted``: or in one a failed statement aborted)."""
         status = int(self._connection.info.transaction_status)
-        return status == _INTRANS or (
-            implicit and status == _IDLE and not self._connection.autocommit
+        return (
+            status == _INTRANS
+            or (aborted and status == _INERROR)
+            or (implicit and status == _IDLE and not self._connection.autocommit)
         )
 
     async def fetchrow(self, sql: str, *args: Any) -> Any:

@@ -22,7 +22,11 @@ no commit to flush).  The statement reads the key's row in its snapshot (``old``
 
 A claim waits for a row lock another transaction holds (an open transactional call's, until
 it ends) at most ``$7`` (a ``lock_timeout`` value such as ``'1500ms'``), set for that
-statement's transaction only: a lease-mode call's deadline bounds its claim too.
+statement's transaction only: a lease-mode call's ``wait`` and deadline bound its claim too.
+
+Rows are untrusted input (another tool may write the table): every statement returns a
+record's text columns cut to bounds the library could have written (see
+:func:`statements`), so the server never sends what the library would refuse.
 
 Instants follow :mod:`idempotency_async.record`: expiry ``ceil(now + max(ttl, lease))``
 in whole seconds, lease end ``now + lease`` (microseconds, ``timestamptz``).
@@ -33,15 +37,17 @@ from __future__ import annotations
 import re
 from typing import Final, NamedTuple
 
+from idempotency_async.stores.base import DEFAULT_MAX_RESPONSE_BYTES
+
 __all__ = [
     "COLUMNS",
     "DEFAULT_TABLE",
-    "SAVEPOINT_BEGIN",
-    "SAVEPOINT_RELEASE",
-    "SAVEPOINT_UNDO",
+    "TOKEN_LIMIT",
     "Statements",
     "lock_wait",
     "quote_table",
+    "read_limit",
+    "record_columns",
     "statements",
 ]
 
@@ -62,12 +68,32 @@ _NOW: Final = "coalesce({param}::float8, extract(epoch FROM clock_timestamp())::
 # column that compares other than byte for byte (citext, a nondeterministic collation)
 # would find another key's row.
 _STORED_KEY: Final = "r.key::text AS stored_key"
-# What a statement returns about a record: its fields, instants as Unix seconds.
-_RECORD: Final = (
-    "r.status, r.owner, extract(epoch FROM r.expires_at)::float8 AS expires, "
-    "extract(epoch FROM r.lease_ends_at)::float8 AS lease_end, r.validation, "
-    "r.response::text AS response, r.not_stored"
-)
+TOKEN_LIMIT: Final = 256
+"""The longest owner token or validation hash read back (the library writes < 100
+characters): one character more is read, so a longer one is seen as malformed."""
+_REASON_LIMIT: Final = 300  # a not-stored reason, as the library writes it
+_READ_FACTOR: Final = 4  # a response as jsonb prints it (", " and ": ") vs. as written
+
+
+def read_limit(max_response_bytes: int) -> int:
+    """The most characters of a response's text a statement sends back: one more than
+    the longest the store reads (``_postgres_values.decode_response``)."""
+    return _READ_FACTOR * max_response_bytes + 1024 + 1
+
+
+def record_columns(alias: str, limit: int | str) -> str:
+    """What a statement returns about a record (the ``alias`` row): its fields, instants as
+    Unix seconds, text cut to bounds (``limit``: the response's, a number or a
+    parameter)."""
+    r = alias
+    return (
+        f"{r}.status, left({r}.owner, {TOKEN_LIMIT + 1}) AS owner, "
+        f"extract(epoch FROM {r}.expires_at)::float8 AS expires, "
+        f"extract(epoch FROM {r}.lease_ends_at)::float8 AS lease_end, "
+        f"left({r}.validation, {TOKEN_LIMIT + 1}) AS validation, "
+        f"left({r}.response::text, {limit}) AS response, "
+        f"left({r}.not_stored, {_REASON_LIMIT}) AS not_stored"
+    )
 
 
 class Statements(NamedTuple):
@@ -83,7 +109,6 @@ class Statements(NamedTuple):
     release_exactly: str
     vacuum: str
     page: str
-    transactional_claim: str
 
 
 def quote_table(name: str) -> str:
@@ -100,11 +125,11 @@ def quote_table(name: str) -> str:
     return ".".join(f'"{part}"' for part in parts)
 
 
-def statements(table: str) -> Statements:
-    """The statements for ``table`` (already checked by :func:`quote_table`)."""
+def table_ddl(table: str) -> tuple[str, ...]:
+    """The statements creating ``table`` and its expiry index, if missing."""
     t = quote_table(table)
     index = '"' + table.split(".")[-1][:50] + '_expires_at"'
-    create = (
+    return (
         f"CREATE TABLE IF NOT EXISTS {t} (\n"
         "    key text PRIMARY KEY,\n"
         "    status text NOT NULL CHECK (status IN ('INPROGRESS', 'COMPLETED')),\n"
@@ -117,6 +142,14 @@ def statements(table: str) -> Statements:
         ")",
         f"CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at)",
     )
+
+
+def statements(table: str, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> Statements:
+    """The statements for ``table`` (already checked by :func:`quote_table`), reading back
+    at most what a store with ``max_response_bytes`` would accept."""
+    t = quote_table(table)
+    record = record_columns("r", read_limit(max_response_bytes))
+    create = table_ddl(table)
     claimable = (
         "(r.expires_at < to_timestamp(n.now) OR (r.status = 'INPROGRESS' AND "
         "(r.owner = $3 OR r.lease_ends_at < to_timestamp(n.now))))"
@@ -133,16 +166,12 @@ def statements(table: str) -> Statements:
     fields = "status, owner, expires, lease_end, validation, response, not_stored"
     # $7 bounds the claim's wait for a row lock (a row another transaction holds: a
     # transactional call's claim, until that transaction ends).  Transaction-local, and set
-    # before the INSERT can wait: the INSERT reads ``n`` for its row.  The value it replaces
-    # is read first (``n`` reads ``caller``), for a transactional claim to put back.
-    claim = f"""WITH caller AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_wait),
-n AS MATERIALIZED (
-  SELECT {_NOW.format(param="$2")} AS now, c.lock_wait AS caller_lock_wait,
-         set_config('lock_timeout', $7, true) AS lock_wait
-  FROM caller AS c
+    # before the INSERT can wait: the INSERT reads ``n`` for its row.
+    claim = f"""WITH n AS MATERIALIZED (
+  SELECT {_NOW.format(param="$2")} AS now, set_config('lock_timeout', $7, true) AS lock_wait
 ),
 old AS MATERIALIZED (
-  SELECT r.ctid AS version, {_RECORD}, {_STORED_KEY} FROM {t} AS r WHERE r.key = $1
+  SELECT r.ctid AS version, {record}, {_STORED_KEY} FROM {t} AS r WHERE r.key = $1
 ),
 w AS (
   INSERT INTO {t} AS r (key, {", ".join(COLUMNS)})
@@ -153,7 +182,7 @@ w AS (
   ON CONFLICT (key) DO UPDATE SET
     {keep_or_take}
   WHERE (SELECT {claimable} FROM n) OR r.ctid IS DISTINCT FROM (SELECT version FROM old)
-  RETURNING {_RECORD}, {_STORED_KEY}
+  RETURNING {record}, {_STORED_KEY}
 )
 SELECT {fields}, n.now, stored_key FROM (
   SELECT 1 AS pick, {fields}, stored_key FROM w
@@ -162,7 +191,7 @@ SELECT {fields}, n.now, stored_key FROM (
 ) AS answer, n
 ORDER BY pick LIMIT 1"""
     get = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$2")} AS now)
-SELECT {_RECORD}, n.now, {_STORED_KEY} FROM n LEFT JOIN {t} AS r ON r.key = $1"""
+SELECT {record}, n.now, {_STORED_KEY} FROM n LEFT JOIN {t} AS r ON r.key = $1"""
     # The response travels as text and is cast on the server: an application's pool may
     # carry its own jsonb codec (json.dumps), which would encode the text a second time.
     complete = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$3")} AS now)
@@ -185,7 +214,7 @@ RETURNING 1"""
     force_release = f"""WITH n AS MATERIALIZED (
   SELECT set_config('lock_timeout', '{_OPERATOR_LOCK_WAIT}', true) AS lock_wait
 )
-DELETE FROM {t} AS r USING n WHERE r.key = $1 RETURNING {_RECORD}, {_STORED_KEY}"""
+DELETE FROM {t} AS r USING n WHERE r.key = $1 RETURNING {record}, {_STORED_KEY}"""
     # An operator's release of the record they were shown: only while the row is still that
     # record (owner, status, expiry and lease end as the store read them).
     release_exactly = f"""WITH n AS MATERIALIZED (
@@ -207,17 +236,8 @@ doomed AS (
 d AS (DELETE FROM {t} AS r USING doomed WHERE r.key = doomed.key RETURNING 1)
 SELECT count(*) FROM d"""
     # Operators' listing: keyset pages in key order, optionally one status.
-    page = f"""SELECT r.key, {_RECORD} FROM {t} AS r
+    page = f"""SELECT r.key, {record} FROM {t} AS r
 WHERE r.key > $1 AND ($2::text IS NULL OR r.status = $2) ORDER BY r.key LIMIT $3"""
-    # The transactional claim puts the caller's lock_timeout back once it has its answer:
-    # the projection is evaluated after the INSERT's lock wait ended.
-    restore = "set_config('lock_timeout', n.caller_lock_wait, true)"
-    # It also says where its answer came from: 2, the snapshot (nothing written, no lock).
-    transactional_claim = claim.replace(
-        f"SELECT {fields}, n.now, stored_key FROM (",
-        f"SELECT {fields}, n.now, {restore}, pick, stored_key FROM (",
-    )
-    assert transactional_claim != claim
     return Statements(
         create,
         claim,
@@ -229,18 +249,7 @@ WHERE r.key > $1 AND ($2::text IS NULL OR r.status = $2) ORDER BY r.key LIMIT $3
         release_exactly,
         vacuum,
         page,
-        transactional_claim,
     )
-
-
-# -- transactional calls: the library's savepoint in the caller's transaction -------------
-# Statements without parameters (the simple protocol; the undo is two in one round trip).
-# The claim's lock_timeout is transaction-local and set inside the savepoint: rolling the
-# savepoint back reverts it; the claim puts the caller's value back otherwise.
-_SAVEPOINT: Final = "idempotency_async"
-SAVEPOINT_BEGIN: Final = f"SAVEPOINT {_SAVEPOINT}"
-SAVEPOINT_UNDO: Final = f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}"
-SAVEPOINT_RELEASE: Final = f"RELEASE SAVEPOINT {_SAVEPOINT}"
 
 
 def lock_wait(seconds: float) -> str:

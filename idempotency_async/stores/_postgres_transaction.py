@@ -1,260 +1,215 @@
 """The Postgres store inside a caller's transaction (``Manager.execute_in_transaction``).
 
-Every statement runs on the caller's connection, inside a savepoint the library opens
-(``idempotency_async``) and always closes before the call returns: released with the
-completion, rolled back (with the claim) when the callback fails, is cut off, or the claim
-is refused.  The library never commits nor rolls back the caller's transaction, and leaves
-no session state: the lock timeout it sets is transaction-local and put back.
+Every statement runs on the caller's connection, in the caller's transaction, which the
+library never commits nor rolls back.  A first call is, counting the caller's ``BEGIN``
+and ``COMMIT``: ``BEGIN``; the claim (one prepared call of the table's claim function,
+which reads the row first and answers a replay from it); ``SAVEPOINT`` (the callback's
+writes are undone with it if the callback fails); the callback's statements; the
+owner-fenced completion; ``COMMIT`` — and a replay is ``BEGIN``, the claim, ``COMMIT``.
 
-The connection may be asyncpg's, psycopg 3's, or SQLAlchemy's ``AsyncConnection`` /
-``AsyncSession`` (whose driver connection runs the statements; see :func:`bind`).
+The claim is written before the savepoint, so undoing a failed call is the savepoint's
+rollback plus the claim's deletion, in one round trip; the row stays locked until the
+caller's transaction ends (waiting duplicates then find it gone, and run).  The savepoint
+is not released after the completion: ``COMMIT`` commits it with the rest, and a release
+would cost a round trip.  A claim left unfinished (the caller was cancelled, or committed
+from inside the callback) cannot commit: the table's guard refuses the ``COMMIT``
+(``_postgres_schema``).
+
+Every statement is bounded by the call's deadline: the claim's lock waits on the server
+(its ``lock_timeout``, for the row and the table), and each statement by the driver, which
+cancels it at the deadline.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final, Protocol
+import asyncio
+from typing import Any, Final
 
 from idempotency_async.errors import (
     ConfigError,
+    DeadlineExceededError,
     DeadlockDetectedError,
     LockTimeoutError,
     SerializationFailureError,
+    StoreUnavailableError,
 )
 from idempotency_async.record import Claim, Completion, Record
+from idempotency_async.stores._postgres_connections import Driver, Session
 from idempotency_async.stores._postgres_errors import translated
-from idempotency_async.stores._postgres_psycopg import PsycopgConnection, is_psycopg_connection
-from idempotency_async.stores._postgres_sql import (
-    SAVEPOINT_BEGIN,
-    SAVEPOINT_RELEASE,
-    SAVEPOINT_UNDO,
-    Statements,
-    lock_wait,
-)
+from idempotency_async.stores._postgres_schema import Schema, response_bound, undo
+from idempotency_async.stores._postgres_sql import lock_wait
 from idempotency_async.stores._postgres_values import (
     check_key,
-    claim_verdict,
     completion_text,
     record_from_row,
     text_column,
 )
-from idempotency_async.stores.base import CLAIMED, Verdict, Written, judge
+from idempotency_async.stores.base import CLAIMED, State, Verdict, Written, judge
 
-__all__ = ["TransactionStore", "bind"]
+__all__ = ["TransactionStore"]
 
-_FROM_SNAPSHOT: Final = 2  # the transactional claim's last column: where the answer came from
-_NOT_IN_TRANSACTION: Final = (
-    "execute_in_transaction needs a connection in a transaction that the caller commits: "
-    "`async with connection.transaction():` (asyncpg, psycopg) or `async with "
-    "session.begin():` (SQLAlchemy), then call it inside that block"
-)
-
-
-class _Connection(Protocol):
-    async def fetchrow(self, sql: str, *args: Any) -> Any: ...
-
-    async def script(self, sql: str) -> None: ...
-
-
-class _Asyncpg:
-    """A caller's asyncpg connection (or a pool's connection proxy)."""
-
-    def __init__(self, connection: Any) -> None:
-        self._connection = connection
-
-    async def fetchrow(self, sql: str, *args: Any) -> Any:
-        return await self._connection.fetchrow(sql, *args)
-
-    async def script(self, sql: str) -> None:
-        await self._connection.execute(sql)  # no arguments: the simple protocol
-
-
-async def bind(connection: Any, sql: Statements, table: str, limit: int) -> TransactionStore:
-    """The store's operations on ``connection``, checked to be in a transaction before any
-    statement (``ConfigError`` otherwise)."""
-    module = type(connection).__module__
-    if module.startswith("sqlalchemy"):
-        if not connection.in_transaction():
-            raise ConfigError(_NOT_IN_TRANSACTION)
-        session = None if hasattr(connection, "get_raw_connection") else _Session(connection)
-        driver = await _sqlalchemy_driver(connection)
-        return TransactionStore(driver, sql, table, limit, session)
-    if is_psycopg_connection(connection):
-        psycopg = PsycopgConnection(connection)
-        if not psycopg.in_transaction():
-            raise ConfigError(_NOT_IN_TRANSACTION)
-        return TransactionStore(psycopg, sql, table, limit)
-    if callable(getattr(connection, "is_in_transaction", None)) and callable(
-        getattr(connection, "fetchrow", None)
-    ):
-        if not connection.is_in_transaction():
-            raise ConfigError(_NOT_IN_TRANSACTION)
-        return TransactionStore(_Asyncpg(connection), sql, table, limit)
-    raise ConfigError(
-        "execute_in_transaction takes the caller's connection: an asyncpg Connection, a "
-        "psycopg AsyncConnection, or a SQLAlchemy AsyncConnection or AsyncSession; got "
-        f"{type(connection).__name__} (a pool cannot hold a transaction: acquire a "
-        "connection from it)"
-    )
-
-
-async def _sqlalchemy_driver(connection: Any) -> _Connection:
-    """The driver connection under a SQLAlchemy ``AsyncConnection`` or ``AsyncSession``
-    in a transaction (checked by :func:`bind`).  Never flushes, commits or closes anything
-    of the caller's."""
-    if hasattr(connection, "get_raw_connection"):
-        core = connection
-    else:  # an AsyncSession: its connection for the transaction it is in
-        core = await connection.connection()
-    driver = (await core.get_raw_connection()).driver_connection
-    if is_psycopg_connection(driver):
-        # SQLAlchemy keeps psycopg out of autocommit: psycopg opens the transaction with the
-        # first statement, and SQLAlchemy commits it.
-        psycopg = PsycopgConnection(driver)
-        if not psycopg.in_transaction(implicit=True):
-            raise ConfigError(_NOT_IN_TRANSACTION)
-        return psycopg
-    if not callable(getattr(driver, "is_in_transaction", None)):
-        raise ConfigError(
-            "execute_in_transaction supports SQLAlchemy on the asyncpg or psycopg drivers; "
-            f"this engine's driver connection is {type(driver).__name__}"
-        )
-    if not driver.is_in_transaction():
-        # SQLAlchemy's asyncpg adapter sends BEGIN with the transaction's first statement:
-        # send one through it, so that ours run in the transaction it will commit.
-        await core.exec_driver_sql("SELECT 1")
-    return _Asyncpg(driver)
-
-
-class _Session:
-    """A caller's SQLAlchemy ``AsyncSession``.  When the savepoint rolls back, the session
-    must forget what the callback did there, as SQLAlchemy's own nested transactions make
-    it forget — without flushing anything: objects the callback added (flushed or not),
-    loaded or deleted are expunged, and the others expired (reloaded when next read).  The
-    session had nothing unflushed when the call began (see :func:`bind`)."""
-
-    def __init__(self, session: Any) -> None:
-        if session.new or session.dirty or session.deleted:
-            raise ConfigError(
-                "execute_in_transaction needs a session without unflushed changes: a flush "
-                "inside the call (yours, or an autoflush before a query) would write them in "
-                "the call's savepoint, and a failing callback would roll them back with it. "
-                "`await session.flush()` before the call"
-            )
-        self._session = session
-        self._known: set[int] = set()
-
-    def remember(self) -> None:
-        """The objects in the session as the callback starts (by identity: mapped objects
-        need not be hashable)."""
-        self._known = {id(o) for o in self._session.identity_map.values()}
-
-    def forget_callback(self) -> None:
-        session = self._session
-        for obj in (*session.new, *session.deleted):
-            session.expunge(obj)
-        for obj in list(session.identity_map.values()):
-            if id(obj) in self._known:
-                session.expire(obj)
-            else:
-                session.expunge(obj)
+_ANSWERED: Final = 11  # the claim function's columns
+_CLEANUP: Final = 0.5  # seconds a statement after the deadline may take (the savepoint, an undo)
 
 
 class TransactionStore:
-    """The record store's operations on a caller's connection, in its transaction.
-
-    A claim opens the savepoint and the lock-wait bound, and leaves the savepoint open only
-    when it claimed; :meth:`complete` releases it, :meth:`release` rolls it back.
-    """
+    """The record store's operations for one transactional call, on the caller's
+    connection: :meth:`claim_within` claims (and opens the call's savepoint),
+    :meth:`complete` completes, :meth:`release` undoes the call."""
 
     db_system_name: Final = "postgresql"
+    reads_bounded: Final = True
+    """Its reads end a wait on the server (a lock timeout), not by a cancellation: a
+    cancellation could land on the caller's next statement and abort its transaction."""
 
     def __init__(
         self,
-        connection: _Connection,
-        sql: Statements,
+        connection: Driver,
+        schema: Schema,
         table: str,
         limit: int,
-        session: _Session | None = None,
+        session: Session | None = None,
     ) -> None:
         self._connection = connection
         self._session = session
-        self._sql = sql
+        self._schema = schema
         self.table = table
         self.max_response_bytes = limit
+        self._read_bound = response_bound(limit)
+        self._owner: str | None = None  # the claim this call holds, until undone
+        self._savepoint: str | None = None
+        self._deadline = self._wait_until = 0.0  # loop times, set by the claim
 
     @property
     def table_name(self) -> str:
         return self.table
 
     async def claim_within(self, claim: Claim, wait: float) -> Verdict:
-        """Claim the key, waiting at most ``wait`` seconds for a row another open
-        transaction holds (then :class:`LockTimeoutError`)."""
+        """Claim the key, waiting at most ``wait`` seconds for a lock another transaction
+        holds (the key's row, or the table), then :class:`LockTimeoutError`."""
         key = claim.key
-        await self._script("claim", key, SAVEPOINT_BEGIN)
+        now = asyncio.get_running_loop().time()
+        self._deadline = now + claim.lease
+        self._wait_until = now + wait
+        # The claim function ends its own lock waits by ``wait`` (the server's bound); the
+        # driver's cancellation is the backstop, later, so that it never races the answer
+        # (a cancel landing on the next statement would abort the caller's transaction).
+        left = _left(self._deadline, key) + _CLEANUP
         try:
             row = await self._fetchrow(
                 "claim",
                 key,
-                self._sql.transactional_claim,
+                left,
+                self._schema.claim,
                 key,
-                None,  # the server's clock_timestamp(), always
                 claim.owner,
-                float(claim.lease),
                 float(claim.ttl),
                 claim.validation,
                 lock_wait(wait),
+                self._read_bound,
             )
-            verdict = claim_verdict(claim, row, self.max_response_bytes)
-        except Exception as exc:
-            await self._undo(exc)
+        except DeadlineExceededError as exc:
+            await self._abandoned(key, claim.owner, exc)  # the claim may have applied
             raise
-        if verdict is CLAIMED and self._session is not None:
-            self._session.remember()
-        if verdict is not CLAIMED:
-            # Nothing to keep.  An answer read from the statement's snapshot wrote nothing:
-            # releasing the savepoint is enough, and keeps psycopg's prepared statements
-            # (it drops them all after any ROLLBACK).  Otherwise the claim locked (and
-            # rewrote) a row committed while it waited: roll that back.
-            undo = SAVEPOINT_RELEASE if row[9] == _FROM_SNAPSHOT else SAVEPOINT_UNDO
-            await self._script("claim", key, undo)
-        return verdict
+        answer = row[0] if row is not None and len(row) == _ANSWERED else None
+        if answer == "claimed":
+            check_key(key, row[10])  # (the claim applied: the guard refuses the COMMIT)
+            self._owner = claim.owner
+            savepoint = "idempotency_async_" + "".join(
+                c if c.isalnum() else "_" for c in claim.owner
+            )
+            try:
+                # Not cut at the deadline: a claim answered late is undone by the lifecycle
+                # ("claimed too late to run"), which needs the savepoint's state known.
+                await self._script("claim", key, f"SAVEPOINT {savepoint}", _CLEANUP)
+            except Exception as exc:
+                await self._abandoned(key, claim.owner, exc)
+                raise
+            self._savepoint = savepoint
+            if self._session is not None:
+                self._session.remember()
+            return CLAIMED
+        if answer == "read":
+            check_key(key, row[10])
+            verdict = judge(record_from_row(key, row[1:8], self.max_response_bytes), row[8])
+            if verdict.state is State.IN_PROGRESS and row[9] and wait > 0:
+                # A lease-mode call holds the key: this transaction's snapshot will never see
+                # it complete, so waiting could only time out.
+                raise SerializationFailureError(
+                    f"key {key} is held by a lease-mode call (execute), whose completion this "
+                    "transaction cannot see under REPEATABLE READ or SERIALIZABLE: roll the "
+                    "transaction back and run it again (a new snapshot sees the result)",
+                    key=key,
+                    sqlstate="40001",
+                )
+            return verdict
+        if answer == "mine":
+            raise ConfigError(
+                f"this transaction already holds key {key} from a call that did not finish "
+                "(it was cancelled or timed out, and the transaction went on): roll the "
+                "transaction back; it cannot commit"
+            )
+        raise _caught(answer, row[7] if row is not None and len(row) > 7 else None, key)
 
     async def claim(self, claim: Claim) -> Verdict:
         return await self.claim_within(claim, 0.0)
 
     async def get(self, key: str, *, now: float) -> Verdict:
-        row = await self._fetchrow("get", key, self._sql.get, key, None)
-        if row[0] is None:
-            return judge(None, row[7])
-        check_key(key, row[8])
-        return judge(record_from_row(key, row, self.max_response_bytes), row[7])
+        """Read the key's row (a duplicate polling a lease-mode holder), through the claim
+        function: its lock waits end with the call's wait, on the server, and a
+        cancellation rolls back only the function's subtransaction."""
+        now = asyncio.get_running_loop().time()
+        row = await self._fetchrow(
+            "get",
+            key,
+            max(self._deadline - now, 0.0) + _CLEANUP,  # the backstop, as for the claim
+            self._schema.claim,
+            key,
+            None,
+            0.0,
+            None,
+            lock_wait(max(self._wait_until - now, 0.0)),  # the server's bound: the wait's end
+            self._read_bound,
+        )
+        if row is None or len(row) != _ANSWERED or row[0] != "read":
+            raise _caught(row[0] if row else None, row[7] if row else None, key, "get")
+        if row[1] is None:
+            return judge(None, row[8])
+        check_key(key, row[10])
+        return judge(record_from_row(key, row[1:8], self.max_response_bytes), row[8])
 
     async def complete(self, completion: Completion) -> Written:
-        """The owner-conditioned completion in the savepoint, then its release.  A failure
-        leaves the caller's transaction aborted: it can only roll back (nothing commits)."""
+        """The owner-fenced completion.  A failure leaves the caller's transaction aborted:
+        it can only roll back (nothing commits)."""
         key = completion.key
         text, reason = completion_text(completion, self.max_response_bytes)
         row = await self._fetchrow(
             "complete",
             key,
-            self._sql.complete,
+            None,  # bounded by the lifecycle, at the lease end
+            self._schema.complete,
             key,
             completion.owner,
-            None,
             float(completion.ttl),
             completion.validation,
             text,
             None if text is not None else text_column(reason),
         )
-        await self._script("complete", key, SAVEPOINT_RELEASE)
-        if row is None:
+        self._owner = None
+        if not row or not row[0]:
             return Written.NOTHING
         return Written.WITHOUT_RESPONSE if text is None else Written.RESPONSE
 
     async def release(self, key: str, owner: str) -> bool:
-        """Roll the savepoint back: the claim and the callback's writes go, and whoever
-        waits on the row gets it."""
-        await self._script("release", key, SAVEPOINT_UNDO)
+        """Undo the call: its savepoint's rollback (the callback's writes go) and its
+        claim's deletion.  Nothing to undo when the caller's transaction already ended
+        inside the callback (it committed — refused by the table's guard — or rolled
+        back): nothing of the call can commit."""
+        if self._owner is None:
+            return True
+        if self._connection.in_transaction():
+            await self._script("release", key, undo(self.table, self._savepoint, key, owner))
+        self._owner = self._savepoint = None
         if self._session is not None:
             self._session.forget_callback()
         return True
@@ -268,29 +223,38 @@ class TransactionStore:
     async def aclose(self) -> None:
         return None
 
-    async def _undo(self, error: BaseException) -> None:
-        """Roll the savepoint back after a failed claim; a failure becomes a note on
-        ``error`` (the connection is then unusable, and so is the caller's transaction)."""
+    async def _abandoned(self, key: str, owner: str, error: BaseException) -> None:
+        """Undo a claim that may have applied but will not run (its answer came after the
+        deadline, or its savepoint failed), so that the caller's transaction can go on; a
+        failure is a note on ``error`` — roll back (a COMMIT would be refused)."""
+        if not self._connection.in_transaction():
+            return
         try:
-            await self._connection.script(SAVEPOINT_UNDO)
+            await self._connection.script(undo(self.table, None, key, owner), timeout=_CLEANUP)
         except Exception as exc:
             error.add_note(
-                f"idempotency-async: rolling back its savepoint failed ({exc!r}): roll the "
-                "transaction back"
+                f"idempotency-async: the claim of key {key} may have applied and could not be "
+                f"undone ({exc!r}): roll the transaction back (its COMMIT would be refused)"
             )
+        else:
+            self._owner = None
 
-    async def _fetchrow(self, operation: str, key: str, sql: str, *args: Any) -> Any:
+    async def _fetchrow(
+        self, operation: str, key: str, timeout: float | None, sql: str, *args: Any
+    ) -> Any:
         try:
-            return await self._connection.fetchrow(sql, *args)
+            return await self._connection.fetchrow(sql, *args, timeout=timeout)
         except Exception as exc:
             error = self._error(exc, operation, key)
             if error is exc:
                 raise
             raise error from exc
 
-    async def _script(self, operation: str, key: str, sql: str) -> None:
+    async def _script(
+        self, operation: str, key: str, sql: str, timeout: float | None = None
+    ) -> None:
         try:
-            await self._connection.script(sql)
+            await self._connection.script(sql, timeout=timeout)
         except Exception as exc:
             error = self._error(exc, operation, key)
             if error is exc:
@@ -298,28 +262,76 @@ class TransactionStore:
             raise error from exc
 
     def _error(self, exc: Exception, operation: str, key: str) -> Exception:
+        if isinstance(exc, TimeoutError) and not isinstance(exc, DeadlineExceededError):
+            return DeadlineExceededError(
+                f"the transactional {operation} of key {key} got no answer before the call's "
+                "deadline (a slow server, or a lock the driver waited for): it was cancelled "
+                "and may have applied; roll the transaction back (it cannot commit a claim "
+                "left unfinished)",
+                key=key,
+            )
         state = getattr(exc, "sqlstate", None)
-        if state == "55P03":
-            return LockTimeoutError(
-                f"key {key} is held by another open transaction, which did not end within "
-                "this call's wait (Options(wait=..., wait_timeout=...) or its deadline); only "
-                "this call's savepoint was rolled back: retry later",
-                key=key,
-            )
-        if state == "40001":
-            return SerializationFailureError(
-                f"the {operation} of key {key} could not be serialized with a concurrent "
-                "transaction (under REPEATABLE READ or SERIALIZABLE: e.g. a duplicate committed "
-                "the record after this transaction's snapshot): roll the transaction back and "
-                "run it again; under READ COMMITTED a duplicate replays instead",
-                key=key,
-                sqlstate=state,
-            )
-        if state == "40P01":
-            return DeadlockDetectedError(
-                f"PostgreSQL broke a deadlock by failing this transaction's {operation} of "
-                f"key {key}: roll the transaction back and run it again",
-                key=key,
-                sqlstate=state,
+        if state in ("55P03", "40001", "40P01", "57014"):
+            return _caught(state, str(exc), key, operation)
+        if state == "42883":  # undefined function: the table was not migrated
+            return ConfigError(
+                f"the transactional {operation} of key {key} failed ({exc}): the table "
+                f"{self.table} lacks what transactional calls need; run `idempotency-async "
+                "migrate` (docs/postgres.md)"
             )
         return translated(exc, f"transactional {operation}", key, self.table)
+
+
+def _left(ends: float, key: str) -> float:
+    """Seconds until ``ends`` (loop time), for a statement's timeout."""
+    left = ends - asyncio.get_running_loop().time()
+    if left <= 0:
+        raise DeadlineExceededError(
+            f"the deadline of key {key} passed before its transactional claim was answered",
+            key=key,
+        )
+    return left
+
+
+def _caught(answer: Any, message: Any, key: str, operation: str = "claim") -> Exception:
+    """The error for what the claim function caught (its SQLSTATE and message) — or a
+    statement raised —, or for an answer that is not one."""
+    message = "" if message is None else str(message)
+    caller_timeout = answer == "57014" and "statement timeout" in message
+    if answer == "55P03" or (caller_timeout and operation == "claim"):
+        # The claim waited for a lock — the key's row (another open transaction's claim)
+        # or the table (a migration) — as long as this call may, or as long as the
+        # caller's statement_timeout let it.
+        return LockTimeoutError(
+            f"key {key} stayed locked by another open transaction (a transactional call on "
+            "the same key, or a lock on the whole table) past this call's wait "
+            "(Options(wait=..., wait_timeout=...), its deadline, or your statement_timeout); "
+            "nothing of the call was written: your transaction is intact, retry later",
+            key=key,
+        )
+    if answer == "40001":
+        return SerializationFailureError(
+            f"the {operation} of key {key} could not be serialized with a concurrent transaction "
+            "(under REPEATABLE READ or SERIALIZABLE: e.g. a duplicate committed the record "
+            "after this transaction's snapshot): roll the transaction back and run it again; "
+            "under READ COMMITTED a duplicate replays instead",
+            key=key,
+            sqlstate="40001",
+        )
+    if answer == "40P01":
+        return DeadlockDetectedError(
+            f"PostgreSQL broke a deadlock by failing this transaction's {operation} of key "
+            f"{key}: "
+            "roll the transaction back and run it again",
+            key=key,
+            sqlstate="40P01",
+        )
+    if answer == "57014":
+        return StoreUnavailableError(
+            f"the transactional {operation} of key {key} was cancelled on the server "
+            f"({message}); nothing of it was written"
+        )
+    return StoreUnavailableError(
+        f"the server answered a transactional claim of key {key!r} with {answer!r}, which is "
+        "not the claim function's answer; the callback was not run"
+    )

@@ -25,6 +25,7 @@ from idempotency_async._json import nesting_depth
 from idempotency_async.canonical import MAX_DEPTH
 from idempotency_async.errors import InconsistentStateError, StoreUnavailableError
 from idempotency_async.record import Claim, Completion, Record, Status
+from idempotency_async.stores._postgres_sql import TOKEN_LIMIT, read_limit
 from idempotency_async.stores.base import CLAIMED, State, Verdict
 
 __all__ = [
@@ -46,7 +47,6 @@ _STRING_OR_EXPONENT: Final = re.compile(
 _NUL: Final = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 _LONG_NUMBER: Final = re.compile(r"\d{19}")
 _WRITE_FACTOR: Final = 2
-_READ_FACTOR: Final = 4  # the written text, with the ", " and ": " jsonb prints
 
 
 def claim_verdict(claim: Claim, row: Any, limit: int) -> Verdict:
@@ -125,8 +125,9 @@ def _plain(match: re.Match[bytes]) -> bytes:
 
 def decode_response(text: str, limit: int) -> tuple[Any, str | None]:
     """(the response, None) or (None, why it cannot be read) for ``jsonb`` text."""
-    if len(text) > _READ_FACTOR * limit + 1024:
-        return None, f"unreadable: {len(text)} characters, over the store's bound"
+    if len(text) >= read_limit(limit):
+        # (The statement cut it there: the server never sends more.)
+        return None, "unreadable: larger than the store reads back (4 x max_response_bytes)"
     if text.count("[") + text.count("{") > MAX_DEPTH and nesting_depth(text) > MAX_DEPTH:
         return None, f"unreadable: nested deeper than {MAX_DEPTH} levels"
     try:
@@ -165,8 +166,13 @@ def record_from_row(key: str, row: Any, limit: int) -> Record:
         state = Status(status)
         if not isinstance(expires, float) or not math.isfinite(expires):
             raise ValueError(f"expires_at is {expires!r}")
-        if lease_end is not None and not math.isfinite(lease_end):
+        # -infinity: a transactional claim's lease, ended from the start (its row lock is
+        # its lease), so such a row committed some other way is claimable at once.
+        if lease_end is not None and (math.isnan(lease_end) or lease_end == math.inf):
             raise ValueError(f"lease_ends_at is {lease_end!r}")
+        for name, token in (("owner", owner), ("validation", validation)):
+            if token is not None and len(token) > TOKEN_LIMIT:
+                raise ValueError(f"its {name} is longer than {TOKEN_LIMIT} characters")
     except ValueError as exc:
         raise InconsistentStateError(
             f"the record of key {key!r} cannot be judged ({exc}): it was not written by this "

@@ -15,18 +15,34 @@ from types import TracebackType
 from typing import Any, Final, Literal, NamedTuple, Self
 
 from idempotency_async._redact import redact, redact_url, secrets_in
-from idempotency_async.errors import ConfigError, StoreUnavailableError
+from idempotency_async.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    StoreUnavailableError,
+)
 from idempotency_async.record import Claim, Completion, Record, Status
 from idempotency_async.stores._closed import closed_error
+from idempotency_async.stores._postgres_connections import (
+    Driver,
+    TransactionConnection,
+    driver_of,
+)
 from idempotency_async.stores._postgres_errors import is_data_error, translated
 from idempotency_async.stores._postgres_psycopg import PsycopgPool, is_psycopg_pool
+from idempotency_async.stores._postgres_retry import is_refused_commit, retry_transaction
+from idempotency_async.stores._postgres_schema import (
+    REFUSED_COMMIT,
+    SCHEMA_VERSION,
+    Schema,
+    schema,
+)
 from idempotency_async.stores._postgres_sql import (
     DEFAULT_TABLE,
     Statements,
     lock_wait,
     statements,
 )
-from idempotency_async.stores._postgres_transaction import TransactionStore, bind
+from idempotency_async.stores._postgres_transaction import TransactionStore
 from idempotency_async.stores._postgres_values import (
     check_key,
     claim_verdict,
@@ -41,7 +57,20 @@ from idempotency_async.stores.base import (
     judge,
 )
 
-__all__ = ["DEFAULT_TABLE", "PostgresStore", "RecordPage", "create_table", "table_sql"]
+__all__ = [
+    "DEFAULT_TABLE",
+    "REFUSED_COMMIT",
+    "SCHEMA_VERSION",
+    "PostgresStore",
+    "RecordPage",
+    "TransactionConnection",
+    "create_table",
+    "is_refused_commit",
+    "migrate_table",
+    "migration_sql",
+    "retry_transaction",
+    "table_sql",
+]
 
 logger = logging.getLogger("idempotency_async.postgres")
 
@@ -102,7 +131,8 @@ class PostgresStore:
         if max_response_bytes <= 0:
             raise ConfigError(f"max_response_bytes must be positive, got {max_response_bytes}")
         try:
-            self._sql: Statements = statements(table)
+            self._sql: Statements = statements(table, max_response_bytes)
+            self._schema: Schema = schema(table)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         self.table = table
@@ -115,6 +145,7 @@ class PostgresStore:
         self._opening: asyncio.Lock | None = None
         self._owns_pool = False
         self._closed = False
+        self._guarded = False  # the table's transactional parts were found (once per store)
 
     @property
     def table_name(self) -> str:
@@ -182,19 +213,11 @@ class PostgresStore:
             if self._pool is None:
                 try:
                     self._pool = await _asyncpg().create_pool(self._dsn, **self._pool_options)
-                except (ValueError, TypeError) as exc:
-                    # The DSN did not parse (a port that is not a number, say): never a
-                    # traceback, and never the password, even in a chained exception.
-                    dsn = self._dsn or ""
-                    raise ConfigError(
-                        f"cannot connect with the DSN {redact_url(dsn)!r}: "
-                        f"{redact(str(exc), secrets_in(dsn))[:200]}"
-                    ) from None
                 except Exception as exc:
-                    error = translated(exc, "connect", "", self.table)
+                    error = _connect_error(exc, self._dsn or "", self.table)
                     if error is exc:
                         raise
-                    raise error from exc
+                    raise error from _cause(error, exc)
         return self._pool
 
     async def _fetchrow(self, operation: str, key: str, sql: str, *args: Any) -> Any:
@@ -207,23 +230,45 @@ class PostgresStore:
                 raise
             raise error from exc
 
+    async def _bounded_fetchrow(
+        self, seconds: float, operation: str, key: str, sql: str, *args: Any
+    ) -> Any:
+        """:meth:`_fetchrow` abandoned after ``seconds`` (the call's deadline): waiting for a
+        pooled connection and for locks the statement cannot bound itself (a migration's
+        lock on the table) included; the driver cancels the statement on the server."""
+        try:
+            async with asyncio.timeout(seconds):
+                return await self._fetchrow(operation, key, sql, *args)
+        except TimeoutError as exc:
+            if isinstance(exc, DeadlineExceededError):
+                raise
+            raise DeadlineExceededError(
+                f"the Postgres {operation} of key {key} got no answer before the call's "
+                "deadline (no pooled connection free, a lock on the table, or a slow server); "
+                "it was cancelled",
+                key=key,
+            ) from exc
+
     # -- Store protocol -------------------------------------------------------------
 
     async def claim(self, claim: Claim) -> Verdict:
         key = claim.key
-        row = await self._fetchrow(
+        lease = float(claim.lease)
+        row = await self._bounded_fetchrow(
+            lease,
             "claim",
             key,
             self._sql.claim,
             key,
             claim.now if self._client_clock else None,
             claim.owner,
-            float(claim.lease),
+            lease,
             float(claim.ttl),
             claim.validation,
             # A row lock is held for one statement by another claim, but for a whole
-            # transaction by a transactional call: wait for it no longer than the lease.
-            lock_wait(claim.lease),
+            # transaction by a transactional call: wait for it as the call may wait (not at
+            # all with wait=False), and no longer than the lease.
+            lock_wait(min(claim.wait, lease)),
         )
         return claim_verdict(claim, row, self.max_response_bytes)
 
@@ -315,13 +360,44 @@ class PostgresStore:
 
     # -- transactional calls ---------------------------------------------------------
 
-    async def transaction_store(self, connection: Any) -> TransactionStore:
+    async def transaction_store(self, connection: TransactionConnection) -> TransactionStore:
         """This store's operations on the caller's ``connection``, in its transaction (what
         ``Manager.execute_in_transaction`` runs on).  ``ConfigError`` before any statement
-        when the connection is not in a transaction."""
+        on it when it is not a connection in a transaction, or when the table lacks its
+        transactional parts (checked once per store: run :func:`migrate_table`)."""
         if self._closed:
             raise closed_error("PostgresStore")
-        return await bind(connection, self._sql, self.table, self.max_response_bytes)
+        driver, session = await driver_of(connection)
+        if not self._guarded:
+            await self._check_guard(driver)
+        return TransactionStore(driver, self._schema, self.table, self.max_response_bytes, session)
+
+    async def _check_guard(self, driver: Driver) -> None:
+        """``ConfigError`` (with the SQL to run) unless the table has the claim function and
+        an enabled guard trigger of this schema version.  Read on the caller's connection
+        (a catalog read, harmless in its transaction): on the store's pool it could wait for
+        a connection the callers' transactions all hold."""
+        sql = self._schema
+        try:
+            row = await driver.fetchrow(sql.check, *sql.check_args)
+        except Exception as exc:
+            error = translated(exc, "schema check", "", self.table)
+            if error is exc:
+                raise
+            raise error from exc
+        if row is not None and all(row):
+            self._guarded = True
+            return
+        missing = "the table" if row is None or not row[0] else "its transactional parts"
+        if row is not None and row[0] and row[1] and not row[2]:
+            missing = "its guard trigger (disabled or dropped)"
+        raise ConfigError(
+            f"transactional calls need schema version {SCHEMA_VERSION} of {self.table}, and "
+            f"{missing} is missing: run `idempotency-async migrate --store "
+            f"'postgres://…?table={self.table}'` (or migrate_table(pool, table=...); "
+            "`--print-sql` prints it for a migration tool, docs/postgres.md). The SQL:\n"
+            + migration_sql(self.table)
+        )
 
     # -- operators ------------------------------------------------------------------
 
@@ -377,25 +453,47 @@ class PostgresStore:
 
 
 def table_sql(table: str = DEFAULT_TABLE) -> str:
-    """The SQL that creates the store's table and its expiry index (idempotent), for
-    migrations."""
-    try:
-        create = statements(table).create
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    return "".join(statement + ";\n" for statement in create)
+    """The SQL that creates the store's table, its expiry index and its transactional parts
+    (schema version :data:`SCHEMA_VERSION`; every statement idempotent), for migrations."""
+    return _script(_schema_of(table).create)
+
+
+def migration_sql(table: str = DEFAULT_TABLE) -> str:
+    """The SQL that brings a table created by an earlier version of the library to
+    :data:`SCHEMA_VERSION` (idempotent): what :func:`migrate_table` runs."""
+    return _script(_schema_of(table).migrate)
 
 
 async def create_table(pool_or_dsn: Any, *, table: str = DEFAULT_TABLE) -> None:
-    """Create the store's table and its expiry index if they do not exist.
+    """Create the store's table, its expiry index and its transactional parts if they do
+    not exist (:func:`table_sql`).
 
     ``pool_or_dsn``: an asyncpg pool or connection, a psycopg ``AsyncConnectionPool`` in
     autocommit mode, or a ``postgres://`` DSN (a connection is opened and closed for it).
+    The user needs ``CREATE`` on the schema (and owns the table it creates).
     """
+    await _apply(pool_or_dsn, _schema_of(table).create, table)
+
+
+async def migrate_table(pool_or_dsn: Any, *, table: str = DEFAULT_TABLE) -> None:
+    """Add to an existing table what :data:`SCHEMA_VERSION` needs (:func:`migration_sql`):
+    the guard trigger and the claim function of transactional calls.  Idempotent; run it as
+    the table's owner.  ``pool_or_dsn`` as for :func:`create_table`."""
+    await _apply(pool_or_dsn, _schema_of(table).migrate, table)
+
+
+def _schema_of(table: str) -> Schema:
     try:
-        create = statements(table).create
+        return schema(table)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _script(statements_: tuple[str, ...]) -> str:
+    return "".join(statement + ";\n" for statement in statements_)
+
+
+async def _apply(pool_or_dsn: Any, create: tuple[str, ...], table: str) -> None:
     if is_psycopg_pool(pool_or_dsn):
         pool_or_dsn = PsycopgPool(pool_or_dsn)
     if isinstance(pool_or_dsn, str):
@@ -407,7 +505,8 @@ async def create_table(pool_or_dsn: Any, *, table: str = DEFAULT_TABLE) -> None:
         try:
             connection = await _asyncpg().connect(pool_or_dsn)
         except Exception as exc:
-            raise translated(exc, "connect", "", table) from exc
+            error = _connect_error(exc, pool_or_dsn, table)
+            raise error from _cause(error, exc)
         try:
             await _create(connection, create, table)
         finally:
@@ -418,6 +517,7 @@ async def create_table(pool_or_dsn: Any, *, table: str = DEFAULT_TABLE) -> None:
 
 async def _create(target: Any, create: tuple[str, ...], table: str) -> None:
     try:
+        # One statement at a time (each idempotent: a migration cut short is run again).
         for statement in create:
             await target.execute(statement)
     except Exception as exc:
@@ -425,6 +525,24 @@ async def _create(target: Any, create: tuple[str, ...], table: str) -> None:
         if error is exc:
             raise
         raise error from exc
+
+
+def _connect_error(exc: Exception, dsn: str, table: str) -> Exception:
+    """A failure to connect as the library's error: a DSN asyncpg cannot parse (a port that
+    is not a number, say) is ``ConfigError`` saying what, never the password; the rest as
+    :func:`translated`."""
+    if isinstance(exc, ValueError | TypeError) and not hasattr(exc, "sqlstate"):
+        return ConfigError(
+            f"cannot connect with the DSN {redact_url(dsn)!r}: "
+            f"{redact(str(exc), secrets_in(dsn))[:200]} — check its host, port and query "
+            "parameters"
+        )
+    return translated(exc, "connect", "", table)
+
+
+def _cause(error: Exception, exc: Exception) -> Exception | None:
+    # A DSN that did not parse is not chained: the driver's message may quote the password.
+    return None if isinstance(error, ConfigError) else exc
 
 
 def _scheme(dsn: object) -> str:

@@ -591,7 +591,15 @@ class _Checker:
             held = self.held.get(owner)
             if held is not None and outcome.exited >= held.lease_end - reserve - self.tol:
                 return True
-        return False
+        # A claim the store itself abandoned at the claim's lease end (a TimeoutError: its
+        # answer did not come back in time) ran out the lease it asked for.
+        return any(
+            op.name == "claim"
+            and isinstance(op.raised, TimeoutError)
+            and op.ended is not None
+            and op.ended - op.started >= op.arg.lease - self.tol
+            for op in self.ops_of(outcome.call)
+        )
 
     def renewing(self, call: int) -> bool:
         return self.scenario.managers[self.plan_of(call).manager].renew_lease is not None

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import re
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +21,7 @@ from idempotency_async.testing._tx_scenario import TxCallPlan, TxScenario
 
 __all__ = [
     "CALLER_LOCK_TIMEOUT",
+    "OTHER_KEY",
     "TxCallbackFailed",
     "TxOutcome",
     "TxTrace",
@@ -60,10 +63,26 @@ class TxOutcome:
     lock_timeout: str | None = None
     """The transaction's ``lock_timeout`` after the call (the caller set
     ``CALLER_LOCK_TIMEOUT``), read when the call left the transaction usable."""
+    undone: bool = False
+    """The caller rolled back to a savepoint taken before the call (``caller_savepoint``):
+    nothing of the call can commit with its transaction."""
+    second_value: Any = _MISSING
+    second_error: BaseException | None = None
+    """A second call in the same transaction (``again_same_key``, ``again_other_key``)."""
+    second_ran: bool = False
+    second_raised: BaseException | None = None
+    second_writer: str | None = None
+    """``again_other_key``: the writer of the second call's run (its key is its own)."""
+    two_engines: bool = False
+    """The call was made on a SQLAlchemy session bound to two engines."""
 
     @property
     def returned_value(self) -> bool:
         return self.value is not _MISSING
+
+    @property
+    def second_returned(self) -> bool:
+        return self.second_value is not _MISSING
 
 
 @dataclass(slots=True)
@@ -84,6 +103,8 @@ class TxTrace:
 # The errors after which the caller's transaction is still usable: only the library's
 # savepoint was rolled back, and the caller commits its own writes.
 _USABLE = (TxCallbackFailed, AlreadyInProgressError, DeadlineExceededError)
+OTHER_KEY = 1000
+"""A second call of another key (``again_other_key``) uses key index 1000 + the call's."""
 
 
 async def run_transactional(
@@ -111,6 +132,7 @@ async def run_transactional(
         )
         for plan in scenario.managers
     ]
+    _import_drivers(scenario)  # before the clock starts: an import blocks the loop
     killer = await pool.acquire()
     killing = asyncio.Lock()
     dropped: list[int] = []  # backends whose client went away: they may still be finishing
@@ -122,11 +144,67 @@ async def run_transactional(
         outcome = trace.outcomes[index]
         await asyncio.sleep(max(0.0, start + plan.at - loop.time()))
         outcome.began = loop.time()
+        if plan.mode == "lease":
+            await _leased(plan, outcome)
+            return
+        if plan.driver == "two_engines" and await _two_engines(plan, outcome):
+            return
         caller = await _caller(plan.driver, pool, dsn)
         try:
             await _transaction(plan, outcome, caller)
         finally:
             await caller.close()
+
+    async def _leased(plan: TxCallPlan, outcome: TxOutcome) -> None:
+        """A lease-mode call of the same key: its effect is one autocommit statement,
+        written last (nothing cuts it off: it has no deadline)."""
+        await pool.execute(f"INSERT INTO {attempts} VALUES ($1)", outcome.writer)
+
+        async def callback() -> str:
+            outcome.ran = True
+            await asyncio.sleep(plan.duration)
+            await pool.execute(f"INSERT INTO {effects} VALUES ($1, $2)", plan.key, outcome.writer)
+            outcome.returned = True
+            return outcome.writer
+
+        outcome.entered = loop.time()
+        try:
+            outcome.value = await managers[plan.manager].execute({"id": plan.key}, callback)
+        except Exception as exc:  # the outcome is the subject under test
+            outcome.error = exc
+        finally:
+            outcome.exited = loop.time()
+        outcome.committed = True  # (autocommit: what it wrote is committed)
+
+    async def _two_engines(plan: TxCallPlan, outcome: TxOutcome) -> bool:
+        """A SQLAlchemy session bound to two engines: refused before any statement.  False
+        when SQLAlchemy is not installed (the call then runs on asyncpg)."""
+        try:
+            import sqlalchemy
+            from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+        except ImportError:
+            return False
+        url = dsn.replace("postgres://", "postgresql+asyncpg://", 1)
+        engines = [create_async_engine(url), create_async_engine(url)]
+        payments = sqlalchemy.Table(f"{name}_e", sqlalchemy.MetaData())
+        try:
+            session = AsyncSession(bind=engines[0], binds={payments: engines[1]})
+            outcome.two_engines = True
+            async with session, session.begin():
+                outcome.entered = loop.time()
+                try:
+                    outcome.value = await managers[plan.manager].execute_in_transaction(
+                        session, {"id": plan.key}, lambda: asyncio.sleep(0, outcome.writer)
+                    )
+                except Exception as exc:
+                    outcome.error = exc
+                finally:
+                    outcome.exited = loop.time()
+                await session.rollback()
+        finally:
+            for engine in engines:
+                await engine.dispose()
+        return True
 
     async def _transaction(plan: TxCallPlan, outcome: TxOutcome, caller: _Caller) -> None:
         await caller.begin(plan.isolation)
@@ -136,29 +214,46 @@ async def run_transactional(
         await caller.execute(f"SET LOCAL lock_timeout = '{CALLER_LOCK_TIMEOUT}'")
         if plan.fault == "commit_fails":
             await caller.execute(f"INSERT INTO {deferred} VALUES ('x'), ('x')")
+        if plan.fault == "caller_savepoint":
+            await caller.execute("SAVEPOINT caller")
 
-        async def callback() -> str:
-            outcome.ran = True
-            try:
-                await caller.execute(
-                    f"INSERT INTO {effects} VALUES ($1, $2)", plan.key, outcome.writer
-                )
-                if plan.fault == "kill_backend":
-                    async with killing:
-                        await killer.execute("SELECT pg_terminate_backend($1)", caller.pid)
-                await asyncio.sleep(3600.0 if plan.behaviour == "hang" else plan.duration)
-                if plan.behaviour == "raise":
-                    raise TxCallbackFailed(outcome.writer)
-            except Exception as exc:
-                outcome.raised = exc
-                raise
-            outcome.returned = True
-            return outcome.writer
+        def callback_for(key: int, writer: str, second: bool) -> Callable[[], Awaitable[str]]:
+            async def callback() -> str:
+                if second:
+                    outcome.second_ran = True
+                else:
+                    outcome.ran = True
+                try:
+                    if plan.fault == "old_savepoint":
+                        await caller.execute("SAVEPOINT idempotency_async")
+                    await caller.execute(f"INSERT INTO {effects} VALUES ($1, $2)", key, writer)
+                    if plan.fault == "kill_backend":
+                        async with killing:
+                            await killer.execute("SELECT pg_terminate_backend($1)", caller.pid)
+                    if plan.fault == "callback_commits":
+                        await caller.execute("COMMIT")  # refused: the claim is unfinished
+                    await asyncio.sleep(3600.0 if plan.behaviour == "hang" else plan.duration)
+                    if plan.behaviour == "raise":
+                        raise TxCallbackFailed(writer)
+                except Exception as exc:
+                    if second:
+                        outcome.second_raised = exc
+                    else:
+                        outcome.raised = exc
+                    raise
+                if not second:
+                    outcome.returned = True
+                return writer
+
+            return callback
 
         outcome.entered = loop.time()
         call = asyncio.create_task(
             managers[plan.manager].execute_in_transaction(
-                caller.connection, {"id": plan.key}, callback, timeout=plan.timeout
+                caller.connection,
+                {"id": plan.key},
+                callback_for(plan.key, outcome.writer, False),
+                timeout=plan.timeout,
             )
         )
 
@@ -167,7 +262,8 @@ async def run_transactional(
                 outcome.cancel_requested = True
                 call.cancel()
 
-        timer = loop.call_later(plan.fault_after, cancel) if plan.fault == "cancel" else None
+        timed = plan.fault in ("cancel", "commit_after_timeout")
+        timer = loop.call_later(plan.fault_after, cancel) if timed else None
         try:
             outcome.value = await call
         except BaseException as exc:  # the outcome is the subject under test
@@ -178,17 +274,43 @@ async def run_transactional(
                 timer.cancel()
         if caller.gone():
             return
+        # The caller's own timeout, handled: it goes on and commits (misuse).
+        handled = plan.fault == "commit_after_timeout" and outcome.cancel_requested
         spoiled = outcome.error is not None and not isinstance(outcome.error, _USABLE)
-        if spoiled or plan.fault in ("rollback_after_return", "cancel"):
+        # (A callback that committed ended the transaction: nothing is left to commit.)
+        undone = ("rollback_after_return", "cancel", "callback_commits")
+        if (spoiled and not handled) or plan.fault in undone:
             try:
                 await caller.execute("ROLLBACK")
             except Exception:
                 await caller.drop()
             return
-        try:
-            outcome.lock_timeout = str(await caller.fetchval("SHOW lock_timeout"))
-        except Exception as exc:
-            outcome.lock_timeout = f"unreadable: {exc!r}"
+        if not handled:
+            try:
+                outcome.lock_timeout = str(await caller.fetchval("SHOW lock_timeout"))
+            except Exception as exc:
+                outcome.lock_timeout = f"unreadable: {exc!r}"
+        if plan.fault in ("again_same_key", "again_other_key"):
+            key, writer = plan.key, outcome.writer
+            if plan.fault == "again_other_key":
+                key, writer = OTHER_KEY + outcome.call, f"{outcome.writer}x"
+                outcome.second_writer = writer
+            try:
+                outcome.second_value = await managers[plan.manager].execute_in_transaction(
+                    caller.connection,
+                    {"id": key},
+                    callback_for(key, writer, True),
+                    timeout=plan.timeout,
+                )
+            except Exception as exc:
+                outcome.second_error = exc
+                if not isinstance(exc, _USABLE):
+                    with contextlib.suppress(Exception):
+                        await caller.execute("ROLLBACK")
+                    return
+        if plan.fault == "caller_savepoint":
+            await caller.execute("ROLLBACK TO SAVEPOINT caller")
+            outcome.undone = True
         await asyncio.sleep(plan.hold)
         if plan.fault in ("close_socket", "commit_unanswered"):
             dropped.append(caller.pid)
@@ -207,12 +329,30 @@ async def run_transactional(
             with contextlib.suppress(Exception):
                 await caller.execute("ROLLBACK")
 
+    async def lock_the_table(when: float, seconds: float) -> None:
+        """A migration: ACCESS EXCLUSIVE on the record table for ``seconds``."""
+        await asyncio.sleep(max(0.0, start + when - loop.time()))
+        migration = await pool.acquire()
+        try:
+            await migration.execute("BEGIN")
+            await migration.execute("SET LOCAL lock_timeout = '5s'")
+            # (A migration that gave up waiting for the lock holds none: nothing to do.)
+            with contextlib.suppress(Exception):
+                await migration.execute(f'LOCK TABLE "{name}" IN ACCESS EXCLUSIVE MODE')
+                await asyncio.sleep(seconds)
+        finally:
+            with contextlib.suppress(Exception):
+                await migration.execute("ROLLBACK")
+            await pool.release(migration)
+
     tasks: list[asyncio.Task[None]] = []
     try:
         with quiet_library():
             tasks += [
                 asyncio.create_task(drive(index, plan)) for index, plan in enumerate(scenario.calls)
             ]
+            if scenario.table_lock is not None:
+                tasks.append(asyncio.create_task(lock_the_table(*scenario.table_lock)))
             _, pending = await asyncio.wait(tasks, timeout=stuck_after)
             trace.unfinished = [tasks.index(task) for task in pending]
             for task in tasks:
@@ -345,6 +485,21 @@ async def _caller(driver: str, pool: Any, dsn: str) -> _Caller:
         else:
             return _PsycopgCaller(await psycopg.AsyncConnection.connect(dsn, autocommit=True))
     return _AsyncpgCaller(pool, await pool.acquire())
+
+
+def _import_drivers(scenario: TxScenario) -> None:
+    """Import the optional drivers the scenario's callers use now: imported mid-scenario
+    (psycopg, SQLAlchemy: a fraction of a second) they would block the event loop under
+    every call in flight, and lock waits would look longer than they were."""
+    drivers = {plan.driver for plan in scenario.calls}
+    modules = {
+        "psycopg": ("psycopg",),
+        "two_engines": ("sqlalchemy.ext.asyncio", "sqlalchemy.dialects.postgresql.asyncpg"),
+    }
+    for driver in drivers:
+        for module in modules.get(driver, ()):
+            with contextlib.suppress(ImportError):
+                importlib.import_module(module)
 
 
 async def _gone_from_the_server(observer: Any, pids: list[int], seconds: float = 30.0) -> None:

@@ -6,7 +6,9 @@ breaks this file under mypy, not at a user's call site.
 
 from __future__ import annotations
 
-from typing import assert_type
+from typing import Any, assert_type
+
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from idempotency_async import Call, Manager, MemoryStore, Options, idempotent_function
 
@@ -80,3 +82,21 @@ def conformance_kit() -> None:
     assert_type(simulate(MemoryStore, range(10)), SimulationReport)
     simulate(MemoryStore, seeds=["a"])  # type: ignore[list-item]
     assert_type(StoreContract, type[StoreContract])
+
+
+async def transactional_calls(pool: Any, engine: AsyncEngine, session: AsyncSession) -> None:
+    from idempotency_async.stores.postgres import retry_transaction
+
+    async def pay() -> int:
+        return 1
+
+    async with pool.acquire() as connection:  # asyncpg (untyped): accepted
+        assert_type(await manager.execute_in_transaction(connection, {"id": 1}, pay), int)
+    assert_type(await manager.execute_in_transaction(session, {"id": 1}, pay), int)
+    await manager.execute_in_transaction(engine, {"id": 1}, pay)  # type: ignore[arg-type]
+
+    async def work(s: AsyncSession) -> str:
+        return "done"
+
+    assert_type(await retry_transaction(session, work, isolation="serializable"), str)
+    await retry_transaction(session, work, isolation="snapshot")  # type: ignore[arg-type]

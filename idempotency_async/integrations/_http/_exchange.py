@@ -150,7 +150,7 @@ async def exchange(rules: HttpIdempotency, adapter: Adapter[R]) -> R:
             body=body,
         )
         if adapter.transactional:
-            answer = await committed(rules, payload)
+            answer = await committed(rules, payload, deadline)
             if answer is None:
                 transaction = HttpTransaction(rules, payload, key, deadline, adapter.kind)
                 state.transaction = transaction

@@ -199,18 +199,22 @@ class HttpTransaction(Generic[Resp]):
         return self.kind.build(rules.replay(result))
 
 
-async def committed(rules: HttpIdempotency, payload: dict[str, Any]) -> HttpResponse | None:
+async def committed(
+    rules: HttpIdempotency, payload: dict[str, Any], deadline: float | None = None
+) -> HttpResponse | None:
     """The answer to a request on a transactional route from what is committed, read
-    without claiming: the replay, 422 or 409; None when nothing is (run the endpoint)."""
+    without claiming (bounded by the request's ``deadline``): the replay, 422 or 409; None
+    when nothing is (run the endpoint)."""
     try:
-        stored = await rules.manager.replay(payload, default=_NOTHING)
+        stored = await rules.manager.replay(payload, default=_NOTHING, deadline=deadline)
     except AlreadyInProgressError as exc:
         raise Rejection(in_progress(exc, rules)) from exc
     except PayloadValidationError as exc:
         raise Rejection(reused()) from exc
     except ResponseNotStoredError as exc:
         raise Rejection(not_available(exc.reason)) from exc
-    except (PersistenceError, InconsistentStateError) as exc:
+    except (PersistenceError, InconsistentStateError, DeadlineExceededError) as exc:
+        # (The read outlived the request's deadline: a table locked by a migration, say.)
         raise Rejection(store_unavailable(exc)) from exc
     if stored is _NOTHING:
         return None
