@@ -18,7 +18,7 @@ from typing import Any, Final
 import orjson
 
 from idempotency_async.canonical._numbers import MAX_SAFE_INTEGER, checked_js_float, js_int
-from idempotency_async.canonical._orders import key_order
+from idempotency_async.canonical._orders import ts_order
 from idempotency_async.errors import PayloadError
 
 Serializer = Callable[[Any], Any]
@@ -79,9 +79,7 @@ def _member_order(node: dict[Any, Any], path: str) -> tuple[str, ...]:
             )
         check_string(key, f"{path} (key {key!r})")
     # ``str`` subclasses as keys: order by their text, as JavaScript would see it.
-    entry = key_order(tuple(str(key) for key in node))
-    assert entry is not None  # every key is a str
-    return tuple(entry.template)
+    return ts_order(tuple(str(key) for key in node))
 
 
 def _plain(value: Any, path: str, serializer: Serializer | None, strict: bool = False) -> Any:
