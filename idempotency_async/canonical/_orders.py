@@ -149,7 +149,10 @@ def ts_order(keys: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _compute(keys: tuple[str, ...], joined: str) -> KeyOrder:
-    if joined.isascii() and "__proto__" not in joined and not any(map(str.isdigit, keys)):
+    if joined.isascii() and (
+        joined.isalpha()  # (letters only: no index, no ``__proto__``, in one C loop)
+        or ("__proto__" not in joined and not any(map(str.isdigit, keys)))
+    ):
         # The common key set: ASCII, no array index (digits only), no ``__proto__``.  ASCII
         # keys compare alike as code points and as UTF-16 code units, and lower-case alike
         # in Python and JavaScript.
