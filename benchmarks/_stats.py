@@ -81,7 +81,7 @@ class Spread(NamedTuple):
     high: float
 
     def __str__(self) -> str:
-        return f"{self.median:.2f} ({self.low:.2f}–{self.high:.2f})"
+        return f"{self.median:.2f} ({self.low:.2f}\u2013{self.high:.2f})"
 
 
 def spread(values: Sequence[float]) -> Spread:
@@ -91,6 +91,11 @@ def spread(values: Sequence[float]) -> Spread:
 def ratios(top: Sequence[Timing], bottom: Sequence[Timing], field: str = "cpu") -> Spread:
     """``top / bottom`` within each round (``field``: "cpu" or "wall"), median and range."""
     return spread([getattr(a, field) / getattr(b, field) for a, b in zip(top, bottom, strict=True)])
+
+
+def paired(top: Sequence[float], bottom: Sequence[float]) -> Spread:
+    """``top / bottom`` of two series of per-round values, within each round."""
+    return spread([a / b for a, b in zip(top, bottom, strict=True)])
 
 
 def median_of(samples: Sequence[Timing], field: str = "cpu") -> float:

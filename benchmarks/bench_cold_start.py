@@ -117,7 +117,7 @@ async def main():
     store = DynamoDBStore(client_factory={factory}, table_name=TABLE)
     async with store:
         stamp("client")
-        manager = Manager(store, Options(key_prefix="cold", lease=30))
+        manager = Manager(store, Options(key_prefix="cold"))
 
         async def process():
             stamp("claim")

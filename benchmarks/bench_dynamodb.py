@@ -48,7 +48,7 @@ import aioboto3
 import boto3
 import botocore.exceptions
 from _moto_server import start_moto
-from _stats import interleaved, parse_args
+from _stats import interleaved, paired, parse_args
 
 from idempotency_async import Manager, Options
 from idempotency_async._json import encode_json
@@ -261,7 +261,7 @@ def build_paths(
     loop: asyncio.AbstractEventLoop, client: Any, sync_client: Any, table: str
 ) -> list[Bench]:
     store = DynamoDBStore(client, table_name=table)
-    manager = Manager(store, Options(key_prefix="bench", lease=30))
+    manager = Manager(store, Options(key_prefix="bench"))
     process = anchor_function(sync_client, table)
     now = time.time()
 
@@ -371,7 +371,10 @@ def report(paths: list[Bench], trips: dict[Any, Any], calls: int, repeats: int) 
             f"  {p.kind + ' ' + p.name:<15}{p.wall * 1e6:9.0f}"
             f"{statistics.median(p.each) * 1e6:10.0f}{p.cpu * 1e6:12.0f}  {count:g} ({kinds})"
         )
-    print("  ratios: of the round medians [median of per-round paired ratios; of per-call medians]")
+    print(
+        "  ratios: of the round medians [within rounds: median (range); of per-call medians;"
+        " client CPU within rounds]"
+    )
     within = True
     for kind in ("first", "replay"):
         raw, manager, anchor = by[("raw", kind)], by[("manager", kind)], by[("anchor", kind)]
@@ -394,9 +397,10 @@ def report(paths: list[Bench], trips: dict[Any, Any], calls: int, repeats: int) 
 
 
 def _ratios(a: Bench, b: Bench) -> str:
-    paired = statistics.median(x / y for x, y in zip(a.walls, b.walls, strict=True))
     each = statistics.median(a.each) / statistics.median(b.each)
-    return f"{a.wall / b.wall:.3f} [{paired:.3f}; {each:.3f}]"
+    within = paired(a.walls, b.walls)
+    cpu = paired(a.cpus, b.cpus)
+    return f"{a.wall / b.wall:.3f} [{within}; {each:.3f}; CPU {cpu}]"
 
 
 class StubClient:
@@ -422,7 +426,7 @@ def library_cpu(calls: int, repeats: int) -> dict[str, float]:
     only cost left is building the requests, the store and the manager.
     """
     stub = StubClient()
-    manager = Manager(DynamoDBStore(stub, table_name="t"), Options(key_prefix="b", lease=30))
+    manager = Manager(DynamoDBStore(stub, table_name="t"), Options(key_prefix="b"))
     completed = complete_request("t", "k", time.time())["ExpressionAttributeValues"]
     item = {"id": {"S": "k"}, "status": completed[":status"], "expiration": completed[":expiry"]}
     item["data"] = completed[":data"]

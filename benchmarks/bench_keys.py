@@ -200,10 +200,10 @@ def main() -> int:
         calls["churn"] = calls["warm"]
         samples = rotated_rounds(
             {
-                "anchor": lambda: chunk(anchor, text, calls["anchor"]),
-                "warm": lambda: chunk(derive, text, calls["warm"]),
-                "churn": lambda: chunk(derive, text, calls["churn"], churn=True),
-                "floor": lambda: chunk(floor, text, calls["floor"]),
+                "anchor": lambda t=text, n=calls["anchor"]: chunk(anchor, t, n),
+                "warm": lambda t=text, n=calls["warm"]: chunk(derive, t, n),
+                "churn": lambda t=text, n=calls["churn"]: chunk(derive, t, n, churn=True),
+                "floor": lambda t=text, n=calls["floor"]: chunk(floor, t, n),
             },
             rounds,
         )
