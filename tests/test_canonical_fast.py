@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import enum
 import json
 import math
 import sys
@@ -20,6 +21,7 @@ from idempotency_async.canonical import _orders, canonical_bytes, canonical_json
 from idempotency_async.canonical._fast import fast_bytes
 from idempotency_async.canonical._general import general_bytes
 from idempotency_async.canonical._numbers import js_float
+from idempotency_async.errors import PayloadError
 
 EVENTS = Path(__file__).parent / "events"
 
@@ -163,6 +165,39 @@ def test_learned_orders_are_the_typescript_order(keys: list[str]) -> None:
     expected = _orders.ts_order(key_tuple)
     assert _learned(key_tuple) == expected
     assert _learned(key_tuple) == expected  # warm: the completed entry the cache kept
+
+
+def test_str_subclass_keys_get_the_general_paths_text() -> None:
+    # Learning a key set no longer checks each key's type (a join refuses non-strings);
+    # orjson refuses a str subclass as a key, so the fast path declines such an object in
+    # every mode (sorted, rebuilt, already in order) and the general path decides.
+    class Field(str, enum.Enum):  # noqa: UP042 (not StrEnum: its str() is "Field.TIER")
+        TIER = "Tier"
+
+    class Label(str):
+        pass
+
+    _orders.clear_cache()
+    for value in (
+        {Field.TIER: 1, "id": 2},
+        {"id": 2, Field.TIER: 1},
+        {Label("b"): 1, "a": 2},
+        {"a": {Label("B"): 1, "a": 2}, "Z": [{Label("x"): 1}]},
+    ):
+        assert fast_bytes(value) is None
+        assert canonical_bytes(value) == general_bytes(value)
+    # Written as their text (an Enum member as its value), never a KeyError.
+    assert canonical_json({Field.TIER: 1, "id": 2}) == '{"id":2,"Tier":1}'
+
+    class Distinct(str):  # equal to nothing but itself: "a" stays a key of its own
+        def __eq__(self, other: object) -> bool:
+            return self is other
+
+        def __hash__(self) -> int:
+            return 1
+
+    with pytest.raises(PayloadError, match="two keys written as 'a'"):
+        canonical_json({Distinct("a"): 1, "a": 2})
 
 
 def test_reference_order_examples() -> None:

@@ -40,9 +40,8 @@ CACHE_MAX_KEYS: Final = 64
 CACHE_MAX_CHARS: Final = 1024
 _MAX_ARRAY_INDEX: Final = 2**32 - 2
 
-# C-level tests over a whole key set at once: a key set is learned on every cold start
-# and for every new shape, so learning must cost less than the anchor's own sort of it.
-_only_strings: Final = frozenset({str}).issuperset
+# Learning uses C-level tests over a whole key set at once: a key set is learned on every
+# cold start and for every new shape, so it must cost less than the anchor's own sort.
 
 
 class KeyOrder(NamedTuple):
@@ -83,10 +82,13 @@ def key_order(keys: tuple[object, ...]) -> KeyOrder | None:
 
 def learn_order(keys: tuple[object, ...]) -> KeyOrder | None:
     """Compute a key tuple's :class:`KeyOrder` and keep it if it is small enough."""
-    if not _only_strings(map(type, keys)):
-        return None  # the general path names a non-string key and converts str subclasses
+    try:
+        joined = "".join(keys)  # type: ignore[arg-type]
+    except TypeError:
+        return None  # a key that is not a str: the general path names it
+    # (A str subclass passes: orjson refuses it as a key when the object is written, and
+    # the general path then converts it.)
     strings: tuple[str, ...] = keys  # type: ignore[assignment]
-    joined = "".join(strings)
     entry = _compute(strings, joined)
     if len(strings) <= CACHE_MAX_KEYS and len(joined) <= CACHE_MAX_CHARS:
         if len(_cache) >= CACHE_ENTRIES:
