@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import sys
 from collections.abc import Callable, Mapping
-from decimal import Decimal
 from typing import Any, Final
 
 import orjson
@@ -111,7 +111,10 @@ def _plain(value: Any, path: str, serializer: Serializer | None, strict: bool = 
         return _js_int(int(value), path, strict)
     if isinstance(value, float):
         return checked_js_float(float(value), path)
-    if isinstance(value, Decimal):
+    # ``decimal`` is imported only by those who use it (it is not a small import): no
+    # Decimal can exist before it is.
+    decimal = sys.modules.get("decimal")
+    if decimal is not None and isinstance(value, decimal.Decimal):
         if not value.is_finite():
             raise PayloadError(f"{value} at {path} is not a JSON number", path=path)
         return checked_js_float(float(value), path)
