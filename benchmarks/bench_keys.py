@@ -164,6 +164,34 @@ def calls_for(function: Callable[[Any], Any], text: str, target_us: float) -> in
     return max(2, int(target_us / max(probe.cpu, 0.05)))
 
 
+def cache_worst_case() -> float:
+    """MiB the key-order cache holds when full of the largest key sets it keeps.
+
+    512 key sets (``CACHE_ENTRIES``) of 64 keys (``CACHE_MAX_KEYS``) of 16 astral-plane
+    characters each (``CACHE_MAX_CHARS`` is 1,024), in mixed case, so that every entry keeps
+    its rebuild template; the keys themselves are counted (the cache keeps them alive).
+    """
+    import random
+    import tracemalloc
+
+    rng = random.Random(1)
+    letters = [chr(0x10400 + n) for n in range(80)]  # Deseret: capitals and small letters
+    key_sets = [
+        tuple("".join(rng.choice(letters) for _ in range(16)) for _ in range(64))
+        for _ in range(_orders.CACHE_ENTRIES)
+    ]
+    _orders.clear_cache()
+    tracemalloc.start()
+    for keys in key_sets:
+        _orders.learn_order(keys)
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert _orders.cache_size() == _orders.CACHE_ENTRIES
+    _orders.clear_cache()
+    key_bytes = sum(sys.getsizeof(key) for keys in key_sets for key in keys)
+    return (held + key_bytes) / 2**20
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a few seconds; checks identity")
@@ -226,6 +254,7 @@ def main() -> int:
             + f"{shape.budget:g}x / {CHURN_BUDGET:g}x {'met' if ok else 'MISSED'}"
         )
     print(f"after: {load()}")
+    print(f"key-order cache when full of its largest key sets: {cache_worst_case():.1f} MiB")
     if args.smoke:
         # Timings of a few milliseconds on a loaded CI machine are not meaningful.
         print("smoke run: the key of every shape matches the general path; timings not meaningful")
