@@ -32,7 +32,8 @@ from bisect import bisect_left
 from codecs import utf_16_be_encode
 from collections.abc import Callable
 from functools import partial
-from itertools import repeat
+from itertools import islice, repeat
+from operator import lt as _lt
 from typing import Final, NamedTuple
 
 CACHE_ENTRIES: Final = 512
@@ -151,22 +152,26 @@ def ts_order(keys: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _compute(keys: tuple[str, ...], joined: str) -> KeyOrder:
-    if joined.isascii() and (
-        joined.isalpha()  # (letters only: no index, no ``__proto__``, in one C loop)
-        or ("__proto__" not in joined and not any(map(str.isdigit, keys)))
-    ):
-        # The common key set: ASCII, no array index (digits only), no ``__proto__``.  ASCII
-        # keys compare alike as code points and as UTF-16 code units, and lower-case alike
-        # in Python and JavaScript.
-        if joined.lower() == joined:
-            return _SORTABLE  # nothing to lower-case: the TypeScript sort is the code-point sort
-        ordered = sorted(keys, key=str.lower)
-        if ordered == sorted(ordered):  # (linear: timsort finds one run)
+    if not joined.isascii() or "__proto__" in joined:
+        return _compute_any(keys, joined)
+    # ASCII keys compare alike as code points and as UTF-16 code units, and lower-case
+    # alike in Python and JavaScript.
+    if joined.lower() == joined:
+        # Nothing to lower-case: the TypeScript sort is the code-point sort, unless an
+        # array index (digits only) moves to the front.
+        if joined.isalpha() or not any(map(str.isdigit, keys)):
             return _SORTABLE
-        if tuple(ordered) == keys:
-            return _IN_ORDER
-        return _new_order((False, False, dict.fromkeys(ordered), False))
-    return _compute_any(keys, joined)
+        return _compute_any(keys, joined)
+    ordered = sorted(keys, key=str.lower)
+    # Array indices are digits only: in this order they would sit where "0" does.
+    at = bisect_left(ordered, "0", key=str.lower)
+    if at < len(ordered) and "0" <= ordered[at][:1] <= "9":
+        return _compute_any(keys, joined)
+    if all(map(_lt, ordered, islice(ordered, 1, None))):  # also the code-point order
+        return _SORTABLE
+    if tuple(ordered) == keys:
+        return _IN_ORDER
+    return _new_order((False, False, dict.fromkeys(ordered), False))
 
 
 def _compute_any(keys: tuple[str, ...], joined: str) -> KeyOrder:
