@@ -141,11 +141,17 @@ def check_identity(derive: Callable[[Any], Any], value: Any) -> None:
 # ------------------------------------------------------------------------------ measuring
 
 
-def chunk(function: Callable[[Any], Any], text: str, calls: int, *, churn: bool = False) -> Timing:
+def chunk(
+    function: Callable[[Any], Any],
+    text: str,
+    calls: int,
+    *,
+    churn: bool = False,
+    clear: Callable[[], None] = _orders.clear_cache,
+) -> Timing:
     """µs per call over ``calls`` calls, each on a fresh copy decoded before timing."""
     copies = [json.loads(text) for _ in range(calls)]
     if churn:
-        clear = _orders.clear_cache
         with Clock() as clock:
             for value in copies:
                 clear()
@@ -198,10 +204,25 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=41)
     parser.add_argument("--chunk-ms", type=float, default=2.0, help="CPU per chunk")
     parser.add_argument("--only", default="", help="shape letters to run, e.g. 'akl'")
+    parser.add_argument(
+        "--baseline", default=None, help="also time this commit's deriver (git rev), warm and churn"
+    )
     args = parser.parse_args()
     rounds = 3 if args.smoke else max(5, args.rounds)
     target_us = 200.0 if args.smoke else args.chunk_ms * 1000
     anchor, derive = anchor_key_function(), our_deriver()
+    then: dict[str, Any] = {}
+    if args.baseline:
+        import importlib
+        import tempfile
+
+        from compare_baseline import export_baseline
+
+        package = export_baseline(args.baseline, Path(tempfile.mkdtemp()))
+        then["derive"] = package.Manager(
+            package.MemoryStore(), package.Options(key_prefix=PREFIX)
+        )._keys.derive
+        then["clear"] = importlib.import_module(f"{package.__name__}.canonical._orders").clear_cache
 
     print(f"python {sys.version.split()[0]}, orjson {orjson.__version__}; {load()}")
     print(
@@ -226,15 +247,18 @@ def main() -> int:
             "floor": calls_for(floor, text, target_us),
         }
         calls["churn"] = calls["warm"]
-        samples = rotated_rounds(
-            {
-                "anchor": lambda t=text, n=calls["anchor"]: chunk(anchor, t, n),
-                "warm": lambda t=text, n=calls["warm"]: chunk(derive, t, n),
-                "churn": lambda t=text, n=calls["churn"]: chunk(derive, t, n, churn=True),
-                "floor": lambda t=text, n=calls["floor"]: chunk(floor, t, n),
-            },
-            rounds,
-        )
+        runs = {
+            "anchor": lambda t=text, n=calls["anchor"]: chunk(anchor, t, n),
+            "warm": lambda t=text, n=calls["warm"]: chunk(derive, t, n),
+            "churn": lambda t=text, n=calls["churn"]: chunk(derive, t, n, churn=True),
+            "floor": lambda t=text, n=calls["floor"]: chunk(floor, t, n),
+        }
+        if then:
+            runs["then warm"] = lambda t=text, n=calls["warm"]: chunk(then["derive"], t, n)
+            runs["then churn"] = lambda t=text, n=calls["warm"]: chunk(
+                then["derive"], t, n, churn=True, clear=then["clear"]
+            )
+        samples = rotated_rounds(runs, rounds)
         warm = ratios(samples["anchor"], samples["warm"])
         churn = ratios(samples["anchor"], samples["churn"])
         wall = (
@@ -253,6 +277,14 @@ def main() -> int:
             + f"  {warm!s:<20}{churn!s:<20}{wall[0]:.2f}, {wall[1]:.2f}{'':<8}"
             + f"{shape.budget:g}x / {CHURN_BUDGET:g}x {'met' if ok else 'MISSED'}"
         )
+        if then:
+            print(
+                f"    {args.baseline}: anchor/warm "
+                f"{ratios(samples['anchor'], samples['then warm'])}"
+                f", anchor/churn {ratios(samples['anchor'], samples['then churn'])}; now/then "
+                f"warm {ratios(samples['then warm'], samples['warm'])}, churn "
+                f"{ratios(samples['then churn'], samples['churn'])} (then/now CPU)"
+            )
     print(f"after: {load()}")
     print(f"key-order cache when full of its largest key sets: {cache_worst_case():.1f} MiB")
     if args.smoke:

@@ -41,6 +41,7 @@ import gc
 import logging
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 import warnings
@@ -256,11 +257,19 @@ def concurrency(rounds: int, calls: int) -> None:
 # ------------------------------------------------------------------------------ memory
 
 
-def peak_memory(in_flight: int, timeout: float | None) -> float:
-    """Peak traced MiB while ``in_flight`` calls hold their keys at once."""
+def peak_memory(
+    in_flight: int, timeout: float | None, module: Any = None, ledger: bool = False
+) -> float:
+    """Peak traced MiB while ``in_flight`` calls hold their keys at once.
+
+    ``module``: the package to measure (another commit's, see ``--baseline``).  With
+    ``ledger``, print the bytes per call of each line that allocated them (the library's
+    innermost line when the library is on the stack).
+    """
+    package = module or sys.modules["idempotency_async"]
 
     async def go() -> int:
-        manager = Manager(MemoryStore(), Options())
+        manager = package.Manager(package.MemoryStore(), package.Options())
         release = asyncio.Event()
 
         async def held(payload: dict[str, Any]) -> dict[str, Any]:
@@ -269,7 +278,7 @@ def peak_memory(in_flight: int, timeout: float | None) -> float:
 
         payloads = [order(n) for n in range(in_flight)]
         gc.collect()
-        tracemalloc.start()
+        tracemalloc.start(25 if ledger else 1)
         tasks = [
             asyncio.ensure_future(
                 manager.execute(p, lambda p=p: held(p), timeout=timeout)  # type: ignore[misc]
@@ -278,15 +287,32 @@ def peak_memory(in_flight: int, timeout: float | None) -> float:
         ]
         await asyncio.sleep(0.05)
         _, peak = tracemalloc.get_traced_memory()
+        snapshot = tracemalloc.take_snapshot() if ledger else None
         tracemalloc.stop()
         release.set()
         await asyncio.gather(*tasks)
+        if snapshot is not None:
+            _print_ledger(snapshot, package.__name__, in_flight)
         return peak
 
     return asyncio.run(go()) / 2**20
 
 
-def memory(smoke: bool) -> bool:
+def _print_ledger(snapshot: tracemalloc.Snapshot, package: str, calls: int) -> None:
+    where: dict[str, int] = {}
+    for trace in snapshot.traces:
+        frames = [f for f in trace.traceback if package in f.filename] or list(trace.traceback)
+        frame = frames[-1]  # the innermost (tracebacks run from the oldest frame)
+        name = frame.filename.split(f"{package}/")[-1].split("/")[-1]
+        site = f"{name}:{frame.lineno}"
+        where[site] = where.get(site, 0) + trace.size
+    print("bytes per call in flight, by allocating line (the library's innermost line):")
+    for site, size in sorted(where.items(), key=lambda item: -item[1]):
+        if size / calls >= 8:
+            print(f"  {size / calls:7.1f}  {site}")
+
+
+def memory(smoke: bool, baseline: str | None = None) -> bool:
     ok = True
     # (A timeout long enough that a slow, traced run is never cut off: only its presence
     # changes what a call holds.)
@@ -295,12 +321,15 @@ def memory(smoke: bool) -> bool:
         # A fresh interpreter each: what earlier parts of the run left (grown tables,
         # caches) would otherwise move the peak by half a MiB.
         argv = [sys.executable, __file__, "--memory-child", str(timeout or 0)]
+        if baseline:
+            argv += ["--baseline", baseline]
         done = subprocess.run(argv, capture_output=True, text=True, check=True)
         peak = float(done.stdout)
         per_call = peak * 2**20 / IN_FLIGHT_MEMORY
         verdict = "met" if peak <= MEMORY_BUDGET_MIB else "MISSED"
         print(
-            f"  {IN_FLIGHT_MEMORY:,} calls in flight, {label}: peak {peak:.1f} MiB "
+            f"  {baseline or 'now'}: {IN_FLIGHT_MEMORY:,} calls in flight, {label}: "
+            f"peak {peak:.1f} MiB "
             f"({per_call:,.0f} B per call); budget <= {MEMORY_BUDGET_MIB:g} MiB: {verdict}"
             f"; pin {MEMORY_PIN_MIB:g} MiB"
         )
@@ -315,11 +344,26 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="a few seconds; checks memory")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--only", choices=("overhead", "concurrency", "memory"), default=None)
+    parser.add_argument(
+        "--baseline", default=None, help="memory: measure this commit's package instead (git rev)"
+    )
+    parser.add_argument("--ledger", action="store_true", help="memory: bytes per call by line")
     parser.add_argument("--memory-child", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child is not None:
         logging.getLogger("idempotency_async").setLevel(logging.ERROR)
-        print(peak_memory(IN_FLIGHT_MEMORY, args.memory_child or None))
+        logging.getLogger("idempotency_baseline").setLevel(logging.ERROR)
+        module = None
+        if args.baseline:
+            from compare_baseline import export_baseline
+
+            module = export_baseline(args.baseline, Path(tempfile.mkdtemp()))
+        print(peak_memory(IN_FLIGHT_MEMORY, args.memory_child or None, module))
+        return 0
+    if args.ledger:
+        logging.getLogger("idempotency_async").setLevel(logging.ERROR)
+        print(f"python {sys.version.split()[0]}; traced memory of calls in flight")
+        peak_memory(IN_FLIGHT_MEMORY, None, ledger=True)
         return 0
     # The library warns once per manager without a deadline, the anchor on every call
     # without a Lambda context: the cost stays, the noise goes.
@@ -348,7 +392,7 @@ def main() -> int:
     ok = True
     if args.only in (None, "memory"):
         print("Memory (traced, independent of load)")
-        ok = memory(args.smoke)
+        ok = memory(args.smoke, args.baseline)
     print(f"after: {load()}; {time.perf_counter() - started:.0f} s")
     if args.smoke:
         print("smoke run: timings not meaningful; memory checked against its pin")
