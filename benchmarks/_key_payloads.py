@@ -295,3 +295,47 @@ def mixed_case_batch(count: int = 60, seed: int = 3) -> dict[str, Any]:
             }
         )
     return {"BatchId": "batch-0001", "source": "erp", "Orders": orders, "count": count}
+
+
+def varied_mixed_case_batch(count: int = 56, seed: int = 5) -> dict[str, Any]:
+    """About 30 KB of .NET-style orders whose members vary from object to object.
+
+    Every object mixes PascalCase and lower-case keys, as in :func:`mixed_case_batch`, but
+    optional members are left out as serializers omit nulls and defaults, so nearly every
+    object has a key set of its own: no two neighbours can share one key-order lookup.
+    """
+    rng = random.Random(seed)
+    orders = []
+    for number in range(count):
+        lines = []
+        for line in range(rng.randint(2, 5)):
+            item: dict[str, Any] = {"LineNo": line + 1, "Sku": f"SKU-{rng.randint(1000, 9999)}"}
+            item["qty"] = rng.randint(1, 4)
+            item["UnitPrice"] = rng.randint(99, 49_999) / 100
+            if rng.random() < 0.4:
+                item["discount"] = rng.choice([0.1, 0.15])
+            if rng.random() < 0.2:
+                item["GiftNote"] = "Happy birthday"
+            lines.append(item)
+        order: dict[str, Any] = {"id": f"ord-{number:06d}"}
+        optional = {
+            "etag": f'W/"{rng.getrandbits(40):010x}"',
+            "CustomerId": f"cus-{rng.randint(1, 99_999):06d}",
+            "Status": rng.choice(["Pending", "Paid", "Shipped"]),
+            "createdAt": f"2024-01-{rng.randint(1, 28):02d}T10:15:00Z",
+            "Coupon": rng.choice(["SPRING24", "VIP"]),
+            "IsGift": True,
+            "tags": ["b2b"],
+            "salesRep": f"rep-{rng.randint(1, 40)}",
+        }
+        order.update((name, value) for name, value in optional.items() if rng.random() < 0.6)
+        order["Total"] = round(sum(item["UnitPrice"] * item["qty"] for item in lines), 2)
+        address = {"Street": f"{rng.randint(1, 200)} Example Street", "city": "Berlin"}
+        if rng.random() < 0.5:
+            address["Zip"] = f"{rng.randint(10000, 99999)}"
+        if rng.random() < 0.5:
+            address["country"] = "DE"
+        order["Address"] = address
+        order["Lines"] = lines
+        orders.append(order)
+    return {"BatchId": "batch-0002", "source": "erp", "Orders": orders, "count": count}

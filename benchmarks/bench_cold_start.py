@@ -50,11 +50,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import boto3
 from _moto_server import start_moto
-from _stats import parse_args
+from _stats import load, parse_args
 
 REGION = "us-east-1"
 IMPORT_BUDGET_MS = 30.0
-LIGHT_BUDGET = 1.0
+LIGHT_BUDGET = 0.5
+"""The documented Lambda construction (light transport) against Powertools + boto3."""
 PHASES = ("import", "client", "claim", "complete")
 COLUMNS = (*PHASES, "cpu")
 
@@ -117,7 +118,7 @@ async def main():
     store = DynamoDBStore(client_factory={factory}, table_name=TABLE)
     async with store:
         stamp("client")
-        manager = Manager(store, Options(key_prefix="cold", lease=30))
+        manager = Manager(store, Options(key_prefix="cold"))
 
         async def process():
             stamp("claim")
@@ -254,6 +255,15 @@ def report(samples: dict[str, list[dict[str, float]]], rounds: int) -> list[str]
             each = ratios(samples, name)
             ratio = f"   {statistics.median(each):.2f}x ({min(each):.2f}-{max(each):.2f})"
         print(f"  {name:<9}{cells}{ratio}")
+    if "light" in samples:
+        cpu = [
+            light["cpu"] / anchor["cpu"]
+            for light, anchor in zip(samples["light"], samples["anchor"], strict=True)
+        ]
+        print(
+            f"  light / anchor, child CPU within rounds: {statistics.median(cpu):.2f}x "
+            f"({min(cpu):.2f}-{max(cpu):.2f})"
+        )
     over: list[str] = []
     for measure in ("import", "cpu"):
         library = [
@@ -322,9 +332,12 @@ def main() -> None:
             process.wait(timeout=10)
         over = report(samples, rounds)
         own = import_times(runs=1 if args.smoke else 5, top=8 if args.smoke else 25, env=env)
-    print(f"the library's own import: {own:.1f} ms (budget {IMPORT_BUDGET_MS:.0f} ms)")
-    if own > IMPORT_BUDGET_MS:
-        over.append(f"the library's own import takes {own:.1f} ms")
+    # Self times are wall clock and move with the machine's load (2-5x on a shared VM):
+    # the import budget is judged by bench_import.py, against a calibration import.
+    print(
+        f"the library's own import: {own:.1f} ms of import time ({load()}); its budget "
+        f"({IMPORT_BUDGET_MS:.0f} ms) is checked by benchmarks/bench_import.py"
+    )
     if over:
         print("over budget: " + "; ".join(over))
         if args.smoke:

@@ -48,7 +48,7 @@ import aioboto3
 import boto3
 import botocore.exceptions
 from _moto_server import start_moto
-from _stats import interleaved, parse_args
+from _stats import interleaved, paired, parse_args
 
 from idempotency_async import Manager, Options
 from idempotency_async._json import encode_json
@@ -261,7 +261,7 @@ def build_paths(
     loop: asyncio.AbstractEventLoop, client: Any, sync_client: Any, table: str
 ) -> list[Bench]:
     store = DynamoDBStore(client, table_name=table)
-    manager = Manager(store, Options(key_prefix="bench", lease=30))
+    manager = Manager(store, Options(key_prefix="bench"))
     process = anchor_function(sync_client, table)
     now = time.time()
 
@@ -371,7 +371,10 @@ def report(paths: list[Bench], trips: dict[Any, Any], calls: int, repeats: int) 
             f"  {p.kind + ' ' + p.name:<15}{p.wall * 1e6:9.0f}"
             f"{statistics.median(p.each) * 1e6:10.0f}{p.cpu * 1e6:12.0f}  {count:g} ({kinds})"
         )
-    print("  ratios: of the round medians [median of per-round paired ratios; of per-call medians]")
+    print(
+        "  ratios: of the round medians [within rounds: median (range); of per-call medians;"
+        " client CPU within rounds]"
+    )
     within = True
     for kind in ("first", "replay"):
         raw, manager, anchor = by[("raw", kind)], by[("manager", kind)], by[("anchor", kind)]
@@ -394,9 +397,10 @@ def report(paths: list[Bench], trips: dict[Any, Any], calls: int, repeats: int) 
 
 
 def _ratios(a: Bench, b: Bench) -> str:
-    paired = statistics.median(x / y for x, y in zip(a.walls, b.walls, strict=True))
     each = statistics.median(a.each) / statistics.median(b.each)
-    return f"{a.wall / b.wall:.3f} [{paired:.3f}; {each:.3f}]"
+    within = paired(a.walls, b.walls)
+    cpu = paired(a.cpus, b.cpus)
+    return f"{a.wall / b.wall:.3f} [{within}; {each:.3f}; CPU {cpu}]"
 
 
 class StubClient:
@@ -407,7 +411,9 @@ class StubClient:
 
     async def put_item(self, **request: Any) -> dict[str, Any]:
         if self.existing is not None:
-            error = {"Error": {"Code": "ConditionalCheckFailedException"}, "Item": self.existing}
+            # The record of the key asked about (an answer about another key is refused).
+            existing = {**self.existing, "id": request["Item"]["id"]}
+            error = {"Error": {"Code": "ConditionalCheckFailedException"}, "Item": existing}
             raise botocore.exceptions.ClientError(error, "PutItem")
         return {"ConsumedCapacity": {"TableName": "t", "CapacityUnits": 1.0}}
 
@@ -422,7 +428,7 @@ def library_cpu(calls: int, repeats: int) -> dict[str, float]:
     only cost left is building the requests, the store and the manager.
     """
     stub = StubClient()
-    manager = Manager(DynamoDBStore(stub, table_name="t"), Options(key_prefix="b", lease=30))
+    manager = Manager(DynamoDBStore(stub, table_name="t"), Options(key_prefix="b"))
     completed = complete_request("t", "k", time.time())["ExpressionAttributeValues"]
     item = {"id": {"S": "k"}, "status": completed[":status"], "expiration": completed[":expiry"]}
     item["data"] = completed[":data"]
@@ -459,8 +465,29 @@ def library_cpu(calls: int, repeats: int) -> dict[str, float]:
     return interleaved(runs, repeats)
 
 
+def compression() -> str:
+    """How much zlib (what the store compresses oversized responses with) shrinks JSON:
+    the batches of ``_key_payloads.py`` grown to about the 400 KB item limit."""
+    import zlib
+
+    import orjson
+    from _key_payloads import mixed_case_batch, order_batch, varied_mixed_case_batch
+
+    ratios = []
+    for make, count in (
+        (order_batch, 480),
+        (mixed_case_batch, 700),
+        (varied_mixed_case_batch, 800),
+    ):
+        encoded = orjson.dumps(make(count))
+        ratio = len(encoded) / len(zlib.compress(encoded))
+        ratios.append(f"{make.__name__} {len(encoded) // 1000} KB {ratio:.1f}x")
+    return ", ".join(ratios)
+
+
 def main() -> None:
     args = parse_args(__doc__ or "")
+    print(f"zlib on JSON near the item limit: {compression()}")
     calls, repeats = (20, 3) if args.smoke else (50, 25)
     repeats = args.repeats or repeats
     logging.getLogger("idempotency_async").setLevel(logging.ERROR)

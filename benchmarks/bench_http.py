@@ -2,8 +2,9 @@
 
 Run ``python benchmarks/bench_http.py`` (``--smoke`` for a few seconds, ``--json`` for one
 line of numbers another script can compare, e.g. across two checkouts run alternately).
-Rows, in µs of CPU per request (process time: steadier than wall time on a shared
-machine), the median of interleaved repeats:
+Rows, in µs per request of CPU (process time: steadier than wall time on a shared machine)
+and wall time, medians of rounds whose order rotates; the middleware's rows also as a
+ratio to the bare app within each round (median and range):
 
 * bare: the app without the middleware (what httpx and Starlette cost on their own);
 * first call: a new Idempotency-Key each request (claim, run, complete with the response);
@@ -19,11 +20,10 @@ import argparse
 import asyncio
 import itertools
 import json
-import time
 from collections.abc import Callable
 
 import httpx
-from _stats import interleaved
+from _stats import Clock, Timing, load, median_of, ratios, rotated_rounds
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -57,16 +57,18 @@ def _app(idempotent: bool) -> Starlette:
 
 def _timer(
     loop: asyncio.AbstractEventLoop, client: httpx.AsyncClient, keys: Callable[[], str], n: int
-) -> Callable[[], float]:
-    async def batch() -> float:
-        start = time.process_time()
-        for _ in range(n):
-            response = await client.post("/orders", json=BODY, headers={"idempotency-key": keys()})
-            if response.status_code != 201:
-                raise RuntimeError(f"unexpected answer {response.status_code}: {response.text}")
-        return (time.process_time() - start) / n * 1e6
+) -> Callable[[], Timing]:
+    async def batch() -> Timing:
+        with Clock() as clock:
+            for _ in range(n):
+                response = await client.post(
+                    "/orders", json=BODY, headers={"idempotency-key": keys()}
+                )
+                if response.status_code != 201:
+                    raise RuntimeError(f"unexpected answer {response.status_code}: {response.text}")
+        return clock.per_call(n)
 
-    def run() -> float:
+    def run() -> Timing:
         return loop.run_until_complete(batch())
 
     return run
@@ -78,8 +80,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     args = parser.parse_args()
-    repeats = args.repeats or (3 if args.smoke else 9)
-    n = 50 if args.smoke else 400
+    repeats = args.repeats or (1 if args.smoke else 21)
+    n = 50 if args.smoke else 200
     loop = asyncio.new_event_loop()
     counter = itertools.count()
     clients = {
@@ -88,14 +90,14 @@ def main() -> None:
         )
         for name in ("bare", "first call", "replay")
     }
-    runs: dict[str, Callable[[], float]] = {
+    runs: dict[str, Callable[[], Timing]] = {
         "bare": _timer(loop, clients["bare"], lambda: "k", n),
         "first call": _timer(loop, clients["first call"], lambda: f"k-{next(counter)}", n),
         "replay": _timer(loop, clients["replay"], lambda: "the-same-key", n),
     }
     for run in runs.values():
         run()  # warm up: imports, the replayed key's record
-    medians = interleaved(runs, repeats)
+    samples = rotated_rounds(runs, repeats)
 
     async def close() -> None:
         for client in clients.values():
@@ -104,10 +106,16 @@ def main() -> None:
     loop.run_until_complete(close())
     loop.close()
     if args.json:
-        print(json.dumps(medians))
+        print(json.dumps({name: median_of(sample) for name, sample in samples.items()}))
         return
-    for name, value in medians.items():
-        print(f"{name:<12} {value:8.1f} µs/request")
+    print(f"{load()}; {repeats} rounds of {n} requests, order rotated")
+    for name, sample in samples.items():
+        line = (
+            f"{name:<12} CPU {median_of(sample):8.1f} µs, wall {median_of(sample, 'wall'):8.1f} µs"
+        )
+        if name != "bare":
+            line += f"   / bare, CPU within rounds {ratios(sample, samples['bare'])}"
+        print(line)
 
 
 if __name__ == "__main__":

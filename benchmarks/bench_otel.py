@@ -4,11 +4,12 @@
     python benchmarks/bench_otel.py --smoke               # a few seconds, for CI
     python benchmarks/bench_otel.py --baseline /tmp/base  # this tree vs another checkout
 
-The in-process run times first calls and replays (MemoryStore, a deadline on every call) for
-a manager without telemetry, with ``Telemetry()`` while the API's global providers are the
-no-op ones, and with SDK providers that record everything (no exporter).  ``--baseline``
-runs ``per_call_overhead`` of each tree's own ``bench_manager.py`` in alternating
-subprocesses (so each imports its own package) and compares the medians; see BENCHMARKS.md.
+The in-process run times first calls and replays (MemoryStore, default options, a deadline
+on every call, a fresh payload and callback per call) for a manager without telemetry, with
+``Telemetry()`` while the API's global providers are the no-op ones, and with SDK providers
+that record everything (no exporter): chunks in rotated rounds, ratios within rounds.
+``--baseline`` alternates fresh interpreters that import each tree's own package and time
+``execute`` there, and compares them within rounds; see BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -20,21 +21,18 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _stats import interleaved
+from _stats import Clock, Timing, load, median_of, paired, ratios, rotated_rounds
 
 from idempotency_async import Manager, MemoryStore, Options
 from idempotency_async.otel import Telemetry
 
 TIMEOUT = 10.0
-# CPU time of this process: on a shared, loaded machine wall time swings by tens of percent.
-_clock = time.process_time
 HERE = Path(__file__).resolve().parent.parent
 
 
@@ -58,8 +56,8 @@ def _sdk_telemetry() -> Telemetry:
     )
 
 
-def per_call(calls: int, repeats: int) -> dict[str, float]:
-    """µs per call for each configuration (medians of interleaved repeats)."""
+def per_call(calls: int, rounds: int) -> dict[str, list[Timing]]:
+    """Chunks of first calls and replays for each configuration, in rotated rounds."""
     loop = asyncio.new_event_loop()
     counter = iter(range(10**9))
     configurations: dict[str, Callable[[], Telemetry | None]] = {
@@ -68,113 +66,127 @@ def per_call(calls: int, repeats: int) -> dict[str, float]:
         "otel sdk": _sdk_telemetry,
     }
 
-    def first(make: Callable[[], Telemetry | None]) -> float:
-        manager = Manager(MemoryStore(), Options(key_prefix="bench", lease=60, telemetry=make()))
+    def first(make: Callable[[], Telemetry | None]) -> Timing:
+        manager = Manager(MemoryStore(), Options(telemetry=make()))
         payloads = [order(next(counter)) for _ in range(calls)]
 
-        async def go() -> None:
-            for payload in payloads:
-                await manager.execute(payload, functools.partial(_result, payload), timeout=TIMEOUT)
+        async def go() -> Timing:
+            with Clock() as clock:
+                for payload in payloads:
+                    await manager.execute(
+                        payload, lambda payload=payload: _result(payload), timeout=TIMEOUT
+                    )
+            return clock.per_call(calls)
 
-        start = _clock()
-        loop.run_until_complete(go())
-        return (_clock() - start) / calls * 1e6
+        return loop.run_until_complete(go())
 
-    def replay(make: Callable[[], Telemetry | None]) -> float:
-        manager = Manager(MemoryStore(), Options(key_prefix="bench", lease=60, telemetry=make()))
-        payload = order(0)
-        timing: list[float] = []
+    def replay(make: Callable[[], Telemetry | None]) -> Timing:
+        manager = Manager(MemoryStore(), Options(telemetry=make()))
+        payloads = [order(0) for _ in range(calls)]  # fresh copies of one order
 
-        async def go() -> None:
-            await manager.execute(payload, lambda: _result(payload), timeout=TIMEOUT)
-            start = _clock()
-            for _ in range(calls):
-                await manager.execute(payload, lambda: _result(payload), timeout=TIMEOUT)
-            timing.append(_clock() - start)
+        async def go() -> Timing:
+            await manager.execute(order(0), lambda: _result(order(0)), timeout=TIMEOUT)
+            with Clock() as clock:
+                for payload in payloads:
+                    await manager.execute(
+                        payload, lambda payload=payload: _result(payload), timeout=TIMEOUT
+                    )
+            return clock.per_call(calls)
 
-        loop.run_until_complete(go())
-        return timing[0] / calls * 1e6
+        return loop.run_until_complete(go())
 
-    runs: dict[str, Callable[[], float]] = {}
+    runs: dict[str, Callable[[], Timing]] = {}
     for name, make in configurations.items():
         runs[f"{name} first"] = functools.partial(first, make)
         runs[f"{name} replay"] = functools.partial(replay, make)
     for run in runs.values():  # warm up
         run()
-    medians = interleaved(runs, repeats=repeats)
+    samples = rotated_rounds(runs, rounds)
     loop.close()
-    return medians
+    return samples
 
 
 _CHILD = """
-import json, logging, sys, warnings
-sys.path[:0] = [{tree!r}, {tree!r} + "/benchmarks"]
-import time
-import bench_manager
-bench_manager.REPEATS = {repeats}
-if {cpu!r}:
-    # CPU time of this process: other processes' load on a shared machine does not count.
-    bench_manager.time.perf_counter = time.process_time
+import asyncio, json, logging, sys, time
+sys.path[:0] = [{tree!r}]
+from idempotency_async import Manager, MemoryStore, Options
 logging.getLogger("idempotency_async").setLevel(logging.ERROR)
-warnings.filterwarnings("ignore", message="Couldn't determine the remaining time left")
-print(json.dumps(bench_manager.per_call_overhead({calls}, deadline=True)))
+clock = time.process_time if {cpu!r} else time.perf_counter
+
+async def result(payload):
+    return {{"order": payload["id"], "status": "charged"}}
+
+def order(n):
+    return {{"id": f"ord-{{n}}", "amount": 10 + n % 90, "currency": "EUR", "customer": "c-1"}}
+
+async def main():
+    out = {{}}
+    manager = Manager(MemoryStore(max_records=10**7), Options())
+    for kind, payloads in (("first", [order(n) for n in range({calls})]),
+                           ("replay", [order(0) for _ in range({calls})])):
+        started = clock()
+        for p in payloads:
+            await manager.execute(p, lambda p=p: result(p), timeout=10)
+        out[kind] = (clock() - started) / {calls} * 1e6
+    print(json.dumps(out))
+
+asyncio.run(main())
 """
 
 
 def against_baseline(baseline: Path, rounds: int, calls: int, *, cpu: bool) -> None:
-    """Alternate subprocess runs of each tree's bench_manager per-call overhead."""
+    """Alternate fresh interpreters importing each tree's package; ratios within rounds."""
     trees = {"baseline": baseline.resolve(), "current": HERE}
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for _ in range(rounds):
-        for name, tree in trees.items():
-            code = _CHILD.format(tree=str(tree), repeats=3, calls=calls, cpu=cpu)
+    for number in range(rounds):
+        names = list(trees)[number % 2 :] + list(trees)[: number % 2]
+        for name in names:
+            code = _CHILD.format(tree=str(trees[name]), calls=calls, cpu=cpu)
             out = subprocess.run(
                 [sys.executable, "-c", code], check=True, capture_output=True, text=True
             ).stdout
             samples[name].append(json.loads(out.strip().splitlines()[-1]))
     clock = "CPU time" if cpu else "wall time"
-    print(f"bench_manager per-call overhead, {rounds} alternating rounds, medians (µs, {clock})")
+    print(f"Manager.execute per call, {rounds} alternating rounds (µs, {clock})")
     for kind in ("first", "replay"):
-        ours = {n: statistics.median(s[f"ours {kind}"] for s in samples[n]) for n in trees}
-        paired = statistics.median(
-            now[f"ours {kind}"] / then[f"ours {kind}"]
-            for then, now in zip(samples["baseline"], samples["current"], strict=True)
-        )
-        rel = {
-            n: statistics.median(s[f"ours {kind}"] / s[f"anchor {kind}"] for s in samples[n])
-            for n in trees
-        }
+        then = [sample[kind] for sample in samples["baseline"]]
+        now = [sample[kind] for sample in samples["current"]]
         print(
-            f"  {kind:<7} baseline {ours['baseline']:6.2f}  current {ours['current']:6.2f}  "
-            f"current/baseline {ours['current'] / ours['baseline']:.3f} "
-            f"(paired {paired:.3f})   "
-            f"(ours/anchor {rel['baseline']:.3f} -> {rel['current']:.3f}, "
-            f"moved {rel['current'] / rel['baseline']:.3f})"
+            f"  {kind:<7} baseline {statistics.median(then):6.2f}  current "
+            f"{statistics.median(now):6.2f}  current/baseline within rounds {paired(now, then)}"
         )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="a few seconds, for CI")
-    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--baseline", type=Path, help="another checkout to compare against")
-    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--wall", action="store_true", help="--baseline: wall, not CPU, time")
     args = parser.parse_args()
+    print(f"python {sys.version.split()[0]}; {load()}")
     if args.baseline is not None:
-        against_baseline(args.baseline, args.rounds, 200 if args.smoke else 3000, cpu=not args.wall)
+        rounds = args.rounds or 9
+        against_baseline(args.baseline, rounds, 200 if args.smoke else 3000, cpu=not args.wall)
         return
-    repeats = args.repeats or (1 if args.smoke else 9)
-    calls = 200 if args.smoke else 3000
-    medians = per_call(calls, repeats)
-    print(f"Per-call CPU time, µs (median of {repeats} interleaved repeats, {calls} calls each)")
+    rounds = args.rounds or (1 if args.smoke else 21)
+    calls = 100 if args.smoke else 500
+    samples = per_call(calls, rounds)
+    print(
+        f"Per call, µs ({rounds} rounds of {calls} calls, order rotated; CPU and wall medians;"
+        " ratios to plain on CPU within rounds, median and range)"
+    )
     for kind in ("first", "replay"):
-        plain = medians[f"plain {kind}"]
-        noop, sdk = medians[f"otel no-op {kind}"], medians[f"otel sdk {kind}"]
-        print(
-            f"  {kind:<7} plain {plain:6.2f}   otel no-op {noop:6.2f} ({noop / plain:.2f}x)   "
-            f"otel sdk {sdk:6.2f} ({sdk / plain:.2f}x)"
-        )
+        plain = samples[f"plain {kind}"]
+        line = f"  {kind:<7} plain {median_of(plain):6.2f} {median_of(plain, 'wall'):6.2f}"
+        for name in ("otel no-op", "otel sdk"):
+            sample = samples[f"{name} {kind}"]
+            line += (
+                f"   {name} {median_of(sample):6.2f} {median_of(sample, 'wall'):6.2f}"
+                f" ({ratios(sample, plain)}x)"
+            )
+        print(line)
+    print(f"after: {load()}")
 
 
 if __name__ == "__main__":

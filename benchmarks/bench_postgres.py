@@ -75,7 +75,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _stats import parse_args
+from _stats import paired, parse_args
 
 from idempotency_async import Manager, Options
 from idempotency_async.stores._postgres_sql import statements
@@ -634,6 +634,11 @@ def tx_report(paths: list[Path_], trips: dict[str, dict[str, int]]) -> None:
                 f"{lease.wall * 1e6:8.0f}{tx.wall / raw.wall:8.2f}{lease.wall / tx.wall:9.2f}"
                 f"   {cpu:<31}{rounds}"
             )
+            print(
+                f"  {'':<17}within rounds, median (range): tx/raw-tx "
+                f"{paired(tx.walls, raw.walls)}, lease/tx {paired(lease.walls, tx.walls)}; "
+                f"CPU tx/raw-tx {paired(tx.cpus, raw.cpus)}"
+            )
 
 
 def round_trips(loop: asyncio.AbstractEventLoop, pool: Any) -> dict[str, int]:
@@ -702,6 +707,19 @@ def report(paths: list[Path_], calls: int, repeats: int, durable: bool) -> bool:
         idemkit = by.get(("idemkit", kind))
         if idemkit is not None:
             line += f"; idemkit/manager time {idemkit.wall / manager.wall:.2f}"
+        print(line)
+        line = (
+            f"  {'':<7}within rounds, median (range): time manager/raw "
+            f"{paired(manager.walls, raw.walls)}, CPU {paired(manager.cpus, raw.cpus)}"
+        )
+        if kind == "first":
+            store = by[("store", kind)]
+            line += f"; time store/raw {paired(store.walls, raw.walls)}"
+        if idemkit is not None:
+            line += (
+                f"; idemkit/manager time {paired(idemkit.walls, manager.walls)}, "
+                f"CPU {paired(idemkit.cpus, manager.cpus)}"
+            )
         print(line)
     return within
 

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import redis
 import redis.asyncio as redis_asyncio
-from _stats import interleaved, parse_args
+from _stats import interleaved, paired, parse_args
 
 from idempotency_async import Manager, MemoryStore, Options
 from idempotency_async._json import encode_json
@@ -426,6 +426,13 @@ def report(paths: list[Path_], calls: int, repeats: int) -> bool:
             f"anchor/manager {anchor.wall / manager.wall:.2f}; client CPU above raw: "
             f"manager {above:.0f} µs{store} ({'within' if ok else 'OVER'} the {BUDGET_US:.0f} µs "
             f"budget); anchor/manager CPU {anchor.cpu / manager.cpu:.2f}"
+        )
+        print(
+            f"  {'':<7}within rounds, median (range): time manager/raw "
+            f"{paired(manager.walls, raw.walls)}, anchor/manager "
+            f"{paired(anchor.walls, manager.walls)}; CPU manager/raw "
+            f"{paired(manager.cpus, raw.cpus)}, anchor/manager "
+            f"{paired(anchor.cpus, manager.cpus)}"
         )
     return within
 

@@ -4,9 +4,11 @@
     python benchmarks/compare_baseline.py fe463bc --rounds 5
 
 The earlier commit's package is exported with ``git archive`` into a temporary folder and
-imported under another name, so both versions run in one interpreter, interleaved, on
-the same payloads: machine noise hits both alike.  Reports µs per call for an
-uncontended first call and a replay (MemoryStore, ``timeout=10``) and their ratios.
+imported under another name, so both versions run in one interpreter, in rounds whose
+order alternates, on the same kind of payloads: machine noise hits both alike.  Reports CPU
+µs per call (``time.process_time``; wall time beside) for an uncontended first call and a
+replay (MemoryStore, default options, ``timeout=10``, a fresh payload per call) and the
+ratio now/then within rounds (median and range).
 """
 
 from __future__ import annotations
@@ -16,15 +18,15 @@ import asyncio
 import gc
 import importlib
 import io
-import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from _stats import Clock, Timing, load, median_of, ratios
 
 CALLS = 5000
 
@@ -44,7 +46,7 @@ def export_baseline(rev: str, into: Path) -> ModuleType:
     return importlib.import_module("idempotency_baseline")
 
 
-async def one_round(module: ModuleType, tag: str) -> tuple[float, float]:
+async def one_round(module: ModuleType, tag: str) -> tuple[Timing, Timing]:
     store: Any = module.MemoryStore()
     if hasattr(store, "max_records"):
         store.max_records = 10**7
@@ -54,17 +56,18 @@ async def one_round(module: ModuleType, tag: str) -> tuple[float, float]:
         return {"ok": 1}
 
     payloads = [{"id": f"{tag}-{n}", "amount": n} for n in range(CALLS)]
+    again = [{"id": f"{tag}-{n}", "amount": n} for n in range(CALLS)]  # fresh copies
     gc.collect()
     gc.disable()
     try:
-        started = time.perf_counter()
-        for payload in payloads:
-            await manager.execute(payload, callback, timeout=10)
-        first = (time.perf_counter() - started) / CALLS * 1e6
-        started = time.perf_counter()
-        for payload in payloads:
-            await manager.execute(payload, callback, timeout=10)
-        replay = (time.perf_counter() - started) / CALLS * 1e6
+        with Clock() as clock:
+            for payload in payloads:
+                await manager.execute(payload, callback, timeout=10)
+        first = clock.per_call(CALLS)
+        with Clock() as clock:
+            for payload in again:
+                await manager.execute(payload, callback, timeout=10)
+        replay = clock.per_call(CALLS)
     finally:
         gc.enable()
     return first, replay
@@ -77,17 +80,24 @@ async def main() -> None:
     args = parser.parse_args()
     import idempotency_async as current
 
+    print(f"{load()}")
     with tempfile.TemporaryDirectory() as folder:
         baseline = export_baseline(args.rev, Path(folder))
-        results: dict[str, list[tuple[float, float]]] = {"baseline": [], "current": []}
+        results: dict[str, list[tuple[Timing, Timing]]] = {"baseline": [], "current": []}
         for number in range(args.rounds):
-            results["baseline"].append(await one_round(baseline, f"b{number}"))
-            results["current"].append(await one_round(current, f"c{number}"))
+            order = [("baseline", baseline), ("current", current)]
+            for name, module in order[number % 2 :] + order[: number % 2]:
+                results[name].append(await one_round(module, f"{name[0]}{number}"))
     for index, name in enumerate(("first call", "replay")):
-        before = statistics.median(result[index] for result in results["baseline"])
-        after = statistics.median(result[index] for result in results["current"])
-        ratio = after / before
-        print(f"{name:10}  {args.rev} {before:6.2f} µs  now {after:6.2f} µs  now/then {ratio:.3f}")
+        then = [result[index] for result in results["baseline"]]
+        now = [result[index] for result in results["current"]]
+        print(
+            f"{name:10}  {args.rev} {median_of(then):6.2f} µs  now {median_of(now):6.2f} µs CPU"
+            f" (wall {median_of(then, 'wall'):.2f}, {median_of(now, 'wall'):.2f})"
+            f"  now/then within rounds: CPU {ratios(now, then)}, wall"
+            f" {ratios(now, then, 'wall').median:.3f}"
+        )
+    print(f"after: {load()}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import itertools
 import math
 
 __all__ = ["Cutoff", "Cutoffs"]
@@ -50,6 +49,10 @@ class Cutoff:
         "queued",
         "when",
     )
+
+    def __lt__(self, other: Cutoff) -> bool:
+        # Heap entries are (when, cutoff): cutoffs due at the same instant are equals.
+        return False
 
     def __init__(self, owner: Cutoffs, task: asyncio.Task[object], when: float) -> None:
         self._owner = owner
@@ -101,8 +104,9 @@ class Cutoffs:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._heap: list[tuple[float, int, Cutoff]] = []
-        self._order = itertools.count()
+        # (when, cutoff): no tie-breaking counter, whose int would be one more object per
+        # call in flight (``Cutoff.__lt__`` answers the rare tie).
+        self._heap: list[tuple[float, Cutoff]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._armed_at = math.inf
         self._closed_in_heap = 0
@@ -113,7 +117,7 @@ class Cutoffs:
         if task is None:
             raise RuntimeError("a cutoff must be started inside a task")
         cutoff = Cutoff(self, task, when)
-        heapq.heappush(self._heap, (when, next(self._order), cutoff))
+        heapq.heappush(self._heap, (when, cutoff))
         if when < self._armed_at:
             self._arm(when)
         return cutoff
@@ -124,7 +128,7 @@ class Cutoffs:
         if cutoff.closed or cutoff.expired or when <= cutoff.when:
             return
         cutoff.when = when
-        heapq.heappush(self._heap, (when, next(self._order), cutoff))
+        heapq.heappush(self._heap, (when, cutoff))
         if when < self._armed_at:
             self._arm(when)
 
@@ -132,8 +136,8 @@ class Cutoffs:
         self._closed_in_heap += 1
         if self._closed_in_heap >= _COMPACT_AT and self._closed_in_heap * 2 > len(self._heap):
             for entry in self._heap:
-                entry[2].queued = not entry[2].closed
-            self._heap = [entry for entry in self._heap if entry[2].queued]
+                entry[1].queued = not entry[1].closed
+            self._heap = [entry for entry in self._heap if entry[1].queued]
             heapq.heapify(self._heap)
             self._closed_in_heap = 0
 
@@ -148,8 +152,8 @@ class Cutoffs:
         self._armed_at = math.inf
         heap = self._heap
         now = self.loop.time()
-        while heap and (heap[0][0] <= now or heap[0][2].closed):
-            when, _, cutoff = heapq.heappop(heap)
+        while heap and (heap[0][0] <= now or heap[0][1].closed):
+            when, cutoff = heapq.heappop(heap)
             if when != cutoff.when:
                 continue  # an entry a postponement left behind
             cutoff.queued = False

@@ -2,22 +2,22 @@
 
 The manager opens a :class:`Run` where a claimed callback starts and ends it where the
 callback ends (``Lifecycle.run`` in ``_lifecycle``); nothing else here knows the manager.
-Opening one is a context-variable set and closing it a reset plus one attribute write: the
-plain path pays nothing more, whether or not anything reads it.  Tasks the callback spawns
-copy the context and so see the same ``Run``; ``open`` is how they learn that the call has
-ended (a copied context keeps the value after the reset).
+Opening one is a context-variable set and closing it a set back plus one attribute write:
+the plain path pays nothing more, whether or not anything reads it.  Tasks the callback
+spawns copy the context and so see the same ``Run``; ``open`` is how they learn that the
+call has ended (a copied context keeps the value after it is set back).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from typing import Final
 
 __all__ = ["CURRENT", "NAMED", "REQUEST", "Run", "derive", "issue"]
 
-CURRENT: Final[ContextVar[Run]] = ContextVar("idempotency_async.downstream")
+CURRENT: Final[ContextVar[Run | None]] = ContextVar("idempotency_async.downstream", default=None)
 
 # Domain separation: a downstream key is never the record's key, and never a hash another
 # use of SHA-256 in this library (or a name a caller picks) can produce.
@@ -31,7 +31,7 @@ REQUEST: Final = b"R"
 class Run:
     """One run of a callback under a claimed key: opened at its start, ended at its end."""
 
-    __slots__ = ("_token", "counts", "issued", "key", "open")
+    __slots__ = ("_outer", "counts", "issued", "key", "open")
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -40,12 +40,16 @@ class Run:
         """Requests seen per method and URL by the client hooks (made on first use)."""
         self.issued: set[str] | None = None
         """The keys the client hooks added to requests in this run (made on first use)."""
-        self._token: Token[Run] = CURRENT.set(self)
+        # The run this one is nested in (an idempotent call inside a callback), restored at
+        # the end.  Restoring it by value, not with the Token ``set`` returns, frees that
+        # Token at once: one object less per call in flight.
+        self._outer = CURRENT.get()
+        CURRENT.set(self)
 
     def end(self) -> None:
         """The callback ended: hooks and ``downstream_key`` no longer see this run."""
         self.open = False
-        CURRENT.reset(self._token)
+        CURRENT.set(self._outer)
 
     def number(self, request: str) -> int:
         """How many times ``request`` (a method and URL) was numbered in this run, this one

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from idempotency_async._key_formats import POWERTOOLS_PYTHON
 from idempotency_async._prefixes import has_explicit_prefix
@@ -40,6 +41,10 @@ class Keys(NamedTuple):
     validation: str | None
 
 
+# ``Keys(...)`` runs a Python-level ``__new__``; the tuple constructor does not.
+_new_keys: Final[Callable[[tuple[str, str | None]], Keys]] = partial(tuple.__new__, Keys)
+
+
 class KeyDeriver:
     """Selects, canonicalises and hashes payloads as one manager's options say."""
 
@@ -57,6 +62,12 @@ class KeyDeriver:
         self.prefix = options.resolved_prefix()
         self._hasher = self._make_hasher(options.hash_function)
         self._strict_integers = options.integer_precision == "strict"
+        # Resolved once: ``derive`` runs on every call, and on a small payload the calls
+        # around the hash cost as much as the hash.
+        self._select = None if self._key_selector.expression is None else self._key_selector.select
+        self._strict_missing = options.strict_missing_key
+        self._plain = options.serialize_key is None
+        self._serializer = options.serializer or _model_serializer
 
     def _default_functions(self) -> Functions:
         return PowertoolsFunctions()
@@ -66,16 +77,16 @@ class KeyDeriver:
 
     def derive(self, payload: Any) -> Keys | None:
         """The keys of ``payload``; None when it selects no key and that is allowed."""
-        options = self._options
-        selected = self._key_selector.select(payload)
-        if is_missing(selected, strict=options.strict_missing_key):
+        select = self._select
+        selected = payload if select is None else select(payload)
+        if is_missing(selected, strict=self._strict_missing):
             self._no_key()
             return None
         key = idempotency_key(self.prefix, self._hash(selected))
         validation = None
         if self._validation_selector is not None:
             validation = self._hash(self._validation_selector.select(payload))
-        return Keys(key, validation)
+        return _new_keys((key, validation))
 
     def _no_key(self) -> None:
         """Raise KeyMissingError, or warn that the call runs without idempotency."""
@@ -105,16 +116,13 @@ class KeyDeriver:
         )
 
     def _hash(self, value: Any) -> str:
-        serialize_key = self._options.serialize_key
-        if serialize_key is not None:
-            text = serialize_key(value)
-            data = text.encode() if isinstance(text, str) else text
-        else:
+        if self._plain:
             data = canonical_bytes(
-                value,
-                serializer=self._options.serializer or _model_serializer,
-                strict_integers=self._strict_integers,
+                value, serializer=self._serializer, strict_integers=self._strict_integers
             )
+        else:
+            text = self._options.serialize_key(value)  # type: ignore[misc]
+            data = text.encode() if isinstance(text, str) else text
         return self._hasher(data)
 
 

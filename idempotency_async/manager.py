@@ -98,32 +98,60 @@ class Manager:
         keys = self._keys.derive(payload)
         return None if keys is None else keys.key
 
-    async def execute(
+    def execute(
         self,
         payload: Any,
         callback: Callable[[], Awaitable[T]],
         *,
         deadline: float | None = None,
         timeout: float | None = None,
-    ) -> T:
+    ) -> Coroutine[Any, Any, T]:
         """Run ``callback`` once for this payload's key, or replay the stored result.
 
-        ``timeout`` (seconds) and ``deadline`` (``loop.time()`` units) bound the call; with
-        the ambient :func:`~idempotency_async.deadline`, the earliest wins and becomes the
-        record's lease.  Cancellation propagates and leaves no store write behind.
+        Await it: ``result = await manager.execute(order, lambda: charge(order))``.
+        ``timeout`` (seconds from this call) and ``deadline`` (``loop.time()`` units) bound
+        the call; with the ambient :func:`~idempotency_async.deadline`, the earliest wins and
+        becomes the record's lease.  Cancellation propagates and leaves no store write behind.
         """
-        if not callable(callback):
-            raise _not_callable(callback)
-        loop = asyncio.get_running_loop()
-        when = effective_deadline(loop, deadline=deadline, timeout=timeout)
-        keys = None if self._disabled else self._keys.derive(payload)
+        # A plain function handing back the lifecycle's coroutine: with thousands of calls
+        # in flight, a frame of its own per call would be memory and garbage-collector work.
+        # What it checks first is raised when the coroutine is awaited, as from an
+        # ``async def``; the store is not touched before that.
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no running loop yet, e.g. asyncio.run(manager.execute(...))
+            return self._execute_later(payload, callback, deadline, timeout)
+        try:
+            if not callable(callback):
+                raise _not_callable(callback)
+            when = effective_deadline(loop, deadline=deadline, timeout=timeout)
+            keys = None if self._disabled else self._keys.derive(payload)
+        except Exception as exc:
+            return _raising(exc)
         if keys is None:
-            try:
-                return await self._lifecycle.unprotected(checked(callback), when, loop)
-            except ReturnedNotAwaitable as returned:
-                # A plain function given by mistake: it ran, and there is nothing to record.
-                raise not_awaitable_error(returned.value, None) from None
-        return await self._lifecycle.run(keys, when, callback, loop, False)
+            return self._unprotected(callback, when, loop)
+        return self._lifecycle.run(keys, when, callback, loop, False)
+
+    async def _execute_later(
+        self,
+        payload: Any,
+        callback: Callable[[], Awaitable[T]],
+        deadline: float | None,
+        timeout: float | None,
+    ) -> T:
+        return await Manager.execute(self, payload, callback, deadline=deadline, timeout=timeout)
+
+    async def _unprotected(
+        self,
+        callback: Callable[[], Awaitable[T]],
+        when: float | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> T:
+        try:
+            return await self._lifecycle.unprotected(checked(callback), when, loop)
+        except ReturnedNotAwaitable as returned:
+            # A plain function given by mistake: it ran, and there is nothing to record.
+            raise not_awaitable_error(returned.value, None) from None
 
     def _observed_execute(
         self,
@@ -355,6 +383,12 @@ def _check_record_format(store: Store, options: Options) -> None:
             f"{options.key_format!r}): use the same format on both, e.g. "
             f"{type(store).__name__}(..., record_format={options.key_format!r})"
         )
+
+
+async def _raising(error: Exception) -> Any:
+    """A coroutine raising ``error`` when awaited: where ``execute`` reports what it
+    refused before any I/O."""
+    raise error
 
 
 def _not_callable(callback: object) -> ConfigError:

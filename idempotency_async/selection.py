@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import gzip
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +46,8 @@ class PowertoolsFunctions(Functions):
 
     @signature({"types": ["string"]})
     def _func_powertools_base64_gzip(self, value: str) -> str:
+        import gzip  # here, not at the top: the library's import stays small
+
         try:
             return gzip.decompress(_b64decode(value)).decode()
         except (OSError, EOFError) as exc:
@@ -81,6 +82,8 @@ class PowertoolsPythonFunctions(PowertoolsFunctions):
 
     @signature({"types": ["string"]})
     def _func_powertools_base64_gzip(self, value: str) -> str:
+        import gzip  # here, not at the top: the library's import stays small
+
         try:
             data = gzip.decompress(_b64_lenient(value))
         except (OSError, EOFError) as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import enum
 import json
 import math
 import sys
@@ -20,6 +21,7 @@ from idempotency_async.canonical import _orders, canonical_bytes, canonical_json
 from idempotency_async.canonical._fast import fast_bytes
 from idempotency_async.canonical._general import general_bytes
 from idempotency_async.canonical._numbers import js_float
+from idempotency_async.errors import PayloadError
 
 EVENTS = Path(__file__).parent / "events"
 
@@ -126,6 +128,87 @@ def test_installed_orjson_prints_exponents_as_javascript() -> None:
 
 
 # ------------------------------------------------------------------------------ the cache
+
+KEY_SETS = st.lists(
+    st.one_of(
+        st.sampled_from(SPECIAL_KEYS),
+        st.text(alphabet="aAbBzZ_[`-0123456789:$", max_size=5),
+        st.text(max_size=4).filter(lambda key: not any("\ud800" <= c <= "\udfff" for c in key)),
+    ),
+    unique=True,
+    max_size=12,
+)
+
+
+def _learned(keys: tuple[str, ...]) -> tuple[str, ...]:
+    """The order the cache writes an object with ``keys`` in (cold, then completed)."""
+    entry = _orders.learn_order(keys)
+    assert entry is not None
+    done = _orders.completed(keys, entry)
+    assert done.sortable == entry.sortable
+    if done.in_order:
+        return keys
+    assert done.template is not None
+    written = tuple(done.template)
+    if entry.sortable:
+        assert written == tuple(sorted(keys))  # what orjson's OPT_SORT_KEYS writes
+    return written
+
+
+@settings(max_examples=300, deadline=None)
+@given(KEY_SETS)
+def test_learned_orders_are_the_typescript_order(keys: list[str]) -> None:
+    # The cache's shortcuts (ASCII without capitals, one sort, shared entries completed on
+    # first use) against the reference port of deepSort, which the general path uses.
+    _orders.clear_cache()
+    key_tuple = tuple(keys)
+    expected = _orders.ts_order(key_tuple)
+    assert _learned(key_tuple) == expected
+    assert _learned(key_tuple) == expected  # warm: the completed entry the cache kept
+
+
+def test_str_subclass_keys_get_the_general_paths_text() -> None:
+    # Learning a key set no longer checks each key's type (a join refuses non-strings);
+    # orjson refuses a str subclass as a key, so the fast path declines such an object in
+    # every mode (sorted, rebuilt, already in order) and the general path decides.
+    class Field(str, enum.Enum):  # noqa: UP042 (not StrEnum: its str() is "Field.TIER")
+        TIER = "Tier"
+
+    class Label(str):
+        pass
+
+    _orders.clear_cache()
+    for value in (
+        {Field.TIER: 1, "id": 2},
+        {"id": 2, Field.TIER: 1},
+        {Label("b"): 1, "a": 2},
+        {"a": {Label("B"): 1, "a": 2}, "Z": [{Label("x"): 1}]},
+    ):
+        assert fast_bytes(value) is None
+        assert canonical_bytes(value) == general_bytes(value)
+    # Written as their text (an Enum member as its value), never a KeyError.
+    assert canonical_json({Field.TIER: 1, "id": 2}) == '{"id":2,"Tier":1}'
+
+    class Distinct(str):  # equal to nothing but itself: "a" stays a key of its own
+        def __eq__(self, other: object) -> bool:
+            return self is other
+
+        def __hash__(self) -> int:
+            return 1
+
+    with pytest.raises(PayloadError, match="two keys written as 'a'"):
+        canonical_json({Distinct("a"): 1, "a": 2})
+
+
+def test_reference_order_examples() -> None:
+    # The reference itself, on the rules the TypeScript vectors exercise.
+    assert _orders.ts_order(("Tier", "id", "Amount")) == ("Amount", "id", "Tier")
+    assert _orders.ts_order(("ID", "id", "j")) == ("ID", "id", "j")
+    assert _orders.ts_order(("id", "ID")) == ("id", "ID")
+    assert _orders.ts_order(("b", "10", "01", "9", "__proto__")) == ("9", "10", "01", "b")
+    assert _orders.ts_order(("\uff5a", "\U0001f600")) == ("\U0001f600", "\uff5a")
+
+
 
 
 def test_cache_stays_within_its_bound_and_skips_large_key_sets() -> None:

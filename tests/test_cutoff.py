@@ -122,3 +122,31 @@ def test_a_postponed_cutoff_fires_at_its_new_time_only() -> None:
         loop.close()
     assert results == ["cut off", "cut off"]
     assert finished == {"other": 0.15, "postponed": 0.25}
+
+
+def test_cutoffs_due_at_the_same_instant_both_fire() -> None:
+    # Heap entries are (when, cutoff): a tie on ``when`` compares the cutoffs themselves.
+    loop = VirtualClockLoop()
+
+    async def tied() -> list[str]:
+        cutoffs = Cutoffs(loop)
+        when = loop.time() + 0.25
+
+        async def at(work: float) -> str:
+            cutoff = cutoffs.start(when)
+            try:
+                await asyncio.sleep(work)
+                return "finished"
+            except asyncio.CancelledError:
+                if cutoff.fired():
+                    return "cut off"
+                raise
+            finally:
+                cutoff.close()
+
+        return await asyncio.gather(at(1.0), at(1.0), at(0.01))
+
+    try:
+        assert loop.run_until_complete(tied()) == ["cut off", "cut off", "finished"]
+    finally:
+        loop.close()

@@ -22,13 +22,17 @@ every error message.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Final
 
 import orjson
 
 from idempotency_async.canonical._numbers import js_float
-from idempotency_async.canonical._orders import KeyOrder, cached_order, learn_order
+from idempotency_async.canonical._orders import (
+    KeyOrder,
+    cached_order,
+    completed,
+    learn_order,
+)
 
 _SORTED: Final = orjson.OPT_SORT_KEYS | orjson.OPT_STRICT_INTEGER
 _AS_GIVEN: Final = orjson.OPT_STRICT_INTEGER
@@ -36,8 +40,6 @@ _AS_GIVEN: Final = orjson.OPT_STRICT_INTEGER
 _MAX_DEPTH: Final = 200
 _NOT_FAST: Final[Any] = object()
 
-_ChildForm = Callable[[Any, type, int], Any]
-_only_dicts: Final = frozenset({dict}).issuperset
 # Types whose values orjson writes exactly as JavaScript does (integers beyond 2**53 and
 # lone surrogates make orjson raise, which sends the value to the general path).
 _LEAVES: Final = frozenset({str, int, bool, type(None)})
@@ -129,16 +131,12 @@ def _sorted(node: Any, children: Any, depth: int) -> Any:
             return _NOT_FAST
         if new is _NOT_FAST:
             return new
-        return _patched(node, child, new, depth, _sorted_child)
+        return _patched(node, child, new, depth)
     return node
 
 
-def _patched(node: Any, changed: Any, new: Any, depth: int, child_form: _ChildForm) -> Any:
-    """A copy of ``node`` from its first changed child on; earlier children were checked.
-
-    ``child_form`` is what the remaining children go through: ``_sorted_child`` or
-    ``_ordered_child``, for the mode ``node`` is written in.
-    """
+def _patched(node: Any, changed: Any, new: Any, depth: int) -> Any:
+    """A copy of ``node`` from its first changed child on; earlier children were checked."""
     copy = node.copy()
     slots = iter(node.items() if type(node) is dict else enumerate(node))
     for slot, child in slots:
@@ -149,7 +147,7 @@ def _patched(node: Any, changed: Any, new: Any, depth: int, child_form: _ChildFo
         kind = type(child)
         if kind in _LEAVES:
             continue
-        new = child_form(child, kind, depth)
+        new = _sorted_child(child, kind, depth)
         if new is _NOT_FAST:
             return new
         if new is not child:
@@ -187,17 +185,28 @@ def _fragment(node: dict[Any, Any], depth: int, entry: KeyOrder) -> Any:
 # ------------------------------------------------------- while orjson keeps key order
 
 
-def _ordered(node: dict[Any, Any], depth: int, entry: KeyOrder | None = None) -> Any:
-    """``node`` (or a copy) with its members, and every object's below, in TypeScript order."""
+def _rebuilding(keys: tuple[Any, ...]) -> KeyOrder | None:
+    """The key order of an object, with these keys, about to be rebuilt in that order."""
+    entry = cached_order(keys)
     if entry is None:
-        entry = _order_of(node)
+        entry = learn_order(keys)
         if entry is None:
-            return _NOT_FAST
+            return None
+    if entry.template is None and not entry.in_order:
+        entry = completed(keys, entry)
+    return entry
+
+
+def _ordered(node: dict[Any, Any], depth: int, entry: KeyOrder) -> Any:
+    """``node`` (or a copy) with its members, and every object's below, in TypeScript order.
+
+    ``entry`` is the order of ``node`` with its template (unless it is in order).
+    """
     if entry.in_order:
         out, owned = node, False
     else:
         # A new dict in TypeScript order, built at C speed; it is ours to patch in place.
-        out, owned = entry.template | node, True
+        out, owned = entry.template | node, True  # type: ignore[operator]
         if entry.has_proto:
             del out["__proto__"]  # the union appended it; JavaScript never writes it
     for key, child in out.items():
@@ -213,7 +222,13 @@ def _ordered(node: dict[Any, Any], depth: int, entry: KeyOrder | None = None) ->
         elif depth >= _MAX_DEPTH:
             return _NOT_FAST
         elif kind is dict:
-            new = _ordered(child, depth + 1)
+            keys = tuple(child)
+            inner = cached_order(keys)
+            if inner is None or (inner.template is None and not inner.in_order):
+                inner = _rebuilding(keys)
+                if inner is None:
+                    return _NOT_FAST
+            new = _ordered(child, depth + 1, inner)
         elif kind is list:
             new = _ordered_list(child, depth + 1)
         else:
@@ -228,44 +243,42 @@ def _ordered(node: dict[Any, Any], depth: int, entry: KeyOrder | None = None) ->
 
 
 def _ordered_list(node: list[Any], depth: int) -> Any:
-    if len(node) > 2 and _only_dicts(map(type, node)) and len(set(map(tuple, node))) == 1:
-        return _ordered_records(node, depth)
-    for child in node:
+    """``node`` (or a copy) with every object in it, and below, in TypeScript order.
+
+    Neighbours with the same keys (a batch) share one key-order lookup: comparing two key
+    tuples that ``json.loads`` built from the same strings is a pointer comparison per key.
+    """
+    out = node
+    last_keys: tuple[Any, ...] = ()
+    entry: KeyOrder | None = None
+    for index, child in enumerate(node):
         kind = type(child)
         if kind in _LEAVES:
             continue
-        new = _ordered_child(child, kind, depth)
-        if new is child:
-            continue
+        if kind is float:
+            if (1e-5 <= child < 1e16 or -1e16 < child <= -1e-5) and child % 1.0:
+                continue
+            new = js_float(child)
+            if new is None:
+                return _NOT_FAST
+        elif depth >= _MAX_DEPTH:
+            return _NOT_FAST
+        elif kind is dict:
+            keys = tuple(child)
+            if entry is None or keys != last_keys:
+                entry = _rebuilding(keys)
+                if entry is None:
+                    return _NOT_FAST
+                last_keys = keys
+            new = _ordered(child, depth + 1, entry)
+        elif kind is list:
+            new = _ordered_list(child, depth + 1)
+        else:
+            return _NOT_FAST
         if new is _NOT_FAST:
             return new
-        return _patched(node, child, new, depth, _ordered_child)
-    return node
-
-
-def _ordered_records(node: list[dict[Any, Any]], depth: int) -> Any:
-    """A list of objects with the same keys (a batch): one key-order lookup for them all."""
-    entry = _order_of(node[0])
-    if entry is None or depth >= _MAX_DEPTH:
-        return _NOT_FAST
-    out = []
-    for child in node:
-        new = _ordered(child, depth + 1, entry)
-        if new is _NOT_FAST:
-            return new
-        out.append(new)
+        if new is not child:
+            if out is node:
+                out = node.copy()
+            out[index] = new
     return out
-
-
-def _ordered_child(child: Any, kind: type, depth: int) -> Any:
-    """What a non-string child of an ordered-mode list becomes."""
-    if kind is dict:
-        return _ordered(child, depth + 1) if depth < _MAX_DEPTH else _NOT_FAST
-    if kind is float:
-        if (1e-5 <= child < 1e16 or -1e16 < child <= -1e-5) and child % 1.0:
-            return child
-        new = js_float(child)
-        return _NOT_FAST if new is None else new
-    if kind is list:
-        return _ordered_list(child, depth + 1) if depth < _MAX_DEPTH else _NOT_FAST
-    return _NOT_FAST

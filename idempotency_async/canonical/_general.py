@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import sys
 from collections.abc import Callable, Mapping
-from decimal import Decimal
 from typing import Any, Final
 
 import orjson
 
 from idempotency_async.canonical._numbers import MAX_SAFE_INTEGER, checked_js_float, js_int
-from idempotency_async.canonical._orders import key_order
+from idempotency_async.canonical._orders import ts_order
 from idempotency_async.errors import PayloadError
 
 Serializer = Callable[[Any], Any]
@@ -56,9 +56,9 @@ def to_js(value: Any, serializer: Serializer | None, strict_integers: bool = Fal
         if isinstance(node, dict):
             out: dict[str, Any] = {}
             target[slot] = out
-            for key in _member_order(node, path):
-                out[key] = None
-                work.append((node[key], out, key, _child_path(path, key), depth + 1))
+            for text, key in _member_order(node, path):
+                out[text] = None
+                work.append((node[key], out, text, _child_path(path, text), depth + 1))
         elif isinstance(node, list):
             items: list[Any] = [None] * len(node)
             target[slot] = items
@@ -69,7 +69,9 @@ def to_js(value: Any, serializer: Serializer | None, strict_integers: bool = Fal
     return root[0]
 
 
-def _member_order(node: dict[Any, Any], path: str) -> tuple[str, ...]:
+def _member_order(node: dict[Any, Any], path: str) -> list[tuple[str, Any]]:
+    """The members' texts in TypeScript order, each with the key as ``node`` holds it."""
+    texts: dict[str, Any] = {}
     for key in node:
         if not isinstance(key, str):
             raise PayloadError(
@@ -78,10 +80,17 @@ def _member_order(node: dict[Any, Any], path: str) -> tuple[str, ...]:
                 path=path,
             )
         check_string(key, f"{path} (key {key!r})")
-    # ``str`` subclasses as keys: order by their text, as JavaScript would see it.
-    entry = key_order(tuple(str(key) for key in node))
-    assert entry is not None  # every key is a str
-    return tuple(entry.template)
+        # A ``str`` subclass (a str-valued Enum member, say) is written as its text, as
+        # ``json.dumps`` writes it and as an Enum value is hashed.
+        text = str.__str__(key)
+        if text in texts:
+            raise PayloadError(
+                f"object at {path} has two keys written as {text!r} ({texts[text]!r} and "
+                f"{key!r}): JSON members need distinct names",
+                path=path,
+            )
+        texts[text] = key
+    return [(text, texts[text]) for text in ts_order(tuple(texts))]
 
 
 def _plain(value: Any, path: str, serializer: Serializer | None, strict: bool = False) -> Any:
@@ -102,7 +111,10 @@ def _plain(value: Any, path: str, serializer: Serializer | None, strict: bool = 
         return _js_int(int(value), path, strict)
     if isinstance(value, float):
         return checked_js_float(float(value), path)
-    if isinstance(value, Decimal):
+    # ``decimal`` is imported only by those who use it (it is not a small import): no
+    # Decimal can exist before it is.
+    decimal = sys.modules.get("decimal")
+    if decimal is not None and isinstance(value, decimal.Decimal):
         if not value.is_finite():
             raise PayloadError(f"{value} at {path} is not a JSON number", path=path)
         return checked_js_float(float(value), path)

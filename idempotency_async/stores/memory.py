@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import heapq
-import itertools
 
 from idempotency_async._json import decode_json
 from idempotency_async.errors import ConfigError, StoreUnavailableError
@@ -23,10 +22,10 @@ __all__ = ["DEFAULT_MAX_RECORDS", "MemoryStore"]
 DEFAULT_MAX_RECORDS = 100_000
 
 # What was written last for a key, as a plain tuple (the cheapest object to build):
-#   (status, owner, expiration, lease_end, validation, encoded, not_stored, seq)
+#   (status, owner, expiration, lease_end, validation, encoded, not_stored)
 # The response is kept encoded only: every read decodes an independent copy, and the
 # caller's result object is not kept alive.
-_Entry = tuple[Status, str, int, float | None, str | None, bytes | None, str | None, int]
+_Entry = tuple[Status, str, int, float | None, str | None, bytes | None, str | None]
 
 _INPROGRESS = Status.INPROGRESS
 _COMPLETED = Status.COMPLETED
@@ -53,11 +52,11 @@ class MemoryStore:
         self.max_response_bytes = max_response_bytes
         self.max_records = max_records
         self._entries: dict[str, _Entry] = {}
-        # (expiration, seq, key) of every write; an item is stale once its key was written
-        # again (another seq) or deleted.  Stale items are skipped, and the heap is rebuilt
-        # when they outnumber the live ones.
-        self._expiry: list[tuple[int, int, str]] = []
-        self._seq = itertools.count()
+        # (expiration, key) of every write; an item is stale once its key was written again
+        # or deleted.  A popped item drops its key only if the key's record has expired
+        # (whichever write it came from), and the heap is rebuilt when stale items
+        # outnumber the live ones.
+        self._expiry: list[tuple[int, str]] = []
         self._closed = False
 
     def __len__(self) -> int:
@@ -164,33 +163,23 @@ class MemoryStore:
         encoded: bytes | None = None,
         not_stored: str | None = None,
     ) -> None:
-        seq = next(self._seq)
-        self._entries[key] = (
-            status,
-            owner,
-            expiration,
-            lease_end,
-            validation,
-            encoded,
-            not_stored,
-            seq,
-        )
-        heapq.heappush(self._expiry, (expiration, seq, key))
+        self._entries[key] = (status, owner, expiration, lease_end, validation, encoded, not_stored)
+        heapq.heappush(self._expiry, (expiration, key))
         if len(self._expiry) > 2 * len(self._entries) + 64:
-            self._expiry = [(entry[2], entry[7], key) for key, entry in self._entries.items()]
+            self._expiry = [(entry[2], key) for key, entry in self._entries.items()]
             heapq.heapify(self._expiry)
 
     def _drop_expired(self, now: float) -> None:
         heap, entries = self._expiry, self._entries
         while heap and heap[0][0] < now:
-            _, seq, key = heapq.heappop(heap)
+            _, key = heapq.heappop(heap)
             current = entries.get(key)
-            if current is not None and current[7] == seq:
+            if current is not None and current[2] < now:
                 del entries[key]
 
 
 def _record(key: str, entry: _Entry) -> Record:
-    status, owner, expiration, lease_end, validation, encoded, not_stored, _ = entry
+    status, owner, expiration, lease_end, validation, encoded, not_stored = entry
     return Record(
         key,
         status,
