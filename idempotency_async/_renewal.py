@@ -17,8 +17,9 @@ import asyncio
 from idempotency_async._cutoff import Cutoff, Cutoffs
 from idempotency_async._emission import Emitter
 from idempotency_async._lease import Lease
+from idempotency_async.errors import StoreUnavailableError
 from idempotency_async.options import Options
-from idempotency_async.stores.base import Store
+from idempotency_async.stores.base import Extended, Store
 
 __all__ = ["Renewal", "short_lease"]
 
@@ -126,14 +127,19 @@ class Renewal:
             )
             at = sent + self._every
             try:
-                kept = await self._store.extend(claim)
+                answer = await self._store.extend(claim)
+                if answer.__class__ is not Extended:
+                    raise StoreUnavailableError(
+                        f"the store answered a renewal of key {key} with {answer!r}, not an "
+                        "Extended"
+                    )
             except Exception as exc:
                 # Unconfirmed: the cutoff stays where it is; try again at the next interval.
                 self._emitter.emit("renew_failed", key, error=exc)
                 continue
             if self._over():
                 return
-            if not kept:
+            if answer is Extended.LOST:
                 self.lost = True
                 self._emitter.emit("lease_lost", key)
                 self._cutoff.expire()  # cut the callback off now

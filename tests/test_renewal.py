@@ -12,7 +12,7 @@ from support import RecordingStore, on_stores, record_of
 
 from idempotency_async import Event, Manager, MemoryStore, Options, errors
 from idempotency_async.record import Claim, Status
-from idempotency_async.stores.base import Store
+from idempotency_async.stores.base import Extended, Store
 
 RENEW = 1.0  # the short lease, seconds
 EVERY = 0.25  # between renewals
@@ -34,7 +34,7 @@ class Extends(RecordingStore):
         super().__init__(inner)
         self.extends: list[tuple[float, Claim]] = []
 
-    async def extend(self, claim: Claim) -> bool:
+    async def extend(self, claim: Claim) -> Extended:
         self.extends.append((asyncio.get_running_loop().time(), claim))
         return await super().extend(claim)
 

@@ -34,6 +34,7 @@ from idempotency_async.stores._postgres_values import (
 )
 from idempotency_async.stores.base import (
     DEFAULT_MAX_RESPONSE_BYTES,
+    Extended,
     Verdict,
     Written,
     judge,
@@ -264,7 +265,7 @@ class PostgresStore:
         row = await self._fetchrow("release", key, self._sql.release, key, owner)
         return bool(row[0])
 
-    async def extend(self, claim: Claim) -> bool:
+    async def extend(self, claim: Claim) -> Extended:
         row = await self._fetchrow(
             "extend",
             claim.key,
@@ -276,7 +277,9 @@ class PostgresStore:
             float(claim.ttl),
             claim.validation,
         )
-        return row is not None
+        if row is None:
+            return Extended.LOST
+        return Extended.RENEWED if row[0] else Extended.ALREADY_LATER
 
     async def force_release(self, key: str) -> Record | None:
         row = await self._fetchrow("force release", key, self._sql.force_release, key)
