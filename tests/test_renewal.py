@@ -259,7 +259,7 @@ async def test_a_callback_that_returns_after_blocking_past_its_cutoff_is_recorde
     assert record is not None and record.status is Status.COMPLETED
 
 
-# -- issue 32: bounded extends, the first renewal's timing -------------------------------
+# -- issue 32: bounded extends, settings that can renew, the first renewal's timing ------
 
 
 class _Virtual:
@@ -394,3 +394,49 @@ def test_the_first_renewal_counts_from_the_claims_send(claim_takes: float, first
 
     virtual.run(scenario())
     assert store.extends[0][0] == pytest.approx(first)
+
+
+@pytest.mark.parametrize(
+    ("options", "advice"),
+    [
+        # The first renewal comes after the cutoff (a reserve before the short lease).
+        ({"renew_lease": 1.0, "renew_every": 0.9}, "renew_every"),
+        # Cut off at the claim: the reserve is the whole short lease.
+        ({"renew_lease": 1.0, "completion_reserve": 1.0}, "completion_reserve"),
+        # One lost renewal is not survived: the next is due after the cutoff.
+        ({"renew_lease": 1.0, "renew_every": 0.45}, "renew_every"),
+        ({"renew_lease": 30.0, "renew_every": 15.0}, "renew_every"),
+        # No room for the renewal's round trip after one is lost.
+        ({"renew_lease": 1.0, "renew_every": 0.4}, "renew_every"),
+        ({"renew_lease": 2.0, "completion_reserve": 0.6}, "completion_reserve"),
+    ],
+)
+def test_renewal_settings_that_cannot_renew_are_config_errors(
+    options: dict[str, Any], advice: str
+) -> None:
+    with pytest.raises(errors.ConfigError, match="cannot survive a lost renewal") as refused:
+        Options(**options)
+    message = str(refused.value)
+    assert f"{advice} to at most" in message and "renew_lease to at least" in message
+    # What it advises is accepted.
+    at_most = float(message.split(f"{advice} to at most ")[1].split(" s")[0])
+    assert Options(**{**options, advice: at_most}).renew_lease == options["renew_lease"]
+    at_least = float(message.split("renew_lease to at least ")[1].split(" s")[0])
+    assert Options(**{**options, "renew_lease": at_least}).renew_lease == at_least
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"renew_lease": 1.0},  # a third of it, and a reserve of 0.2 s
+        {"renew_lease": RENEW, "renew_every": EVERY},
+        {"renew_lease": 30.0, "renew_every": 10.0},
+        {"renew_lease": 30.0, "renew_every": 13.0},
+        {"renew_lease": 5.0, "completion_reserve": 1.0},
+        {"renew_lease": 1.0, "renew_every": 0.3, "completion_reserve": 0.2},
+    ],
+)
+def test_renewal_settings_that_survive_a_lost_renewal_are_accepted(
+    options: dict[str, Any],
+) -> None:
+    assert Options(**options).renew_lease == options["renew_lease"]
