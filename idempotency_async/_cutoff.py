@@ -149,13 +149,24 @@ class Cutoffs:
         self._armed_at = math.inf
         self._closed_in_heap = 0
 
-    def start(self, when: float, *, insist: bool = False) -> Cutoff:
-        """Cancel the current task at ``when`` (loop time) unless the cutoff is closed first
-        (``insist``: an :class:`InsistingCutoff`, which cancels twice)."""
+    def start(self, when: float) -> Cutoff:
+        """Cancel the current task at ``when`` (loop time) unless the cutoff is closed first."""
         task = asyncio.current_task(self.loop)
         if task is None:
             raise RuntimeError("a cutoff must be started inside a task")
-        cutoff = InsistingCutoff(self, task, when) if insist else Cutoff(self, task, when)
+        cutoff = Cutoff(self, task, when)
+        heapq.heappush(self._heap, (when, next(self._order), cutoff))
+        if when < self._armed_at:
+            self._arm(when)
+        return cutoff
+
+    def insist(self, when: float) -> InsistingCutoff:
+        """As :meth:`start`, with a cutoff that cancels twice (:class:`InsistingCutoff`).
+        Separate from :meth:`start`, which every call takes: no branch added there."""
+        task = asyncio.current_task(self.loop)
+        if task is None:
+            raise RuntimeError("a cutoff must be started inside a task")
+        cutoff = InsistingCutoff(self, task, when)
         heapq.heappush(self._heap, (when, next(self._order), cutoff))
         if when < self._armed_at:
             self._arm(when)

@@ -148,7 +148,7 @@ class Renewal:
             at = sent + self._every
             # Unanswered when the next renewal is due, the request is abandoned: cancelled
             # (twice: see InsistingCutoff), so the client closes its connection.
-            abandon = cutoffs.start(at, insist=True)
+            abandon = cutoffs.insist(at)
             try:
                 answer = await self._store.extend(claim)
                 if answer.__class__ is not Extended:

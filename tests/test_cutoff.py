@@ -128,7 +128,7 @@ async def _unwinds_slowly(cutoffs: Cutoffs, seen: list[str]) -> str:
     """Work cut off while it answers its first cancellation by waiting (as a database
     driver waits for its server to confirm a cancelled statement)."""
     loop = asyncio.get_running_loop()
-    cutoff = cutoffs.start(loop.time() + 0.01, insist=True)
+    cutoff = cutoffs.insist(loop.time() + 0.01)
     try:
         try:
             await asyncio.sleep(10)
@@ -161,7 +161,7 @@ async def test_an_insisting_cutoff_leaves_work_that_ends_at_once_alone() -> None
     after: list[str] = []
 
     async def quick() -> str:
-        cutoff = cutoffs.start(loop.time() + 0.01, insist=True)
+        cutoff = cutoffs.insist(loop.time() + 0.01)
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
