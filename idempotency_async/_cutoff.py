@@ -98,10 +98,10 @@ class Cutoff:
 
 class InsistingCutoff(Cutoff):
     """A cutoff that cancels its task a second time, at the next turn of the loop, if the
-    work it cut off is still unwinding then: a database driver answers a cancellation by
-    asking its server to cancel the statement and waiting for the answer (asyncpg, psycopg),
-    and closes the connection instead on a second one.  For work to abandon, not to wait
-    for (a lease renewal whose answer is late)."""
+    work it cut off is still unwinding then: psycopg answers a cancellation by asking its
+    server to cancel the statement and waiting for the answer, and closes the connection
+    instead on a second one.  For work to abandon, not to wait for (a lease renewal whose
+    answer is late)."""
 
     __slots__ = ("_cancels",)
 

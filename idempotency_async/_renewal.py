@@ -18,10 +18,10 @@ back, so an abandoned request that lands late cannot shorten a newer lease.  The
 is awaited by the renewing task under an
 :class:`~idempotency_async._cutoff.InsistingCutoff` (one heap entry of the loop's shared
 cutoff timer, no task or timer per renewal): it cancels the request, and once more at the
-next turn of the loop if it is still unwinding — a database driver answers the first
-cancellation by asking its server to cancel and waiting for that answer (asyncpg,
-psycopg), and closes the connection on the second.  A store must let a cancelled request
-end promptly.
+next turn of the loop if it is still unwinding — psycopg answers the first cancellation
+by asking its server to cancel and waiting for that answer, and closes the connection on
+the second (asyncpg's pool shields that wait: ``PostgresStore.extend`` terminates the
+connection itself).  A store must let a cancelled request end promptly.
 """
 
 from __future__ import annotations
