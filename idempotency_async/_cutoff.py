@@ -15,7 +15,7 @@ import asyncio
 import heapq
 import math
 
-__all__ = ["Cutoff", "Cutoffs"]
+__all__ = ["Cutoff", "Cutoffs", "InsistingCutoff"]
 
 # Closed cutoffs stay in the heap until they surface; past this many (and half the heap)
 # the heap is rebuilt without them, so a busy loop with long deadlines stays small.
@@ -99,6 +99,48 @@ class Cutoff:
             self._owner.closed_one()
 
 
+class InsistingCutoff(Cutoff):
+    """A cutoff that cancels its task a second time, at the next turn of the loop, if the
+    work it cut off is still unwinding then: psycopg answers a cancellation by asking its
+    server to cancel the statement and waiting for the answer, and closes the connection
+    instead on a second one.  For work to abandon, not to wait for (a lease renewal whose
+    answer is late)."""
+
+    __slots__ = ("_cancels",)
+
+    def __init__(self, owner: Cutoffs, task: asyncio.Task[object], when: float) -> None:
+        super().__init__(owner, task, when)
+        self._cancels = 0
+
+    def expire(self) -> None:
+        if not self.closed and not self._expired:
+            self._expired = True
+            self._cancels = 1
+            self._task.cancel()
+            self._owner.loop.call_soon(self._insist)
+
+    def _insist(self) -> None:
+        if not self.closed and not self._consumed and not self._task.done():
+            self._cancels = 2
+            self._task.cancel()
+
+    def fired(self) -> bool:
+        if not self._expired or self._consumed:
+            return False
+        self._consumed = True
+        for _ in range(self._cancels - 1):
+            self._task.uncancel()
+        return self._task.uncancel() <= self._cancelling
+
+    def close(self) -> None:
+        if not self.closed and self._expired and not self._consumed:
+            # The work swallowed our cancellations: balance the task's cancel count.
+            self._consumed = True
+            for _ in range(self._cancels):
+                self._task.uncancel()
+        super().close()
+
+
 class Cutoffs:
     """The open cutoffs of one event loop, behind a single timer."""
 
@@ -117,6 +159,18 @@ class Cutoffs:
         if task is None:
             raise RuntimeError("a cutoff must be started inside a task")
         cutoff = Cutoff(self, task, when)
+        heapq.heappush(self._heap, (when, cutoff))
+        if when < self._armed_at:
+            self._arm(when)
+        return cutoff
+
+    def insist(self, when: float) -> InsistingCutoff:
+        """As :meth:`start`, with a cutoff that cancels twice (:class:`InsistingCutoff`).
+        Separate from :meth:`start`, which every call takes: no branch added there."""
+        task = asyncio.current_task(self.loop)
+        if task is None:
+            raise RuntimeError("a cutoff must be started inside a task")
+        cutoff = InsistingCutoff(self, task, when)
         heapq.heappush(self._heap, (when, cutoff))
         if when < self._armed_at:
             self._arm(when)

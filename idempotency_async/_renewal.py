@@ -3,11 +3,25 @@ callback runs, so a crashed worker blocks its key for one short lease, not its d
 
 The renewing task belongs to one call: :meth:`Renewal.start` creates it after the claim,
 :meth:`Renewal.cancel` cancels it as soon as the callback ends (without yielding
-to the loop), and :meth:`Renewal.stop` awaits it before the call returns.  Each confirmed renewal
+to the loop), and :meth:`Renewal.stop` awaits it before the call returns.  Renewals go out
+every ``renew_every`` seconds counted from the claim's send.  Each confirmed renewal moves
+the call's lease (:class:`~idempotency_async._lease.Held`, which every door reads) and
 postpones the callback's cutoff to a reserve before the new lease end, counted from when
 the ``extend`` was sent.  A refused renewal (the lease is lost) cuts the callback off at
-once; one that fails or is not answered in time leaves the cutoff where it was, so the
-callback is cut off before the current lease ends.
+once; one that fails leaves the cutoff where it was, so the callback is cut off before the
+current lease ends unless a later renewal is confirmed.
+
+Each ``extend`` is bounded: one not answered when the next one is due is abandoned — its
+request cancelled, so the client closes that connection and nothing is left unread for
+its next request — and the next one goes out on time.  The store never moves a lease end
+back, so an abandoned request that lands late cannot shorten a newer lease.  The request
+is awaited by the renewing task under an
+:class:`~idempotency_async._cutoff.InsistingCutoff` (one heap entry of the loop's shared
+cutoff timer, no task or timer per renewal): it cancels the request, and once more at the
+next turn of the loop if it is still unwinding — psycopg answers the first cancellation
+by asking its server to cancel and waiting for that answer, and closes the connection on
+the second (asyncpg's pool shields that wait: ``PostgresStore.extend`` terminates the
+connection itself).  A store must let a cancelled request end promptly.
 """
 
 from __future__ import annotations
@@ -16,11 +30,14 @@ import asyncio
 
 from idempotency_async._cutoff import Cutoff, Cutoffs
 from idempotency_async._emission import Emitter
-from idempotency_async._lease import Lease
+from idempotency_async._lease import Held, Lease
+from idempotency_async.errors import StoreUnavailableError
 from idempotency_async.options import Options
-from idempotency_async.stores.base import Store
+from idempotency_async.stores.base import Extended, Store
 
 __all__ = ["Renewal", "short_lease"]
+
+_LOST = Extended.LOST
 
 
 def short_lease(options: Options, lease: Lease) -> Lease:
@@ -43,7 +60,7 @@ def short_lease(options: Options, lease: Lease) -> Lease:
 
 
 class Renewal:
-    """The renewing task of one call, and the lease as last renewed."""
+    """The renewing task of one call; it moves the call's lease (``held``)."""
 
     __slots__ = (
         "_cutoff",
@@ -51,11 +68,11 @@ class Renewal:
         "_emitter",
         "_every",
         "_hard_end",
+        "_held",
         "_loop",
         "_options",
         "_store",
         "_task",
-        "lease",
         "lost",
         "renewed",
     )
@@ -65,7 +82,7 @@ class Renewal:
         store: Store,
         options: Options,
         emitter: Emitter,
-        lease: Lease,
+        held: Held,
         hard_end: float,
         cutoffs: Cutoffs,
         cutoff: Cutoff,
@@ -74,8 +91,7 @@ class Renewal:
         self._store = store
         self._options = options
         self._emitter = emitter
-        self.lease = lease
-        """The lease as last confirmed by the store."""
+        self._held = held
         self._hard_end = hard_end
         self._cutoffs = cutoffs
         self._cutoff = cutoff
@@ -87,22 +103,27 @@ class Renewal:
         self.renewed = 0
         """How many renewals the store confirmed."""
 
-    def start(self) -> None:
-        self._task = self._loop.create_task(self._run(self._loop.time() + self._every))
+    def start(self, claimed_at: float) -> None:
+        """Start renewing; the first renewal is due ``renew_every`` after ``claimed_at``,
+        the loop time the claim was sent (the short lease counts from there too)."""
+        self._task = self._loop.create_task(self._run(claimed_at + self._every))
 
     def cancel(self) -> None:
         """Cancel the renewing task: from now on it sends nothing (a request already on
-        its way may still land, and is owner-fenced)."""
+        its way may still land, and is owner-fenced and never moves the lease back)."""
         if self._task is not None:
             self._task.cancel()
 
     async def stop(self) -> None:
-        """Cancel the renewing task and wait for it to end."""
+        """Cancel the renewing task and wait for it to end.  A request in flight is
+        cancelled twice, as an abandoned one is: the call does not wait for a driver to
+        hear back from its server about it."""
         task = self._task
         if task is None:
             return
         self._task = None
         task.cancel()
+        self._loop.call_soon(task.cancel)
         await asyncio.wait((task,))
 
     def _over(self) -> bool:
@@ -110,7 +131,8 @@ class Renewal:
         return cutoff.closed or cutoff.expired or cutoff.cancelled_elsewhere()
 
     async def _run(self, at: float) -> None:
-        options, loop, key = self._options, self._loop, self.lease.claim.key
+        options, loop, held, cutoffs = self._options, self._loop, self._held, self._cutoffs
+        key = held.lease.claim.key
         renew = options.renew_lease
         assert renew is not None
         while True:
@@ -119,27 +141,49 @@ class Renewal:
                 return  # the callback ended, was cut off, or its caller was cancelled
             sent = loop.time()  # the renewed lease counts from here
             length = min(renew, self._hard_end - sent)
-            if sent + length <= self.lease.ends_at:
+            current = held.lease
+            if sent + length <= current.ends_at:
                 return  # at the call's hard bound: nothing left to add
-            claim = self.lease.claim._replace(
-                now=options.clock(), lease=length + options.lease_margin
-            )
+            claim = current.claim._replace(now=options.clock(), lease=length + options.lease_margin)
             at = sent + self._every
+            # Unanswered when the next renewal is due, the request is abandoned: cancelled
+            # (twice: see InsistingCutoff), so the client closes its connection.
+            abandon = cutoffs.insist(at)
             try:
-                kept = await self._store.extend(claim)
+                answer = await self._store.extend(claim)
+                if answer.__class__ is not Extended:
+                    raise StoreUnavailableError(
+                        f"the store answered a renewal of key {key} with {answer!r}, not an "
+                        "Extended"
+                    )
+            except asyncio.CancelledError:
+                if not abandon.fired():
+                    raise  # the renewal was stopped
+                self._emitter.emit(
+                    "renew_failed",
+                    key,
+                    error=TimeoutError(
+                        f"the store did not answer the renewal within renew_every "
+                        f"({self._every:g} s): abandoned"
+                    ),
+                )
+                continue  # the next one goes out now
             except Exception as exc:
                 # Unconfirmed: the cutoff stays where it is; try again at the next interval.
                 self._emitter.emit("renew_failed", key, error=exc)
                 continue
+            finally:
+                abandon.close()
             if self._over():
                 return
-            if not kept:
+            if answer is _LOST:
                 self.lost = True
                 self._emitter.emit("lease_lost", key)
                 self._cutoff.expire()  # cut the callback off now
                 return
+            # RENEWED, or ALREADY_LATER: either way the lease ends at least there.
             self.renewed += 1
             ends = sent + length
-            reserve = self.lease.reserve
-            self.lease = Lease(claim, ends - reserve, ends, reserve)
+            reserve = current.reserve
+            held.lease = Lease(claim, ends - reserve, ends, reserve)
             self._cutoffs.postpone(self._cutoff, ends - reserve)

@@ -40,8 +40,9 @@ class Event:
     are malformed — a foreign or damaged record; ``error`` is the
     ``InconsistentStateError`` the caller got.  Delete the record to free the key.
     ``renew_failed``: a lease renewal (``Options(renew_lease=...)``) got no answer; ``error``
-    says why, and the next renewal is tried at the next interval.  A renewal the store
-    refused is ``lease_lost``.  ``transaction_not_run``: an HTTP route that declares a
+    says why (a ``TimeoutError`` when it was abandoned unanswered at the next interval), and
+    the next renewal goes out at the next interval.  A renewal the store refused is
+    ``lease_lost``.  ``transaction_not_run``: an HTTP route that declares a
     transaction returned a response without running it (nothing was recorded; the
     middleware answered 500 instead); ``error`` is a ``ConfigError`` naming the route.
     """

@@ -209,8 +209,6 @@ def test_reference_order_examples() -> None:
     assert _orders.ts_order(("\uff5a", "\U0001f600")) == ("\U0001f600", "\uff5a")
 
 
-
-
 def test_cache_stays_within_its_bound_and_skips_large_key_sets() -> None:
     _orders.clear_cache()
     for n in range(_orders.CACHE_ENTRIES + 50):

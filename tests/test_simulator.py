@@ -18,7 +18,7 @@ from _redis import RedisServer
 
 from idempotency_async import MemoryStore
 from idempotency_async.record import Claim, Completion
-from idempotency_async.stores.base import Written
+from idempotency_async.stores.base import Extended, Written
 from idempotency_async.stores.dynamodb import DynamoDBStore
 from idempotency_async.stores.redis import RedisStore
 from idempotency_async.testing import (
@@ -159,9 +159,10 @@ async def test_redis_store_keeps_the_guarantee_by_its_server_clock(
 class _IdleExtendStore(MemoryStore):
     """A store whose extend says yes and does nothing: the lease is not renewed."""
 
-    async def extend(self, claim: Claim) -> bool:
+    async def extend(self, claim: Claim) -> Extended:
         record = (await self.get(claim.key, now=claim.now)).record
-        return record is not None and record.owner == claim.owner
+        held = record is not None and record.owner == claim.owner
+        return Extended.RENEWED if held else Extended.LOST
 
 
 def test_renewal_is_generated_with_faults_on_extend() -> None:

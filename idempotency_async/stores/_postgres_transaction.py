@@ -44,7 +44,7 @@ from idempotency_async.stores._postgres_values import (
     record_from_row,
     text_column,
 )
-from idempotency_async.stores.base import CLAIMED, State, Verdict, Written, judge
+from idempotency_async.stores.base import CLAIMED, Extended, State, Verdict, Written, judge
 
 __all__ = ["TransactionStore"]
 
@@ -214,8 +214,9 @@ class TransactionStore:
             self._session.forget_callback()
         return True
 
-    async def extend(self, claim: Claim) -> bool:
-        return True  # the row lock holds the key until the transaction ends: no lease
+    async def extend(self, claim: Claim) -> Extended:
+        # The row lock holds the key until the transaction ends: no lease to move.
+        return Extended.RENEWED
 
     async def force_release(self, key: str) -> Record | None:
         raise ConfigError("force_release is not part of a transactional call")

@@ -25,7 +25,7 @@ from typing import Any
 
 from idempotency_async import errors
 from idempotency_async.record import Claim, Record, Status
-from idempotency_async.stores.base import State, Verdict
+from idempotency_async.stores.base import Extended, State, Verdict
 from idempotency_async.testing._faults import Application, Op
 from idempotency_async.testing._run import (
     CallbackExit,
@@ -38,6 +38,9 @@ from idempotency_async.testing._run import (
 from idempotency_async.testing._store_checks import BOUNDARY, StoreChecks, shape
 
 __all__ = ["check"]
+
+# A renewal the store confirmed: the lease ends at least where it asked.
+_CONFIRMED = (Extended.RENEWED, Extended.ALREADY_LATER)
 
 
 @dataclass(slots=True)
@@ -84,7 +87,9 @@ class _Checker:
         for op in trace.store.ops:
             # A renewal the store confirmed moves the lease end to its length after the
             # moment the extend was sent; the cutoff follows, a reserve before it.
-            if op.name != "extend" or op.delivered is not True or op.arg.owner not in self.held:
+            if op.name != "extend" or op.delivered not in _CONFIRMED:
+                continue
+            if op.arg.owner not in self.held:
                 continue
             held = self.held[op.arg.owner]
             plan = self.scenario.managers[self.scenario.calls[held.call].manager]
@@ -583,7 +588,7 @@ class _Checker:
         if self.renewing(outcome.call):
             # Renewed: cut off at the lease as renewed, or when a renewal was refused.
             for op in self.ops_of(outcome.call):
-                if op.name == "extend" and op.delivered is False:
+                if op.name == "extend" and op.delivered is Extended.LOST:
                     return True
         elif outcome.deadline is not None:
             return False

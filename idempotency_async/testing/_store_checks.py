@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from idempotency_async.record import Claim, Completion, Record, Status
-from idempotency_async.stores.base import State, Verdict, Written
+from idempotency_async.stores.base import Extended, State, Verdict, Written
 from idempotency_async.testing._faults import Application, Op
 
 __all__ = ["BOUNDARY", "StoreChecks", "expected_expiry", "expected_state", "shape"]
@@ -151,34 +151,68 @@ class StoreChecks:
                 self.check_durations(op, before, now, answer)
 
     def check_extend(self, op: Op, application: Application) -> None:
-        """A renewal is owner-fenced: it applies to an INPROGRESS record of its owner (and
-        then moves the lease end to ``lease`` after the store's now), else changes nothing."""
+        """A renewal is owner-fenced and never moves a lease end back: it applies to an
+        INPROGRESS record of its owner whose lease ends no later than ``lease`` after the
+        store's now (``RENEWED``: the lease then ends there), leaves the owner's record
+        whose lease ends later as it is (``ALREADY_LATER``), and changes nothing of any
+        other record (``LOST``)."""
         before, after, answer = application.before, application.after, application.answer
         claim: Claim = op.arg
         now = self.now(application, claim.now)
+        wanted = now + claim.lease
         owned = (
             before is not None
             and before.status is Status.INPROGRESS
             and before.owner == claim.owner
         )
-        if answer is not owned:
-            self.fail(
-                f"store: extend of {op.key} by {claim.owner} answered {answer!r} for the "
-                f"record {before}: a renewal applies to its owner's in-progress record only"
-            )
-        elif not owned and shape(after) != shape(before):
-            self.fail(
-                f"store: a refused extend of {op.key} changed the record: {before} -> {after}"
-            )
-        elif owned and (
-            after is None
-            or after.owner != claim.owner
-            or after.lease_end is None
-            or after.lease_end < now + claim.lease - self.boundary
+        if not owned:
+            if answer is not Extended.LOST or shape(after) != shape(before):
+                self.fail(
+                    f"store: extend of {op.key} by {claim.owner} answered {answer!r} and left "
+                    f"{after} for the record {before}: a renewal applies to its owner's "
+                    "in-progress record only"
+                )
+            return
+        assert before is not None
+        end = before.lease_end
+        if (
+            end is not None
+            and after is not None
+            and after.lease_end is not None
+            and after.lease_end < end - self.boundary
         ):
             self.fail(
-                f"store: extend of {op.key} at {now} for {claim.lease} s answered True but "
-                f"left {after}: a confirmed renewal must move the lease end"
+                f"store: extend of {op.key} at {now} for {claim.lease} s answered "
+                f"{answer!r} and moved the lease end back: {before} -> {after}"
+            )
+            return
+        if end is not None and abs(end - wanted) < self.boundary:
+            expected: tuple[Extended, ...] = (Extended.RENEWED, Extended.ALREADY_LATER)
+        elif end is not None and end > wanted:
+            expected = (Extended.ALREADY_LATER,)
+        else:
+            expected = (Extended.RENEWED,)
+        if answer not in expected:
+            self.fail(
+                f"store: extend of {op.key} at {now} for {claim.lease} s (to {wanted:.3f}) "
+                f"answered {answer!r} for its owner's record {before}; expected "
+                f"{' or '.join(str(e) for e in expected)}"
+            )
+        elif answer is Extended.ALREADY_LATER and shape(after) != shape(before):
+            self.fail(
+                f"store: extend of {op.key} answered {answer!r} but changed the record: "
+                f"{before} -> {after}"
+            )
+        elif answer is Extended.RENEWED and (
+            after is None
+            or after.owner != claim.owner
+            or after.status is not Status.INPROGRESS
+            or after.lease_end is None
+            or after.lease_end < wanted - self.boundary
+        ):
+            self.fail(
+                f"store: extend of {op.key} at {now} for {claim.lease} s answered {answer!r} "
+                f"but left {after}: a confirmed renewal must move the lease end"
             )
 
     def check_claim(
