@@ -104,6 +104,9 @@ def _simpler_call(call: CallPlan) -> Iterator[CallPlan]:
         {"duration": 0.0},
         {"amount": 1},
         {"at": 0.0},
+        {"also": ()},
+        {"middleware": False},
+        {"latency": 0.0},
     ]
     for change in simpler:
         candidate = replace(call, **change)  # type: ignore[arg-type]
@@ -121,6 +124,8 @@ def _simpler_manager(plan: ManagerPlan) -> Iterator[ManagerPlan]:
         {"completion_reserve": None},
         {"lease": None},
         {"expires_after": 3600.0},
+        {"renew_lease": None, "renew_every": None},
+        {"renew_every": None},
     ]
     for change in simpler:
         candidate = replace(plan, **change)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from idempotency_async.record import Claim, Completion, Record, Status
 from idempotency_async.stores.base import State, Verdict, Written
 from idempotency_async.testing._faults import Application, Op
 
-__all__ = ["BOUNDARY", "StoreChecks", "expected_expiry", "expected_state", "shape"]
+__all__ = ["BOUNDARY", "StoreChecks", "expected_expiry", "expected_state", "renewed", "shape"]
 
 
 BOUNDARY = 0.002
@@ -40,6 +40,18 @@ def expected_state(record: Record | None, now: float) -> State:
 def expected_expiry(now: float, ttl: float, lease: float) -> int:
     """A record's expiry from the contract: ``ceil(now + ttl)``, never before its lease ends."""
     return math.ceil(now + max(ttl, lease))
+
+
+def renewed(answer: Any) -> bool | None:
+    """What an ``extend`` answer says: True — the lease holds at least as long as asked
+    (renewed, or already later: a newer renewal landed first); False — the lease is lost;
+    None — not an answer."""
+    if answer is True or answer is False:
+        return bool(answer)
+    name = getattr(answer, "name", None)
+    if not isinstance(name, str):
+        return None
+    return "LOST" not in name.upper()
 
 
 def shape(record: Record | None) -> tuple[Any, ...] | None:
@@ -107,6 +119,17 @@ class StoreChecks:
         )
 
     def check_application(self, op: Op, application: Application) -> None:
+        saved = self.boundary
+        if self.store_clock is not None and application.until is not None:
+            # A store judging by its own clock judged it somewhere while it was on its way:
+            # a slow answer (a busy machine) widens the window, never the verdict.
+            self.boundary = saved + (application.until - application.at)
+        try:
+            self._check_application(op, application)
+        finally:
+            self.boundary = saved
+
+    def _check_application(self, op: Op, application: Application) -> None:
         before, after, answer = application.before, application.after, application.answer
         if application.error is not None:
             if shape(before) != shape(after):
@@ -151,8 +174,10 @@ class StoreChecks:
                 self.check_durations(op, before, now, answer)
 
     def check_extend(self, op: Op, application: Application) -> None:
-        """A renewal is owner-fenced: it applies to an INPROGRESS record of its owner (and
-        then moves the lease end to ``lease`` after the store's now), else changes nothing."""
+        """A renewal is owner-fenced: it applies to an INPROGRESS record of its owner, and
+        then the lease ends ``lease`` after the store's now — or later, when a newer renewal
+        landed first: a lease end never moves back (a late renewal must not shorten a newer
+        one).  Anything else changes nothing, and the lease is lost."""
         before, after, answer = application.before, application.after, application.answer
         claim: Claim = op.arg
         now = self.now(application, claim.now)
@@ -161,7 +186,7 @@ class StoreChecks:
             and before.status is Status.INPROGRESS
             and before.owner == claim.owner
         )
-        if answer is not owned:
+        if renewed(answer) is not owned:
             self.fail(
                 f"store: extend of {op.key} by {claim.owner} answered {answer!r} for the "
                 f"record {before}: a renewal applies to its owner's in-progress record only"
@@ -177,8 +202,21 @@ class StoreChecks:
             or after.lease_end < now + claim.lease - self.boundary
         ):
             self.fail(
-                f"store: extend of {op.key} at {now} for {claim.lease} s answered True but "
-                f"left {after}: a confirmed renewal must move the lease end"
+                f"store: extend of {op.key} at {now} for {claim.lease} s answered {answer!r} "
+                f"but left {after}: a confirmed renewal must move the lease end"
+            )
+        elif (
+            owned
+            and before is not None
+            and before.lease_end is not None
+            and after is not None
+            and after.lease_end is not None
+            and after.lease_end < before.lease_end - self.boundary
+        ):
+            self.fail(
+                f"store: extend of {op.key} at {now} for {claim.lease} s moved the lease end "
+                f"back, from {before.lease_end:.3f} to {after.lease_end:.3f}: a renewal that "
+                "lands late must never shorten a newer one"
             )
 
     def check_claim(
