@@ -1187,12 +1187,18 @@ class _Checker:
         verdicts = [
             op.delivered
             for op in self.ops_of(outcome.call)
-            if op.name in ("claim", "get")
-            and isinstance(op.delivered, Verdict)
-            and op.delivered.state is State.IN_PROGRESS
+            if op.name in ("claim", "get") and isinstance(op.delivered, Verdict)
         ]
         if verdicts:
-            record = verdicts[-1].record
+            # Refused by the store: after an in-progress verdict, the last one it got (a
+            # poll that read the record completed must replay it, G3).
+            last = verdicts[-1]
+            if last.state is not State.IN_PROGRESS:
+                return (
+                    f"AlreadyInProgressError after the store last answered {last.state} "
+                    "(a completed record replays; a free key is claimed)"
+                )
+            record = last.record
             if record is not None and not self.validation_matches(outcome.call, record):
                 return (
                     "AlreadyInProgressError for a record whose payload differs: validation "
