@@ -345,12 +345,20 @@ class _Checker:
             next_op, following = nxt
             if self.by_operator(next_op):
                 return True  # an operator's documented hazard
+            judged = self.judged_at(following)
             if shape(following.before) != shape(completed):
-                return completed.expiration < self.max_wall(following.at)  # dropped
+                return completed.expiration < self.max_wall(judged)  # dropped
             if shape(following.after) != shape(completed) and next_op.name == "claim":
-                now: float = max(next_op.arg.now, self.max_wall(following.at))
+                now: float = max(next_op.arg.now, self.max_wall(judged))
                 return completed.expiration < now
         return True  # never removed: the second claim met something else (checked above)
+
+    def judged_at(self, application: Application) -> float:
+        """The latest loop time the store may have judged ``application`` by: a store with
+        a real clock of its own judged it somewhere until its answer came back."""
+        if self.trace.own_clock and application.until is not None:
+            return application.until
+        return application.at
 
     def check_recorded_told(self, run: Run) -> None:
         outcome = self.trace.outcomes[run.call]
