@@ -296,9 +296,12 @@ async def _probe(trace: Trace, start: float) -> None:
     for op in trace.store.ops:
         if op.name in ("claim", "extend"):
             # The lease counts from when the claim was sent (a store's own clock: from when
-            # it applied the claim), whatever the sender's clock.
-            for sent in (op.started, *(application.at for application in op.applications)):
-                last = max(last, sent + op.arg.lease)
+            # it applied the claim — any time until its answer came back, however slow),
+            # whatever the sender's clock.
+            for application in op.applications:
+                applied = application.until if application.until is not None else application.at
+                last = max(last, applied + op.arg.lease)
+            last = max(last, op.started + op.arg.lease)
     await asyncio.sleep(max(0.0, last - loop.time()) + (0.05 if trace.own_clock else 0.01))
     ahead = 0.0
     if not trace.scenario.server_clock:
