@@ -123,6 +123,10 @@ TRIPLES: dict[str, dict[str, frozenset[str]]] = {
         "door": frozenset({"http"}),
         "event": frozenset({"middleware", "replayed"}),
     },
+    "local cache x expired record x later call": {
+        "cache": frozenset({"on"}),
+        "event": frozenset({"after_expiry"}),
+    },
 }
 """Named situations where three features (or more) meet: each must be covered too.  An
 ``event`` condition holds when the call's trace shows every event named (see
@@ -136,6 +140,7 @@ TRIPLE_FEATURES: dict[str, frozenset[str]] = {
     "renewal x late extend x takeover": frozenset({"renewal", "late_extends"}),
     "Lambda batch x slow store x close deadline": frozenset({"lambda_context", "slow_batch"}),
     "HTTP gate x middleware x replay": frozenset({"http", "http_middleware"}),
+    "local cache x expired record x later call": frozenset(),
 }
 """The generator features each named triple needs (left out, it cannot be required)."""
 

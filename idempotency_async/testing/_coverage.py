@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 
+from idempotency_async.record import Status
 from idempotency_async.testing._axes import (
     AXES,
     TRIPLE_FEATURES,
@@ -25,7 +26,9 @@ from idempotency_async.testing._trace import Trace
 
 __all__ = ["Coverage", "call_values", "coverage_of"]
 
-_COMPLETE_EARLY = frozenset({"complete_then_run", "complete_then_raise", "complete_odd"})
+_COMPLETE_EARLY = frozenset(
+    {"complete_then_run", "complete_then_raise", "complete_odd", "complete_twice"}
+)
 _ATTACH = frozenset({"complete_without_response", "attach_later", "without_response_then_raise"})
 _OUTCOMES = {
     "swallow": "ignore_cutoff",
@@ -38,6 +41,7 @@ _OUTCOMES = {
     "nan": "odd_result",
     "complete_odd": "odd_result",
     "complete_then_run": "return",
+    "complete_twice": "return",
     "complete_then_raise": "raise",
     "without_response_then_raise": "raise",
     "complete_without_response": "return",
@@ -175,3 +179,15 @@ def _events(trace: Trace, index: int) -> Iterator[str]:
     outcome = trace.outcomes[index]
     if outcome.error is None and outcome.returned_value and not outcome.runs:
         yield "replayed"
+    key = trace.call_keys.get(index)
+    manager = trace.scenario.managers[plan.manager]
+    wall = trace.base + outcome.entered - trace.start + manager.skew
+    if key is not None and any(
+        op.key == key
+        and application.after is not None
+        and application.after.status is Status.COMPLETED
+        and application.after.expiration < wall
+        for op in trace.store.ops
+        for application in op.applications
+    ):
+        yield "after_expiry"  # a record of its key had completed and expired by then

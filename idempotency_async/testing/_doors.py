@@ -4,6 +4,7 @@ function, an SQS batch (with a Lambda context or not) — and what its callback 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -13,6 +14,7 @@ from typing import Any
 from idempotency_async import Call
 from idempotency_async.deadlines import deadline as ambient_deadline
 from idempotency_async.decorators import idempotent_function
+from idempotency_async.errors import ConfigError
 from idempotency_async.integrations.aws_lambda import process_batch
 from idempotency_async.manager import Manager
 from idempotency_async.testing._scenario import CallPlan
@@ -256,6 +258,7 @@ _HANDLED = frozenset(
         "complete_without_response",
         "attach_later",
         "complete_odd",
+        "complete_twice",
         "without_response_then_raise",
     }
 )
@@ -288,6 +291,10 @@ async def _behave_with_call(
         raise CallbackFailed(f"call {index} failed after completing")
     if plan.behaviour == "attach_later":
         await call.complete(value)
+    if plan.behaviour == "complete_twice":
+        # A second answer: refused (one key, one answer); the callback goes on.
+        with contextlib.suppress(ConfigError):
+            await call.complete({"call": index, "again": True})
     return value
 
 

@@ -1262,6 +1262,71 @@ class _Checker:
                     "a 5xx counts as raising, and the key is released"
                 )
 
+    def check_one_answer(self) -> None:
+        """G6: a record completed with its response is final — a later completion by its
+        owner (a Call completed twice) never changes the response."""
+        for key, history in self.applications.items():
+            final: dict[str, Record] = {}
+            for op, application in history:
+                after = application.after
+                if (
+                    op.name != "complete"
+                    or not application.done
+                    or after is None
+                    or after.status is not Status.COMPLETED
+                    or after.owner is None
+                ):
+                    continue
+                first = final.get(after.owner)
+                if first is None:
+                    if after.response_stored:
+                        final[after.owner] = after
+                    continue
+                if not after.response_stored or not same(after.response, first.response):
+                    self.fail(
+                        f"G6: {key} was completed with {first.response!r}, then again with "
+                        f"{after.response!r} by the same owner: one key, one answer"
+                    )
+
+    def check_cache_life(self) -> None:
+        """G6: a local cache answers only what the store held during the record's life: a
+        replay served in process (no store request of its own) comes from a record that
+        had not expired then — by the clock the store judged it by."""
+        for outcome in self.outcomes:
+            key = self.key_of(outcome.call)
+            if (
+                key is None
+                or outcome.error is not None
+                or not outcome.returned_value
+                or outcome.runs
+                or outcome.exited is None
+                or self.batch(outcome.call)
+                or self.http(outcome.call)
+                or any(True for _ in self.ops_of(outcome.call))
+            ):
+                continue
+            plan = self.manager_plan(outcome.call)
+            if not plan.use_local_cache or plan.jump:
+                continue
+            now = outcome.exited - self.trace.start + self.trace.base
+            if not self.scenario.server_clock:
+                now += plan.skew
+            held = [
+                application.after
+                for _, application in self.applications.get(key, ())
+                if application.done
+                and application.after is not None
+                and application.after.status is Status.COMPLETED
+                and application.after.response_stored
+                and same(outcome.value, application.after.response)
+            ]
+            if held and all(record.expiration < now - self.tol for record in held):
+                self.fail(
+                    f"G6: call {outcome.call} replayed {outcome.value!r} from its process at "
+                    f"t={outcome.exited:.3f}, after every record that held it had expired "
+                    f"(the last at {max(r.expiration for r in held)}, the clock read {now:.3f})"
+                )
+
     def check_operators(self) -> None:
         """Only an operator force-releases (its documented hazards are its own)."""
         for op in self.trace.store.ops:
@@ -1333,4 +1398,6 @@ def check(trace: Trace, *, tolerance: float = 1e-6) -> list[str]:
     checker.check_options()
     checker.check_http()
     checker.check_operators()
+    checker.check_one_answer()
+    checker.check_cache_life()
     return checker.violations

@@ -51,6 +51,7 @@ Behaviour = Literal[
     "complete_without_response",
     "attach_later",
     "complete_odd",
+    "complete_twice",
     "without_response_then_raise",
     "stream",
     "server_error",
@@ -98,6 +99,7 @@ FEATURES = frozenset(
         "slow_answers",  # answers that come slowly after the write applied; requests adrift
         "late_extends",  # extends that land late: after a newer one, or after a takeover
         "renew_settings",  # renewal settings that can never renew (to be refused)
+        "gate_late_completion",  # an HTTP stream's first completion landing late
     }
 )
 """What the generator can add beyond the original scenarios; ``generate(exclude=...)``
@@ -309,6 +311,8 @@ def generate(
     if "cross" in on:
         realized = _cross(seed, calls, managers, server_clock, clock_given, keys, on, scale, live)
         calls, managers, server_clock = realized
+    if "gate_late_completion" not in on:
+        calls = [_no_late_stream_head(call) for call in calls]
     calls.sort(key=lambda call: call.at)
     validate = rng.random() < 0.7
     return Scenario(
@@ -381,6 +385,19 @@ def _widen(rng: random.Random, call: CallPlan, on: frozenset[str], scale: float)
         deadline=deadline,
         copies=copies if door == "batch" and "batch_duplicates" in on else 1,
     )
+
+
+def _no_late_stream_head(call: CallPlan) -> CallPlan:
+    """An HTTP stream's completions with no late landing (its answer is lost instead)."""
+    if call.door != "http" or call.behaviour != "stream":
+        return call
+    faults = tuple(
+        replace(fault, kind="lose", seconds=0.0)
+        if fault.op == "complete" and fault.kind in ("late", "adrift")
+        else fault
+        for fault in call.faults
+    )
+    return replace(call, faults=faults)
 
 
 def _no_nonsense_claim(fault: Fault) -> Fault:
@@ -792,6 +809,14 @@ def _cross(
                 door="http" if focus.door == "http" else "execute",
             )
         )
+    if "event" in row and "after_expiry" in row["event"]:
+        # A record that lives a few seconds, and a call of the same process (its local
+        # cache on) after it expired: the cache must not outlive the record.
+        plan = replace(plan, expires_after=_ms(rng, 2.0, 4.0, scale))
+        later = focus.at + focus.duration + plan.expires_after + _ms(rng, 1.0, 2.0, scale)
+        extra.append(
+            replace(focus, at=round(later, 3), faults=(), behaviour="return", cancel_after=None)
+        )
     if "event" in row and "replayed" in row["event"]:
         later = focus.at + focus.duration + _ms(rng, 0.5, 1.5, scale)
         extra.append(
@@ -945,6 +970,9 @@ def _focus(
 
 def _behaviour(rng: random.Random, door: str, outcome: str, live: bool) -> Behaviour:
     if door == "call_complete":
+        if outcome == "return":
+            # Now and then completing once more: a Call completed with a response is final.
+            return rng.choice(["complete_then_run", "complete_then_run", "complete_twice"])
         return {"raise": "complete_then_raise", "odd_result": "complete_odd"}.get(
             outcome, "complete_then_run"
         )  # type: ignore[return-value]
