@@ -32,6 +32,7 @@ from idempotency_async.testing import (
     simulate_live,
 )
 from idempotency_async.testing.__main__ import main
+from idempotency_async.testing._axes import covering_rows
 
 # More seeds locally: SIM_MEMORY_SEEDS=200000 SIM_LIVE_SEEDS=2000 python -m pytest ...
 MEMORY_SEEDS = int(os.environ.get("SIM_MEMORY_SEEDS", "10000"))
@@ -45,9 +46,11 @@ def test_memory_store_keeps_the_guarantee() -> None:
     assert report.scenarios == MEMORY_SEEDS
     assert report.faults >= MEMORY_SEEDS  # at least one per scenario
     # Features cross: every pair of axis values that can meet did, and every named triple
-    # (a feature lands as an axis with its pairs covered).
-    assert report.coverage.missing_pairs(EXCLUDE) == []
-    assert report.coverage.missing_triples(EXCLUDE) == []
+    # (a feature lands as an axis with its pairs covered).  CI's seeds realize the covering
+    # array many times over; a count below twice its rows (a quick local run) may not.
+    if MEMORY_SEEDS >= 2 * len(covering_rows()):
+        assert report.coverage.missing_pairs(EXCLUDE) == []
+        assert report.coverage.missing_triples(EXCLUDE) == []
     # Every documented outcome shows up, so the checks are not vacuous.
     for outcome in (
         "value",

@@ -27,6 +27,7 @@ from idempotency_async import errors
 from idempotency_async.record import Claim, Record, Status
 from idempotency_async.stores.base import State, Verdict
 from idempotency_async.testing._faults import Application, Op
+from idempotency_async.testing._plans import ManagerPlan, can_renew, renewal_reserve
 from idempotency_async.testing._run import (
     CallbackExit,
     CallbackFailed,
@@ -35,7 +36,6 @@ from idempotency_async.testing._run import (
     Trace,
     clock_offset,
 )
-from idempotency_async.testing._scenario import ManagerPlan, can_renew, renewal_reserve
 from idempotency_async.testing._store_checks import BOUNDARY, StoreChecks, renewed, shape
 from idempotency_async.testing._trace import ServerError
 

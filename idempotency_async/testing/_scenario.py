@@ -1,73 +1,49 @@
-"""Scenarios: managers (processes) sharing one store, calls over a few keys, and faults.
+"""Scenarios: managers (processes) sharing one store, calls over a few keys, and faults,
+generated from a seed — so a failure can be printed and rerun.
 
-A scenario is a plain value generated from a seed, so a failure can be printed and rerun.
-Times are whole milliseconds times ``scale`` (virtual time runs at scale 1; a real store
-at a smaller scale keeps a real-time run short).
+The plan types are in ``_plans``; the crossing of features (one call per seed realizing a
+row of the axes' covering array) in ``_cross``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import random
 from collections.abc import Collection
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
 
-from idempotency_async.testing._axes import AXES, SLOW, VALUE_FEATURES, conflict, covering_rows
+from idempotency_async.testing._cross import SOURCES, cross
+from idempotency_async.testing._plans import (
+    CALL_BEHAVIOURS,
+    ERRORS,
+    OPS,
+    Behaviour,
+    CallPlan,
+    DeadlineMode,
+    Door,
+    ErrorKind,
+    Fault,
+    FaultKind,
+    ManagerPlan,
+    Scenario,
+    Shape,
+    can_renew,
+    renewal_reserve,
+    valid_renewal,
+)
+from idempotency_async.testing._plans import ms as _ms
 
 __all__ = [
     "FEATURES",
-    "can_renew",
-    "renewal_reserve",
     "CallPlan",
     "Fault",
     "FaultKind",
     "ManagerPlan",
     "Scenario",
+    "can_renew",
     "generate",
+    "renewal_reserve",
 ]
-
-FaultKind = Literal[
-    "error", "lose", "resend", "delay", "stall", "nonsense", "late", "slow_answer", "adrift"
-]
-ErrorKind = Literal["unavailable", "throttled", "denied", "validation", "inconsistent"]
-Behaviour = Literal[
-    "return",
-    "raise",
-    "hang",
-    "swallow",
-    "block",
-    "unstorable",
-    "falsy",
-    "wide_int",
-    "surrogate",
-    "nan",
-    "base_exception",
-    "cancel_self",
-    "complete_then_run",
-    "complete_then_raise",
-    "complete_without_response",
-    "attach_later",
-    "complete_odd",
-    "complete_twice",
-    "without_response_then_raise",
-    "stream",
-    "server_error",
-]
-DeadlineMode = Literal["timeout", "deadline", "ambient", "lambda", "none"]
-Door = Literal["execute", "execute_call", "decorated", "operator", "batch", "http"]
-Shape = Literal["coroutine", "lambda", "plain"]
-
-OPS = ("claim", "get", "complete", "release")
-ERRORS: tuple[ErrorKind, ...] = ("unavailable", "throttled", "denied", "validation", "inconsistent")
-CALL_BEHAVIOURS: tuple[Behaviour, ...] = (
-    "attach_later",
-    "complete_then_raise",
-    "complete_then_run",
-    "complete_without_response",
-)
 
 FEATURES = frozenset(
     {
@@ -104,132 +80,6 @@ FEATURES = frozenset(
 )
 """What the generator can add beyond the original scenarios; ``generate(exclude=...)``
 leaves some out (a seed draws the same numbers either way, so it stays comparable)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    """A fault on the ``nth`` (0-based) ``op`` that one call sends to the store.
-
-    ``error``: raise before applying.  ``lose``: apply, then lose the answer.  ``resend``:
-    apply, lose the answer, send it again (an SDK retry).  ``delay``/``stall``: wait
-    ``seconds`` before applying (a request abandoned meanwhile never lands).  ``nonsense``:
-    apply, then answer something that is not a store answer.  ``slow_answer``: apply at
-    once, answer ``seconds`` later.  ``adrift``: the request is on its way for ``seconds``
-    and lands then even if its sender abandoned it (a request cannot be unsent).
-    """
-
-    op: str
-    nth: int
-    kind: FaultKind
-    seconds: float = 0.0
-    error: ErrorKind = "unavailable"
-    """The error ``error``/``lose`` raise (``late``: the answer lost, the write applied
-    ``seconds`` later, after other operations)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ManagerPlan:
-    """One process: its clock skew and the options of its manager."""
-
-    skew: float
-    wait: bool
-    wait_timeout: float
-    lease: float | None
-    lease_margin: float
-    expires_after: float
-    use_local_cache: bool
-    completion_reserve: float | None
-    jump_at: float | None = None
-    """Loop time at which this process's wall clock jumps by ``jump`` seconds."""
-    jump: float = 0.0
-    renew_lease: float | None = None
-    """``Options(renew_lease=...)``: a short lease renewed while the callback runs."""
-    renew_every: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CallPlan:
-    """One ``execute`` call: who sends it, when, for which key, and what its callback does."""
-
-    manager: int
-    key: int | None
-    """Index of the key; ``None`` sends a payload without a key (run without idempotency)."""
-    amount: int
-    """The validated part of the payload: calls of one key with another amount are misuse."""
-    at: float
-    deadline: DeadlineMode
-    timeout: float
-    behaviour: Behaviour
-    duration: float
-    cancel_after: float | None
-    faults: tuple[Fault, ...] = ()
-    door: Door = "execute"
-    """``operator``: a ``force_release`` of the key instead of a call; ``batch``: an SQS
-    event through ``process_batch`` holding the payload ``copies`` times."""
-    shape: Shape = "coroutine"
-    copies: int = 1
-    also: tuple[tuple[DeadlineMode, float], ...] = ()
-    """Further deadline sources of the call, each with its seconds: the earliest of all
-    wins (``lambda``: the Lambda context of a batch, its remaining time in ms)."""
-    middleware: bool = False
-    """``http``: a middleware compressing the app's responses sits inside the gate."""
-    latency: float = 0.0
-    """Every store request of the call takes this long to reach the store (a slow store)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    seed: int
-    validate: bool
-    managers: tuple[ManagerPlan, ...]
-    calls: tuple[CallPlan, ...]
-    scale: float = 1.0
-    server_clock: bool = False
-    """The store judges by its own clock (the loop's, unskewed), not the managers'."""
-    capacity: int | None = None
-    """``max_records`` of a MemoryStore (the simulator's own store only)."""
-    live: bool = False
-    """Generated for a real-time run (no callback blocks the loop, every manager has a
-    ``lease``); informational: the scenario runs as it is, in either time."""
-
-    def describe(self) -> str:
-        """The scenario as readable text (printed with every failure)."""
-        lines = [
-            f"scenario seed={self.seed} scale={self.scale} validate={self.validate} "
-            f"server_clock={self.server_clock} capacity={self.capacity} live={self.live}"
-        ]
-        for index, plan in enumerate(self.managers):
-            lines.append(f"  manager {index}: {plan}")
-        for index, call in enumerate(self.calls):
-            lines.append(f"  call {index}: {call}")
-        return "\n".join(lines)
-
-    def to_json(self) -> str:
-        """The scenario as JSON text: ``python -m idempotency_async.testing --scenario``
-        runs it again."""
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> Scenario:
-        data: dict[str, Any] = json.loads(text)
-        managers = tuple(ManagerPlan(**plan) for plan in data.pop("managers"))
-        calls = tuple(
-            CallPlan(
-                **{
-                    **plan,
-                    "faults": tuple(Fault(**fault) for fault in plan["faults"]),
-                    "also": tuple((mode, seconds) for mode, seconds in plan.get("also", ())),
-                }
-            )
-            for plan in data.pop("calls")
-        )
-        return cls(managers=managers, calls=calls, **data)
-
-
-def _ms(rng: random.Random, low: float, high: float, scale: float) -> float:
-    """A duration in whole (scaled) milliseconds: unquantized timers can livelock a
-    virtual clock on float rounding."""
-    return round(rng.uniform(low, high) * scale, 3)
 
 
 def generate(
@@ -309,7 +159,7 @@ def generate(
     managers = _settled_renewal(seed, managers, on, scale)
     calls = _newer_features(seed, calls, managers, on, scale, live)
     if "cross" in on:
-        realized = _cross(seed, calls, managers, server_clock, clock_given, keys, on, scale, live)
+        realized = cross(seed, calls, managers, server_clock, clock_given, keys, on, scale, live)
         calls, managers, server_clock = realized
     if "gate_late_completion" not in on:
         calls = [_no_late_stream_head(call) for call in calls]
@@ -513,41 +363,7 @@ def _fault(rng: random.Random, scale: float) -> Fault:
     return Fault(op, rng.choices([0, 1], [4, 1])[0], kind, seconds)
 
 
-# -- renewal settings -------------------------------------------------------------------
-
-
-def renewal_reserve(plan: ManagerPlan) -> float:
-    """The completion reserve of a short lease, from the contract: min(0.5 s, 20 % of the
-    short lease), or the ``completion_reserve`` option (never more than the lease)."""
-    renew = plan.renew_lease
-    assert renew is not None
-    if plan.completion_reserve is not None:
-        return min(plan.completion_reserve, renew)
-    return min(0.5, 0.2 * renew)
-
-
-def can_renew(plan: ManagerPlan) -> bool:
-    """Whether a manager's renewal settings can keep a lease (the contract: a renewal can
-    be confirmed before the first cutoff, and one lost renewal can be survived — the one
-    after it still lands before the cutoff of the lease before it).  Settings that cannot
-    must be refused with ConfigError at construction."""
-    renew = plan.renew_lease
-    if renew is None:
-        return True
-    every = plan.renew_every if plan.renew_every is not None else renew / 3
-    return 2 * every + renewal_reserve(plan) < renew
-
-
-def _valid_renewal(plan: ManagerPlan) -> ManagerPlan:
-    """``plan`` with renewal settings that can renew (the interval shortened, the reserve
-    option dropped if it alone leaves no room)."""
-    renew = plan.renew_lease
-    if renew is None or can_renew(plan):
-        return plan
-    if plan.completion_reserve is not None and plan.completion_reserve >= 0.3 * renew:
-        plan = replace(plan, completion_reserve=None)
-    every = round((renew - renewal_reserve(plan)) / 2.5, 3)
-    return replace(plan, renew_every=every)
+# -- renewal settings ----------------------------------------------------------------
 
 
 def _settled_renewal(
@@ -570,19 +386,11 @@ def _settled_renewal(
                 plan = replace(plan, completion_reserve=round(renew * rng.uniform(0.6, 1.0), 3))
             settled.append(plan)
         else:
-            settled.append(_valid_renewal(plan))
+            settled.append(valid_renewal(plan))
     return tuple(settled)
 
 
 # -- doors, deadline sources and faults added by "Where features meet" ---------------------
-
-_SOURCES: dict[str, tuple[DeadlineMode, ...]] = {
-    "execute": ("timeout", "deadline", "ambient"),
-    "execute_call": ("timeout", "deadline", "ambient"),
-    "decorated": ("timeout", "ambient"),
-    "batch": ("ambient", "lambda"),
-    "http": ("ambient",),
-}
 
 
 def _newer_features(
@@ -665,7 +473,7 @@ def _more_sources(rng: random.Random, call: CallPlan, scale: float, lambdas: boo
     """One or two more deadline sources: the earliest of all is the call's deadline."""
     modes = [
         mode
-        for mode in _SOURCES.get(call.door, ())
+        for mode in SOURCES.get(call.door, ())
         if mode != call.deadline and (lambdas or mode != "lambda")
     ]
     if not modes or not math.isfinite(call.timeout):
@@ -701,312 +509,3 @@ def _late_extend(rng: random.Random, call: CallPlan, plan: ManagerPlan, scale: f
     kind: FaultKind = rng.choice(["late", "adrift"])
     seconds = round(rng.uniform(0.2, 2.0) * renew, 3)
     return replace(call, faults=(*call.faults, Fault("extend", rng.choice([0, 1]), kind, seconds)))
-
-
-# -- crossing: one call per seed realizes a row of the covering array ----------------------
-
-_ODD: tuple[Behaviour, ...] = ("falsy", "unstorable", "wide_int", "surrogate", "nan")
-
-
-def _cross(
-    seed: int,
-    calls: list[CallPlan],
-    managers: tuple[ManagerPlan, ...],
-    server_clock: bool,
-    clock_given: bool,
-    keys: int,
-    on: frozenset[str],
-    scale: float,
-    live: bool,
-) -> tuple[list[CallPlan], tuple[ManagerPlan, ...], bool]:
-    """Seed ``s`` makes one of its calls (the focus) realize row ``s mod N`` of the axes'
-    covering array — door, renewal, cache, clock, skew, fault and its place, callback
-    shape and outcome, deadline sources — and adds what that row needs to happen (a
-    holder to wait on for a ``get``, a lost claim answer before a ``release``, a retry
-    after a slow completion).  Values of features left out are replaced by their plain
-    counterpart."""
-    rows = covering_rows()
-    row = _allowed(rows[seed % len(rows)], on)
-    rng = random.Random(f"cross-{seed}")
-    index = rng.randrange(len(calls))
-    manager = rng.randrange(len(managers))
-    plan = managers[manager]
-    # The manager: renewal (valid settings), cache, skew.
-    if row.get("renewal") == "on":
-        renew = _ms(rng, 0.6, 2.0, scale)
-        plan = _valid_renewal(
-            replace(plan, renew_lease=renew, renew_every=round(renew * rng.uniform(0.2, 0.3), 3))
-        )
-    else:
-        plan = replace(plan, renew_lease=None, renew_every=None)
-    plan = replace(plan, use_local_cache=row.get("cache") == "on")
-    if row.get("skew") == "skewed":
-        if rng.random() < 0.7 or live:
-            skew = _ms(rng, 0.1, 2.0, scale) * rng.choice([-1, 1])
-            plan = replace(plan, skew=round(skew, 3))
-        else:
-            plan = replace(plan, jump_at=_ms(rng, 0.0, 6.0, scale), jump=_ms(rng, -2.0, 2.0, scale))
-    else:
-        plan = replace(plan, skew=0.0, jump_at=None, jump=0.0)
-    if not clock_given:
-        server_clock = row.get("clock") == "server"
-    door = row.get("door", "execute")
-    # A key of its own, so what the row asks for happens (the companions below share it).
-    focus = _focus(rng, row, door, manager, plan, keys, calls[index].at, scale, live, on)
-    extra: list[CallPlan] = []
-    place, kind = row.get("place", "none"), row.get("fault", "none")
-    other = (manager + 1) % len(managers)
-    if place == "get" or door == "operator":
-        # A holder in another process: the focus waits on it (polling with get), or the
-        # operator releases its record.
-        focus = replace(focus, at=round(focus.at + 0.01 * scale, 3))  # after the holder
-        holder = CallPlan(
-            other,
-            focus.key,
-            1,
-            round(focus.at - 0.01 * scale, 3),
-            "timeout",
-            _ms(rng, 3.0, 6.0, scale),
-            "return",
-            _ms(rng, 1.0, 2.5, scale),
-            None,
-            door="http" if focus.door == "http" else "execute",
-        )
-        extra.append(holder)
-        if place == "get":
-            plan = replace(plan, wait=True, wait_timeout=_ms(rng, 3.0, 6.0, scale))
-    if place == "complete" and kind in SLOW:
-        # A retry after the lease (renewed or not) would have lapsed: it must replay.
-        later = focus.at + focus.duration + _ms(rng, 2.0, 5.0, scale)
-        extra.append(
-            CallPlan(
-                other,
-                focus.key,
-                1,
-                round(later, 3),
-                "timeout",
-                _ms(rng, 2.0, 4.0, scale),
-                "return",
-                0.0,
-                None,
-                door="http" if focus.door == "http" else "execute",
-            )
-        )
-    if "event" in row and "extend_after_takeover" in row["event"]:
-        # Another process claims once the focus's lease lapsed; its late extend lands then.
-        later = focus.at + (plan.renew_lease or 1.0) * 1.5
-        extra.append(
-            CallPlan(
-                other,
-                focus.key,
-                1,
-                round(later, 3),
-                "timeout",
-                _ms(rng, 2.0, 4.0, scale),
-                "return",
-                _ms(rng, 0.5, 1.5, scale),
-                None,
-                door="http" if focus.door == "http" else "execute",
-            )
-        )
-    if "event" in row and "after_expiry" in row["event"]:
-        # A record that lives a few seconds, and a call of the same process (its local
-        # cache on) after it expired: the cache must not outlive the record.
-        plan = replace(plan, expires_after=_ms(rng, 2.0, 4.0, scale))
-        later = focus.at + focus.duration + plan.expires_after + _ms(rng, 1.0, 2.0, scale)
-        extra.append(
-            replace(focus, at=round(later, 3), faults=(), behaviour="return", cancel_after=None)
-        )
-    if "event" in row and "replayed" in row["event"]:
-        later = focus.at + focus.duration + _ms(rng, 0.5, 1.5, scale)
-        extra.append(
-            replace(
-                focus,
-                at=round(later, 3),
-                faults=(),
-                manager=other,
-                behaviour="return",
-                cancel_after=None,
-            )
-        )
-    if focus.deadline == "none" and not focus.also and plan.lease is None:
-        plan = replace(plan, lease=_ms(rng, 2.0, 6.0, scale))  # no hour-long hang
-    managers = (*managers[:manager], plan, *managers[manager + 1 :])
-    calls = [*calls[:index], focus, *calls[index + 1 :], *extra]
-    return calls, managers, server_clock
-
-
-def _allowed(row: dict[str, str], on: frozenset[str]) -> dict[str, str]:
-    """The row with the values of features left out replaced by others that fit it."""
-    out = dict(row)
-    for axis in AXES:
-        value = out.get(axis)
-        feature = VALUE_FEATURES.get((axis, value or ""))
-        if value is None or feature is None or feature in on:
-            continue
-        for other in AXES[axis]:
-            substitute = VALUE_FEATURES.get((axis, other))
-            if substitute is not None and substitute not in on:
-                continue
-            if conflict({**out, axis: other}) is None:
-                out[axis] = other
-                break
-        else:
-            out[axis] = AXES[axis][0]
-    if conflict(out) is not None:
-        # Rare: no single substitution fits; the plain call, with this row's manager.
-        out.update(
-            door="execute",
-            fault="none",
-            place="none",
-            shape="coroutine",
-            outcome="return",
-            deadline="timeout",
-        )
-    if out.get("door") == "operator":
-        for axis in ("shape", "outcome", "deadline"):
-            out.pop(axis, None)
-    if "event" in row:
-        events = set(row["event"].split(","))
-        if "late_extends" not in on:
-            events.discard("extend_after_takeover")
-        if "slow_batch" not in on:
-            events.discard("slow_store")
-        if "http_middleware" not in on:
-            events.discard("middleware")
-        out["event"] = ",".join(sorted(events))
-    return out
-
-
-def _focus(
-    rng: random.Random,
-    row: dict[str, str],
-    door: str,
-    manager: int,
-    plan: ManagerPlan,
-    key: int,
-    at: float,
-    scale: float,
-    live: bool,
-    on: frozenset[str],
-) -> CallPlan:
-    """The focus call of a row: its door, outcome, shape, deadline and fault."""
-    outcome, shape = row.get("outcome", "return"), row.get("shape", "coroutine")
-    place, kind = row.get("place", "none"), row.get("fault", "none")
-    events = set(row.get("event", "").split(","))
-    duration = _ms(rng, 0.05, 1.5, scale)
-    renew = plan.renew_lease
-    if place == "extend" and renew is not None:
-        duration = round(renew * rng.uniform(1.5, 3.0), 3)  # long enough to renew
-    elif place == "complete" and renew is not None:
-        # Completing after the first short lease, when only a renewed lease holds the key.
-        duration = round(renew * rng.uniform(1.2, 2.0), 3)
-    timeout = round(duration + _ms(rng, 1.5, 4.0, scale), 3)
-    behaviour = _behaviour(rng, door, outcome, live)
-    call_door: Door = "execute"
-    if door.startswith("call_"):
-        call_door = "execute_call"
-    elif door in ("decorated", "batch", "http", "operator"):
-        call_door = door  # type: ignore[assignment]
-    deadline = row.get("deadline", "none")
-    mode: DeadlineMode = "timeout"
-    also: tuple[tuple[DeadlineMode, float], ...] = ()
-    if deadline in ("none", "timeout", "deadline", "ambient", "lambda"):
-        mode = deadline  # type: ignore[assignment]
-    if deadline == "several":
-        modes = [
-            m
-            for m in _SOURCES.get(call_door, ("timeout", "ambient"))
-            if m != "lambda" or "lambda_context" in on
-        ]
-        mode = "timeout" if call_door == "http" else modes[0]
-        others = [m for m in modes if m != mode]
-        chosen = rng.sample(others, k=rng.randint(1, len(others))) if others else []
-        also = tuple(
-            (m, max(0.001, round(timeout + _ms(rng, -1.0, 2.0, scale), 3))) for m in chosen
-        )
-    if call_door == "http" and mode != "timeout":
-        also, mode = ((mode, timeout),) if mode == "ambient" else (), "timeout"
-    latency = 0.0
-    if "slow_store" in events:
-        latency = _ms(rng, 0.05, 0.3, scale)
-        timeout = round(latency * rng.uniform(1.0, 4.0), 3)
-        behaviour, duration = "return", 0.0
-    faults: tuple[Fault, ...] = ()
-    if kind != "none":
-        faults = (_row_fault(rng, place, kind, plan, scale),)
-        if place == "release" and behaviour not in ("raise", "cancel_self", "server_error"):
-            faults = (Fault("claim", 0, "lose", error="throttled"), *faults)
-    if "extend_after_takeover" in events and renew is not None:
-        # Its first renewal is on its way for long; every later one fails: the callback
-        # is cut off at the short lease, another claim takes the key, then the first
-        # renewal lands.
-        behaviour = "hang"
-        timeout = round(renew * 6, 3)
-        late: FaultKind = rng.choice(["late", "adrift"])
-        faults = (
-            Fault("extend", 0, late, round(renew * 2.5, 3)),
-            *(Fault("extend", nth, "error") for nth in range(1, 8)),
-        )
-    return CallPlan(
-        manager=manager,
-        key=key,
-        amount=1,
-        at=at,
-        deadline=mode,
-        timeout=timeout,
-        behaviour=behaviour,
-        duration=duration,
-        cancel_after=None,
-        faults=faults,
-        door=call_door,
-        shape=shape,  # type: ignore[arg-type]
-        copies=1 + (rng.random() < 0.3) if door == "batch" else 1,
-        also=also,
-        middleware="middleware" in events,
-        latency=latency,
-    )
-
-
-def _behaviour(rng: random.Random, door: str, outcome: str, live: bool) -> Behaviour:
-    if door == "call_complete":
-        if outcome == "return":
-            # Now and then completing once more: a Call completed with a response is final.
-            return rng.choice(["complete_then_run", "complete_then_run", "complete_twice"])
-        return {"raise": "complete_then_raise", "odd_result": "complete_odd"}.get(
-            outcome, "complete_then_run"
-        )  # type: ignore[return-value]
-    if door == "call_attach":
-        if outcome == "raise":
-            return "without_response_then_raise"
-        return rng.choice(["attach_later", "complete_without_response"])
-    if outcome == "ignore_cutoff":
-        return "swallow" if live or rng.random() < 0.6 else "block"
-    if outcome == "odd_result":
-        return rng.choice(_ODD)
-    return {
-        "crash": "base_exception",
-    }.get(outcome, outcome)  # type: ignore[return-value]
-
-
-def _row_fault(rng: random.Random, place: str, kind: str, plan: ManagerPlan, scale: float) -> Fault:
-    seconds = 0.0
-    if kind == "stall":
-        seconds = round(100.0 * scale, 3)
-    elif kind in ("delay", "slow_answer", "adrift", "late"):
-        renew = plan.renew_lease
-        if place == "complete" and renew is not None:
-            # Slower than the reserve of a short lease, within the renewed lease.
-            low = renewal_reserve(plan) * 1.5
-            seconds = round(rng.uniform(low, max(low, 0.9 * renew)), 3)
-        else:
-            seconds = _ms(rng, 0.05, 2.0, scale)
-    error: ErrorKind = "unavailable"
-    if kind == "error":
-        error = rng.choice(ERRORS)
-    elif kind in ("lose", "resend", "late"):
-        error = rng.choice(["unavailable", "throttled"])
-    nth = 0
-    if place == "extend":
-        nth = rng.choice([0, 1])
-    return Fault(place, nth, kind, seconds, error)  # type: ignore[arg-type]
