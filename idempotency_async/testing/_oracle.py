@@ -60,6 +60,8 @@ class _Held:
     reserve: float = 0.0
     sent: float = 0.0
     """When the claim was sent (loop time)."""
+    seq: int = 0
+    """The claim's place in the store's log."""
 
 
 class _Checker:
@@ -93,6 +95,7 @@ class _Checker:
                 held.hard_end = op.started + hard
                 held.reserve = kept
                 held.sent = op.started
+                held.seq = op.seq
                 self.held[claim.owner] = held
         for op in trace.store.ops:
             # A renewal the store confirmed moves the lease end to its length after the
@@ -582,6 +585,7 @@ class _Checker:
         (a completed key is the store's to answer, G3)."""
         manager = self.scenario.calls[outcome.call].manager
         when = outcome.entered if at is None else at
+        found = None
         for owner, held in self.held.items():
             other = self.trace.outcomes[held.call]
             if (
@@ -591,9 +595,10 @@ class _Checker:
                 and held.at <= when
                 and (other.exited is None or other.exited >= when)
                 and self.answered_completion(owner) >= when
+                and (found is None or held.seq > found.seq)
             ):
-                return held
-        return None
+                found = held  # the latest claim: one ending at that instant handed over
+        return found
 
     def answered_completion(self, owner: str) -> float:
         """When ``owner``'s first completion was answered (inf: never): from then on the
@@ -1306,7 +1311,7 @@ class _Checker:
             ):
                 continue
             plan = self.manager_plan(outcome.call)
-            if not plan.use_local_cache or plan.jump:
+            if not plan.use_local_cache or plan.jump or self.joined(outcome, key):
                 continue
             now = outcome.exited - self.trace.start + self.trace.base
             if not self.scenario.server_clock:
@@ -1326,6 +1331,21 @@ class _Checker:
                     f"t={outcome.exited:.3f}, after every record that held it had expired "
                     f"(the last at {max(r.expiration for r in held)}, the clock read {now:.3f})"
                 )
+
+    def joined(self, outcome: Outcome, key: str) -> bool:
+        """Whether the call got its value by joining a call of its process that asked the
+        store (both end at once: single flight), not from the cache."""
+        manager = self.plan_of(outcome.call).manager
+        return any(
+            other.call != outcome.call
+            and self.plan_of(other.call).manager == manager
+            and self.key_of(other.call) == key
+            and other.exited is not None
+            and outcome.exited is not None
+            and abs(other.exited - outcome.exited) <= self.tol
+            and any(True for _ in self.ops_of(other.call))
+            for other in self.outcomes
+        )
 
     def check_operators(self) -> None:
         """Only an operator force-releases (its documented hazards are its own)."""
