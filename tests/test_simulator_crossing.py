@@ -231,3 +231,32 @@ async def test_a_late_loop_is_not_blamed_on_the_library() -> None:
     # can fail, and only the measured lag excuses it.
     trace.lags.clear()
     assert any("after its cutoff" in v for v in check(trace, tolerance=0.02))
+
+
+def test_a_livelock_is_told_by_counting_not_by_the_clock() -> None:
+    # Two tasks waking each other forever: the virtual loop gives up after its iteration
+    # budget — the same verdict on a busy machine and a quiet one (a real-time limit once
+    # failed a seed of CI under load).
+    from idempotency_async.testing._vloop import Deadlock
+
+    loop = VirtualClockLoop(iteration_limit=1_000)
+
+    async def ping(event: asyncio.Event, other: asyncio.Event) -> None:
+        while True:
+            await event.wait()
+            event.clear()
+            other.set()
+
+    async def main() -> None:
+        one, two = asyncio.Event(), asyncio.Event()
+        one.set()
+        await asyncio.gather(ping(one, two), ping(two, one))
+
+    try:
+        with pytest.raises(Deadlock, match="1,000 loop iterations"):
+            loop.run_until_complete(main())
+        assert loop.iterations == 1_001
+    finally:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.close()
