@@ -33,6 +33,7 @@ ADDED_BY_ISSUE_32 = (
     "http_middleware",
     "lambda_context",
     "late_extends",
+    "redelivery",
     "renew_settings",
     "slow_answers",
     "slow_batch",

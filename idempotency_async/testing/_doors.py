@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,7 +28,17 @@ from idempotency_async.testing._trace import (
     Unstorable,
 )
 
-__all__ = ["Bounds", "Door", "LambdaContext", "behave", "bounds_of", "door", "handled_callback"]
+__all__ = [
+    "Bounds",
+    "Door",
+    "LambdaContext",
+    "behave",
+    "bounds_of",
+    "door",
+    "handled_callback",
+    "message_key",
+    "sqs_record",
+]
 
 Door = Callable[["Bounds"], Awaitable[Any]]
 
@@ -127,15 +138,18 @@ def door(trace: Trace, index: int, plan: CallPlan, outcome: Outcome, manager: Ma
         return with_call
     callback = handled_callback(trace, index, plan, outcome)
     if plan.door == "batch":
+        batch_manager = (
+            message_manager(trace, plan.manager, manager) if plan.by_message else manager
+        )
 
         async def batch(bounds: Bounds) -> Any:
-            records = [_sqs_record(f"m{index}-{copy}", payload) for copy in range(plan.copies)]
+            records = [sqs_record(index, copy, plan, payload) for copy in range(plan.copies)]
 
             async def handler(record: dict[str, Any]) -> Any:
                 return await callback(None)
 
             return await process_batch(
-                manager, {"Records": records}, handler, context=bounds.context
+                batch_manager, {"Records": records}, handler, context=bounds.context
             )
 
         return batch
@@ -178,16 +192,40 @@ def door(trace: Trace, index: int, plan: CallPlan, outcome: Outcome, manager: Ma
     return with_coroutine
 
 
-def _sqs_record(message_id: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """An SQS record carrying ``payload`` (also at its top level, where the scenario's
-    ``event_key_jmespath`` finds it)."""
+def sqs_record(index: int, copy: int, plan: CallPlan, payload: dict[str, Any]) -> dict[str, Any]:
+    """An SQS record of call ``index`` carrying ``payload`` (also at its top level, where
+    the scenario's ``event_key_jmespath`` finds it).  Keyed by message: one message per key
+    and payload, its id the same on every delivery, its receipt handle new each time."""
+    message_id = f"m{index}-{copy}"
+    if plan.by_message:
+        message_id = f"msg-k{plan.key}-a{plan.amount}"
     return {
         "messageId": message_id,
-        "receiptHandle": f"handle-{message_id}",
+        "receiptHandle": f"handle-{index}-{copy}",
         "eventSource": "aws:sqs",
         "body": json.dumps(payload),
         **payload,
     }
+
+
+def message_manager(trace: Trace, index: int, manager: Manager) -> Manager:
+    """The process's manager as a batch keyed by message id takes it: no key selection
+    (``process_batch`` keys each record by its ``messageId``)."""
+    found = trace.message_managers.get(index)
+    if found is None:
+        options = dataclasses.replace(manager.options, event_key_jmespath=None)
+        found = trace.message_managers[index] = Manager(manager.store, options)
+    return found
+
+
+def message_key(trace: Trace, index: int, manager: Manager, plan: CallPlan) -> str | None:
+    """The store key of a batch keyed by message: the message id, hashed under the
+    process's prefix (as ``process_batch`` keys it)."""
+    options = dataclasses.replace(
+        manager.options, event_key_jmespath="messageId", key_prefix=manager.key_prefix
+    )
+    record = sqs_record(index, 0, plan, {"amount": plan.amount})
+    return Manager(manager.store, options).key_for(record)
 
 
 def owner_of_task(trace: Trace, plan: CallPlan) -> str | None:

@@ -661,6 +661,19 @@ class _Checker:
         mine = self.validation_of(call)
         return mine is None or record.validation is None or record.validation == mine
 
+    def check_keys(self) -> None:
+        """Every claim is for the key the call's plan gives (the key ``key_for`` says, or
+        the gate's, or the batch's message): one request, one key, on every delivery."""
+        for op in self.trace.store.ops:
+            if op.name != "claim" or op.call is None:
+                continue
+            planned = self.key_of(op.call)
+            if planned is not None and op.key != planned:
+                self.fail(
+                    f"key: call {op.call} claimed {op.key}; its plan's key is {planned} (a "
+                    "redelivery or a duplicate would not find its record)"
+                )
+
     def check_validation(self) -> None:
         """Every claim carries the validation hash of its caller's payload (HTTP: one hash
         per request body, another for another body)."""
@@ -1403,6 +1416,7 @@ def check(trace: Trace, *, tolerance: float = 1e-6) -> list[str]:
 
     boundary = BOUNDARY if store_clock is None else max(BOUNDARY, tolerance)
     StoreChecks(checker.applications, checker.max_wall, checker.fail, store_clock, boundary).check()
+    checker.check_keys()
     checker.check_validation()
     checker.check_runs()
     checker.check_at_most_once()

@@ -143,6 +143,10 @@ class CallPlan:
     """``http``: a middleware compressing the app's responses sits inside the gate."""
     latency: float = 0.0
     """Every store request of the call takes this long to reach the store (a slow store)."""
+    by_message: bool = False
+    """``batch``: records keyed by their SQS ``messageId`` (the manager selects no key);
+    another call of the same key and payload is the same message redelivered — its id
+    kept, its receipt handle new."""
 
 
 @dataclass(frozen=True, slots=True)

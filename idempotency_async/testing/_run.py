@@ -18,7 +18,7 @@ from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
 from idempotency_async.options import Options
 from idempotency_async.stores.base import Store
-from idempotency_async.testing._doors import bounds_of, door
+from idempotency_async.testing._doors import bounds_of, door, message_key
 from idempotency_async.testing._faults import CALL, FaultyStore, ServerClockStore
 from idempotency_async.testing._http_door import http_door, http_key, meaning
 from idempotency_async.testing._scenario import CallPlan, ManagerPlan, Scenario
@@ -108,6 +108,10 @@ async def run_scenario(
                 continue
             if call.door == "http" and manager is not None:
                 trace.call_keys[index] = http_key(trace, call.manager, manager, call.key)
+            elif call.door == "batch" and call.by_message and manager is not None:
+                key = message_key(trace, index, manager, call)
+                assert key is not None
+                trace.call_keys[index] = key
             else:
                 trace.call_keys[index] = keys[call.key]
         try:

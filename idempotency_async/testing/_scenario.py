@@ -76,6 +76,7 @@ FEATURES = frozenset(
         "late_extends",  # extends that land late: after a newer one, or after a takeover
         "renew_settings",  # renewal settings that can never renew (to be refused)
         "gate_late_completion",  # an HTTP stream's first completion landing late
+        "redelivery",  # SQS batches keyed by message id, messages redelivered
     }
 )
 """What the generator can add beyond the original scenarios; ``generate(exclude=...)``
@@ -406,8 +407,11 @@ def _newer_features(
     sources = random.Random(f"deadlines-{seed}")
     slow = random.Random(f"slow-{seed}")
     late = random.Random(f"late-extends-{seed}")
+    redelivered = random.Random(f"redelivery-{seed}")
     out = []
     for call in calls:
+        if "redelivery" in on and call.door == "batch" and redelivered.random() < 0.5:
+            call = replace(call, by_message=True)
         if "http" in on and http.random() < 0.1:
             call = _as_http(http, call, "http_middleware" in on, scale)
         if "lambda_context" in on and call.door == "batch" and lam.random() < 0.5:

@@ -107,6 +107,7 @@ def _simpler_call(call: CallPlan) -> Iterator[CallPlan]:
         {"also": ()},
         {"middleware": False},
         {"latency": 0.0},
+        {"by_message": False},
     ]
     for change in simpler:
         candidate = replace(call, **change)  # type: ignore[arg-type]

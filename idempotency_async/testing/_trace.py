@@ -143,6 +143,8 @@ class Trace:
     call's of the same key index: the gate keys by method, route and Idempotency-Key)."""
     refused: dict[int, BaseException] = field(default_factory=dict)
     """Managers whose options were refused at construction, with the error."""
+    message_managers: dict[int, Manager] = field(default_factory=dict)
+    """Batches keyed by message id: each process's manager without a key selection."""
     http_rules: dict[int, Any] = field(default_factory=dict)
     """The HTTP door: each process's gate (one derived manager, as one middleware has)."""
     lags: list[tuple[float, float]] = field(default_factory=list)
