@@ -14,6 +14,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from idempotency_async._keys import Keys
+from idempotency_async._lease import Held
 from idempotency_async.record import Record
 
 __all__ = ["Flight", "Outcome", "Phase", "wait_for"]
@@ -55,8 +56,8 @@ class Flight:
     deadline: float | None
     owner: str
     phase: Phase = _CLAIMING
-    lease_end: float | None = None
-    """Unix time (seconds, this process's clock) at which the held lease ends."""
+    held: Held | None = None
+    """The call's lease once its claim is confirmed (renewal moves it)."""
     claim_answered: asyncio.Future[None] | None = None
     finished: asyncio.Future[None] | None = None
     waiters: int = 0
@@ -69,13 +70,20 @@ class Flight:
     raced: int = 0
     """Claims refused on a record the store judged claimable (a clock problem past a few)."""
 
+    @property
+    def lease_end(self) -> float | None:
+        """Unix time (seconds, this process's clock) at which the held lease ends, as last
+        renewed."""
+        held = self.held
+        return None if held is None else held.end
+
     def holding(self) -> bool:
         """Whether the key is in progress here (its claim confirmed, the call not ended)."""
         return self.phase is _HOLDING
 
-    def hold(self, lease_end: float) -> None:
+    def hold(self, held: Held) -> None:
         self.phase = _HOLDING
-        self.lease_end = lease_end
+        self.held = held
         if self.claim_answered is not None and not self.claim_answered.done():
             self.claim_answered.set_result(None)
 

@@ -21,6 +21,7 @@ from idempotency_async.record import Claim
 
 __all__ = [
     "AMBIENT",
+    "Held",
     "Lease",
     "check_duration",
     "check_instant",
@@ -47,6 +48,27 @@ class Lease(NamedTuple):
     ends_at: float
     """When the lease ends; cleanup and completion writes are abandoned here."""
     reserve: float
+
+
+class Held:
+    """The lease one call holds: the one object renewal moves and every door reads — the
+    bounds of the writes after the callback (``execute``, ``Call.complete``, the HTTP gate
+    through it) and an in-process duplicate's ``retry_after`` — never a copy taken at the
+    claim.  Created when the store confirms the claim; owned by the call."""
+
+    __slots__ = ("lease", "margin")
+
+    def __init__(self, lease: Lease, margin: float) -> None:
+        self.lease = lease
+        """The lease as last confirmed by the store (the claim's, then each renewal's)."""
+        self.margin = margin
+
+    @property
+    def end(self) -> float:
+        """When the lease ends, in Unix seconds by this process's clock (without the
+        margin other workers add for clock skew)."""
+        claim = self.lease.claim
+        return claim.now + claim.lease - self.margin
 
 
 def effective_deadline(

@@ -31,7 +31,7 @@ from idempotency_async._downstream import Run
 from idempotency_async._emission import Emitter
 from idempotency_async._flight import Flight, Outcome
 from idempotency_async._keys import KeyDeriver, Keys
-from idempotency_async._lease import Lease, lease_for
+from idempotency_async._lease import Held, Lease, lease_for
 from idempotency_async._renewal import Renewal, short_lease
 from idempotency_async._responses import (
     Replays,
@@ -225,16 +225,16 @@ class Lifecycle:
                 await self._release(lease, late, loop)
                 self.emit("cut_off", key)
                 raise late
-            self._start_holding(flight, lease, loop)
+            holder = self._start_holding(flight, lease, loop)
             started = loop.time()
             cutoffs = self._cutoffs_of(loop)
             timer = cutoffs.start(lease.cutoff_at)
-            call = Call(self, flight, lease, loop, timer) if held else None
+            call = Call(self, flight, holder, loop, timer) if held else None
             if self._renewing:
                 renewal = Renewal(
-                    self.store, self.options, self.emitter, lease, hard_end, cutoffs, timer
+                    self.store, self.options, self.emitter, holder, hard_end, cutoffs, timer
                 )
-                renewal.start()
+                renewal.start(now)  # the first renewal counts from the claim's send
             run = Run(key)  # what downstream keys see while the callback runs
             try:
                 try:
@@ -250,7 +250,7 @@ class Lifecycle:
                         # fire in between and undo a callback that returned); awaited
                         # before the call returns.
                         renewal.cancel()
-                        lease = renewal.lease
+                    lease = holder.lease  # as renewed: what bounds the writes after it
             except ReturnedNotAwaitable as returned:
                 timer.close()
                 if call is None or not call.answered:
@@ -321,16 +321,19 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ claim
 
-    def _start_holding(self, flight: Flight, lease: Lease, loop: asyncio.AbstractEventLoop) -> None:
-        """The claim is confirmed: hold the key in this process, unless it came too late."""
+    def _start_holding(self, flight: Flight, lease: Lease, loop: asyncio.AbstractEventLoop) -> Held:
+        """The claim is confirmed: hold the key in this process, unless it came too late.
+        Returns the call's lease holder (renewal moves it; every door reads it)."""
         key = lease.claim.key
-        flight.hold(lease.claim.now + lease.claim.lease - self.options.lease_margin)
+        holder = Held(lease, self.options.lease_margin)
+        flight.hold(holder)
         self.emit("claimed", key)
         if loop.time() >= lease.cutoff_at:
             # The claim was answered after the cutoff (a slow store): its lease may have
             # ended already, so the callback must not start.
             self.emit("cut_off", key)
             raise _cut_off(key)
+        return holder
 
     async def _release_unknown_claim(
         self, lease: Lease, exc: BaseException, loop: asyncio.AbstractEventLoop
@@ -646,7 +649,7 @@ class Call:
     __slots__ = (
         "_cutoff",
         "_flight",
-        "_lease",
+        "_held",
         "_lifecycle",
         "_loop",
         "_started",
@@ -658,13 +661,13 @@ class Call:
         self,
         lifecycle: Lifecycle,
         flight: Flight,
-        lease: Lease,
+        held: Held,
         loop: asyncio.AbstractEventLoop,
         cutoff: Cutoff,
     ) -> None:
         self._lifecycle = lifecycle
         self._flight = flight
-        self._lease = lease
+        self._held = held  # the call's lease, as renewed: read at each write
         self._loop = loop
         self._cutoff = cutoff
         self._started = loop.time()
@@ -684,14 +687,14 @@ class Call:
         :class:`~idempotency_async.errors.CompletionError` as ``execute`` does; the key is
         not released either way.
         """
-        await self._write(self._lifecycle.completion_for(self._lease, result), result)
+        await self._write(self._lifecycle.completion_for(self._held.lease, result), result)
 
     async def complete_without_response(self, reason: str) -> None:
         """Complete the record now without a response; duplicates get
         :class:`~idempotency_async.errors.ResponseNotStoredError` naming ``reason``."""
         if not isinstance(reason, str) or not reason:
             raise ConfigError("complete_without_response needs the reason as a non-empty str")
-        completion = self._lifecycle.completion_without_response(self._lease, reason[:300])
+        completion = self._lifecycle.completion_without_response(self._held.lease, reason[:300])
         await self._write(completion, None)
 
     async def _write(self, completion: Completion, result: Any) -> None:
@@ -709,8 +712,9 @@ class Call:
                 raise asyncio.CancelledError
             cutoff.close()  # from here on the callback runs outside the cutoff
         self.answered = True
+        # Bounded by the lease as last renewed (renewal stops once the cutoff is closed).
         written = await self._lifecycle.complete_held(
-            self._flight, self._lease, completion, result, self._loop, self._started
+            self._flight, self._held.lease, completion, result, self._loop, self._started
         )
         self.stored = written is Written.RESPONSE  # what the store kept, not what was sent
 

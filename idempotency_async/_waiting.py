@@ -123,9 +123,11 @@ class Waiting:
                 return flight.result
         self._keys.validate(flight.keys.validation, keys)
         if not self._options.wait:
+            # The lease as renewed so far (the holder's), not the one its claim wrote.
+            lease_end = flight.lease_end
             retry_after = None
-            if flight.lease_end is not None:
-                retry_after = max(flight.lease_end - self._options.clock(), 0.0)
+            if lease_end is not None:
+                retry_after = max(lease_end - self._options.clock(), 0.0)
             self.refuse(keys.key, retry_after)
         if flight.finished is None:
             flight.finished = loop.create_future()
@@ -160,14 +162,15 @@ class Waiting:
                 ) from None
             if not flight.holding():
                 return False
+            lease_end = flight.lease_end
             retry_after = None
-            if flight.lease_end is not None:
-                retry_after = max(flight.lease_end - self._options.clock(), 0.0)
+            if lease_end is not None:
+                retry_after = max(lease_end - self._options.clock(), 0.0)
             self._emitter.emit("rejected_in_progress", key)
             raise AlreadyInProgressError(
                 f"key {key} was still in progress after waiting {self._options.wait_timeout} s",
                 key=key,
-                lease_end=flight.lease_end,
+                lease_end=lease_end,
                 retry_after=retry_after,
             ) from None
         finally:

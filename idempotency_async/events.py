@@ -39,8 +39,9 @@ class Event:
     are malformed — a foreign or damaged record; ``error`` is the
     ``InconsistentStateError`` the caller got.  Delete the record to free the key.
     ``renew_failed``: a lease renewal (``Options(renew_lease=...)``) got no answer; ``error``
-    says why, and the next renewal is tried at the next interval.  A renewal the store
-    refused is ``lease_lost``.
+    says why (a ``TimeoutError`` when it was abandoned unanswered at the next interval), and
+    the next renewal goes out at the next interval.  A renewal the store refused is
+    ``lease_lost``.
     """
 
     kind: EventKind

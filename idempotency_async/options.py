@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -25,6 +26,9 @@ __all__ = ["DISABLED_ENV", "KeyFormat", "Options", "ResponseCodec", "disabled_by
 
 DISABLED_ENV = "POWERTOOLS_IDEMPOTENCY_DISABLED"
 _TRUE_WORDS = frozenset({"1", "true", "yes", "on", "y"})
+# The share of a renewed short lease kept free for a renewal's round trip (see
+# Options._check_renewal_fits).
+_RENEWAL_ROOM = 0.1
 
 
 class ResponseCodec(Protocol):
@@ -83,8 +87,10 @@ class Options:
     for about this long instead of its whole deadline.  The callback's own bound does not
     change: the deadline, else ``lease`` (or ``expires_after``).  See ``docs/manager.md``."""
     renew_every: float | None = None
-    """Seconds between renewals (default: a third of ``renew_lease``); must be shorter than
-    ``renew_lease``.  Each renewal is one store round trip."""
+    """Seconds between renewals, counted from the claim's send (default: a third of
+    ``renew_lease``).  Each renewal is one store round trip, abandoned if unanswered when
+    the next is due.  One lost renewal must be survivable: ``2 * renew_every`` plus the
+    completion reserve must fit in 90 % of ``renew_lease``, else ``ConfigError``."""
     lease_margin: float = 0.0
     """Seconds added to every lease for clock skew between workers."""
     completion_reserve: float | None = None
@@ -169,6 +175,45 @@ class Options:
                 f"renew_every must be a positive number of seconds below renew_lease "
                 f"({self.renew_lease!r}), got {self.renew_every!r}: e.g. a third of it"
             )
+        if self.completion_reserve is not None and not _non_negative(self.completion_reserve):
+            return  # refused below, with its own message
+        self._check_renewal_fits()
+
+    def _check_renewal_fits(self) -> None:
+        """A renewal must be confirmable before the cutoff even after one was lost: the
+        second renewal goes out two intervals after the claim was sent, and its answer must
+        arrive before the cutoff, a reserve before the short lease ends, leaving room for a
+        round trip (``_RENEWAL_ROOM`` of the short lease).  The same rule covers settings
+        under which not even the first renewal could be confirmed."""
+        lease = self.renew_lease
+        assert lease is not None
+        every, reserve = self.renew_every, self.completion_reserve
+        if _renewal_fits(lease, every, reserve):
+            return
+        interval = every or lease / 3
+        cut = min(reserve, lease) if reserve is not None else _default_reserve(lease)
+        usable = (1 - _RENEWAL_ROOM) * lease
+        what = [f"renew_lease={lease:g}"]
+        what += [] if every is None else [f"renew_every={every:g}"]
+        what += [] if reserve is None else [f"completion_reserve={reserve:g}"]
+        advice = []
+        if usable - cut > 0:
+            advice.append(f"renew_every to at most {_down((usable - cut) / 2)} s")
+        if reserve is not None and usable - 2 * interval > 0:
+            advice.append(f"completion_reserve to at most {_down(usable - 2 * interval)} s")
+        advice.append(f"renew_lease to at least {_up(_shortest_lease(every, reserve))} s")
+        raise ConfigError(
+            f"{', '.join(what)} cannot survive a lost renewal: the callback is cut off "
+            f"{_s(cut)} s (the completion reserve) before the short lease ends, and after "
+            f"one lost renewal the next goes out two intervals ({_s(interval)} s each) after "
+            f"the claim; both intervals, the reserve and a round trip "
+            f"({_RENEWAL_ROOM:.0%} of renew_lease) must fit in renew_lease "
+            f"({_s(2 * interval + cut)} s > {_s(usable)} s). Set "
+            + ", ".join(advice[:-1])
+            + (", or " if len(advice) > 1 else "")
+            + advice[-1]
+            + (" (renew_every left out is a third of renew_lease)" if every is not None else "")
+        )
 
     def _check_key_format(self) -> None:
         if self.key_format not in KEY_FORMATS:
@@ -227,6 +272,42 @@ def _python_rules() -> ModuleType:
 
 def disabled_by_environment() -> bool:
     return os.environ.get(DISABLED_ENV, "").strip().lower() in _TRUE_WORDS
+
+
+def _default_reserve(lease: float) -> float:
+    # The largest reserve a renewed call takes by default: min(0.5 s, 20 % of its lease).
+    return min(0.5, 0.2 * lease)
+
+
+def _renewal_fits(lease: float, every: float | None, reserve: float | None) -> bool:
+    interval = every or lease / 3
+    cut = min(reserve, lease) if reserve is not None else _default_reserve(lease)
+    # (A microsecond of slack: settings exactly at the bound, as the advice gives, fit.)
+    return 2 * interval + cut <= (1 - _RENEWAL_ROOM) * lease + 1e-6
+
+
+def _shortest_lease(every: float | None, reserve: float | None) -> float:
+    """The shortest ``renew_lease`` that fits ``every`` and ``reserve`` (None: defaults)."""
+    usable = 1 - _RENEWAL_ROOM
+    if every is None:  # renew_lease / 3; with the default reserve every lease fits
+        return 0.0 if reserve is None else reserve / (usable - 2 / 3)
+    if reserve is not None:
+        return (2 * every + reserve) / usable
+    shorter = 2 * every / (usable - 0.2)  # while 20 % of it is under 0.5 s
+    return shorter if 0.2 * shorter <= 0.5 else (2 * every + 0.5) / usable
+
+
+def _s(seconds: float) -> str:
+    return f"{round(seconds, 3):g}"
+
+
+def _down(seconds: float) -> str:
+    """``seconds`` rounded down to the millisecond, for advice that must satisfy a bound."""
+    return f"{math.floor(seconds * 1000 + 1e-6) / 1000:g}"
+
+
+def _up(seconds: float) -> str:
+    return f"{math.ceil(seconds * 1000 - 1e-6) / 1000:g}"
 
 
 def _positive(value: Any) -> bool:

@@ -6,8 +6,6 @@ fix of its defect merges (its regression case then passes, and its xfail marker 
 from __future__ import annotations
 
 OPEN_DEFECTS: dict[str, str] = {
-    "renewal": "issue 32 defects 1-4 (renewal at every door, bounded and monotonic extend, "
-    "renewal settings): branch renew",
     "lambda_context": "issue 41 defect 4 (a Lambda batch raises TimeoutError at its deadline "
     "instead of answering batchItemFailures): branch doors",
     "slow_batch": "issue 41 defect 4, under a slow store: branch doors",

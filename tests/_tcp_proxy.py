@@ -1,8 +1,14 @@
-"""A loopback TCP proxy that can lose answers: fault injection between a client and a server.
+"""A loopback TCP proxy that can lose or delay answers: fault injection between a client
+and a server.
 
 ``proxy.lose_answers(n)`` makes the next ``n`` server answers vanish: the request reaches
 the server and runs, then the proxy drops the client's connection instead of forwarding
 the answer — what a client sees when a network path breaks after the server acted.
+
+``proxy.delay_answers(n, seconds)`` holds the next ``n`` server answers (reads from any
+server connection) for ``seconds`` before forwarding them; what follows on the same
+connection waits behind them — a slow network path.  A client that gives up and reuses
+the connection would then read the late answer as its next request's.
 """
 
 from __future__ import annotations
@@ -19,12 +25,18 @@ class LossyProxy:
         self.target_port = target_port
         self.port = 0
         self.answers_lost = 0
+        self.answers_delayed = 0
         self._to_lose = 0
+        self._to_delay = 0
+        self._delay = 0.0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     def lose_answers(self, count: int) -> None:
         self._to_lose = count
+
+    def delay_answers(self, count: int, seconds: float) -> None:
+        self._to_delay, self._delay = count, seconds
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -70,6 +82,10 @@ class LossyProxy:
                 self._to_lose -= 1
                 self.answers_lost += 1
                 return  # the answer is dropped with the connection
+            if lossy and self._to_delay > 0:
+                self._to_delay -= 1
+                self.answers_delayed += 1
+                await asyncio.sleep(self._delay)
             writer.write(data)
             await writer.drain()
 

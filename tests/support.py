@@ -13,7 +13,7 @@ import pytest
 
 from idempotency_async.errors import StoreUnavailableError
 from idempotency_async.record import Claim, Completion, Record
-from idempotency_async.stores.base import Store, Verdict, Written
+from idempotency_async.stores.base import Extended, Store, Verdict, Written
 
 T = TypeVar("T")
 
@@ -80,7 +80,7 @@ class RecordingStore:
     async def release(self, key: str, owner: str) -> bool:
         return await self._call("release", lambda: self.inner.release(key, owner))
 
-    async def extend(self, claim: Claim) -> bool:
+    async def extend(self, claim: Claim) -> Extended:
         return await self._call("extend", lambda: self.inner.extend(claim))
 
     async def force_release(self, key: str) -> Record | None:

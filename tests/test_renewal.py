@@ -12,7 +12,8 @@ from support import RecordingStore, on_stores, record_of
 
 from idempotency_async import Event, Manager, MemoryStore, Options, errors
 from idempotency_async.record import Claim, Status
-from idempotency_async.stores.base import Store
+from idempotency_async.stores.base import Extended, Store
+from idempotency_async.testing._vloop import VirtualClockLoop
 
 RENEW = 1.0  # the short lease, seconds
 EVERY = 0.25  # between renewals
@@ -34,7 +35,7 @@ class Extends(RecordingStore):
         super().__init__(inner)
         self.extends: list[tuple[float, Claim]] = []
 
-    async def extend(self, claim: Claim) -> bool:
+    async def extend(self, claim: Claim) -> Extended:
         self.extends.append((asyncio.get_running_loop().time(), claim))
         return await super().extend(claim)
 
@@ -256,3 +257,186 @@ async def test_a_callback_that_returns_after_blocking_past_its_cutoff_is_recorde
     assert await manager.execute({"id": 9}, blocks, timeout=30) == "blocked"
     record = await record_of(store, manager.key_for({"id": 9}), now=manager.options.clock())
     assert record is not None and record.status is Status.COMPLETED
+
+
+# -- issue 32: bounded extends, settings that can renew, the first renewal's timing ------
+
+
+class _Virtual:
+    """A manager on a virtual-time loop: exact times, no real waiting (MemoryStore)."""
+
+    def __init__(self) -> None:
+        self.loop = VirtualClockLoop()
+        self.base = 1_700_000_000.0
+
+    def clock(self) -> float:
+        return self.base + self.loop.time()
+
+    def run(self, coroutine: Any) -> Any:
+        try:
+            return self.loop.run_until_complete(coroutine)
+        finally:
+            self.loop.close()
+
+
+class _Timed(Extends):
+    """Extends whose ``n``-th request (0-based) stalls for ``stall`` seconds before it
+    reaches the store — it never does if its sender gives up first, unless ``lands`` (it
+    was on the wire: the store applies it late all the same); the claim takes
+    ``claim_takes`` to be answered."""
+
+    def __init__(
+        self, inner: Store, *, stall_nth: int = -1, stall: float = 0.0, lands: bool = False
+    ) -> None:
+        super().__init__(inner)
+        self.stall_nth, self.stall, self.lands = stall_nth, stall, lands
+        self.answers: list[tuple[float, Extended]] = []
+        self.claim_takes = 0.0
+        self.landing: list[asyncio.Task[Extended]] = []
+
+    async def claim(self, claim: Claim) -> Any:
+        answer = await super().claim(claim)
+        await asyncio.sleep(self.claim_takes)  # written at once, answered late
+        return answer
+
+    async def extend(self, claim: Claim) -> Extended:
+        nth = len(self.extends)
+        self.extends.append((asyncio.get_running_loop().time(), claim))
+        if nth == self.stall_nth and self.lands:
+            landing = asyncio.create_task(self._land(claim))
+            self.landing.append(landing)  # awaited by the test
+            return await asyncio.shield(landing)
+        if nth == self.stall_nth:
+            await asyncio.sleep(self.stall)
+        answer = await self.inner.extend(claim)
+        self.answers.append((asyncio.get_running_loop().time(), answer))
+        return answer
+
+    async def _land(self, claim: Claim) -> Extended:
+        await asyncio.sleep(self.stall)
+        answer = await self.inner.extend(claim)
+        self.answers.append((asyncio.get_running_loop().time(), answer))
+        return answer
+
+
+def test_an_unanswered_renewal_is_abandoned_and_the_next_goes_out_on_time() -> None:
+    # The first extend never answers within the call; every later one does.  Awaited
+    # without a bound, it stopped every renewal and a healthy call was cut off at 0.8 s.
+    virtual = _Virtual()
+    store = _Timed(MemoryStore(), stall_nth=0, stall=30.0)
+    events: list[Event] = []
+    manager = renewing(store, clock=virtual.clock, on_event=events.append)
+
+    async def scenario() -> str:
+        started = virtual.loop.time()
+        result = await manager.execute({"id": 10}, _sleeps(5.0), timeout=30)
+        assert virtual.loop.time() - started == pytest.approx(5.0)
+        return str(result)
+
+    assert virtual.run(scenario()) == "slept"
+    sent = [at for at, _ in store.extends]
+    # One every interval from the claim, the stalled one abandoned at the second's send.
+    assert sent[:3] == pytest.approx([EVERY, 2 * EVERY, 3 * EVERY])
+    assert len(sent) == pytest.approx(5.0 / EVERY, abs=1)
+    assert [e.kind for e in events].count("renew_failed") == 1
+    failed = next(e for e in events if e.kind == "renew_failed")
+    assert isinstance(failed.error, TimeoutError)
+    # The abandoned request never reached the store (cancelled while stalled).
+    assert len(store.answers) == len(sent) - 1
+
+
+def test_an_abandoned_renewal_that_lands_late_does_not_shorten_the_lease() -> None:
+    # The stalled extend reaches the store after newer ones: the store keeps the later
+    # lease end (ALREADY_LATER), so no other worker can claim while the call runs.
+    virtual = _Virtual()
+    inner = MemoryStore()
+    store = _Timed(inner, stall_nth=0, stall=1.05, lands=True)
+    manager = renewing(store, clock=virtual.clock)
+    other = make(inner, clock=virtual.clock)
+    answers: list[object] = []
+
+    async def holds() -> str:
+        # The renewal sent at 0.25 asks for a lease to 1.25 and lands at 1.3, after the
+        # ones sent at 0.5 ... 1.25 (lease to 2.25).  Overwriting, it would end the lease
+        # in the past: another worker probing before the next renewal (1.5) would run.
+        await asyncio.sleep(1.35)
+        for _ in range(3):
+            try:
+                await other.execute({"id": 11}, _never, timeout=5)
+            except errors.AlreadyInProgressError:
+                answers.append("in progress")
+            await asyncio.sleep(0.05)
+        return "held"
+
+    async def scenario() -> str:
+        result = str(await manager.execute({"id": 11}, holds, timeout=30))
+        await asyncio.gather(*store.landing)
+        return result
+
+    assert virtual.run(scenario()) == "held"
+    assert answers == ["in progress"] * 3
+    late = [answer for at, answer in store.answers if at == pytest.approx(1.3)]
+    assert late == [Extended.ALREADY_LATER]
+
+
+@pytest.mark.parametrize(
+    ("claim_takes", "first"),
+    [(0.0, EVERY), (0.2, EVERY), (0.4, 0.4)],  # a slow claim answer: the first goes at once
+)
+def test_the_first_renewal_counts_from_the_claims_send(claim_takes: float, first: float) -> None:
+    virtual = _Virtual()
+    store = _Timed(MemoryStore())
+    store.claim_takes = claim_takes
+    manager = renewing(store, clock=virtual.clock)
+
+    async def scenario() -> None:
+        await manager.execute({"id": 12}, _sleeps(0.8), timeout=30)
+
+    virtual.run(scenario())
+    assert store.extends[0][0] == pytest.approx(first)
+
+
+@pytest.mark.parametrize(
+    ("options", "advice"),
+    [
+        # The first renewal comes after the cutoff (a reserve before the short lease).
+        ({"renew_lease": 1.0, "renew_every": 0.9}, "renew_every"),
+        # Cut off at the claim: the reserve is the whole short lease.
+        ({"renew_lease": 1.0, "completion_reserve": 1.0}, "completion_reserve"),
+        # One lost renewal is not survived: the next is due after the cutoff.
+        ({"renew_lease": 1.0, "renew_every": 0.45}, "renew_every"),
+        ({"renew_lease": 30.0, "renew_every": 15.0}, "renew_every"),
+        # No room for the renewal's round trip after one is lost.
+        ({"renew_lease": 1.0, "renew_every": 0.4}, "renew_every"),
+        ({"renew_lease": 2.0, "completion_reserve": 0.6}, "completion_reserve"),
+    ],
+)
+def test_renewal_settings_that_cannot_renew_are_config_errors(
+    options: dict[str, Any], advice: str
+) -> None:
+    with pytest.raises(errors.ConfigError, match="cannot survive a lost renewal") as refused:
+        Options(**options)
+    message = str(refused.value)
+    assert f"{advice} to at most" in message and "renew_lease to at least" in message
+    # What it advises is accepted.
+    at_most = float(message.split(f"{advice} to at most ")[1].split(" s")[0])
+    assert Options(**{**options, advice: at_most}).renew_lease == options["renew_lease"]
+    at_least = float(message.split("renew_lease to at least ")[1].split(" s")[0])
+    assert Options(**{**options, "renew_lease": at_least}).renew_lease == at_least
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"renew_lease": 1.0},  # a third of it, and a reserve of 0.2 s
+        {"renew_lease": RENEW, "renew_every": EVERY},
+        {"renew_lease": 30.0, "renew_every": 10.0},
+        {"renew_lease": 30.0, "renew_every": 13.0},
+        {"renew_lease": 5.0, "completion_reserve": 1.0},
+        {"renew_lease": 1.0, "renew_every": 0.3, "completion_reserve": 0.2},
+    ],
+)
+def test_renewal_settings_that_survive_a_lost_renewal_are_accepted(
+    options: dict[str, Any],
+) -> None:
+    assert Options(**options).renew_lease == options["renew_lease"]

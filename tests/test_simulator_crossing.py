@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from idempotency_async import MemoryStore
-from idempotency_async.record import Completion
-from idempotency_async.stores.base import Written
+from idempotency_async.record import Claim
+from idempotency_async.stores.base import Verdict
 from idempotency_async.testing import (
     CallPlan,
     ManagerPlan,
@@ -22,6 +22,7 @@ from idempotency_async.testing import (
     SimulationFailure,
     generate,
     run_live,
+    run_one,
     simulate_live,
 )
 from idempotency_async.testing._axes import (
@@ -181,20 +182,17 @@ def test_an_in_process_refusal_is_held_to_its_holder() -> None:
 # -- reproducers reproduce; real-time verdicts do not depend on the load -----------------
 
 
-class _Unfenced(MemoryStore):
-    """A classic store bug: a completion that does not check the owner token."""
+class _ShortLived(MemoryStore):
+    """A store bug every scenario meets at its first claim: it writes records that expire
+    after one second, whatever the TTL asked (so real time reproduces it every time)."""
 
-    async def complete(self, completion: Completion) -> Written:
-        current = (await self.get(completion.key, now=completion.now)).record
-        if current is not None and current.owner != completion.owner:
-            await self.force_release(completion.key)
-            return Written.NOTHING
-        return await super().complete(completion)
+    async def claim(self, claim: Claim) -> Verdict:
+        return await super().claim(claim._replace(ttl=1.0))
 
 
 async def test_a_real_time_failure_prints_a_reproducer_of_its_own_scenario() -> None:
     with pytest.raises(SimulationFailure) as caught:
-        await simulate_live(_Unfenced, range(60), scale=0.05, concurrency=8, tolerance=0.5)
+        await simulate_live(_ShortLived, range(20), scale=0.05, concurrency=4, tolerance=0.5)
     failure = caught.value
     text = str(failure)
     # The seed's rerun generates this very scenario (a real-time run's: --live)...
@@ -206,7 +204,11 @@ async def test_a_real_time_failure_prints_a_reproducer_of_its_own_scenario() -> 
     assert f"--scenario '{failure.scenario.to_json()}'" in text
     assert "run_live(" in text
     assert Scenario.from_json(failure.scenario.to_json()) == failure.scenario
-    assert await run_live(_Unfenced, failure.scenario, tolerance=0.5)
+    again = await run_live(_ShortLived, failure.scenario, tolerance=0.5)
+    assert any(v.startswith("store: claim") for v in again), again
+    # ...and in virtual time (its own loop: in a thread).
+    virtual = await asyncio.to_thread(run_one, failure.scenario, _ShortLived)
+    assert any(v.startswith("store: claim") for v in virtual), virtual
 
 
 async def test_a_late_loop_is_not_blamed_on_the_library() -> None:

@@ -14,7 +14,7 @@ ORACLE = [TESTING / "_oracle.py", TESTING / "_store_checks.py", TESTING / "_tx_o
 
 ALLOWED_NAMES = {
     "idempotency_async.record": {"Claim", "Completion", "Record", "Status"},
-    "idempotency_async.stores.base": {"State", "Verdict", "Written"},
+    "idempotency_async.stores.base": {"Extended", "State", "Verdict", "Written"},
 }
 ALLOWED_MODULES = {
     "idempotency_async": {"errors"},

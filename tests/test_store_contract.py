@@ -1,13 +1,17 @@
 """The store contract (protocol v2), from the public conformance kit, on every store:
-MemoryStore, DynamoDB (moto), Redis and Redis Cluster (the ``store`` fixture of conftest)."""
+MemoryStore, DynamoDB (moto, both transports), Redis and Redis Cluster, Postgres (the
+``store`` fixture of conftest)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from idempotency_async import MemoryStore
 from idempotency_async.errors import ConfigError
-from idempotency_async.record import Claim, Completion
-from idempotency_async.stores.base import Store
+from idempotency_async.record import Claim, Completion, Status
+from idempotency_async.stores.base import Extended, Store
 from idempotency_async.testing import StoreContract
 
 
@@ -35,3 +39,35 @@ async def test_a_closed_store_refuses_every_operation_with_a_typed_error(store: 
             await operation()
         assert "create a new one" in str(caught.value), name
     await store.aclose()  # closing again is harmless
+
+
+class _OverwritingStore(MemoryStore):
+    """A third-party store whose extend overwrites the lease end (the protocol before
+    renewals were bounded): the kit must fail it."""
+
+    async def extend(self, claim: Claim) -> Extended:
+        verdict = await self.get(claim.key, now=claim.now)
+        record = verdict.record
+        if record is None or record.status is not Status.INPROGRESS or record.owner != claim.owner:
+            return Extended.LOST
+        self._entries[claim.key] = (
+            Status.INPROGRESS,
+            claim.owner,
+            math.ceil(claim.now + max(claim.ttl, claim.lease)),
+            claim.now + claim.lease,
+            record.validation,
+            None,
+            None,
+            0,
+        )
+        return Extended.RENEWED
+
+
+@pytest.mark.parametrize(
+    "check",
+    ["test_extend_never_moves_a_lease_end_back", "test_a_shorter_renewal_never_shortens_the_lease"],
+)
+async def test_the_kit_fails_a_store_whose_extend_overwrites(check: str) -> None:
+    store = _OverwritingStore()
+    with pytest.raises(AssertionError):
+        await getattr(StoreContract(), check)(store)

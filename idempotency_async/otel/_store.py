@@ -9,7 +9,7 @@ from collections.abc import Awaitable
 from typing import Protocol, TypeVar
 
 from idempotency_async.record import Claim, Completion, Record
-from idempotency_async.stores.base import Store, Verdict, Written
+from idempotency_async.stores.base import Extended, Store, Verdict, Written
 
 __all__ = ["ObservedStore", "RoundTripObserver", "system_of"]
 
@@ -62,7 +62,7 @@ class ObservedStore:
     async def release(self, key: str, owner: str) -> bool:
         return await self._timed("release", key, self.inner.release(key, owner))
 
-    async def extend(self, claim: Claim) -> bool:
+    async def extend(self, claim: Claim) -> Extended:
         return await self._timed("extend", claim.key, self.inner.extend(claim))
 
     async def force_release(self, key: str) -> Record | None:

@@ -167,12 +167,20 @@ RETURNING 1"""
     # Gone counts as released; a record another claim holds is not.
     release = f"""WITH d AS (DELETE FROM {t} WHERE key = $1 AND owner = $2 RETURNING 1)
 SELECT EXISTS (SELECT 1 FROM d) OR NOT EXISTS (SELECT 1 FROM {t} WHERE key = $1)"""
-    extend = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$3")} AS now)
+    # Never backwards: the owner's row whose lease ends later already keeps every column
+    # (judged on the latest row version, under the row lock) and answers false; no row is
+    # a lost lease.
+    extend = f"""WITH n AS MATERIALIZED (
+  SELECT m.now, to_timestamp(m.now + $4::float8) AS lease_end
+  FROM (SELECT {_NOW.format(param="$3")} AS now) AS m
+)
 UPDATE {t} AS r SET
-  expires_at = to_timestamp(ceil(n.now + greatest($5::float8, $4::float8))),
-  lease_ends_at = to_timestamp(n.now + $4::float8), validation = $6
+  expires_at = CASE WHEN r.lease_ends_at > n.lease_end THEN r.expires_at
+    ELSE to_timestamp(ceil(n.now + greatest($5::float8, $4::float8))) END,
+  lease_ends_at = greatest(r.lease_ends_at, n.lease_end),
+  validation = CASE WHEN r.lease_ends_at > n.lease_end THEN r.validation ELSE $6 END
 FROM n WHERE r.key = $1 AND r.owner = $2 AND r.status = 'INPROGRESS'
-RETURNING 1"""
+RETURNING r.lease_ends_at = n.lease_end"""
     # An operator's release waits for a row an open transactional call holds at most
     # _OPERATOR_LOCK_WAIT (set before the DELETE can wait: it joins ``n``).
     force_release = f"""WITH n AS MATERIALIZED (

@@ -36,7 +36,7 @@ from idempotency_async.stores._postgres_values import (
     record_from_row,
     text_column,
 )
-from idempotency_async.stores.base import CLAIMED, Verdict, Written, judge
+from idempotency_async.stores.base import CLAIMED, Extended, Verdict, Written, judge
 
 __all__ = ["TransactionStore", "bind"]
 
@@ -257,8 +257,9 @@ class TransactionStore:
             self._session.forget_callback()
         return True
 
-    async def extend(self, claim: Claim) -> bool:
-        return True  # the row lock holds the key until the transaction ends: no lease
+    async def extend(self, claim: Claim) -> Extended:
+        # The row lock holds the key until the transaction ends: no lease to move.
+        return Extended.RENEWED
 
     async def force_release(self, key: str) -> Record | None:
         raise ConfigError("force_release is not part of a transactional call")

@@ -25,7 +25,8 @@ Answers: claim ``1`` when written, else ``{state, record, now}`` with state 2 (i
 progress), 3 (completed), 4 (a lapsed record that may be taken over once the caller holds
 its ``<key>:lock``; only asked for with ``ARGV[6] == 'ask'``, see
 :mod:`idempotency_async.stores.redis`) or 9 (unreadable); complete ``1``/``0``; release
-``1``/``0``; extend (a claim's arguments, fenced by the owner) ``1``/``0``; get
+``1``/``0``; extend (a claim's arguments, fenced by the owner, never moving the lease end
+back) ``1`` renewed, ``2`` already later, ``0`` lost; get
 ``{record or nil, now}``; force release the deleted record or nil.  ``now`` travels as
 text: Redis truncates Lua numbers to integers.
 """
@@ -137,9 +138,12 @@ local rec = head(raw)
 if rec == nil or rec.owner ~= ARGV[1] or rec.status ~= 'INPROGRESS' then return 0 end
 local now = clock(ARGV[2])
 local lease = tonumber(ARGV[3])
+local lease_end = math.ceil((now + lease) * 1000)
+local current = tonumber(rec.in_progress_expiration)
+if current ~= nil and current > lease_end then return 2 end
 local expiration = math.ceil(now + math.max(tonumber(ARGV[4]), lease))
 local value = '{"status":"INPROGRESS","expiration":' .. int(expiration)
-  .. ',"in_progress_expiration":' .. int(math.ceil((now + lease) * 1000)) .. ARGV[5]
+  .. ',"in_progress_expiration":' .. int(lease_end) .. ARGV[5]
 store(KEYS[1], value, expiration, now)
 return 1
 """

@@ -17,11 +17,13 @@ from idempotency_async.record import Claim, Completion, Record, Status
 __all__ = [
     "CLAIMED",
     "DEFAULT_MAX_RESPONSE_BYTES",
+    "Extended",
     "State",
     "Store",
     "Verdict",
     "Written",
     "judge",
+    "judge_extend",
 ]
 
 DEFAULT_MAX_RESPONSE_BYTES = 350_000
@@ -71,6 +73,20 @@ class Written(enum.Enum):
     """Nothing: another claim owns the key (the lease was lost)."""
 
 
+class Extended(enum.Enum):
+    """What :meth:`Store.extend` found, and did."""
+
+    RENEWED = "renewed"
+    """The owner's lease now ends where the renewal asked (it was moved there)."""
+    ALREADY_LATER = "already_later"
+    """The owner's lease already ends after where the renewal asked: nothing was written
+    (a renewal sent earlier, landing late, must not shorten a newer one).  The lease is
+    still held, at least until the requested end."""
+    LOST = "lost"
+    """Nothing was written: another claim's record, a completed one, or none at all.  The
+    lease is lost."""
+
+
 def judge(record: Record | None, now: float) -> Verdict:
     """The verdict on ``record`` at ``now`` (Unix seconds), for stores judging in Python."""
     if record is None or record.expiration < now:
@@ -83,6 +99,17 @@ def judge(record: Record | None, now: float) -> Verdict:
     elif end < now:
         return Verdict(State.CLAIMABLE, record)
     return Verdict(State.IN_PROGRESS, record, end - now)
+
+
+def judge_extend(record: Record | None, owner: str, lease_end: float) -> Extended:
+    """What :meth:`Store.extend` owes for ``record`` when ``owner`` asks for its lease to
+    end at ``lease_end`` (Unix seconds), for stores that judge in Python: write the renewal
+    only on ``RENEWED``, in the same atomic step as the read."""
+    if record is None or record.status is not Status.INPROGRESS or record.owner != owner:
+        return Extended.LOST
+    if record.lease_end is not None and record.lease_end > lease_end:
+        return Extended.ALREADY_LATER
+    return Extended.RENEWED
 
 
 @runtime_checkable
@@ -127,15 +154,19 @@ class Store(Protocol):
         """
         ...
 
-    async def extend(self, claim: Claim) -> bool:
+    async def extend(self, claim: Claim) -> Extended:
         """Renew the lease ``claim.owner`` holds: rewrite its INPROGRESS record as ``claim``
         describes — the lease ends ``claim.lease`` seconds after ``claim.now`` (or the
         store's own clock), the record expires as a fresh claim's would.
 
-        Fenced like :meth:`complete`: only an INPROGRESS record carrying ``claim.owner`` is
-        rewritten (``True``).  Anything else — another claim's record, a completed one,
-        none at all — is left as it is, and the answer is ``False``: the lease is lost.  A
-        record whose lease lapsed but that nobody claimed since is still the owner's.
+        Fenced like :meth:`complete`, and never backwards: only an INPROGRESS record
+        carrying ``claim.owner`` whose lease ends no later than the requested end is
+        rewritten (:attr:`Extended.RENEWED`); the owner's record whose lease already ends
+        later is left as it is (:attr:`Extended.ALREADY_LATER`: a renewal that lands after
+        a newer one).  Anything else — another claim's record, a completed one, none at
+        all — is left as it is too, and the answer is :attr:`Extended.LOST`.  Each check is
+        part of the write's own atomic condition, judged by the store.  A record whose lease
+        lapsed but that nobody claimed since is still the owner's.
         """
         ...
 

@@ -54,7 +54,7 @@ from idempotency_async.stores._record_formats import (
     python_response,
     python_response_text,
 )
-from idempotency_async.stores.base import CLAIMED, Verdict, Written, judge
+from idempotency_async.stores.base import CLAIMED, Extended, Verdict, Written, judge
 
 __all__ = ["DEFAULT_DYNAMODB_MAX_RESPONSE_BYTES", "DynamoDBStore", "RecordPage", "create_table"]
 
@@ -73,6 +73,11 @@ _ITEM_BUDGET: Final = 400_000
 # for word, so both ports claim a key under one rule — or an INPROGRESS record carrying
 # this claim's owner token: the SDK resent a claim whose answer was lost, and the record
 # it meets is its own.
+# A renewal applies to its owner's in-progress record, and never moves its lease end back.
+_EXTEND_CONDITION: Final = (
+    "#owner = :owner AND #status = :inprogress AND "
+    "(attribute_not_exists(#in_progress_expiry) OR #in_progress_expiry <= :lease_end)"
+)
 _CLAIM_CONDITION: Final = (
     "attribute_not_exists(#id) OR #expiry < :now OR "
     "(#status = :inprogress AND attribute_exists(#in_progress_expiry) "
@@ -316,15 +321,16 @@ class DynamoDBStore:
             return False
         return True
 
-    async def extend(self, claim: Claim) -> bool:
+    async def extend(self, claim: Claim) -> Extended:
         now = claim.now
+        lease_end = math.ceil((now + claim.lease) * 1000)
         try:
             async with self._call("extend") as client:
                 await client.update_item(
                     TableName=self.table_name,
                     Key=self._key(claim.key),
                     UpdateExpression="SET #expiry = :expiry, #in_progress_expiry = :lease_end",
-                    ConditionExpression="#owner = :owner AND #status = :inprogress",
+                    ConditionExpression=_EXTEND_CONDITION,
                     ExpressionAttributeNames={
                         "#expiry": self._expiry_attr,
                         "#in_progress_expiry": self._in_progress_expiry_attr,
@@ -333,14 +339,32 @@ class DynamoDBStore:
                     },
                     ExpressionAttributeValues={
                         ":expiry": {"N": str(expiration_for(now, claim.ttl, claim.lease))},
-                        ":lease_end": {"N": str(math.ceil((now + claim.lease) * 1000))},
+                        ":lease_end": {"N": str(lease_end)},
                         ":owner": {"S": claim.owner},
                         ":inprogress": {"S": Status.INPROGRESS.value},
                     },
+                    # The record that failed the condition, read in the same step: the
+                    # owner's (its lease ends later) or another's.
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
-        except ConditionFailed:
-            return False
-        return True
+        except ConditionFailed as failed:
+            return self._not_extended(failed.item, claim.owner, lease_end)
+        return Extended.RENEWED
+
+    def _not_extended(self, item: Mapping[str, Any] | None, owner: str, lease_end: int) -> Extended:
+        """Why a renewal's condition failed: the owner's lease ends later already, or the
+        lease is lost."""
+        if (
+            item is None
+            or item.get(self._owner_attr) != {"S": owner}
+            or item.get(self._status_attr) != {"S": Status.INPROGRESS.value}
+        ):
+            return Extended.LOST
+        try:
+            later = _ceil(item[self._in_progress_expiry_attr]) > lease_end
+        except _UNREADABLE:
+            later = False  # not a lease this library wrote: not one to count on
+        return Extended.ALREADY_LATER if later else Extended.LOST
 
     async def force_release(self, key: str) -> Record | None:
         async with self._call("force release") as client:

@@ -12,6 +12,7 @@ from idempotency_async.stores._closed import closed_error
 from idempotency_async.stores.base import (
     CLAIMED,
     DEFAULT_MAX_RESPONSE_BYTES,
+    Extended,
     State,
     Verdict,
     Written,
@@ -121,15 +122,18 @@ class MemoryStore:
         del self._entries[key]
         return True
 
-    async def extend(self, claim: Claim) -> bool:
+    async def extend(self, claim: Claim) -> Extended:
         self._refuse_if_closed()
         key, now = claim.key, claim.now
         current = self._entries.get(key)
         if current is None or current[0] is not _INPROGRESS or current[1] != claim.owner:
-            return False
+            return Extended.LOST
+        end = now + claim.lease
+        if current[3] is not None and current[3] > end:
+            return Extended.ALREADY_LATER  # never backwards: a newer renewal landed first
         expiration = expiration_for(now, claim.ttl, claim.lease)
-        self._write(key, _INPROGRESS, claim.owner, expiration, now + claim.lease, current[4])
-        return True
+        self._write(key, _INPROGRESS, claim.owner, expiration, end, current[4])
+        return Extended.RENEWED
 
     async def force_release(self, key: str) -> Record | None:
         self._refuse_if_closed()

@@ -34,6 +34,7 @@ from idempotency_async.stores._postgres_values import (
 )
 from idempotency_async.stores.base import (
     DEFAULT_MAX_RESPONSE_BYTES,
+    Extended,
     Verdict,
     Written,
     judge,
@@ -197,6 +198,30 @@ class PostgresStore:
                 raise
             raise error from exc
 
+    async def _fetchrow_or_close(self, operation: str, key: str, sql: str, *args: Any) -> Any:
+        """As :meth:`_fetchrow`, for a request its sender may abandon (a renewal not answered
+        in time): cancelled, it closes its asyncpg connection at once.  asyncpg would send
+        the server a cancel request and hold the connection (its release is shielded) until
+        the statement's answer arrived — over a slow path, past the next renewals.
+        (psycopg's pool closes a connection whose statement was cancelled twice, as the
+        renewal does.)"""
+        pool = self._pool if self._pool is not None and not self._closed else await self._open()
+        acquire = getattr(pool, "acquire", None)
+        if acquire is None:
+            return await self._fetchrow(operation, key, sql, *args)
+        try:
+            async with acquire() as connection:
+                try:
+                    return await connection.fetchrow(sql, *args)
+                except asyncio.CancelledError:
+                    connection.terminate()  # nothing is left unread for the next request
+                    raise
+        except Exception as exc:
+            error = translated(exc, operation, key, self.table)
+            if error is exc:
+                raise
+            raise error from exc
+
     # -- Store protocol -------------------------------------------------------------
 
     async def claim(self, claim: Claim) -> Verdict:
@@ -264,8 +289,8 @@ class PostgresStore:
         row = await self._fetchrow("release", key, self._sql.release, key, owner)
         return bool(row[0])
 
-    async def extend(self, claim: Claim) -> bool:
-        row = await self._fetchrow(
+    async def extend(self, claim: Claim) -> Extended:
+        row = await self._fetchrow_or_close(
             "extend",
             claim.key,
             self._sql.extend,
@@ -276,7 +301,9 @@ class PostgresStore:
             float(claim.ttl),
             claim.validation,
         )
-        return row is not None
+        if row is None:
+            return Extended.LOST
+        return Extended.RENEWED if row[0] else Extended.ALREADY_LATER
 
     async def force_release(self, key: str) -> Record | None:
         row = await self._fetchrow("force release", key, self._sql.force_release, key)

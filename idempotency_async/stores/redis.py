@@ -42,6 +42,7 @@ from idempotency_async.stores._redis_records import (
 from idempotency_async.stores.base import (
     CLAIMED,
     DEFAULT_MAX_RESPONSE_BYTES,
+    Extended,
     State,
     Verdict,
     Written,
@@ -56,6 +57,8 @@ _SCHEMES: Final = ("redis://", "rediss://", "unix://")
 _IN_PROGRESS: Final = 2
 _COMPLETED: Final = 3
 _TAKEOVER: Final = 4
+# The extend script's answers.
+_EXTENDED: Final = {1: Extended.RENEWED, 2: Extended.ALREADY_LATER, 0: Extended.LOST}
 # Powertools (Python) takes over an orphaned record only while it holds "<key>:lock"
 # (SET NX, never deleted, min(10 s, TTL)); our takeovers of a lapsed record take it too.
 _LOCK_SUFFIX: Final = ":lock"
@@ -402,7 +405,7 @@ class RedisStore:
         answer = await self._eval("release", _RELEASE, key, owner)
         return bool(answer == 1)
 
-    async def extend(self, claim: Claim) -> bool:
+    async def extend(self, claim: Claim) -> Extended:
         answer = await self._eval(
             "extend",
             _EXTEND,
@@ -413,7 +416,13 @@ class RedisStore:
             claim.ttl,
             claim_tail(claim.owner, claim.validation),
         )
-        return bool(answer == 1)
+        extended = _EXTENDED.get(answer) if isinstance(answer, int) else None
+        if extended is None:
+            raise StoreUnavailableError(
+                f"the server answered the renewal of key {claim.key!r} with {answer!r}, which "
+                "is not the store's script answer"
+            )
+        return extended
 
     async def force_release(self, key: str) -> Record | None:
         raw = await self._eval("force release", _FORCE_RELEASE, key)

@@ -22,7 +22,7 @@ import pytest
 
 from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion, Record, Status
-from idempotency_async.stores.base import CLAIMED, State, Store, Written
+from idempotency_async.stores.base import CLAIMED, Extended, State, Store, Written
 
 __all__ = ["StoreContract"]
 
@@ -276,7 +276,7 @@ class StoreContract:
     async def test_extend_moves_the_lease_and_the_expiry_of_its_owner(self, store: Store) -> None:
         await store.claim(claim(lease_s=5))
         renewed = Claim("k#1", "owner-a", NOW + 4, 5.0, 60.0, "v-hash")
-        assert await store.extend(renewed) is True
+        assert await store.extend(renewed) is Extended.RENEWED
         # Held past the first lease's end, free once the renewed one ends.
         assert (await store.claim(claim(owner="owner-b", now=NOW + 6))).state is State.IN_PROGRESS
         record = await record_of(store, now=NOW + 6)
@@ -290,26 +290,63 @@ class StoreContract:
         self, store: Store
     ) -> None:
         await store.claim(claim(lease_s=1))
-        assert await store.extend(Claim("k#1", "owner-a", NOW + 3, 5.0, 3600.0, "v-hash"))
+        renewed = Claim("k#1", "owner-a", NOW + 3, 5.0, 3600.0, "v-hash")
+        assert await store.extend(renewed) is Extended.RENEWED
         assert (await store.claim(claim(owner="owner-b", now=NOW + 4))).state is State.IN_PROGRESS
 
     async def test_extend_is_fenced_by_the_owner(self, store: Store) -> None:
         await store.claim(claim(owner="owner-a", lease_s=1))
         await store.claim(claim(owner="owner-b", now=NOW + 2))
         stale = Claim("k#1", "owner-a", NOW + 2, 600.0, 3600.0, "v-hash")
-        assert await store.extend(stale) is False
+        assert await store.extend(stale) is Extended.LOST
         record = await record_of(store, now=NOW + 2)
         assert record.owner == "owner-b" and abs(record.lease_end - (NOW + 32)) < 0.002
 
     async def test_extend_of_a_completed_or_missing_record_is_refused(self, store: Store) -> None:
         renewal = Claim("k#1", "owner-a", NOW + 1, 30.0, 3600.0, "v-hash")
-        assert await store.extend(renewal) is False
+        assert await store.extend(renewal) is Extended.LOST
         assert await record_of(store) is None
         await store.claim(claim())
         await store.complete(completion(response=1))
-        assert await store.extend(renewal) is False
+        assert await store.extend(renewal) is Extended.LOST
         record = await record_of(store)
         assert record.status is Status.COMPLETED and record.response == 1
+
+    async def test_extend_never_moves_a_lease_end_back(self, store: Store) -> None:
+        # Renewals sent at NOW+2 and NOW+1; the older one lands last (its answer was slow,
+        # or the manager abandoned it).  On a store judging by the client's clock, moving
+        # the lease end back would let another worker claim while the owner still runs.
+        await store.claim(claim(lease_s=5))
+        newer = Claim("k#1", "owner-a", NOW + 2, 10.0, 60.0, "v-hash")
+        older = Claim("k#1", "owner-a", NOW + 1, 10.0, 60.0, "v-hash")
+        assert await store.extend(newer) is Extended.RENEWED
+        assert await store.extend(older) is Extended.ALREADY_LATER
+        record = await record_of(store, now=NOW + 2)
+        assert record.owner == "owner-a" and record.status is Status.INPROGRESS
+        assert record.lease_end is not None and abs(record.lease_end - (NOW + 12)) < 0.002
+        assert record.expiration == math.ceil(NOW + 2 + 60)
+        verdict = await store.claim(claim(owner="owner-b", now=NOW + 11.5))
+        assert verdict.state is State.IN_PROGRESS
+        assert verdict.retry_after is not None and abs(verdict.retry_after - 0.5) < 0.01
+
+    async def test_extend_sent_again_is_renewed_again(self, store: Store) -> None:
+        # An SDK retry after a lost answer: the lease already ends where it asks.
+        await store.claim(claim(lease_s=5))
+        renewal = Claim("k#1", "owner-a", NOW + 2, 10.0, 60.0, "v-hash")
+        assert await store.extend(renewal) is Extended.RENEWED
+        assert await store.extend(renewal) is Extended.RENEWED
+        record = await record_of(store, now=NOW + 2)
+        assert record.lease_end is not None and abs(record.lease_end - (NOW + 12)) < 0.002
+
+    async def test_a_shorter_renewal_never_shortens_the_lease(self, store: Store) -> None:
+        # The last renewal before a deadline asks only for the time left: sent later, but
+        # ending earlier than a lease already held, it leaves that lease as it is.
+        await store.claim(claim(lease_s=30))
+        short = Claim("k#1", "owner-a", NOW + 5, 2.0, 60.0, "v-hash")
+        assert await store.extend(short) is Extended.ALREADY_LATER
+        record = await record_of(store, now=NOW + 5)
+        assert record.lease_end is not None and abs(record.lease_end - (NOW + 30)) < 0.002
+        assert record.expiration == math.ceil(NOW + 3600)
 
     async def test_concurrent_claims_of_one_key_have_exactly_one_winner(self, store: Store) -> None:
         verdicts = await asyncio.gather(

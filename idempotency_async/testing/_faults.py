@@ -23,7 +23,7 @@ from idempotency_async.errors import (
     StoreValidationError,
 )
 from idempotency_async.record import Claim, Completion, Record
-from idempotency_async.stores.base import State, Store, Verdict, Written
+from idempotency_async.stores.base import Extended, State, Store, Verdict, Written
 from idempotency_async.testing._scenario import Fault
 
 __all__ = ["CALL", "Application", "FaultyStore", "Op", "ServerClockStore"]
@@ -229,8 +229,10 @@ class FaultyStore:
         )
         return result
 
-    async def extend(self, claim: Claim) -> bool:
-        result: bool = await self._run("extend", claim.key, claim, lambda: self.inner.extend(claim))
+    async def extend(self, claim: Claim) -> Extended:
+        result: Extended = await self._run(
+            "extend", claim.key, claim, lambda: self.inner.extend(claim)
+        )
         return result
 
     async def force_release(self, key: str) -> Record | None:
@@ -270,7 +272,7 @@ class ServerClockStore:
     async def release(self, key: str, owner: str) -> bool:
         return await self.inner.release(key, owner)
 
-    async def extend(self, claim: Claim) -> bool:
+    async def extend(self, claim: Claim) -> Extended:
         return await self.inner.extend(claim._replace(now=self.clock()))
 
     async def force_release(self, key: str) -> Record | None:

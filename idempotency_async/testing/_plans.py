@@ -27,6 +27,7 @@ __all__ = [
     "ManagerPlan",
     "Scenario",
     "Shape",
+    "RENEWAL_ROOM",
     "can_renew",
     "ms",
     "renewal_reserve",
@@ -214,16 +215,21 @@ def renewal_reserve(plan: ManagerPlan) -> float:
     return min(0.5, 0.2 * renew)
 
 
+RENEWAL_ROOM = 0.1
+"""The share of ``renew_lease`` kept for a renewal's round trip (docs/manager.md)."""
+
+
 def can_renew(plan: ManagerPlan) -> bool:
-    """Whether a manager's renewal settings can keep a lease (the contract: a renewal can
-    be confirmed before the first cutoff, and one lost renewal can be survived — the one
-    after it still lands before the cutoff of the lease before it).  Settings that cannot
-    must be refused with ConfigError at construction."""
+    """Whether a manager's renewal settings can keep a lease, as the documentation states
+    the rule: after one lost renewal the next goes out two intervals after the claim, and
+    both intervals, the completion reserve and a round trip (``RENEWAL_ROOM`` of the short
+    lease) fit in it — ``2 x renew_every + reserve <= 90 % of renew_lease``.  Settings that
+    do not must be refused with ConfigError at construction, and only those."""
     renew = plan.renew_lease
     if renew is None:
         return True
     every = plan.renew_every if plan.renew_every is not None else renew / 3
-    return 2 * every + renewal_reserve(plan) < renew
+    return 2 * every + renewal_reserve(plan) <= (1 - RENEWAL_ROOM) * renew + 1e-6
 
 
 def valid_renewal(plan: ManagerPlan) -> ManagerPlan:

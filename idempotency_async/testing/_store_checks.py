@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from idempotency_async.record import Claim, Completion, Record, Status
-from idempotency_async.stores.base import State, Verdict, Written
+from idempotency_async.stores.base import Extended, State, Verdict, Written
 from idempotency_async.testing._faults import Application, Op
 
 __all__ = ["BOUNDARY", "StoreChecks", "expected_expiry", "expected_state", "renewed", "shape"]
@@ -44,14 +44,13 @@ def expected_expiry(now: float, ttl: float, lease: float) -> int:
 
 def renewed(answer: Any) -> bool | None:
     """What an ``extend`` answer says: True — the lease holds at least as long as asked
-    (renewed, or already later: a newer renewal landed first); False — the lease is lost;
-    None — not an answer."""
-    if answer is True or answer is False:
-        return bool(answer)
-    name = getattr(answer, "name", None)
-    if not isinstance(name, str):
-        return None
-    return "LOST" not in name.upper()
+    (``RENEWED``, or ``ALREADY_LATER``: a newer renewal landed first); False — the lease
+    is lost; None — not an answer."""
+    if answer is Extended.RENEWED or answer is Extended.ALREADY_LATER:
+        return True
+    if answer is Extended.LOST:
+        return False
+    return None
 
 
 def shape(record: Record | None) -> tuple[Any, ...] | None:
@@ -177,49 +176,68 @@ class StoreChecks:
                 self.check_durations(op, before, now, answer)
 
     def check_extend(self, op: Op, application: Application) -> None:
-        """A renewal is owner-fenced: it applies to an INPROGRESS record of its owner, and
-        then the lease ends ``lease`` after the store's now — or later, when a newer renewal
-        landed first: a lease end never moves back (a late renewal must not shorten a newer
-        one).  Anything else changes nothing, and the lease is lost."""
+        """A renewal is owner-fenced and never moves a lease end back: it applies to an
+        INPROGRESS record of its owner whose lease ends no later than ``lease`` after the
+        store's now (``RENEWED``: the lease then ends there), leaves the owner's record
+        whose lease ends later as it is (``ALREADY_LATER``), and changes nothing of any
+        other record (``LOST``)."""
         before, after, answer = application.before, application.after, application.answer
         claim: Claim = op.arg
         now = self.now(application, claim.now)
+        wanted = now + claim.lease
         owned = (
             before is not None
             and before.status is Status.INPROGRESS
             and before.owner == claim.owner
         )
-        if renewed(answer) is not owned:
+        if not owned:
+            if answer is not Extended.LOST or shape(after) != shape(before):
+                self.fail(
+                    f"store: extend of {op.key} by {claim.owner} answered {answer!r} and left "
+                    f"{after} for the record {before}: a renewal applies to its owner's "
+                    "in-progress record only"
+                )
+            return
+        assert before is not None
+        end = before.lease_end
+        if (
+            end is not None
+            and after is not None
+            and after.lease_end is not None
+            and after.lease_end < end - self.boundary
+        ):
             self.fail(
-                f"store: extend of {op.key} by {claim.owner} answered {answer!r} for the "
-                f"record {before}: a renewal applies to its owner's in-progress record only"
+                f"store: extend of {op.key} at {now} for {claim.lease} s answered "
+                f"{answer!r} and moved the lease end back: {before} -> {after}"
             )
-        elif not owned and shape(after) != shape(before):
+            return
+        if end is not None and abs(end - wanted) < self.boundary:
+            expected: tuple[Extended, ...] = (Extended.RENEWED, Extended.ALREADY_LATER)
+        elif end is not None and end > wanted:
+            expected = (Extended.ALREADY_LATER,)
+        else:
+            expected = (Extended.RENEWED,)
+        if answer not in expected:
             self.fail(
-                f"store: a refused extend of {op.key} changed the record: {before} -> {after}"
+                f"store: extend of {op.key} at {now} for {claim.lease} s (to {wanted:.3f}) "
+                f"answered {answer!r} for its owner's record {before}; expected "
+                f"{' or '.join(str(e) for e in expected)}"
             )
-        elif owned and (
+        elif answer is Extended.ALREADY_LATER and shape(after) != shape(before):
+            self.fail(
+                f"store: extend of {op.key} answered {answer!r} but changed the record: "
+                f"{before} -> {after}"
+            )
+        elif answer is Extended.RENEWED and (
             after is None
             or after.owner != claim.owner
+            or after.status is not Status.INPROGRESS
             or after.lease_end is None
-            or after.lease_end < now + claim.lease - self.boundary
+            or after.lease_end < wanted - self.boundary
         ):
             self.fail(
                 f"store: extend of {op.key} at {now} for {claim.lease} s answered {answer!r} "
                 f"but left {after}: a confirmed renewal must move the lease end"
-            )
-        elif (
-            owned
-            and before is not None
-            and before.lease_end is not None
-            and after is not None
-            and after.lease_end is not None
-            and after.lease_end < before.lease_end - self.boundary
-        ):
-            self.fail(
-                f"store: extend of {op.key} at {now} for {claim.lease} s moved the lease end "
-                f"back, from {before.lease_end:.3f} to {after.lease_end:.3f}: a renewal that "
-                "lands late must never shorten a newer one"
             )
 
     def check_claim(
