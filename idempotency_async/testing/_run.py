@@ -74,6 +74,10 @@ async def run_scenario(
     loop = asyncio.get_running_loop()
     start = loop.time()
     base = time.time() if own_clock else BASE_TIME
+    created: list[asyncio.Task[Any]] = []
+    if epilogue:
+        # One scenario per loop (virtual time): the tasks it creates are the scenario's.
+        loop.set_task_factory(_recording(created))
     faulty = FaultyStore(
         store,
         {i: call.faults for i, call in enumerate(scenario.calls)},
@@ -153,8 +157,17 @@ async def run_scenario(
     if epilogue:
         # One scenario per loop (virtual time): any task of the library left is this
         # scenario's.  Live runs share their loop between scenarios, and skip the check.
-        trace.leftover_tasks = _library_tasks()
+        trace.leftover_tasks = _library_tasks(created)
     return trace
+
+
+def _recording(created: list[asyncio.Task[Any]]) -> Any:
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
+        created.append(task)
+        return task
+
+    return factory
 
 
 async def _sample_lag(trace: Trace) -> None:
@@ -318,13 +331,14 @@ async def _probe(trace: Trace, start: float) -> None:
         trace.probes[key] = await trace.store.inner.get(key, now=now)
 
 
-def _library_tasks() -> list[str]:
-    """Pending tasks running the library's own coroutines (none may outlive a call)."""
+def _library_tasks(created: list[asyncio.Task[Any]]) -> list[str]:
+    """Pending tasks running the library's own coroutines (none may outlive a call), of
+    those the scenario's loop created (cheaper than ``asyncio.all_tasks``, which walks
+    every task not yet collected)."""
     found: list[str] = []
-    tasks = asyncio.all_tasks()
-    if len(tasks) == 1:
-        return found  # only the scenario's own task
-    for task in tasks:
+    for task in created:
+        if task.done():
+            continue
         coro = task.get_coro()
         code = getattr(coro, "cr_code", None)
         filename = getattr(code, "co_filename", "")

@@ -242,6 +242,8 @@ def _no_late_stream_head(call: CallPlan) -> CallPlan:
     """An HTTP stream's completions with no late landing (its answer is lost instead)."""
     if call.door != "http" or call.behaviour != "stream":
         return call
+    if not any(f.op == "complete" and f.kind in ("late", "adrift") for f in call.faults):
+        return call
     faults = tuple(
         replace(fault, kind="lose", seconds=0.0)
         if fault.op == "complete" and fault.kind in ("late", "adrift")
@@ -491,15 +493,18 @@ def _slow_answers(rng: random.Random, call: CallPlan, scale: float) -> CallPlan:
     """Some faults become slow answers (the write applied, its answer late) or requests
     adrift (landing even if abandoned); now and then a slow completion is added."""
     faults = []
+    changed = False
     for fault in call.faults:
         if fault.op != "force_release" and rng.random() < 0.15:
             kind: FaultKind = rng.choice(["slow_answer", "adrift"])
             fault = replace(fault, kind=kind, seconds=_ms(rng, 0.05, 3.0, scale))
+            changed = True
         faults.append(fault)
     if call.door != "operator" and rng.random() < 0.06:
         kind = rng.choice(["slow_answer", "adrift", "delay"])
         faults.append(Fault("complete", 0, kind, _ms(rng, 0.05, 2.0, scale)))
-    return replace(call, faults=tuple(faults))
+        changed = True
+    return replace(call, faults=tuple(faults)) if changed else call
 
 
 def _late_extend(rng: random.Random, call: CallPlan, plan: ManagerPlan, scale: float) -> CallPlan:
