@@ -21,7 +21,7 @@ from idempotency_async.testing._axes import (
     pairs_of,
     triples_of,
 )
-from idempotency_async.testing._scenario import CallPlan, Scenario
+from idempotency_async.testing._plans import CallPlan, Scenario
 from idempotency_async.testing._trace import Trace
 
 __all__ = ["Coverage", "call_values", "coverage_of"]
@@ -141,23 +141,27 @@ def _all_pairs() -> list[Pair]:
 
 
 def coverage_of(trace: Trace) -> Coverage:
-    """The pairs and named triples one scenario's run crossed."""
+    """The pairs and named triples one scenario's run crossed (each counted once per
+    scenario: "the rarest pair, N times" means in N scenarios)."""
     coverage = Coverage(scenarios=1)
     refused = set(trace.refused)
+    fired: dict[int, set[tuple[str, str]]] = {}
+    for op in trace.store.ops:
+        if op.call is not None and op.fault is not None:
+            fired.setdefault(op.call, set()).add((op.fault.kind, op.fault.op))
+    pairs: set[Pair] = set()
+    triples: set[str] = set()
     for index, outcome in enumerate(trace.outcomes):
         if outcome.skipped:
             continue
         values = call_values(trace.scenario, index, refused)
         events = set(_events(trace, index))
-        fired: set[tuple[str, str]] = {
-            (op.fault.kind, op.fault.op)
-            for op in trace.store.ops
-            if op.call == index and op.fault is not None
-        }
-        for kind, place in sorted(fired) or [("none", "none")]:
+        for kind, place in fired.get(index) or [("none", "none")]:
             row = {**values, "fault": kind, "place": place}
-            coverage.pairs.update(pairs_of(row))
-            coverage.triples.update(triples_of(row, events))
+            pairs.update(pairs_of(row))
+            triples.update(triples_of(row, events))
+    coverage.pairs.update(pairs)
+    coverage.triples.update(triples)
     return coverage
 
 

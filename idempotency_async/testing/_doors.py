@@ -18,7 +18,7 @@ from idempotency_async.decorators import idempotent_function
 from idempotency_async.errors import ConfigError
 from idempotency_async.integrations.aws_lambda import process_batch
 from idempotency_async.manager import Manager
-from idempotency_async.testing._scenario import CallPlan
+from idempotency_async.testing._plans import CallPlan
 from idempotency_async.testing._trace import (
     CallbackExit,
     CallbackFailed,

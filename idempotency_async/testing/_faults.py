@@ -24,7 +24,7 @@ from idempotency_async.errors import (
 )
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores.base import Extended, State, Store, Verdict, Written
-from idempotency_async.testing._scenario import Fault
+from idempotency_async.testing._plans import Fault
 
 __all__ = ["CALL", "Application", "FaultyStore", "Op", "ServerClockStore"]
 

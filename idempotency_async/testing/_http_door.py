@@ -27,7 +27,7 @@ from idempotency_async.integrations._http import (
 )
 from idempotency_async.manager import Manager
 from idempotency_async.testing._doors import Bounds, behave, owner_of_task
-from idempotency_async.testing._scenario import CallPlan
+from idempotency_async.testing._plans import CallPlan
 from idempotency_async.testing._trace import HttpAnswer, Outcome, Run, ServerError, Trace
 
 __all__ = ["ROUTE", "decoded", "http_door", "http_key", "meaning"]

@@ -21,7 +21,7 @@ from idempotency_async.stores.base import Store
 from idempotency_async.testing._doors import bounds_of, door, message_key
 from idempotency_async.testing._faults import CALL, FaultyStore, ServerClockStore
 from idempotency_async.testing._http_door import http_door, http_key, meaning
-from idempotency_async.testing._scenario import CallPlan, ManagerPlan, Scenario
+from idempotency_async.testing._plans import CallPlan, ManagerPlan, Scenario
 from idempotency_async.testing._trace import (
     BASE_TIME,
     MISSING,

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import TypeVar
 
-from idempotency_async.testing._scenario import CallPlan, ManagerPlan, Scenario
+from idempotency_async.testing._plans import CallPlan, ManagerPlan, Scenario
 
 __all__ = ["shrink_live", "shrink_scenario"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from idempotency_async.manager import Manager
 from idempotency_async.testing._faults import FaultyStore
-from idempotency_async.testing._scenario import Scenario
+from idempotency_async.testing._plans import Scenario
 
 __all__ = [
     "BASE_TIME",
