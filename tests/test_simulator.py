@@ -1,4 +1,4 @@
-"""The fault simulator on the project's stores: MemoryStore on a virtual clock (10,000
+"""The fault simulator on the project's stores: MemoryStore on a virtual clock (7,000
 scenarios, every pair of axis values and every named triple crossed); DynamoDB on the moto
 server and Redis on a real redis-server in real time (client clock, and the server's own
 clock).
@@ -35,7 +35,7 @@ from idempotency_async.testing.__main__ import main
 from idempotency_async.testing._axes import covering_rows
 
 # More seeds locally: SIM_MEMORY_SEEDS=200000 SIM_LIVE_SEEDS=2000 python -m pytest ...
-MEMORY_SEEDS = int(os.environ.get("SIM_MEMORY_SEEDS", "10000"))
+MEMORY_SEEDS = int(os.environ.get("SIM_MEMORY_SEEDS", "7000"))
 LIVE_SEEDS = int(os.environ.get("SIM_LIVE_SEEDS", "80"))
 REDIS_SEEDS = int(os.environ.get("SIM_REDIS_SEEDS", "70"))
 
