@@ -16,7 +16,7 @@ import heapq
 import itertools
 import math
 
-__all__ = ["Cutoff", "Cutoffs"]
+__all__ = ["Cutoff", "Cutoffs", "InsistingCutoff"]
 
 # Closed cutoffs stay in the heap until they surface; past this many (and half the heap)
 # the heap is rebuilt without them, so a busy loop with long deadlines stays small.
@@ -96,6 +96,48 @@ class Cutoff:
             self._owner.closed_one()
 
 
+class InsistingCutoff(Cutoff):
+    """A cutoff that cancels its task a second time, at the next turn of the loop, if the
+    work it cut off is still unwinding then: a database driver answers a cancellation by
+    asking its server to cancel the statement and waiting for the answer (asyncpg, psycopg),
+    and closes the connection instead on a second one.  For work to abandon, not to wait
+    for (a lease renewal whose answer is late)."""
+
+    __slots__ = ("_cancels",)
+
+    def __init__(self, owner: Cutoffs, task: asyncio.Task[object], when: float) -> None:
+        super().__init__(owner, task, when)
+        self._cancels = 0
+
+    def expire(self) -> None:
+        if not self.closed and not self._expired:
+            self._expired = True
+            self._cancels = 1
+            self._task.cancel()
+            self._owner.loop.call_soon(self._insist)
+
+    def _insist(self) -> None:
+        if not self.closed and not self._consumed and not self._task.done():
+            self._cancels = 2
+            self._task.cancel()
+
+    def fired(self) -> bool:
+        if not self._expired or self._consumed:
+            return False
+        self._consumed = True
+        for _ in range(self._cancels - 1):
+            self._task.uncancel()
+        return self._task.uncancel() <= self._cancelling
+
+    def close(self) -> None:
+        if not self.closed and self._expired and not self._consumed:
+            # The work swallowed our cancellations: balance the task's cancel count.
+            self._consumed = True
+            for _ in range(self._cancels):
+                self._task.uncancel()
+        super().close()
+
+
 class Cutoffs:
     """The open cutoffs of one event loop, behind a single timer."""
 
@@ -107,12 +149,13 @@ class Cutoffs:
         self._armed_at = math.inf
         self._closed_in_heap = 0
 
-    def start(self, when: float) -> Cutoff:
-        """Cancel the current task at ``when`` (loop time) unless the cutoff is closed first."""
+    def start(self, when: float, *, insist: bool = False) -> Cutoff:
+        """Cancel the current task at ``when`` (loop time) unless the cutoff is closed first
+        (``insist``: an :class:`InsistingCutoff`, which cancels twice)."""
         task = asyncio.current_task(self.loop)
         if task is None:
             raise RuntimeError("a cutoff must be started inside a task")
-        cutoff = Cutoff(self, task, when)
+        cutoff = InsistingCutoff(self, task, when) if insist else Cutoff(self, task, when)
         heapq.heappush(self._heap, (when, next(self._order), cutoff))
         if when < self._armed_at:
             self._arm(when)

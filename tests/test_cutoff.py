@@ -122,3 +122,66 @@ def test_a_postponed_cutoff_fires_at_its_new_time_only() -> None:
         loop.close()
     assert results == ["cut off", "cut off"]
     assert finished == {"other": 0.15, "postponed": 0.25}
+
+
+async def _unwinds_slowly(cutoffs: Cutoffs, seen: list[str]) -> str:
+    """Work cut off while it answers its first cancellation by waiting (as a database
+    driver waits for its server to confirm a cancelled statement)."""
+    loop = asyncio.get_running_loop()
+    cutoff = cutoffs.start(loop.time() + 0.01, insist=True)
+    try:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            seen.append("first")
+            await asyncio.sleep(10)  # waiting for the server: the second cancellation
+            seen.append("not insisted")
+        return "finished"
+    except asyncio.CancelledError:
+        seen.append("second")
+        if cutoff.fired():
+            return "cut off"
+        raise
+    finally:
+        cutoff.close()
+
+
+async def test_an_insisting_cutoff_cancels_work_that_unwinds_slowly_a_second_time() -> None:
+    cutoffs = Cutoffs(asyncio.get_running_loop())
+    seen: list[str] = []
+    task = asyncio.create_task(_unwinds_slowly(cutoffs, seen))
+    assert await task == "cut off"
+    assert seen == ["first", "second"]
+    assert task.cancelling() == 0  # both cancellations consumed
+
+
+async def test_an_insisting_cutoff_leaves_work_that_ends_at_once_alone() -> None:
+    loop = asyncio.get_running_loop()
+    cutoffs = Cutoffs(loop)
+    after: list[str] = []
+
+    async def quick() -> str:
+        cutoff = cutoffs.start(loop.time() + 0.01, insist=True)
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            assert cutoff.fired()
+        finally:
+            cutoff.close()
+        await asyncio.sleep(0.05)  # the second cancellation must not land here
+        after.append("slept")
+        return "done"
+
+    task = asyncio.create_task(quick())
+    assert await task == "done"
+    assert after == ["slept"] and task.cancelling() == 0
+
+
+async def test_an_outside_cancellation_is_not_taken_for_an_insisting_cutoff() -> None:
+    cutoffs = Cutoffs(asyncio.get_running_loop())
+    seen: list[str] = []
+    task = asyncio.create_task(_unwinds_slowly(cutoffs, seen))
+    await asyncio.sleep(0.005)
+    task.cancel()  # the caller, before the cutoff: its cancellation wins
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -35,7 +35,7 @@ from idempotency_async.stores.redis import RedisStore
 CLIENTS = ["aioboto3", "light", "redis", "asyncpg", "psycopg"]
 RENEW = 1.0
 EVERY = 0.25
-WORK = 1.5  # five renewals: the first is abandoned, the next four must be confirmed
+WORK = 1.1  # four renewals: the first is abandoned, the next ones must be confirmed
 LATE = 5.0  # the delayed answer: far past the call (a client that waited would be cut off)
 
 

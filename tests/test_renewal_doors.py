@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -23,11 +24,12 @@ from idempotency_async.integrations.aiohttp import idempotency_middleware, idemp
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
 from idempotency_async.record import Status
 from idempotency_async.stores.base import Store
+from idempotency_async.testing._vloop import VirtualClockLoop
 
 RENEW = 1.0  # the short lease
 EVERY = 0.25
 SLOW = 0.4  # the store's completion answer: longer than the short lease's reserve (0.2 s)
-WORK = 1.5  # past the first short lease
+WORK = 1.2  # past the first short lease
 
 
 def _renewing(store: Any, **options: Any) -> Manager:
@@ -45,7 +47,17 @@ def _slow_completion(store: Store) -> RecordingStore:
 # -- Call.complete ----------------------------------------------------------------------
 
 
-@on_stores("memory", "dynamodb", "postgres")
+def _virtual(scenario: Callable[[VirtualClockLoop, Callable[[], float]], Awaitable[None]]) -> None:
+    """Run ``scenario(loop, clock)`` on a virtual-time loop (MemoryStore only): exact times,
+    no real waiting."""
+    loop = VirtualClockLoop()
+    try:
+        loop.run_until_complete(scenario(loop, lambda: 1_700_000_000.0 + loop.time()))
+    finally:
+        loop.close()
+
+
+@on_stores("memory", "dynamodb")
 async def test_call_complete_after_the_first_short_lease_is_bounded_by_the_renewed_lease(
     store: Store,
 ) -> None:
@@ -65,53 +77,56 @@ async def test_call_complete_after_the_first_short_lease_is_bounded_by_the_renew
     key = manager.key_for({"id": 1})
     record = await record_of(store, key, now=manager.options.clock())
     assert record is not None and record.status is Status.COMPLETED
-    # Another worker, once any lease would have lapsed, replays: nothing runs twice.
-    await asyncio.sleep(RENEW)
+    # Another worker replays it: nothing runs twice.
     other = Manager(store, Options(key_prefix="doors"))
     assert await other.execute_call({"id": 1}, work, timeout=5) == "done"
     assert runs["work"] == 1
 
 
-async def test_call_complete_without_response_is_bounded_by_the_renewed_lease() -> None:
+def test_call_complete_without_response_is_bounded_by_the_renewed_lease() -> None:
     store = MemoryStore()
-    manager = _renewing(_slow_completion(store))
 
-    async def work(call: Call) -> str:
-        await asyncio.sleep(WORK)
-        await call.complete_without_response("streamed")
-        return "streamed"
+    async def scenario(loop: VirtualClockLoop, clock: Callable[[], float]) -> None:
+        manager = _renewing(_slow_completion(store), clock=clock)
 
-    assert await manager.execute_call({"id": 2}, work, timeout=30) == "streamed"
-    record = await record_of(store, manager.key_for({"id": 2}), now=manager.options.clock())
-    assert record is not None and record.status is Status.COMPLETED
-    assert record.not_stored == "streamed"
+        async def work(call: Call) -> str:
+            await asyncio.sleep(WORK)
+            await call.complete_without_response("streamed")
+            return "streamed"
+
+        assert await manager.execute_call({"id": 2}, work, timeout=30) == "streamed"
+        record = await record_of(store, manager.key_for({"id": 2}), now=clock())
+        assert record is not None and record.status is Status.COMPLETED
+        assert record.not_stored == "streamed"
+
+    _virtual(scenario)
 
 
 # -- an in-process duplicate --------------------------------------------------------------
 
 
-async def test_an_in_process_duplicate_is_told_the_lease_as_renewed() -> None:
-    store = MemoryStore()
-    manager = _renewing(store)
-    release = asyncio.Event()
+def test_an_in_process_duplicate_is_told_the_lease_as_renewed() -> None:
+    async def scenario(loop: VirtualClockLoop, clock: Callable[[], float]) -> None:
+        manager = _renewing(MemoryStore(), clock=clock)
+        release = asyncio.Event()
 
-    async def holds() -> str:
-        await release.wait()
-        return "held"
+        async def holds() -> str:
+            await release.wait()
+            return "held"
 
-    holder = asyncio.create_task(manager.execute({"id": 3}, holds, timeout=30))
-    await asyncio.sleep(2.5 * RENEW)  # renewed several times: the first short lease is long gone
-    with pytest.raises(errors.AlreadyInProgressError) as refused:
-        await manager.execute({"id": 3}, holds, timeout=5)
-    release.set()
-    assert await holder == "held"
-    # The holder's lease, as last renewed, ends within a short lease from now (it was 0
-    # when read from the lease the claim wrote).
-    retry_after = refused.value.retry_after
-    assert retry_after is not None and RENEW - EVERY - 0.2 <= retry_after <= RENEW
-    lease_end = refused.value.lease_end
-    assert lease_end is not None
-    assert abs(lease_end - (manager.options.clock() + retry_after)) < 0.2
+        holder = asyncio.create_task(manager.execute({"id": 3}, holds, timeout=30))
+        # Renewed at 0.25, 0.5, ... 2.5 (lease to 3.5): the first short lease is long gone.
+        await asyncio.sleep(2.6)
+        with pytest.raises(errors.AlreadyInProgressError) as refused:
+            await manager.execute({"id": 3}, holds, timeout=5)
+        release.set()
+        assert await holder == "held"
+        # The lease as last renewed ends 0.9 s from now (read from the lease the claim
+        # wrote, it had ended: 0).
+        assert refused.value.retry_after == pytest.approx(0.9)
+        assert refused.value.lease_end == pytest.approx(clock() + 0.9)
+
+    _virtual(scenario)
 
 
 # -- the HTTP gate ----------------------------------------------------------------------
