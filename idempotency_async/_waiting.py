@@ -65,11 +65,12 @@ class Waiting:
                 await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, _MAX_POLL)
                 sent = loop.time()
+                # Bounded like the wait: a read stuck behind a lock (a migration's) ends the
+                # wait, not the call's deadline — by the store itself when its reads say so
+                # (a cancellation there could hurt its transaction).
+                bound = asyncio.timeout_at(None if bounded else wait_until)
                 try:
-                    # Bounded like the wait: a read stuck behind a lock (a migration's)
-                    # ends the wait, not the call's deadline — by the store itself when its
-                    # reads say so (a cancellation there could hurt its transaction).
-                    async with asyncio.timeout_at(None if bounded else wait_until):
+                    async with bound:
                         verdict = await store.get(keys.key, now=self._options.clock())
                     if verdict.__class__ is Verdict:
                         check_key(verdict, keys.key)
@@ -77,7 +78,9 @@ class Waiting:
                     self._emitter.emit("record_unreadable", keys.key, error=exc)
                     raise
                 except TimeoutError:
-                    if loop.time() < wait_until:
+                    # (Asked, not judged by the clock: the loop runs a timer up to its clock
+                    # resolution early.)
+                    if not bound.expired():
                         raise  # the store's own timeout, not the wait's end
                     self.refuse(keys.key, verdict.retry_after)
                 if verdict.__class__ is not Verdict:
@@ -165,7 +168,9 @@ class Waiting:
         try:
             await wait_for(future, limit)
         except TimeoutError:
-            if deadline is not None and loop.time() >= deadline:
+            # The limit that ran out, not the clock: the loop runs a timer up to its clock
+            # resolution early.
+            if deadline is not None and limit >= deadline:
                 raise DeadlineExceededError(
                     f"the deadline of key {key} passed while waiting for another call of this "
                     "process holding it",

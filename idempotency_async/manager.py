@@ -348,15 +348,18 @@ class Manager:
         lifecycle = self._lifecycle
         loop = asyncio.get_running_loop()
         when = effective_deadline(loop, deadline=deadline, timeout=timeout)
+        bound = asyncio.timeout_at(when)
         try:
-            async with asyncio.timeout_at(when):
+            async with bound:
                 verdict = await lifecycle.store.get(keys.key, now=self.options.clock())
             check_key(verdict, keys.key)
         except InconsistentStateError as exc:
             lifecycle.emit("record_unreadable", keys.key, error=exc)
             raise
         except TimeoutError as exc:
-            if isinstance(exc, DeadlineExceededError) or when is None or loop.time() < when:
+            # Asked, not judged by the clock: the loop runs a timer up to its clock
+            # resolution early.
+            if isinstance(exc, DeadlineExceededError) or not bound.expired():
                 raise
             raise DeadlineExceededError(
                 f"the read of key {keys.key} got no answer before its deadline", key=keys.key

@@ -5,10 +5,31 @@ fix of its defect merges (its regression case then passes, and its xfail marker 
 
 from __future__ import annotations
 
-OPEN_DEFECTS: dict[str, str] = {}
+OPEN_DEFECTS: dict[str, str] = {
+    "gate_late_completion": "found by the crossing simulator, not yet filed: an HTTP "
+    "stream's first completion (without a response), its answer lost, lands after the "
+    "body was attached and replaces it (a completion without a response must not "
+    "replace the owner's completion with one)",
+}
 
 EXCLUDE = tuple(sorted(OPEN_DEFECTS))
 
 DYNAMODB_OPEN: tuple[str, ...] = ()
 """Features only the live DynamoDB run leaves out (none open: defect 3, a result DynamoDB
 cannot encode, is fixed)."""
+
+ADDED_BY_ISSUE_32 = (
+    "cross",
+    "gate_late_completion",
+    "deadline_sources",
+    "http",
+    "http_middleware",
+    "lambda_context",
+    "late_extends",
+    "redelivery",
+    "renew_settings",
+    "slow_answers",
+    "slow_batch",
+)
+"""The features "Where features meet" added: seeds recorded before it leave them out, so
+they replay the scenario that was recorded (each draws from a stream of its own)."""

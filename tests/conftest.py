@@ -95,3 +95,14 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
             dynamodb = await fresh_store(client)
             yield dynamodb
             await dynamodb.aclose()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The fault simulator's coverage (pairs, triples, seeds, seconds) of this run."""
+    from _coverage_report import REPORTS
+
+    if not REPORTS:
+        return
+    terminalreporter.section("fault simulator coverage")
+    for name, summary in REPORTS:
+        terminalreporter.write_line(f"{name}: {summary}")

@@ -1,6 +1,7 @@
-"""The fault simulator on the project's stores: MemoryStore on a virtual clock (10,000
-scenarios); DynamoDB on the moto server and Redis on a real redis-server in real time
-(client clock, and the server's own clock).
+"""The fault simulator on the project's stores: MemoryStore on a virtual clock (7,000
+scenarios, every pair of axis values and every named triple crossed); DynamoDB on the moto
+server and Redis on a real redis-server in real time (client clock, and the server's own
+clock).
 
 The generator features that still find an open defect are left out (``_open_defects``);
 ``test_simulator_regressions.py`` holds the seed of each.
@@ -12,8 +13,9 @@ import os
 from typing import Any
 
 import pytest
+from _coverage_report import record
 from _moto import fresh_table
-from _open_defects import DYNAMODB_OPEN, EXCLUDE
+from _open_defects import ADDED_BY_ISSUE_32, DYNAMODB_OPEN, EXCLUDE
 from _redis import RedisServer
 
 from idempotency_async import MemoryStore
@@ -30,17 +32,25 @@ from idempotency_async.testing import (
     simulate_live,
 )
 from idempotency_async.testing.__main__ import main
+from idempotency_async.testing._axes import covering_rows
 
 # More seeds locally: SIM_MEMORY_SEEDS=200000 SIM_LIVE_SEEDS=2000 python -m pytest ...
-MEMORY_SEEDS = int(os.environ.get("SIM_MEMORY_SEEDS", "10000"))
+MEMORY_SEEDS = int(os.environ.get("SIM_MEMORY_SEEDS", "7000"))
 LIVE_SEEDS = int(os.environ.get("SIM_LIVE_SEEDS", "80"))
 REDIS_SEEDS = int(os.environ.get("SIM_REDIS_SEEDS", "70"))
 
 
 def test_memory_store_keeps_the_guarantee() -> None:
     report = simulate(MemoryStore, range(MEMORY_SEEDS), workers=2, exclude=EXCLUDE)
+    record("MemoryStore, virtual time", report)
     assert report.scenarios == MEMORY_SEEDS
     assert report.faults >= MEMORY_SEEDS  # at least one per scenario
+    # Features cross: every pair of axis values that can meet did, and every named triple
+    # (a feature lands as an axis with its pairs covered).  CI's seeds realize the covering
+    # array many times over; a count below twice its rows (a quick local run) may not.
+    if 2 * len(covering_rows()) <= MEMORY_SEEDS:
+        assert report.coverage.missing_pairs(EXCLUDE) == []
+        assert report.coverage.missing_triples(EXCLUDE) == []
     # Every documented outcome shows up, so the checks are not vacuous.
     for outcome in (
         "value",
@@ -53,6 +63,7 @@ def test_memory_store_keeps_the_guarantee() -> None:
         "CallbackFailed",
         "PayloadValidationError",
         "StoreUnavailableError",
+        "ServerError",  # an HTTP endpoint's 5xx
     ):
         assert report.outcomes.get(outcome, 0) > 0, outcome
 
@@ -115,6 +126,7 @@ async def test_dynamodb_store_keeps_the_guarantee_in_real_time(dynamodb_client: 
         tolerance=1.0,  # loop lag on a busy machine; the store's behaviour is what counts here
         exclude=EXCLUDE + DYNAMODB_OPEN,
     )
+    record("DynamoDBStore (moto), real time", report, pairs=False)
     assert report.scenarios == LIVE_SEEDS
 
 
@@ -132,6 +144,7 @@ async def test_redis_store_keeps_the_guarantee_in_real_time(redis_server: RedisS
         )
     finally:
         await client.aclose()
+    record("RedisStore (client clock), real time", report, pairs=False)
     assert report.scenarios == REDIS_SEEDS
 
 
@@ -153,6 +166,7 @@ async def test_redis_store_keeps_the_guarantee_by_its_server_clock(
         )
     finally:
         await client.aclose()
+    record("RedisStore (server clock), real time", report, pairs=False)
     assert report.scenarios == REDIS_SEEDS
 
 
@@ -172,8 +186,9 @@ def test_renewal_is_generated_with_faults_on_extend() -> None:
     kinds = {f.kind for s in renewing for c in s.calls for f in c.faults if f.op == "extend"}
     assert {"error", "lose", "delay", "stall"} <= kinds
     # A feature of its own: left out, no manager renews, and every other draw is the same.
-    for seed, scenario in enumerate(scenarios[:50]):
-        without = generate(seed, exclude=("renewal",))
+    for seed in range(50):
+        scenario = generate(seed, exclude=ADDED_BY_ISSUE_32)
+        without = generate(seed, exclude=("renewal", *ADDED_BY_ISSUE_32))
         assert all(m.renew_lease is None for m in without.managers)
         assert [c.at for c in without.calls] == [c.at for c in scenario.calls]
 
@@ -181,6 +196,17 @@ def test_renewal_is_generated_with_faults_on_extend() -> None:
 def test_the_oracle_judges_renewals_by_what_the_store_kept() -> None:
     # A confirmed renewal that did not move the lease lets another worker claim while the
     # callback still runs: the oracle must see it (G1), though the manager did its part.
-    with pytest.raises(SimulationFailure) as caught:
-        simulate(_IdleExtendStore, range(3000), exclude=EXCLUDE, shrink=False)
-    assert "G1" in str(caught.value) or "store:" in str(caught.value)
+    # A seed that breaks with it and keeps the guarantee on MemoryStore (while renewal
+    # defects of the library are open, some seeds break on both: they say nothing here).
+    for seed in range(3000):
+        scenario = generate(seed, exclude=RENEWING)
+        idle = run_one(scenario, _IdleExtendStore)
+        if idle and not run_one(scenario, MemoryStore):
+            assert any(v.startswith(("G1", "store:")) for v in idle), idle
+            return
+    pytest.fail("no seed of 3,000 told a store that does not renew from one that does")
+
+
+# The features of still-open defects but renewal's, and renewal's own open findings: a
+# store-side bug in renewal must be found whatever the library's renewal defects.
+RENEWING = tuple(sorted(set(EXCLUDE) - {"renewal"} | {"renew_settings", "late_extends"}))

@@ -21,7 +21,9 @@ ALLOWED_MODULES = {
     "idempotency_async.errors": None,  # exception types only
     "idempotency_async.testing._faults": None,  # the simulator's own trace types
     "idempotency_async.testing._run": None,
+    "idempotency_async.testing._plans": None,
     "idempotency_async.testing._scenario": None,
+    "idempotency_async.testing._trace": None,
     "idempotency_async.testing._store_checks": None,
     "idempotency_async.testing._tx_run": None,
     "idempotency_async.testing._tx_scenario": None,  # the transactional scenario types

@@ -2,11 +2,14 @@
 simulator.
 
 ``simulate(store_factory, seeds)`` runs generated scenarios — several managers sharing one
-store; calls through ``execute``, ``execute_call``, decorated functions and an operator's
-``force_release``; callbacks of every shape and outcome; duplicates, cancellations, clock
-skew and jumps, server-clock stores, full stores and every store error before and after
-its write applied — and checks the guarantee after each with an oracle of its own; a
-failing scenario is shrunk and printed as a ``--scenario`` reproducer.
+store; calls through ``execute``, ``execute_call`` (every completion pattern), decorated
+functions, SQS batches (with a Lambda context), the HTTP gate and an operator's
+``force_release``; renewal, local caches, server clocks and skew; callbacks of every shape
+and outcome; every store error before and after its write applied, slow, lost and late
+answers on every operation — crossing these features pairwise (``SimulationReport.coverage``
+says which pairs and named triples a run crossed), and checks the guarantee after each
+with an oracle judging against the plan; a failing scenario is shrunk and printed as a
+``--scenario`` reproducer (``run_live`` reruns a real-time one with its faults).
 ``simulate_transactions(dsn, seeds)`` does the same for transactional calls
 (``Manager.execute_in_transaction``) on a live PostgreSQL server (it needs asyncpg).
 ``StoreContract`` is the protocol's pytest suite, to subclass with a ``store`` fixture.
@@ -31,6 +34,7 @@ from idempotency_async.testing._simulate import (
     SimulationReport,
     StoreFactory,
     reproducer,
+    run_live,
     run_one,
     simulate,
     simulate_live,
@@ -60,6 +64,7 @@ __all__ = [
     "generate",
     "generate_transactional",
     "reproducer",
+    "run_live",
     "run_one",
     "run_transactional_scenario",
     "simulate",

@@ -37,6 +37,16 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help=f"comma-separated generator features to leave out: {', '.join(sorted(FEATURES))}",
     )
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="generate seeds as a real-time run does (what a real-time failure's rerun prints)",
+    )
+    parser.add_argument(
+        "--server-clock",
+        action="store_true",
+        help="with --live: the scenarios of a store judging by its own clock",
+    )
     parser.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
     parser.add_argument("--verbose", action="store_true", help="print the trace of one scenario")
     args = parser.parse_args(argv)
@@ -53,6 +63,16 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print("the scenario kept the guarantee")
         return 0
+    if args.seed is not None and args.live:
+        # A real-time run's scenario, run here on MemoryStore in virtual time.
+        scenario = generate(
+            args.seed,
+            scale=args.scale,
+            live=True,
+            exclude=exclude,
+            server_clock=args.server_clock or None,
+        )
+        return main(["--scenario", scenario.to_json(), *(["--verbose"] if args.verbose else [])])
     if args.seed is not None:
         scenario = generate(args.seed, scale=args.scale, exclude=exclude)
         print(scenario.describe())
@@ -73,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     except SimulationFailure as failure:
         print(failure, file=sys.stderr)
         return 1
-    print(report.summary())
+    print(report.summary(coverage=args.seed is None))
     return 0
 
 

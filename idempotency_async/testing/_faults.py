@@ -24,7 +24,7 @@ from idempotency_async.errors import (
 )
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores.base import Extended, State, Store, Verdict, Written
-from idempotency_async.testing._scenario import Fault
+from idempotency_async.testing._plans import Fault
 
 __all__ = ["CALL", "Application", "FaultyStore", "Op", "ServerClockStore"]
 
@@ -39,7 +39,14 @@ _ERRORS: dict[str, type[Exception]] = {
 CALL: contextvars.ContextVar[int | None] = contextvars.ContextVar("simulated_call", default=None)
 """The index of the scenario call the current task runs."""
 
-_NONSENSE: dict[str, object] = {"claim": "OK", "get": "OK", "complete": "OK", "release": "yes"}
+_NONSENSE: dict[str, object] = {
+    "claim": "OK",
+    "get": "OK",
+    "complete": "OK",
+    "release": "yes",
+    "extend": "OK",
+    "force_release": "yes",
+}
 
 
 @dataclass(slots=True)
@@ -54,6 +61,9 @@ class Application:
     error: BaseException | None = None
     done: bool = False
     """False when the operation was interrupted and its effect is unknown."""
+    until: float | None = None
+    """When the store's answer came back (loop time): a store judging by its own clock
+    judged it somewhere between ``at`` and this."""
 
 
 @dataclass(slots=True)
@@ -77,13 +87,22 @@ class Op:
 class FaultyStore:
     """Wraps a real store: logs every operation and injects the faults of each call."""
 
-    def __init__(self, inner: Store, faults: dict[int, tuple[Fault, ...]]) -> None:
+    def __init__(
+        self,
+        inner: Store,
+        faults: dict[int, tuple[Fault, ...]],
+        latency: dict[int, float] | None = None,
+    ) -> None:
         self.inner = inner
         self.max_response_bytes = inner.max_response_bytes
         self.ops: list[Op] = []
         self.claimed: dict[int, str] = {}
         """The owner of each call's last claim that the manager was told succeeded."""
+        self.holding: dict[asyncio.Task[Any], str] = {}
+        """The owner of the last claim each task was told succeeded: a callback runs in the
+        task that claimed (a batch's records each in their own)."""
         self._faults = faults
+        self._latency = latency or {}
         self._sent: dict[tuple[int | None, str], int] = {}
         self._lock = asyncio.Lock()
         self.applied = 0
@@ -108,6 +127,7 @@ class FaultyStore:
         op.fault = self._fault_for(call, name)
         self.ops.append(op)
         fault = op.fault
+        latency = 0.0 if call is None else self._latency.get(call, 0.0)
         try:
             if fault is not None and fault.kind == "error":
                 raise _error(fault, f"{name}: the store failed (injected)")
@@ -116,15 +136,26 @@ class FaultyStore:
                 # operations (the caller is told the answer was lost).
                 self.late.append(asyncio.create_task(self._land_late(op, apply, fault.seconds)))
                 raise _error(fault, f"{name}: no answer (injected; it lands later)")
+            if latency:
+                await asyncio.sleep(latency)  # a slow store: every request of the call
             if fault is not None and fault.kind in ("delay", "stall"):
                 await asyncio.sleep(fault.seconds)
-            answer = await self._apply(op, apply)
+            if fault is not None and fault.kind == "adrift":
+                # On its way: it lands after ``seconds`` whether or not its sender still
+                # waits for it (a request cannot be unsent).
+                landing = asyncio.create_task(self._land_adrift(op, apply, fault.seconds))
+                self.late.append(landing)
+                answer = await asyncio.shield(landing)
+            else:
+                answer = await self._apply(op, apply)
             if fault is not None and fault.kind == "resend":
                 answer = await self._apply(op, apply)
             elif fault is not None and fault.kind == "lose":
                 raise _error(fault, f"{name}: the answer was lost (injected)")
             elif fault is not None and fault.kind == "nonsense":
                 answer = _NONSENSE[name]
+            elif fault is not None and fault.kind == "slow_answer":
+                await asyncio.sleep(fault.seconds)  # applied; the answer takes its time
             op.delivered = answer
             if (
                 name == "claim"
@@ -133,6 +164,8 @@ class FaultyStore:
                 and answer.state is State.CLAIMED
             ):
                 self.claimed[call] = arg.owner
+                if op.task is not None:
+                    self.holding[op.task] = arg.owner
             return answer
         except BaseException as exc:
             op.raised = exc
@@ -144,6 +177,12 @@ class FaultyStore:
         await asyncio.sleep(seconds)
         with contextlib.suppress(Exception):
             await self._apply(op, apply)
+
+    async def _land_adrift(
+        self, op: Op, apply: Callable[[], Awaitable[Any]], seconds: float
+    ) -> Any:
+        await asyncio.sleep(seconds)
+        return await self._apply(op, apply)
 
     async def _apply(self, op: Op, apply: Callable[[], Awaitable[Any]]) -> Any:
         async with self._lock:
@@ -158,9 +197,11 @@ class FaultyStore:
                 application.error = exc
                 application.after = await self._peek(op.key)
                 application.done = True
+                application.until = self._loop.time()
                 raise
             application.after = await self._peek(op.key)
             application.done = True
+            application.until = self._loop.time()
             return application.answer
 
     async def _peek(self, key: str) -> Record | None:

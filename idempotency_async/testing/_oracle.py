@@ -25,8 +25,9 @@ from typing import Any
 
 from idempotency_async import errors
 from idempotency_async.record import Claim, Record, Status
-from idempotency_async.stores.base import Extended, State, Verdict
+from idempotency_async.stores.base import State, Verdict
 from idempotency_async.testing._faults import Application, Op
+from idempotency_async.testing._plans import ManagerPlan, can_renew, renewal_reserve
 from idempotency_async.testing._run import (
     CallbackExit,
     CallbackFailed,
@@ -35,12 +36,10 @@ from idempotency_async.testing._run import (
     Trace,
     clock_offset,
 )
-from idempotency_async.testing._store_checks import BOUNDARY, StoreChecks, shape
+from idempotency_async.testing._store_checks import BOUNDARY, StoreChecks, renewed, shape
+from idempotency_async.testing._trace import ServerError
 
 __all__ = ["check"]
-
-# A renewal the store confirmed: the lease ends at least where it asked.
-_CONFIRMED = (Extended.RENEWED, Extended.ALREADY_LATER)
 
 
 @dataclass(slots=True)
@@ -55,6 +54,14 @@ class _Held:
     cutoff: float
     """Loop time by which the callback must have been cut off: the lease end minus the
     completion reserve."""
+    hard_end: float = 0.0
+    """Loop time of the call's hard bound (its deadline, or its lease option): a renewed
+    lease never outlasts it."""
+    reserve: float = 0.0
+    sent: float = 0.0
+    """When the claim was sent (loop time)."""
+    seq: int = 0
+    """The claim's place in the store's log."""
 
 
 class _Checker:
@@ -63,6 +70,7 @@ class _Checker:
         self.scenario = trace.scenario
         self.tol = tolerance
         self.violations: list[str] = []
+        self.outcomes = [outcome for outcome in trace.outcomes if not outcome.skipped]
         self.applications: dict[str, list[tuple[Op, Application]]] = {}
         for op in trace.store.ops:
             for application in op.applications:
@@ -78,30 +86,59 @@ class _Checker:
                 and op.delivered.state is State.CLAIMED
             ):
                 claim: Claim = op.arg
-                plan = self.scenario.managers[self.scenario.calls[op.call].manager]
-                left = claim.lease - plan.lease_margin
-                # The lease counts from when the claim was sent, whatever the clocks say.
+                # The lease the plan gives the call — its deadline sources, its options —
+                # never the one its claim asked for (a lease that ignores the options is
+                # consistent with itself); it counts from when the claim was sent.
+                left, hard, kept = self.planned(op.call, op.started)
                 end = op.started + left
-                cutoff = end - reserve(left, plan.completion_reserve)
-                self.held[claim.owner] = _Held(op.call, claim, op.ended or op.started, end, cutoff)
+                held = _Held(op.call, claim, op.ended or op.started, end, end - kept)
+                held.hard_end = op.started + hard
+                held.reserve = kept
+                held.sent = op.started
+                held.seq = op.seq
+                self.held[claim.owner] = held
         for op in trace.store.ops:
             # A renewal the store confirmed moves the lease end to its length after the
-            # moment the extend was sent; the cutoff follows, a reserve before it.
-            if op.name != "extend" or op.delivered not in _CONFIRMED:
+            # moment the extend was sent (the length the plan gives: the short lease, never
+            # past the call's hard bound); the cutoff follows, a reserve before it.
+            if op.name != "extend" or renewed(op.delivered) is not True:
                 continue
-            if op.arg.owner not in self.held:
+            renewing = self.held.get(op.arg.owner)
+            if renewing is None:
                 continue
-            held = self.held[op.arg.owner]
-            plan = self.scenario.managers[self.scenario.calls[held.call].manager]
-            end = op.started + op.arg.lease - plan.lease_margin
-            if end > held.lease_end:
-                first = held.claim.lease - plan.lease_margin
-                held.lease_end = end
-                held.cutoff = end - reserve(first, plan.completion_reserve)
+            end = min(op.started + self.renew_lease(renewing.call), renewing.hard_end)
+            if end > renewing.lease_end:
+                renewing.lease_end = end
+                renewing.cutoff = end - renewing.reserve
         self.owners: dict[int, set[str]] = {}
         for op in trace.store.ops:
             if op.name == "claim" and op.call is not None:
                 self.owners.setdefault(op.call, set()).add(op.arg.owner)
+        self.http_hashes: dict[tuple[int, int], str] = {}
+
+    def manager_plan(self, call: int) -> ManagerPlan:
+        return self.scenario.managers[self.scenario.calls[call].manager]
+
+    def renew_lease(self, call: int) -> float:
+        renew = self.manager_plan(call).renew_lease
+        assert renew is not None
+        return renew
+
+    def planned(self, call: int, sent: float) -> tuple[float, float, float]:
+        """The lease a claim sent at ``sent`` must ask for, from the call's plan: the time
+        left to its effective deadline (the earliest of its sources), else the ``lease``
+        option, else ``expires_after``; with renewal the short lease (never past that).
+        Returns (lease, the call's hard bound, the completion reserve), in seconds."""
+        plan = self.manager_plan(call)
+        deadline = self.trace.outcomes[call].deadline
+        if deadline is None:
+            left = plan.lease if plan.lease is not None else plan.expires_after
+        else:
+            left = deadline - sent
+        renew = plan.renew_lease
+        if renew is not None and renew < left:
+            return renew, left, renewal_reserve(plan)
+        return left, left, reserve(left, plan.completion_reserve)
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -143,10 +180,20 @@ class _Checker:
     def plan_of(self, call: int) -> Any:
         return self.scenario.calls[call]
 
-    def ambient(self, call: int) -> bool:
-        """The call's deadline is an ``asyncio.timeout`` around it (a batch's always is)."""
+    def sources(self, call: int) -> set[str]:
+        """The call's deadline sources."""
         plan = self.plan_of(call)
-        return bool(plan.deadline == "ambient" or (self.batch(call) and plan.deadline != "none"))
+        return {plan.deadline, *(mode for mode, _ in plan.also)} - {"none"}
+
+    def ambient(self, call: int) -> bool:
+        """The call's deadline includes an ``asyncio.timeout`` around it (a batch's timeout
+        or deadline is one)."""
+        sources = self.sources(call)
+        batch = self.batch(call) and bool(sources & {"timeout", "deadline"})
+        return "ambient" in sources or batch
+
+    def http(self, call: int) -> bool:
+        return bool(self.scenario.calls[call].door == "http")
 
     def batch(self, call: int) -> bool:
         return bool(self.scenario.calls[call].door == "batch")
@@ -165,15 +212,17 @@ class _Checker:
 
     def force_released(self, key: str, after: int = -1, before: float = math.inf) -> bool:
         """Whether an operator's force_release of ``key`` applied in that span of store
-        applications (its documented hazards are exempt)."""
+        applications (its documented hazards are exempt — an operator's only)."""
         return any(
-            op.name == "force_release" and after <= application.order < before
+            self.by_operator(op) and after <= application.order < before
             for op, application in self.applications.get(key, ())
         )
 
+    def by_operator(self, op: Op) -> bool:
+        return op.name == "force_release" and op.call is not None and self.operator(op.call)
+
     def key_of(self, call: int) -> str | None:
-        index = self.scenario.calls[call].key
-        return None if index is None else self.trace.keys[index]
+        return self.trace.call_keys.get(call)
 
     def record_at(self, key: str, order: int) -> Record | None:
         """The record of ``key`` after the first ``order`` store applications."""
@@ -245,7 +294,7 @@ class _Checker:
             seen[run.owner] = run.call
             held = self.held[run.owner]
             end = run.answered if run.answered is not None else run.ended
-            late = end is not None and end > held.cutoff + self.tol
+            late = end is not None and end > held.cutoff + self.tol + self.lag(held.cutoff, end)
             if late and self.cooperative(run):
                 where = "started" if run.started > held.cutoff else "was still running"
                 self.fail(
@@ -297,14 +346,22 @@ class _Checker:
             if shape(application.after) != shape(completed) or nxt is None:
                 continue
             next_op, following = nxt
-            if next_op.name == "force_release":
+            if self.by_operator(next_op):
                 return True  # an operator's documented hazard
+            judged = self.judged_at(following)
             if shape(following.before) != shape(completed):
-                return completed.expiration < self.max_wall(following.at)  # dropped
+                return completed.expiration < self.max_wall(judged)  # dropped
             if shape(following.after) != shape(completed) and next_op.name == "claim":
-                now: float = max(next_op.arg.now, self.max_wall(following.at))
+                now: float = max(next_op.arg.now, self.max_wall(judged))
                 return completed.expiration < now
         return True  # never removed: the second claim met something else (checked above)
+
+    def judged_at(self, application: Application) -> float:
+        """The latest loop time the store may have judged ``application`` by: a store with
+        a real clock of its own judged it somewhere until its answer came back."""
+        if self.trace.own_clock and application.until is not None:
+            return application.until
+        return application.at
 
     def check_recorded_told(self, run: Run) -> None:
         outcome = self.trace.outcomes[run.call]
@@ -364,6 +421,8 @@ class _Checker:
         error = outcome.error
         told = isinstance(error, errors.CompletionError) and error.result is run.value
         told = told or self.told_otherwise(run, outcome)
+        # The HTTP gate cannot tell its client: the response went out (the gate logs it).
+        told = told or (self.http(run.call) and run.answered is not None)
         # process_batch logs a completion that failed and does not redeliver the record.
         told = told or (self.batch(run.call) and error is None)
         # An ambient deadline (asyncio.timeout) that fires with the completion's own bound
@@ -422,7 +481,7 @@ class _Checker:
     # -- G3: a completed key always replays -----------------------------------------------
 
     def check_replays(self) -> None:
-        for outcome in self.trace.outcomes:
+        for outcome in self.outcomes:
             key = self.key_of(outcome.call)
             if key is None or outcome.exited is None or self.operator(outcome.call):
                 continue
@@ -437,7 +496,7 @@ class _Checker:
                 continue
             if self.sibling_holding(outcome, key) or self.skewed_cache(outcome):
                 continue
-            if self.released_elsewhere(outcome, key):
+            if self.released_elsewhere(outcome, key) or self.dropped_early(outcome, key, record):
                 continue
             if not self.replayed(outcome, record) and not self.replayed_attached(outcome, record):
                 got = outcome.value if outcome.error is None else outcome.error
@@ -445,6 +504,19 @@ class _Checker:
                     f"G3: call {outcome.call} arrived while {key} was COMPLETED (by "
                     f"{record.owner}, response {record.response!r}) and got {got!r}, not the replay"
                 )
+
+    def dropped_early(self, outcome: Outcome, key: str, record: Record) -> bool:
+        """Whether the record was gone when the call's first request reached the store,
+        dropped as expired by a clock ahead of the others (exception (b); the store checks
+        judge the drop itself)."""
+        for op, application in self.applications.get(key, ()):
+            if op.call != outcome.call:
+                continue
+            return bool(
+                shape(application.before) != shape(record)
+                and record.expiration < self.max_wall(application.at)
+            )
+        return False
 
     def check_evaluated_replays(self) -> None:
         """G3 as stated: a claim the store evaluated against an unexpired COMPLETED record,
@@ -505,18 +577,41 @@ class _Checker:
 
     def sibling_holding(self, outcome: Outcome, key: str) -> bool:
         """Whether a call of the same manager held the key (its claim confirmed) then."""
+        return self.holder_of(outcome, key) is not None
+
+    def holder_of(self, outcome: Outcome, key: str, at: float | None = None) -> _Held | None:
+        """A call of the same manager holding the key at ``at`` (default: when the call
+        entered): its claim confirmed, and neither ended nor completed through its Call
+        (a completed key is the store's to answer, G3)."""
         manager = self.scenario.calls[outcome.call].manager
-        for held in self.held.values():
+        when = outcome.entered if at is None else at
+        found = None
+        for owner, held in self.held.items():
             other = self.trace.outcomes[held.call]
             if (
                 held.call != outcome.call
                 and self.scenario.calls[held.call].manager == manager
                 and self.key_of(held.call) == key
-                and held.at <= outcome.entered
-                and (other.exited is None or other.exited >= outcome.entered)
+                and held.at <= when
+                and (other.exited is None or other.exited >= when)
+                and self.answered_completion(owner) >= when
+                and (found is None or held.seq > found.seq)
             ):
-                return True
-        return False
+                found = held  # the latest claim: one ending at that instant handed over
+        return found
+
+    def answered_completion(self, owner: str) -> float:
+        """When ``owner``'s first completion was answered (inf: never): from then on the
+        key is completed, and in-process duplicates go to the store or the cache."""
+        for op in self.trace.store.ops:
+            if (
+                op.name == "complete"
+                and op.arg.owner == owner
+                and op.delivered is not None
+                and op.ended is not None
+            ):
+                return op.ended
+        return math.inf
 
     def replayed(self, outcome: Outcome, record: Record) -> bool:
         error = outcome.error
@@ -530,6 +625,12 @@ class _Checker:
                 self.validation_of(outcome.call) != record.validation
                 or self.troubled(outcome.call)
                 or (outcome.deadline is not None and self.deadline_reached(outcome))
+            )
+        if error is None and self.http(outcome.call):
+            return bool(
+                record.response_stored
+                and outcome.value == self.http_value(record)
+                and self.validation_matches(outcome.call, record)
             )
         if error is None:
             return bool(
@@ -562,8 +663,36 @@ class _Checker:
         mine = self.validation_of(call)
         return mine is None or record.validation == mine
 
+    def check_keys(self) -> None:
+        """Every claim is for the key the call's plan gives (the key ``key_for`` says, or
+        the gate's, or the batch's message): one request, one key, on every delivery."""
+        for op in self.trace.store.ops:
+            if op.name != "claim" or op.call is None:
+                continue
+            planned = self.key_of(op.call)
+            if planned is not None and op.key != planned:
+                self.fail(
+                    f"key: call {op.call} claimed {op.key}; its plan's key is {planned} (a "
+                    "redelivery or a duplicate would not find its record)"
+                )
+
     def check_validation(self) -> None:
-        """Every claim carries the validation hash of its caller's payload."""
+        """Every claim carries the validation hash of its caller's payload (HTTP: one hash
+        per request body, another for another body)."""
+        seen: dict[tuple[int, int], str] = {}
+        for op in self.trace.store.ops:
+            if op.name != "claim" or op.call is None or not self.http(op.call):
+                continue
+            plan = self.plan_of(op.call)
+            seen.setdefault((plan.key, plan.amount), op.arg.validation)
+        for (key, amount), digest in seen.items():
+            for (other_key, other_amount), other in seen.items():
+                if key == other_key and amount < other_amount and digest == other:
+                    self.fail(
+                        f"validation: HTTP requests with bodies {amount} and {other_amount} "
+                        f"for Idempotency-Key k{key} carry one fingerprint ({digest!r})"
+                    )
+        self.http_hashes = seen
         for op in self.trace.store.ops:
             if op.name != "claim" or op.call is None:
                 continue
@@ -576,9 +705,23 @@ class _Checker:
 
     def validation_of(self, call: int) -> str | None:
         plan = self.scenario.calls[call]
-        if not self.scenario.validate or plan.key is None:
+        if plan.key is None:
+            return None
+        if self.http(call):
+            # The gate always validates, by the request's fingerprint: one hash per body
+            # (checked in check_validation), learned from the first claim carrying it.
+            return self.http_hashes.get((plan.key, plan.amount))
+        if not self.scenario.validate:
             return None
         return validation_hash(plan.amount)
+
+    def http_value(self, record: Record) -> Any:
+        """The response an HTTP record holds, as its client got it from the endpoint run
+        that wrote it (never decoded from the stored format: that is the gate's)."""
+        for run in self.trace.runs:
+            if run.owner == record.owner and run.returned:
+                return run.value
+        return None
 
     def deadline_reached(self, outcome: Outcome) -> bool:
         assert outcome.exited is not None
@@ -588,7 +731,7 @@ class _Checker:
         if self.renewing(outcome.call):
             # Renewed: cut off at the lease as renewed, or when a renewal was refused.
             for op in self.ops_of(outcome.call):
-                if op.name == "extend" and op.delivered is Extended.LOST:
+                if op.name == "extend" and renewed(op.delivered) is False:
                     return True
         elif outcome.deadline is not None:
             return False
@@ -627,7 +770,7 @@ class _Checker:
                     f"G4: call {op.call} was told its own claim ({verdict.record.owner}) "
                     "holds the key: a record carrying a claim's owner token is that claim"
                 )
-        for outcome in self.trace.outcomes:
+        for outcome in self.outcomes:
             self.check_left_unblocked(outcome)
         for key, verdict in self.trace.probes.items():
             if verdict.state is State.IN_PROGRESS:
@@ -665,7 +808,7 @@ class _Checker:
     def check_outcomes(self) -> None:
         for index in self.trace.unfinished:
             self.fail(f"G5: call {index} never finished")
-        for outcome in self.trace.outcomes:
+        for outcome in self.outcomes:
             if outcome.stray is not None:
                 self.fail(
                     f"G5: call {outcome.call} had returned ({outcome.error or 'a value'!r}) when "
@@ -738,7 +881,9 @@ class _Checker:
             if key is None:
                 return "ran without idempotency but returned without running its callback"
             responses = [
-                application.after.response
+                self.http_value(application.after)
+                if self.http(outcome.call)
+                else application.after.response
                 for _, application in self.applications.get(key, ())
                 if application.done
                 and application.after is not None
@@ -750,7 +895,7 @@ class _Checker:
                 return None
             return f"got {outcome.value!r}, which no completed record of {key} held (G6)"
         mine = any(run.error is error for run in outcome.runs)
-        if isinstance(error, CallbackFailed | CallbackExit):
+        if isinstance(error, CallbackFailed | CallbackExit | ServerError):
             return None if mine else "got a callback exception that is not its own"
         if isinstance(error, asyncio.CancelledError):
             if outcome.cancel_requested is not None or mine:
@@ -768,6 +913,11 @@ class _Checker:
                 return None
             return f"{error!r}: nothing in the call was misconfigured"
         if isinstance(error, TimeoutError):
+            if self.lambda_timed_out(outcome):
+                return (
+                    f"{error!r}: a batch with a Lambda context raised at its deadline instead "
+                    "of answering batchItemFailures (records not done by then are failures)"
+                )
             ambient = self.ambient(outcome.call)
             if not isinstance(error, errors.IdempotencyError) and not ambient:
                 return f"a TimeoutError that is not DeadlineExceededError: {error!r}"
@@ -777,10 +927,14 @@ class _Checker:
         if isinstance(error, errors.PersistenceError):
             return None if self.troubled(outcome.call) else f"{error!r} with no store failure"
         if isinstance(error, errors.AlreadyInProgressError):
-            return None
+            return self.refusal_problem(outcome, error)
         if isinstance(error, errors.PayloadValidationError):
             amount = self.scenario.calls[outcome.call].amount
-            others = {plan.amount for plan in self.scenario.calls if self.key_of_plan(plan) == key}
+            others = {
+                other.amount
+                for index, other in enumerate(self.scenario.calls)
+                if self.key_of(index) == key
+            }
             return None if others - {amount} else "PayloadValidationError with no other payload"
         if isinstance(error, errors.ResponseNotStoredError):
             return (
@@ -793,9 +947,6 @@ class _Checker:
                 return None
             return f"{error!r} without clock skew or a store failure"
         return f"an undocumented outcome: {error!r}"
-
-    def key_of_plan(self, plan: Any) -> str | None:
-        return None if plan.key is None else self.trace.keys[plan.key]
 
     def not_stored_existed(self, key: str) -> bool:
         return any(
@@ -820,7 +971,7 @@ class _Checker:
             if op.name in ("claim", "get") and op.ended is not None:
                 latest = max(latest, op.ended)
         limit = latest + self.max_reserve(outcome.call) + self.tol
-        if outcome.exited > limit:
+        if outcome.exited > limit + self.lag(latest, outcome.exited):
             self.fail(
                 f"deadline: call {outcome.call} ended at t={outcome.exited:.3f}, past its "
                 f"deadline t={outcome.deadline:.3f} and every bound after it"
@@ -842,7 +993,7 @@ class _Checker:
                 for _, application in self.applications.get(op.key, ())
                 if application.order > done[0].order and application.after is not None
             ]
-            for outcome in self.trace.outcomes:
+            for outcome in self.outcomes:
                 if (
                     self.plan_of(outcome.call).manager != manager
                     or self.key_of(outcome.call) != op.key
@@ -882,7 +1033,8 @@ class _Checker:
                 racing = (
                     self.real_time
                     and outcome.cancel_requested is not None
-                    and op.started - outcome.cancel_requested <= self.tol
+                    and op.started - outcome.cancel_requested
+                    <= self.tol + self.lag(outcome.cancel_requested, op.started)
                 )
                 if racing:
                     # Real time: a cancellation that races the call's own wait timer is not
@@ -900,6 +1052,354 @@ class _Checker:
                 self.fail(f"G6: call {op.call} sent {op.name} of {op.key} after it was cancelled")
         for task in self.trace.leftover_tasks:
             self.fail(f"G6: a task of the library outlived the scenario: {task}")
+
+    # -- the plan: leases, renewals, writes after the callback, options, refusals ----------
+
+    def lag(self, start: float, end: float) -> float:
+        return self.trace.lag_during(start, end)
+
+    def lease_end_at(self, held: _Held, when: float) -> float:
+        """The holder's lease end (loop time) as renewed by the extends confirmed by
+        ``when``: the claim's, moved by each renewal answered since."""
+        plan = self.manager_plan(held.call)
+        end = held.sent + self.planned(held.call, held.sent)[0]
+        for op in self.trace.store.ops:
+            if (
+                op.name == "extend"
+                and op.arg.owner == held.claim.owner
+                and renewed(op.delivered) is True
+                and op.ended is not None
+                and op.ended < when - self.tol  # (one answered at that very instant may not
+                # have been read yet)
+                and plan.renew_lease is not None
+            ):
+                end = max(end, min(op.started + plan.renew_lease, held.hard_end))
+        return end
+
+    def check_leases(self) -> None:
+        """Every claim asks for the lease its call's plan gives (the earliest deadline
+        source, else the ``lease`` option or ``expires_after``; renewal: the short lease),
+        and every extend for the short lease, never past the call's hard bound."""
+        for op in self.trace.store.ops:
+            if op.call is None or op.name not in ("claim", "extend"):
+                continue
+            if self.refused_at_the_call(op.call):
+                continue
+            plan = self.manager_plan(op.call)
+            if op.name == "claim":
+                expected, _, _ = self.planned(op.call, op.started)
+            else:
+                held = self.held.get(op.arg.owner)
+                if held is None:
+                    continue
+                expected = min(self.renew_lease(op.call), held.hard_end - op.started)
+            expected += plan.lease_margin
+            # A Lambda context says its remaining time in whole milliseconds.
+            slack = self.tol + self.lag(op.started - 1.0, op.started)
+            slack += 0.0015 if "lambda" in self.sources(op.call) else 1e-6
+            if abs(op.arg.lease - expected) > slack:
+                self.fail(
+                    f"lease: call {op.call}'s {op.name} of {op.key} at t={op.started:.3f} asked "
+                    f"for a lease of {op.arg.lease:.3f} s; its plan gives {expected:.3f} s "
+                    f"(deadline sources {self.described_sources(op.call)}, lease={plan.lease}, "
+                    f"renew_lease={plan.renew_lease}, lease_margin={plan.lease_margin})"
+                )
+
+    def described_sources(self, call: int) -> str:
+        plan = self.plan_of(call)
+        return ", ".join(
+            f"{mode} {seconds}" for mode, seconds in ((plan.deadline, plan.timeout), *plan.also)
+        )
+
+    def check_write_bounds(self) -> None:
+        """A completion (or a release) is bounded at the lease end as renewed — or a
+        reserve after it was sent, when sent later — never at the reserve before it: one
+        abandoned earlier leaves the record in progress with no documented excuse."""
+        for op in self.trace.store.ops:
+            if op.call is None or op.name not in ("complete", "release"):
+                continue
+            if not isinstance(op.raised, asyncio.CancelledError) or op.ended is None:
+                continue
+            outcome = self.trace.outcomes[op.call]
+            if outcome.cancel_requested is not None:
+                continue  # its caller's cancellation
+            if self.batch(op.call) and outcome.error is not None:
+                continue  # a batch whose task group was cancelled by a crash
+            owner = op.arg.owner if op.name == "complete" else op.arg
+            held = self.held.get(owner)
+            if held is None:
+                continue  # a release after a claim whose outcome was unknown
+            if self.ambient_fired_by(op.call, op.ended):
+                continue  # the caller's own asyncio.timeout cancelled it
+            if self.batch_answer_cut(op.call, op.ended):
+                continue  # the batch cut it off to answer Lambda in time (documented)
+            bound = max(held.lease_end, op.started + held.reserve)
+            if op.ended < bound - self.tol - self.lag(op.started, op.ended):
+                self.fail(
+                    f"G1(c): call {op.call}'s {op.name} of {op.key} was abandoned at "
+                    f"t={op.ended:.3f}, before its lease ended at t={held.lease_end:.3f} (as "
+                    "renewed): the writes after the callback are bounded at the lease end, "
+                    "never at the reserve"
+                )
+
+    def ambient_fired_by(self, call: int, when: float) -> bool:
+        """Whether an ambient deadline of the call had passed at ``when``."""
+        outcome = self.trace.outcomes[call]
+        plan = self.plan_of(call)
+        for mode, seconds in ((plan.deadline, plan.timeout), *plan.also):
+            ambient = mode == "ambient" or (self.batch(call) and mode in ("timeout", "deadline"))
+            if ambient and outcome.entered + seconds <= when + self.tol:
+                return True
+        return False
+
+    def batch_answer_cut(self, call: int, when: float) -> bool:
+        """Whether a batch with a Lambda context had cut its records' store requests off at
+        ``when``: halfway through the time it keeps back to answer, min(0.25 s, 10 %) of
+        the time left when it started (docs/lambda.md, "Deadline")."""
+        if not self.batch(call):
+            return False
+        started = self.trace.outcomes[call].entered
+        plan = self.plan_of(call)
+        for mode, seconds in ((plan.deadline, plan.timeout), *plan.also):
+            if mode == "lambda" and not math.isnan(seconds):
+                kept = min(0.25, 0.1 * seconds)
+                if started + seconds - kept / 2 <= when + self.tol:
+                    return True
+        return False
+
+    def check_renewal_schedule(self) -> None:
+        """While a renewing callback runs, an extend goes out every ``renew_every`` — the
+        first that long after the claim was sent (not answered), each later one that long
+        after the previous one was sent, answered or not (one left unanswered is abandoned
+        at the next interval) — until the lease reaches the call's hard bound."""
+        for owner, held in self.held.items():
+            plan = self.manager_plan(held.call)
+            renew = plan.renew_lease
+            if renew is None or held.hard_end - held.sent <= renew:
+                continue
+            runs = [run for run in self.trace.runs if run.owner == owner]
+            if not runs or not self.cooperative(runs[0]):
+                continue
+            run, outcome = runs[0], self.trace.outcomes[held.call]
+            ends = [run.ended, run.answered, outcome.exited, outcome.cancel_requested]
+            end = min([moment for moment in ends if moment is not None] + [held.cutoff])
+            extends = [
+                op for op in self.trace.store.ops if op.name == "extend" and op.arg.owner == owner
+            ]
+            for op in extends:
+                if renewed(op.delivered) is False and op.ended is not None:
+                    end = min(end, op.ended)  # refused: the callback is cut off
+            every = plan.renew_every if plan.renew_every is not None else renew / 3
+            stop = held.hard_end - renew
+            due = max(held.sent + every, held.at)
+            for sent in [op.started for op in extends] + [math.inf]:
+                if due >= end - self.tol or due >= stop:
+                    break
+                late = sent - due - self.tol - self.lag(due, min(sent, end))
+                if late > 1e-6:
+                    self.fail(
+                        f"renewal: call {held.call} holding {held.claim.key} sent no extend "
+                        f"between t={due - every:.3f} and t={min(sent, end):.3f} though one was "
+                        f"due at t={due:.3f} (renew_every={every:.3f}): an unanswered extend is "
+                        "abandoned at the next interval, and the first counts from the claim's "
+                        "send"
+                    )
+                    break
+                due = sent + every
+
+    def check_options(self) -> None:
+        """Renewal settings that cannot keep a lease are refused at construction (and
+        only those)."""
+        for index, plan in enumerate(self.scenario.managers):
+            if plan.renew_lease is None:
+                continue
+            refused = self.trace.refused.get(index)
+            every = plan.renew_every if plan.renew_every is not None else plan.renew_lease / 3
+            settings = (
+                f"renew_lease={plan.renew_lease}, renew_every={every:.3f}, completion "
+                f"reserve {renewal_reserve(plan):.3f}"
+            )
+            if refused is None and not can_renew(plan):
+                self.fail(
+                    f"options: manager {index} accepted {settings}: no renewal can be "
+                    "confirmed before the first cutoff, or one lost renewal cannot be "
+                    "survived — ConfigError at construction"
+                )
+            elif refused is not None and can_renew(plan):
+                self.fail(
+                    f"options: manager {index} refused {settings}, which can renew: {refused}"
+                )
+
+    def refusal_problem(self, outcome: Outcome, error: errors.AlreadyInProgressError) -> str | None:
+        """An ``AlreadyInProgressError`` is due only for a holder with the same payload:
+        refused by the store's verdict on a record that validated, or in process by a
+        call holding the key then (not one that completed it), with the time its lease
+        has left."""
+        key = self.key_of(outcome.call)
+        if key is None or self.batch(outcome.call) or outcome.exited is None:
+            return None
+        verdicts = [
+            op.delivered
+            for op in self.ops_of(outcome.call)
+            if op.name in ("claim", "get") and isinstance(op.delivered, Verdict)
+        ]
+        if verdicts:
+            # Refused by the store: after an in-progress verdict, the last one it got (a
+            # poll that read the record completed must replay it, G3).
+            last = verdicts[-1]
+            if last.state is not State.IN_PROGRESS:
+                return (
+                    f"AlreadyInProgressError after the store last answered {last.state} "
+                    "(a completed record replays; a free key is claimed)"
+                )
+            record = last.record
+            if record is not None and not self.validation_matches(outcome.call, record):
+                return (
+                    "AlreadyInProgressError for a record whose payload differs: validation "
+                    "comes before refusal (PayloadValidationError)"
+                )
+            return None
+        held = self.holder_of(outcome, key, at=outcome.exited)
+        if held is None:
+            return (
+                "AlreadyInProgressError in process with no holder of its key then (a "
+                "completed key replays, G3; a free one is claimed)"
+            )
+        mine, theirs = self.validation_of(outcome.call), self.validation_of(held.call)
+        if mine is not None and theirs is not None and mine != theirs:
+            return (
+                f"AlreadyInProgressError though its payload differs from the holder's (call "
+                f"{held.call}): validation comes before refusal, in process too"
+            )
+        plan = self.manager_plan(outcome.call)
+        jumped = (
+            plan.jump_at is not None
+            and plan.jump
+            and held.sent <= self.trace.start + (plan.jump_at)
+        )
+        if error.retry_after is not None and not self.http(outcome.call) and not jumped:
+            left = self.lease_end_at(held, outcome.exited) - outcome.exited
+            if error.retry_after < left - self.tol - 1e-3:
+                return (
+                    f"AlreadyInProgressError.retry_after={error.retry_after:.3f} s, but its "
+                    f"holder (call {held.call}) holds the key {left:.3f} s more (its lease as "
+                    "renewed)"
+                )
+        return None
+
+    def lambda_timed_out(self, outcome: Outcome) -> bool:
+        """A batch with a Lambda context ended in a TimeoutError its context's deadline
+        caused (an earlier ambient deadline of the caller's own excepted)."""
+        if not self.batch(outcome.call) or "lambda" not in self.sources(outcome.call):
+            return False
+        plan = self.plan_of(outcome.call)
+        deadlines = {mode: seconds for mode, seconds in ((plan.deadline, plan.timeout), *plan.also)}
+        ambient = [s for m, s in deadlines.items() if m != "lambda"]
+        if ambient and self.trace.paused_during(outcome.entered, outcome.exited):
+            # A callback blocked the loop past both deadlines (G1(a)): whichever timer
+            # fired first once it ran again, the caller's own timeout is a documented end.
+            return False
+        return not ambient or min(ambient) > deadlines["lambda"]
+
+    def check_http(self) -> None:
+        """A 5xx answer counts as the endpoint raising: its record is never completed."""
+        for run in self.trace.runs:
+            if not self.http(run.call) or not isinstance(run.error, ServerError):
+                continue
+            if run.owner is not None and self.completed_by(run.owner) is not None:
+                self.fail(
+                    f"G2: call {run.call}'s endpoint answered 5xx, yet its record completed: "
+                    "a 5xx counts as raising, and the key is released"
+                )
+
+    def check_one_answer(self) -> None:
+        """G6: a record completed with its response is final — a later completion by its
+        owner (a Call completed twice) never changes the response."""
+        for key, history in self.applications.items():
+            final: dict[str, Record] = {}
+            for op, application in history:
+                after = application.after
+                if (
+                    op.name != "complete"
+                    or not application.done
+                    or after is None
+                    or after.status is not Status.COMPLETED
+                    or after.owner is None
+                ):
+                    continue
+                first = final.get(after.owner)
+                if first is None:
+                    if after.response_stored:
+                        final[after.owner] = after
+                    continue
+                if not after.response_stored or not same(after.response, first.response):
+                    self.fail(
+                        f"G6: {key} was completed with {first.response!r}, then again with "
+                        f"{after.response!r} by the same owner: one key, one answer"
+                    )
+
+    def check_cache_life(self) -> None:
+        """G6: a local cache answers only what the store held during the record's life: a
+        replay served in process (no store request of its own) comes from a record that
+        had not expired then — by the clock the store judged it by."""
+        for outcome in self.outcomes:
+            key = self.key_of(outcome.call)
+            if (
+                key is None
+                or outcome.error is not None
+                or not outcome.returned_value
+                or outcome.runs
+                or outcome.exited is None
+                or self.batch(outcome.call)
+                or self.http(outcome.call)
+                or any(True for _ in self.ops_of(outcome.call))
+            ):
+                continue
+            plan = self.manager_plan(outcome.call)
+            if not plan.use_local_cache or plan.jump or self.joined(outcome, key):
+                continue
+            now = outcome.exited - self.trace.start + self.trace.base
+            if not self.scenario.server_clock:
+                now += plan.skew
+            held = [
+                application.after
+                for _, application in self.applications.get(key, ())
+                if application.done
+                and application.after is not None
+                and application.after.status is Status.COMPLETED
+                and application.after.response_stored
+                and same(outcome.value, application.after.response)
+            ]
+            if held and all(record.expiration < now - self.tol for record in held):
+                self.fail(
+                    f"G6: call {outcome.call} replayed {outcome.value!r} from its process at "
+                    f"t={outcome.exited:.3f}, after every record that held it had expired "
+                    f"(the last at {max(r.expiration for r in held)}, the clock read {now:.3f})"
+                )
+
+    def joined(self, outcome: Outcome, key: str) -> bool:
+        """Whether the call got its value by joining a call of its process that asked the
+        store (both end at once: single flight), not from the cache."""
+        manager = self.plan_of(outcome.call).manager
+        return any(
+            other.call != outcome.call
+            and self.plan_of(other.call).manager == manager
+            and self.key_of(other.call) == key
+            and other.exited is not None
+            and outcome.exited is not None
+            and abs(other.exited - outcome.exited) <= self.tol
+            and any(True for _ in self.ops_of(other.call))
+            for other in self.outcomes
+        )
+
+    def check_operators(self) -> None:
+        """Only an operator force-releases (its documented hazards are its own)."""
+        for op in self.trace.store.ops:
+            if op.name == "force_release" and not self.by_operator(op):
+                self.fail(
+                    f"G1: a force_release of {op.key} was sent by call {op.call}, which is no "
+                    "operator's: only an operator's release is exempt from the guarantee"
+                )
 
 
 def _store_failure(error: BaseException | None) -> bool:
@@ -948,6 +1448,7 @@ def check(trace: Trace, *, tolerance: float = 1e-6) -> list[str]:
 
     boundary = BOUNDARY if store_clock is None else max(BOUNDARY, tolerance)
     StoreChecks(checker.applications, checker.max_wall, checker.fail, store_clock, boundary).check()
+    checker.check_keys()
     checker.check_validation()
     checker.check_runs()
     checker.check_at_most_once()
@@ -957,4 +1458,12 @@ def check(trace: Trace, *, tolerance: float = 1e-6) -> list[str]:
     checker.check_outcomes()
     checker.check_cancellation()
     checker.check_force_released_cache()
+    checker.check_leases()
+    checker.check_write_bounds()
+    checker.check_renewal_schedule()
+    checker.check_options()
+    checker.check_http()
+    checker.check_operators()
+    checker.check_one_answer()
+    checker.check_cache_life()
     return checker.violations

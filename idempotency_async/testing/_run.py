@@ -1,139 +1,54 @@
-"""Running one scenario: managers on a shared faulty store, calls as tasks, a ledger."""
+"""Running one scenario: managers on a shared faulty store, calls as tasks, a ledger.
+
+The doors and the simulated callbacks are in ``_doors`` (and ``_http_door``); what a run
+leaves for the oracle is in ``_trace``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
-from idempotency_async import Call
-from idempotency_async.deadlines import deadline as ambient_deadline
-from idempotency_async.decorators import idempotent_function
-from idempotency_async.integrations.aws_lambda import process_batch
+from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
 from idempotency_async.options import Options
 from idempotency_async.stores.base import Store
+from idempotency_async.testing._doors import bounds_of, door, message_key
 from idempotency_async.testing._faults import CALL, FaultyStore, ServerClockStore
-from idempotency_async.testing._scenario import CallPlan, ManagerPlan, Scenario
+from idempotency_async.testing._http_door import http_door, http_key, meaning
+from idempotency_async.testing._plans import CallPlan, ManagerPlan, Scenario
+from idempotency_async.testing._trace import (
+    BASE_TIME,
+    MISSING,
+    CallbackExit,
+    CallbackFailed,
+    HttpAnswer,
+    Outcome,
+    Run,
+    Trace,
+    Unstorable,
+)
 
 __all__ = [
     "BASE_TIME",
     "CallbackExit",
     "CallbackFailed",
+    "HttpAnswer",
     "Outcome",
     "Run",
     "Trace",
+    "Unstorable",
     "clock_offset",
     "run_scenario",
 ]
 
-BASE_TIME = 1_700_000_000.0
-"""Unix time at loop time 0 (each manager's clock adds its skew)."""
-
-_MISSING: Any = object()
-
-
-class CallbackFailed(Exception):
-    """What a simulated callback raises (its own exception, to be re-raised to the caller)."""
-
-
-class CallbackExit(BaseException):
-    """What a simulated callback raises for a ``BaseException`` that is no ``Exception``
-    (as ``sys.exit`` or a test framework's ``fail()`` would)."""
-
-
-_FALSY: tuple[Any, ...] = (0, "", [], False, None)
-
-
-class Unstorable:
-    """A callback result that is not JSON: its record completes without a response."""
-
-    def __init__(self, call: int) -> None:
-        self.call = call
-
-    def __repr__(self) -> str:
-        return f"Unstorable({self.call})"
-
-
-@dataclass(slots=True)
-class Run:
-    """One start of a callback, and how it ended."""
-
-    call: int
-    owner: str | None
-    started: float
-    ended: float | None = None
-    returned: bool = False
-    value: Any = None
-    error: BaseException | None = None
-    cancelled: bool = False
-    swallowed: bool = False
-    blocked: bool = False
-    answered: float | None = None
-    """``execute_call``: when the callback completed the record through its ``Call``
-    (its point of no return)."""
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What one caller got."""
-
-    call: int
-    entered: float
-    deadline: float | None
-    entered_at: int = 0
-    """How many store applications had happened when the call started."""
-    exited: float | None = None
-    exited_at: int = 0
-    value: Any = _MISSING
-    error: BaseException | None = None
-    cancel_requested: float | None = None
-    cancel_seq: int | None = None
-    runs: list[Run] = field(default_factory=list)
-    stray: BaseException | None = None
-    """What interrupted the caller's own code after the call had returned (a cutoff left
-    armed cancels unrelated code)."""
-
-    @property
-    def returned_value(self) -> bool:
-        return self.value is not _MISSING
-
-
-@dataclass(slots=True)
-class Trace:
-    """Everything a scenario did: the store's log, the callbacks, the callers' outcomes."""
-
-    scenario: Scenario
-    store: FaultyStore
-    managers: list[Manager]
-    keys: dict[int, str]
-    start: float
-    outcomes: list[Outcome]
-    runs: list[Run]
-    unfinished: list[int] = field(default_factory=list)
-    leftover_tasks: list[str] = field(default_factory=list)
-    probes: dict[str, Any] = field(default_factory=dict)
-    probed_at: float = 0.0
-    base: float = BASE_TIME
-    """Unix time at the scenario's start, in true time."""
-    own_clock: bool = False
-    """The store judged by a real clock of its own (true time: the machine's clock)."""
-    pauses: list[tuple[float, float]] = field(default_factory=list)
-    """Loop-time intervals during which a callback blocked the loop (every manager shares
-    it, so each one paused)."""
-
-    def paused_during(self, start: float, end: float | None) -> bool:
-        return any(start <= until and (end is None or end >= since) for since, until in self.pauses)
-
-
-def _exited(trace: Trace, task: asyncio.Task[None]) -> bool:
-    return False
+_LAG_SAMPLE = 0.01
+"""Real time: how often (seconds) the loop's lag is sampled."""
 
 
 async def run_scenario(
@@ -144,6 +59,7 @@ async def run_scenario(
     epilogue: bool = True,
     own_clock: bool = False,
     namespace: str = "",
+    real_time: bool = False,
 ) -> Trace:
     """Run ``scenario`` against ``store`` on the running loop; return its trace.
 
@@ -152,52 +68,117 @@ async def run_scenario(
     could have ended, to see whether the call left something behind that interrupts it.
     ``own_clock``: a server-clock scenario runs against a store that judges by a real clock
     of its own (Redis ``TIME``): true time is then the real wall clock.  ``namespace`` goes
-    into the keys (runs sharing a server's keyspace).
+    into the keys (runs sharing a server's keyspace).  ``real_time``: the loop's lag is
+    sampled all along, so no timing verdict blames the library for a late loop.
     """
     loop = asyncio.get_running_loop()
     start = loop.time()
     base = time.time() if own_clock else BASE_TIME
-    faulty = FaultyStore(store, {i: call.faults for i, call in enumerate(scenario.calls)})
+    created: list[asyncio.Task[Any]] = []
+    if epilogue:
+        # One scenario per loop (virtual time): the tasks it creates are the scenario's.
+        loop.set_task_factory(_recording(created))
+    faulty = FaultyStore(
+        store,
+        {i: call.faults for i, call in enumerate(scenario.calls)},
+        {i: call.latency for i, call in enumerate(scenario.calls) if call.latency},
+    )
     front: Store = faulty
     if scenario.server_clock and not own_clock:
         front = ServerClockStore(faulty, lambda: base + loop.time() - start)
-    managers = [
-        _manager(scenario, index, front, start, base, namespace)
-        for index in range(len(scenario.managers))
-    ]
+    managers: list[Manager | None] = []
+    refused: dict[int, BaseException] = {}
+    for index in range(len(scenario.managers)):
+        try:
+            managers.append(_manager(scenario, index, front, start, base, namespace))
+        except ConfigError as exc:
+            managers.append(None)
+            refused[index] = exc
+    keying = Manager(front, _options(scenario, scenario.managers[0], namespace, time.time, True))
     keys: dict[int, str] = {}
     for call in scenario.calls:
         if call.key is not None and call.key not in keys:
-            key = managers[0].key_for({"id": call.key})
+            key = keying.key_for({"id": call.key})
             assert key is not None
             keys[call.key] = key
     trace = Trace(scenario, faulty, managers, keys, start, [], [], base=base, own_clock=own_clock)
+    trace.refused = refused
     tasks: list[asyncio.Task[None]] = []
+    sampler = asyncio.create_task(_sample_lag(trace)) if real_time else None
     with quiet_library():
-        for index, plan in enumerate(scenario.calls):
-            delay = start + plan.at - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            outcome = Outcome(index, loop.time(), None, faulty.applied)
-            trace.outcomes.append(outcome)
-            task = asyncio.create_task(_drive(trace, index, plan, outcome, epilogue))
-            tasks.append(task)
-            if plan.cancel_after is not None:
-                loop.call_later(plan.cancel_after, _cancel, task, outcome, faulty, loop)
-        _, pending = await asyncio.wait(tasks, timeout=stuck_after)
-        trace.unfinished = [tasks.index(task) for task in pending if not _exited(trace, task)]
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
-        if faulty.late:
-            await asyncio.wait(faulty.late)
-        await _probe(trace, start)
+        for index, call in enumerate(scenario.calls):
+            manager = managers[call.manager]
+            if call.key is None:
+                continue
+            if call.door == "http" and manager is not None:
+                trace.call_keys[index] = http_key(trace, call.manager, manager, call.key)
+            elif call.door == "batch" and call.by_message and manager is not None:
+                key = message_key(trace, index, manager, call)
+                assert key is not None
+                trace.call_keys[index] = key
+            else:
+                trace.call_keys[index] = keys[call.key]
+        try:
+            for index, plan in enumerate(scenario.calls):
+                delay = start + plan.at - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                outcome = Outcome(index, loop.time(), None, faulty.applied)
+                trace.outcomes.append(outcome)
+                if managers[plan.manager] is None:
+                    outcome.skipped = True
+                    outcome.exited = outcome.entered
+                    continue
+                task = asyncio.create_task(_drive(trace, index, plan, outcome, epilogue))
+                tasks.append(task)
+                if plan.cancel_after is not None:
+                    loop.call_later(plan.cancel_after, _cancel, task, outcome, faulty, loop)
+            pending: set[asyncio.Task[None]] = set()
+            if tasks:
+                _, pending = await asyncio.wait(tasks, timeout=stuck_after)
+            trace.unfinished = sorted(
+                outcome.call for outcome in trace.outcomes if outcome.exited is None
+            )
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+            while faulty.late:
+                landing, faulty.late = faulty.late, []
+                done, _ = await asyncio.wait(landing)
+                for task in done:
+                    if not task.cancelled():
+                        task.exception()  # retrieved: a request that landed and failed
+            await _probe(trace, start)
+        finally:
+            if sampler is not None:
+                sampler.cancel()
+                await asyncio.wait((sampler,))
     if epilogue:
         # One scenario per loop (virtual time): any task of the library left is this
         # scenario's.  Live runs share their loop between scenarios, and skip the check.
-        trace.leftover_tasks = _library_tasks()
+        trace.leftover_tasks = _library_tasks(created)
     return trace
+
+
+def _recording(created: list[asyncio.Task[Any]]) -> Any:
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
+        created.append(task)
+        return task
+
+    return factory
+
+
+async def _sample_lag(trace: Trace) -> None:
+    """Real time: record how late the loop wakes a short timer, all along the scenario (a
+    busy machine delays every timer; no timing verdict may blame the library for that)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + _LAG_SAMPLE
+        await asyncio.sleep(_LAG_SAMPLE)
+        now = loop.time()
+        trace.lags.append((now, max(0.0, now - due)))
 
 
 _quiet_depth = 0
@@ -230,6 +211,27 @@ def clock_offset(plan: ManagerPlan, loop_time: float) -> float:
     return plan.skew
 
 
+def _options(
+    scenario: Scenario, plan: ManagerPlan, namespace: str, clock: Any, keying: bool = False
+) -> Options:
+    renew = plan.renew_lease
+    return Options(
+        key_prefix=f"sim{scenario.seed}{namespace}",
+        event_key_jmespath="id",
+        payload_validation_jmespath="amount" if scenario.validate else None,
+        expires_after=plan.expires_after,
+        lease=plan.lease,
+        lease_margin=plan.lease_margin,
+        completion_reserve=None if keying else plan.completion_reserve,
+        renew_lease=None if keying else renew,
+        renew_every=None if keying else plan.renew_every,
+        wait=plan.wait,
+        wait_timeout=plan.wait_timeout,
+        use_local_cache=plan.use_local_cache,
+        clock=clock,
+    )
+
+
 def _manager(
     scenario: Scenario, index: int, store: Store, start: float, base: float, namespace: str
 ) -> Manager:
@@ -241,22 +243,7 @@ def _manager(
         now = loop.time()
         return offset + now + clock_offset(plan, now - start)
 
-    options = Options(
-        key_prefix=f"sim{scenario.seed}{namespace}",
-        event_key_jmespath="id",
-        payload_validation_jmespath="amount" if scenario.validate else None,
-        expires_after=plan.expires_after,
-        lease=plan.lease,
-        lease_margin=plan.lease_margin,
-        completion_reserve=plan.completion_reserve,
-        renew_lease=plan.renew_lease,
-        renew_every=plan.renew_every,
-        wait=plan.wait,
-        wait_timeout=plan.wait_timeout,
-        use_local_cache=plan.use_local_cache,
-        clock=clock,
-    )
-    return Manager(store, options)
+    return Manager(store, _options(scenario, plan, namespace, clock))
 
 
 def _cancel(
@@ -274,28 +261,26 @@ async def _drive(
     CALL.set(index)
     loop = asyncio.get_running_loop()
     manager = trace.managers[plan.manager]
-    payload: dict[str, Any] = {"amount": plan.amount}
-    if plan.key is not None:
-        payload["id"] = plan.key
+    assert manager is not None
     try:
         if plan.door == "operator":
             assert plan.key is not None
             outcome.value = await manager.force_release(trace.keys[plan.key])
             return
-        door = _door(trace, index, plan, outcome, manager, payload)
-        if plan.deadline == "timeout":
-            outcome.deadline = loop.time() + plan.timeout
-            value = await door(timeout=plan.timeout)
-        elif plan.deadline == "deadline":
-            outcome.deadline = loop.time() + plan.timeout
-            value = await door(deadline=outcome.deadline)
-        elif plan.deadline == "ambient":
-            outcome.deadline = loop.time() + plan.timeout
-            async with ambient_deadline(plan.timeout):
-                value = await door()
+        bounds, outcome.deadline = bounds_of(plan, loop.time())
+        if plan.door == "http":
+            enter = http_door(trace, index, plan, outcome, manager)
         else:
-            value = await door()
-        outcome.value = value
+            enter = door(trace, index, plan, outcome, manager)
+        async with bounds.entered():
+            value = await enter(bounds)
+        if plan.door == "http":
+            outcome.http = value
+            outcome.value, outcome.error = meaning(value, outcome)
+            if outcome.error is not None:
+                outcome.value = MISSING
+        else:
+            outcome.value = value
     except BaseException as exc:  # the outcome is the subject under test
         outcome.error = exc
     finally:
@@ -309,239 +294,16 @@ async def _go_on(trace: Trace, plan: CallPlan, outcome: Outcome) -> None:
     """The caller's own code after the call: it runs until the call's lease could have
     ended, and nothing the call left behind may interrupt it."""
     manager = trace.scenario.managers[plan.manager]
-    if plan.deadline == "none":
+    if plan.deadline == "none" and not plan.also:
         until = manager.lease if manager.lease is not None else manager.expires_after
     else:
-        until = plan.timeout
+        until = max(seconds for _, seconds in ((plan.deadline, plan.timeout), *plan.also))
     if not math.isfinite(until):
         return
     try:
         await asyncio.sleep(until + 1.0)
     except BaseException as exc:  # what interrupted the caller's own code
         outcome.stray = exc
-
-
-Door = Callable[..., Awaitable[Any]]
-
-
-def _door(
-    trace: Trace,
-    index: int,
-    plan: CallPlan,
-    outcome: Outcome,
-    manager: Manager,
-    payload: dict[str, Any],
-) -> Door:
-    """How the call enters the library: ``execute``, ``execute_call`` or a decorated
-    function, with the callback in the plan's shape."""
-    if plan.door == "execute_call":
-        handled = _callback(trace, index, plan, outcome)
-
-        def with_call(**bounds: Any) -> Awaitable[Any]:
-            return manager.execute_call(payload, handled, **bounds)
-
-        return with_call
-    callback = _callback(trace, index, plan, outcome)
-    if plan.door == "batch":
-
-        async def batch(**bounds: Any) -> Any:
-            # A batch's deadline is its Lambda context's (none here) or an ambient one:
-            # a timeout or a deadline of the plan becomes an ambient deadline.
-            records = [_sqs_record(f"m{index}-{copy}", payload) for copy in range(plan.copies)]
-
-            async def handler(record: dict[str, Any]) -> Any:
-                return await callback(None)
-
-            event = {"Records": records}
-            if "timeout" in bounds:
-                async with ambient_deadline(bounds["timeout"]):
-                    return await process_batch(manager, event, handler)
-            if "deadline" in bounds:
-                async with ambient_deadline(at=bounds["deadline"]):
-                    return await process_batch(manager, event, handler)
-            return await process_batch(manager, event, handler)
-
-        return batch
-    if plan.door == "decorated":
-
-        def decorated(**bounds: Any) -> Awaitable[Any]:
-            timeout = bounds.get("timeout")
-            if "deadline" in bounds:
-                timeout = bounds["deadline"] - asyncio.get_running_loop().time()
-
-            @idempotent_function(manager, payload="event", timeout=timeout)
-            async def function(event: dict[str, Any]) -> Any:
-                return await callback(None)
-
-            return function(payload)
-
-        return decorated
-    if plan.shape == "plain":
-        plain = _plain(trace, index, plan, outcome)
-
-        def with_plain(**bounds: Any) -> Awaitable[Any]:
-            return manager.execute(payload, plain, **bounds)
-
-        return with_plain
-    if plan.shape == "lambda":
-
-        def with_lambda(**bounds: Any) -> Awaitable[Any]:
-            return manager.execute(payload, lambda: callback(None), **bounds)
-
-        return with_lambda
-
-    def with_coroutine(**bounds: Any) -> Awaitable[Any]:
-        async def coroutine() -> Any:
-            return await callback(None)
-
-        return manager.execute(payload, coroutine, **bounds)
-
-    return with_coroutine
-
-
-def _sqs_record(message_id: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """An SQS record carrying ``payload`` (also at its top level, where the scenario's
-    ``event_key_jmespath`` finds it)."""
-    return {
-        "messageId": message_id,
-        "receiptHandle": f"handle-{message_id}",
-        "eventSource": "aws:sqs",
-        "body": json.dumps(payload),
-        **payload,
-    }
-
-
-def _plain(trace: Trace, index: int, plan: CallPlan, outcome: Outcome) -> Callable[[], Any]:
-    """A plain function passed as the callback by mistake: its side effect happens when
-    it is called, and it returns a value, not an awaitable."""
-    loop = asyncio.get_running_loop()
-    store = trace.store
-
-    def plain() -> Any:
-        owner = store.claimed.get(index) if plan.key is not None else None
-        run = Run(index, owner, loop.time(), ended=loop.time())
-        trace.runs.append(run)
-        outcome.runs.append(run)
-        if plan.behaviour == "raise":
-            run.error = CallbackFailed(f"call {index} failed")
-            raise run.error
-        run.returned = True
-        run.value = _FALSY[index % len(_FALSY)] if plan.behaviour == "falsy" else {"call": index}
-        return run.value
-
-    return plain
-
-
-def _callback(
-    trace: Trace, index: int, plan: CallPlan, outcome: Outcome
-) -> Callable[[Call | None], Awaitable[Any]]:
-    loop = asyncio.get_running_loop()
-    store = trace.store
-
-    async def callback(call: Call | None) -> Any:
-        owner = store.claimed.get(index) if plan.key is not None else None
-        run = Run(index, owner, loop.time())
-        trace.runs.append(run)
-        outcome.runs.append(run)
-        try:
-            if call is not None and plan.behaviour in _HANDLED:
-                value = await _behave_with_call(plan, index, run, loop, call)
-            else:
-                value = await _behave(plan, index, run, loop, trace.pauses)
-        except asyncio.CancelledError as exc:
-            if plan.behaviour == "cancel_self" and exc.args == ("own",):
-                run.error = exc
-            else:
-                run.cancelled = True
-            raise
-        except BaseException as exc:
-            run.error = exc
-            raise
-        else:
-            run.returned = True
-            run.value = value
-            return value
-        finally:
-            run.ended = loop.time()
-
-    return callback
-
-
-_HANDLED = frozenset(
-    {"complete_then_run", "complete_then_raise", "complete_without_response", "attach_later"}
-)
-
-
-async def _behave_with_call(
-    plan: CallPlan, index: int, run: Run, loop: asyncio.AbstractEventLoop, call: Call
-) -> Any:
-    """``execute_call``: complete the record through the handle, then go on."""
-    if plan.duration:
-        await asyncio.sleep(plan.duration / 2)
-    value = {"call": index}
-    # The point of no return is the completion request, whatever its answer.
-    run.answered = loop.time()
-    run.returned = True
-    run.value = value
-    if plan.behaviour in ("complete_without_response", "attach_later"):
-        await call.complete_without_response("simulated stream")
-    else:
-        await call.complete(value)
-    if plan.duration:
-        await asyncio.sleep(plan.duration / 2)
-    if plan.behaviour == "complete_then_raise":
-        raise CallbackFailed(f"call {index} failed after completing")
-    if plan.behaviour == "attach_later":
-        await call.complete(value)
-    return value
-
-
-async def _behave(
-    plan: CallPlan,
-    index: int,
-    run: Run,
-    loop: asyncio.AbstractEventLoop,
-    pauses: list[tuple[float, float]],
-) -> Any:
-    behaviour = plan.behaviour
-    if behaviour == "block":
-        advance = getattr(loop, "advance", None)
-        if advance is not None:
-            run.blocked = True
-            since = loop.time()
-            advance(plan.duration)
-            pauses.append((since, loop.time()))
-        return {"call": index}
-    if behaviour == "hang":
-        await asyncio.sleep(1_000_000.0 * plan.duration + 1_000_000.0)
-    if behaviour == "swallow":
-        try:
-            await asyncio.sleep(plan.duration)
-        except asyncio.CancelledError:
-            run.swallowed = True
-            await asyncio.sleep(plan.duration or 0.001)
-        return {"call": index}
-    if plan.duration:
-        await asyncio.sleep(plan.duration)
-    if behaviour == "raise":
-        raise CallbackFailed(f"call {index} failed")
-    if behaviour == "base_exception":
-        raise CallbackExit(f"call {index} exited")
-    if behaviour == "cancel_self":
-        raise asyncio.CancelledError("own")
-    if behaviour == "unstorable":
-        return Unstorable(index)
-    if behaviour == "falsy":
-        return _FALSY[index % len(_FALSY)]
-    if behaviour == "wide_int":
-        return {"call": index, "wide": 2**70 + index}
-    if behaviour == "surrogate":
-        # With a wide int beside it: an encoder's fallback for the int meets the surrogate.
-        # (first: an encoder that falls back on the int then meets the surrogate).
-        return {"call": index, "wide": -(2**70) - index, "text": "\ud800" + str(index)}
-    if behaviour == "nan":
-        return {"call": index, "value": math.nan}
-    return {"call": index}
 
 
 async def _probe(trace: Trace, start: float) -> None:
@@ -551,9 +313,12 @@ async def _probe(trace: Trace, start: float) -> None:
     for op in trace.store.ops:
         if op.name in ("claim", "extend"):
             # The lease counts from when the claim was sent (a store's own clock: from when
-            # it applied the claim), whatever the sender's clock.
-            for sent in (op.started, *(application.at for application in op.applications)):
-                last = max(last, sent + op.arg.lease)
+            # it applied the claim — any time until its answer came back, however slow),
+            # whatever the sender's clock.
+            for application in op.applications:
+                applied = application.until if application.until is not None else application.at
+                last = max(last, applied + op.arg.lease)
+            last = max(last, op.started + op.arg.lease)
     await asyncio.sleep(max(0.0, last - loop.time()) + (0.05 if trace.own_clock else 0.01))
     ahead = 0.0
     if not trace.scenario.server_clock:
@@ -562,17 +327,18 @@ async def _probe(trace: Trace, start: float) -> None:
         ahead = max(max(plan.skew, plan.skew + plan.jump) for plan in trace.scenario.managers)
     now = trace.base + loop.time() - start + ahead
     trace.probed_at = now
-    for key in trace.keys.values():
+    for key in sorted({*trace.keys.values(), *trace.call_keys.values()}):
         trace.probes[key] = await trace.store.inner.get(key, now=now)
 
 
-def _library_tasks() -> list[str]:
-    """Pending tasks running the library's own coroutines (none may outlive a call)."""
+def _library_tasks(created: list[asyncio.Task[Any]]) -> list[str]:
+    """Pending tasks running the library's own coroutines (none may outlive a call), of
+    those the scenario's loop created (cheaper than ``asyncio.all_tasks``, which walks
+    every task not yet collected)."""
     found: list[str] = []
-    tasks = asyncio.all_tasks()
-    if len(tasks) == 1:
-        return found  # only the scenario's own task
-    for task in tasks:
+    for task in created:
+        if task.done():
+            continue
         coro = task.get_coro()
         code = getattr(coro, "cr_code", None)
         filename = getattr(code, "co_filename", "")

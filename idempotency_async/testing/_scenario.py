@@ -1,19 +1,37 @@
-"""Scenarios: managers (processes) sharing one store, calls over a few keys, and faults.
+"""Scenarios: managers (processes) sharing one store, calls over a few keys, and faults,
+generated from a seed — so a failure can be printed and rerun.
 
-A scenario is a plain value generated from a seed, so a failure can be printed and rerun.
-Times are whole milliseconds times ``scale`` (virtual time runs at scale 1; a real store
-at a smaller scale keeps a real-time run short).
+The plan types are in ``_plans``; the crossing of features (one call per seed realizing a
+row of the axes' covering array) in ``_cross``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import random
 from collections.abc import Collection
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
+
+from idempotency_async.testing._cross import SOURCES, cross
+from idempotency_async.testing._plans import (
+    CALL_BEHAVIOURS,
+    ERRORS,
+    OPS,
+    Behaviour,
+    CallPlan,
+    DeadlineMode,
+    Door,
+    ErrorKind,
+    Fault,
+    FaultKind,
+    ManagerPlan,
+    Scenario,
+    Shape,
+    can_renew,
+    renewal_reserve,
+    valid_renewal,
+)
+from idempotency_async.testing._plans import ms as _ms
 
 __all__ = [
     "FEATURES",
@@ -22,41 +40,10 @@ __all__ = [
     "FaultKind",
     "ManagerPlan",
     "Scenario",
+    "can_renew",
     "generate",
+    "renewal_reserve",
 ]
-
-FaultKind = Literal["error", "lose", "resend", "delay", "stall", "nonsense", "late"]
-ErrorKind = Literal["unavailable", "throttled", "denied", "validation", "inconsistent"]
-Behaviour = Literal[
-    "return",
-    "raise",
-    "hang",
-    "swallow",
-    "block",
-    "unstorable",
-    "falsy",
-    "wide_int",
-    "surrogate",
-    "nan",
-    "base_exception",
-    "cancel_self",
-    "complete_then_run",
-    "complete_then_raise",
-    "complete_without_response",
-    "attach_later",
-]
-DeadlineMode = Literal["timeout", "deadline", "ambient", "none"]
-Door = Literal["execute", "execute_call", "decorated", "operator", "batch"]
-Shape = Literal["coroutine", "lambda", "plain"]
-
-OPS = ("claim", "get", "complete", "release")
-ERRORS: tuple[ErrorKind, ...] = ("unavailable", "throttled", "denied", "validation", "inconsistent")
-CALL_BEHAVIOURS: tuple[Behaviour, ...] = (
-    "attach_later",
-    "complete_then_raise",
-    "complete_then_run",
-    "complete_without_response",
-)
 
 FEATURES = frozenset(
     {
@@ -78,118 +65,22 @@ FEATURES = frozenset(
         "call_handle_cutoff",  # ... with a callback that ignores its cutoff
         "own_cancel",  # a callback raising CancelledError on its own
         "renewal",  # managers renewing a short lease, with faults on extend
+        # Issue "Where features meet": features crossed, not tried one at a time.
+        "cross",  # each seed's focus call realizes a row of a covering array of the axes
+        "http",  # the HTTP gate (an Idempotency-Key request through the ASGI adapter)
+        "http_middleware",  # ... with a compressing middleware between the gate and the app
+        "lambda_context",  # a batch with a Lambda context (remaining time in milliseconds)
+        "slow_batch",  # ... under a slow store, its deadline close
+        "deadline_sources",  # several deadline sources on one call (the earliest wins)
+        "slow_answers",  # answers that come slowly after the write applied; requests adrift
+        "late_extends",  # extends that land late: after a newer one, or after a takeover
+        "renew_settings",  # renewal settings that can never renew (to be refused)
+        "gate_late_completion",  # an HTTP stream's first completion landing late
+        "redelivery",  # SQS batches keyed by message id, messages redelivered
     }
 )
 """What the generator can add beyond the original scenarios; ``generate(exclude=...)``
 leaves some out (a seed draws the same numbers either way, so it stays comparable)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    """A fault on the ``nth`` (0-based) ``op`` that one call sends to the store.
-
-    ``error``: raise before applying.  ``lose``: apply, then lose the answer.  ``resend``:
-    apply, lose the answer, send it again (an SDK retry).  ``delay``/``stall``: wait
-    ``seconds`` before applying.  ``nonsense``: apply, then answer something that is not
-    a store answer.
-    """
-
-    op: str
-    nth: int
-    kind: FaultKind
-    seconds: float = 0.0
-    error: ErrorKind = "unavailable"
-    """The error ``error``/``lose`` raise (``late``: the answer lost, the write applied
-    ``seconds`` later, after other operations)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ManagerPlan:
-    """One process: its clock skew and the options of its manager."""
-
-    skew: float
-    wait: bool
-    wait_timeout: float
-    lease: float | None
-    lease_margin: float
-    expires_after: float
-    use_local_cache: bool
-    completion_reserve: float | None
-    jump_at: float | None = None
-    """Loop time at which this process's wall clock jumps by ``jump`` seconds."""
-    jump: float = 0.0
-    renew_lease: float | None = None
-    """``Options(renew_lease=...)``: a short lease renewed while the callback runs."""
-    renew_every: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CallPlan:
-    """One ``execute`` call: who sends it, when, for which key, and what its callback does."""
-
-    manager: int
-    key: int | None
-    """Index of the key; ``None`` sends a payload without a key (run without idempotency)."""
-    amount: int
-    """The validated part of the payload: calls of one key with another amount are misuse."""
-    at: float
-    deadline: DeadlineMode
-    timeout: float
-    behaviour: Behaviour
-    duration: float
-    cancel_after: float | None
-    faults: tuple[Fault, ...] = ()
-    door: Door = "execute"
-    """``operator``: a ``force_release`` of the key instead of a call; ``batch``: an SQS
-    event through ``process_batch`` holding the payload ``copies`` times."""
-    shape: Shape = "coroutine"
-    copies: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    seed: int
-    validate: bool
-    managers: tuple[ManagerPlan, ...]
-    calls: tuple[CallPlan, ...]
-    scale: float = 1.0
-    server_clock: bool = False
-    """The store judges by its own clock (the loop's, unskewed), not the managers'."""
-    capacity: int | None = None
-    """``max_records`` of a MemoryStore (the simulator's own store only)."""
-
-    def describe(self) -> str:
-        """The scenario as readable text (printed with every failure)."""
-        lines = [
-            f"scenario seed={self.seed} scale={self.scale} validate={self.validate} "
-            f"server_clock={self.server_clock} capacity={self.capacity}"
-        ]
-        for index, plan in enumerate(self.managers):
-            lines.append(f"  manager {index}: {plan}")
-        for index, call in enumerate(self.calls):
-            lines.append(f"  call {index}: {call}")
-        return "\n".join(lines)
-
-    def to_json(self) -> str:
-        """The scenario as JSON text: ``python -m idempotency_async.testing --scenario``
-        runs it again."""
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> Scenario:
-        data: dict[str, Any] = json.loads(text)
-        managers = tuple(ManagerPlan(**plan) for plan in data.pop("managers"))
-        calls = tuple(
-            CallPlan(**{**plan, "faults": tuple(Fault(**fault) for fault in plan["faults"])})
-            for plan in data.pop("calls")
-        )
-        return cls(managers=managers, calls=calls, **data)
-
-
-def _ms(rng: random.Random, low: float, high: float, scale: float) -> float:
-    """A duration in whole (scaled) milliseconds: unquantized timers can livelock a
-    virtual clock on float rounding."""
-    return round(rng.uniform(low, high) * scale, 3)
 
 
 def generate(
@@ -223,6 +114,7 @@ def generate(
     calls = [_widen(extra, call, on, scale) for call in calls]
     managers = tuple(_widen_manager(extra, plan, on, scale) for plan in managers)
     drawn = extra.random() < 0.15 and "server_clock" in on
+    clock_given = server_clock is not None or live
     if server_clock is None:
         server_clock = drawn
     if server_clock and "server_clock" in on:
@@ -263,9 +155,20 @@ def generate(
         renewing = random.Random(f"renew-{seed}")
         managers = tuple(_renewing(renewing, plan, scale) for plan in managers)
         calls = [_extend_faults(renewing, call, managers, scale) for call in calls]
+    # The features of "Where features meet", each from a stream of its own (left out, the
+    # scenario is the one the seed made before they existed).
+    managers = _settled_renewal(seed, managers, on, scale)
+    calls = _newer_features(seed, calls, managers, on, scale, live)
+    if "cross" in on:
+        realized = cross(seed, calls, managers, server_clock, clock_given, keys, on, scale, live)
+        calls, managers, server_clock = realized
+    if "gate_late_completion" not in on:
+        calls = [_no_late_stream_head(call) for call in calls]
     calls.sort(key=lambda call: call.at)
     validate = rng.random() < 0.7
-    return Scenario(seed, validate, managers, tuple(calls), scale, server_clock, capacity)
+    return Scenario(
+        seed, validate, managers, tuple(calls), scale, server_clock, capacity, live=live
+    )
 
 
 def _widen(rng: random.Random, call: CallPlan, on: frozenset[str], scale: float) -> CallPlan:
@@ -333,6 +236,21 @@ def _widen(rng: random.Random, call: CallPlan, on: frozenset[str], scale: float)
         deadline=deadline,
         copies=copies if door == "batch" and "batch_duplicates" in on else 1,
     )
+
+
+def _no_late_stream_head(call: CallPlan) -> CallPlan:
+    """An HTTP stream's completions with no late landing (its answer is lost instead)."""
+    if call.door != "http" or call.behaviour != "stream":
+        return call
+    if not any(f.op == "complete" and f.kind in ("late", "adrift") for f in call.faults):
+        return call
+    faults = tuple(
+        replace(fault, kind="lose", seconds=0.0)
+        if fault.op == "complete" and fault.kind in ("late", "adrift")
+        else fault
+        for fault in call.faults
+    )
+    return replace(call, faults=faults)
 
 
 def _no_nonsense_claim(fault: Fault) -> Fault:
@@ -446,3 +364,157 @@ def _fault(rng: random.Random, scale: float) -> Fault:
     elif kind == "stall":
         seconds = round(100.0 * scale, 3)
     return Fault(op, rng.choices([0, 1], [4, 1])[0], kind, seconds)
+
+
+# -- renewal settings ----------------------------------------------------------------
+
+
+def _settled_renewal(
+    seed: int, managers: tuple[ManagerPlan, ...], on: frozenset[str], scale: float
+) -> tuple[ManagerPlan, ...]:
+    """Renewal settings that can renew; with ``renew_settings``, now and then some that
+    cannot (the manager must refuse them)."""
+    rng = random.Random(f"settings-{seed}")
+    settled = []
+    for plan in managers:
+        roll = rng.random()
+        if plan.renew_lease is not None and "renew_settings" in on and roll < 0.12:
+            renew = plan.renew_lease
+            if rng.random() < 0.5:
+                # The first renewal comes after the cutoff of the first short lease.
+                every = round(renew * rng.uniform(0.8, 0.95), 3)
+                plan = replace(plan, renew_every=every, completion_reserve=None)
+            else:
+                # The reserve leaves no time to renew before the cutoff.
+                plan = replace(plan, completion_reserve=round(renew * rng.uniform(0.6, 1.0), 3))
+            settled.append(plan)
+        else:
+            settled.append(valid_renewal(plan))
+    return tuple(settled)
+
+
+# -- doors, deadline sources and faults added by "Where features meet" ---------------------
+
+
+def _newer_features(
+    seed: int,
+    calls: list[CallPlan],
+    managers: tuple[ManagerPlan, ...],
+    on: frozenset[str],
+    scale: float,
+    live: bool,
+) -> list[CallPlan]:
+    http = random.Random(f"http-{seed}")
+    lam = random.Random(f"lambda-{seed}")
+    sources = random.Random(f"deadlines-{seed}")
+    slow = random.Random(f"slow-{seed}")
+    late = random.Random(f"late-extends-{seed}")
+    redelivered = random.Random(f"redelivery-{seed}")
+    out = []
+    for call in calls:
+        if "redelivery" in on and call.door == "batch" and redelivered.random() < 0.5:
+            call = replace(call, by_message=True)
+        if "http" in on and http.random() < 0.1:
+            call = _as_http(http, call, "http_middleware" in on, scale)
+        if "lambda_context" in on and call.door == "batch" and lam.random() < 0.5:
+            call = replace(call, deadline="lambda", timeout=_finite(call.timeout, scale))
+            if "slow_batch" in on and lam.random() < 0.35:
+                call = _slow_batch(lam, call, scale)
+        if "deadline_sources" in on and sources.random() < 0.2:
+            call = _more_sources(sources, call, scale, "lambda_context" in on)
+        if "slow_answers" in on:
+            call = _slow_answers(slow, call, scale)
+        if "late_extends" in on and managers[call.manager].renew_lease is not None:
+            call = _late_extend(late, call, managers[call.manager], scale)
+        out.append(call)
+    return out
+
+
+def _finite(timeout: float, scale: float) -> float:
+    return timeout if math.isfinite(timeout) else round(4.0 * scale, 3)
+
+
+_HTTP_KEPT = frozenset({"return", "raise", "hang", "swallow", "block", "base_exception"})
+
+
+def _as_http(rng: random.Random, call: CallPlan, middleware: bool, scale: float) -> CallPlan:
+    """The call as an HTTP request through the gate: the endpoint answers, streams, fails
+    with a 5xx or raises; its deadline is the request's ``request_timeout``."""
+    if call.key is None or call.door not in ("execute", "decorated") or call.shape == "plain":
+        return call
+    behaviour: Behaviour = call.behaviour if call.behaviour in _HTTP_KEPT else "return"
+    roll = rng.random()
+    if roll < 0.3:
+        behaviour = "stream"
+    elif roll < 0.4:
+        behaviour = "server_error"
+    also: tuple[tuple[DeadlineMode, float], ...] = ()
+    if call.deadline == "ambient":
+        also = (("ambient", _ms(rng, 0.5, 8.0, scale)),)
+    return replace(
+        call,
+        door="http",
+        behaviour=behaviour,
+        deadline="timeout",
+        timeout=_finite(call.timeout, scale),
+        also=also,
+        middleware=middleware and rng.random() < 0.3,
+    )
+
+
+def _slow_batch(rng: random.Random, call: CallPlan, scale: float) -> CallPlan:
+    """A Lambda batch under a slow store, its remaining time close: every request of it is
+    slow, and the invocation ends soon after its store work would."""
+    latency = _ms(rng, 0.02, 0.3, scale)
+    return replace(
+        call,
+        latency=latency,
+        timeout=_ms(rng, 0.1, 1.2, scale),
+        behaviour="return",
+        duration=_ms(rng, 0.0, 0.2, scale),
+    )
+
+
+def _more_sources(rng: random.Random, call: CallPlan, scale: float, lambdas: bool) -> CallPlan:
+    """One or two more deadline sources: the earliest of all is the call's deadline."""
+    modes = [
+        mode
+        for mode in SOURCES.get(call.door, ())
+        if mode != call.deadline and (lambdas or mode != "lambda")
+    ]
+    if not modes or not math.isfinite(call.timeout):
+        return call
+    chosen = rng.sample(modes, k=min(len(modes), rng.randint(1, 2)))
+    also = tuple((mode, _ms(rng, 0.5, 8.0, scale)) for mode in chosen)
+    return replace(call, also=call.also + also)
+
+
+def _slow_answers(rng: random.Random, call: CallPlan, scale: float) -> CallPlan:
+    """Some faults become slow answers (the write applied, its answer late) or requests
+    adrift (landing even if abandoned); now and then a slow completion is added."""
+    faults = []
+    changed = False
+    for fault in call.faults:
+        if fault.op != "force_release" and rng.random() < 0.15:
+            kind: FaultKind = rng.choice(["slow_answer", "adrift"])
+            fault = replace(fault, kind=kind, seconds=_ms(rng, 0.05, 3.0, scale))
+            changed = True
+        faults.append(fault)
+    if call.door != "operator" and rng.random() < 0.06:
+        kind = rng.choice(["slow_answer", "adrift", "delay"])
+        faults.append(Fault("complete", 0, kind, _ms(rng, 0.05, 2.0, scale)))
+        changed = True
+    return replace(call, faults=tuple(faults)) if changed else call
+
+
+def _late_extend(rng: random.Random, call: CallPlan, plan: ManagerPlan, scale: float) -> CallPlan:
+    """An extend of a renewing call that lands late: after a newer one (it must not move
+    the lease end back), or after its sender's lease lapsed and another claim took the key
+    (it must be refused)."""
+    if call.door == "operator" or rng.random() >= 0.25:
+        return call
+    renew = plan.renew_lease
+    assert renew is not None
+    kind: FaultKind = rng.choice(["late", "adrift"])
+    seconds = round(rng.uniform(0.2, 2.0) * renew, 3)
+    return replace(call, faults=(*call.faults, Fault("extend", rng.choice([0, 1]), kind, seconds)))

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import TypeVar
 
-from idempotency_async.testing._scenario import CallPlan, ManagerPlan, Scenario
+from idempotency_async.testing._plans import CallPlan, ManagerPlan, Scenario
 
 __all__ = ["shrink_live", "shrink_scenario"]
 
@@ -104,6 +104,10 @@ def _simpler_call(call: CallPlan) -> Iterator[CallPlan]:
         {"duration": 0.0},
         {"amount": 1},
         {"at": 0.0},
+        {"also": ()},
+        {"middleware": False},
+        {"latency": 0.0},
+        {"by_message": False},
     ]
     for change in simpler:
         candidate = replace(call, **change)  # type: ignore[arg-type]
@@ -121,6 +125,8 @@ def _simpler_manager(plan: ManagerPlan) -> Iterator[ManagerPlan]:
         {"completion_reserve": None},
         {"lease": None},
         {"expires_after": 3600.0},
+        {"renew_lease": None, "renew_every": None},
+        {"renew_every": None},
     ]
     for change in simpler:
         candidate = replace(plan, **change)  # type: ignore[arg-type]

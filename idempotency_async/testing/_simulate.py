@@ -20,6 +20,7 @@ from typing import Any
 
 from idempotency_async.stores.base import Store
 from idempotency_async.stores.memory import MemoryStore
+from idempotency_async.testing._coverage import Coverage, coverage_of
 from idempotency_async.testing._oracle import check
 from idempotency_async.testing._run import describe_trace, run_scenario
 from idempotency_async.testing._scenario import Scenario, generate
@@ -31,6 +32,7 @@ __all__ = [
     "SimulationReport",
     "StoreFactory",
     "reproducer",
+    "run_live",
     "run_one",
     "simulate",
     "simulate_live",
@@ -61,8 +63,13 @@ class SimulationFailure(AssertionError):
         text = "\n".join(f"  - {violation}" for violation in violations)
         message = (
             f"seed {scenario.seed} broke the guarantee:\n{text}\n{scenario.describe()}\n"
-            f"rerun: {rerun}"
+            f"rerun: {rerun}\nthis scenario exactly: {reproducer(scenario)}"
         )
+        if scenario.live:
+            message += (
+                "\nin real time, with the same faults: await idempotency_async.testing."
+                f"run_live(<store factory>, Scenario.from_json({scenario.to_json()!r}))"
+            )
         if shrunk is not None:
             found = "\n".join(f"  - {violation}" for violation in shrunk_violations or ())
             message += (
@@ -93,20 +100,51 @@ class SimulationReport:
     store_operations: int = 0
     seconds: float = 0.0
     outcomes: dict[str, int] = field(default_factory=dict)
+    coverage: Coverage = field(default_factory=Coverage)
+    """The pairs of axis values and the named triples the run crossed."""
+    excluded: tuple[str, ...] = ()
+    """The generator features the run left out (their pairs were not due)."""
 
-    def summary(self) -> str:
+    def summary(self, *, coverage: bool = True) -> str:
+        """What ran, its outcomes, and (``coverage``) the pairs and triples it crossed."""
         top = sorted(self.outcomes.items(), key=lambda item: -item[1])
         shown = ", ".join(f"{name} {count}" for name, count in top)
-        return (
+        text = (
             f"{self.scenarios} scenarios, {self.calls} calls, {self.faults} faults, "
-            f"{self.store_operations} store operations in {self.seconds:.1f} s; outcomes: {shown}"
+            f"{self.store_operations} store operations in {self.seconds:.1f} s; outcomes: "
+            f"{shown}"
         )
+        if coverage:
+            text += f"\ncoverage: {self.coverage.summary(self.excluded)}"
+        return text
+
+    def merge(self, part: SimulationReport) -> None:
+        self.scenarios += part.scenarios
+        self.calls += part.calls
+        self.faults += part.faults
+        self.store_operations += part.store_operations
+        for name, count in part.outcomes.items():
+            self.outcomes[name] = self.outcomes.get(name, 0) + count
+        self.coverage.add(part.coverage)
 
 
-def _rerun(seed: int, scale: float, exclude: Collection[str] = ()) -> str:
+def _rerun(
+    seed: int,
+    scale: float,
+    exclude: Collection[str] = (),
+    live: bool = False,
+    server_clock: bool | None = None,
+) -> str:
+    """The command generating the same scenario from its seed (on MemoryStore, in virtual
+    time): with the same scale, features left out, and — for a real-time run's scenario —
+    ``--live`` and its store's clock, which change what a seed generates."""
     extra = "" if scale == 1.0 else f" --scale {scale}"
     if exclude:
         extra += f" --exclude {','.join(sorted(exclude))}"
+    if live:
+        extra += " --live"
+    if server_clock:
+        extra += " --server-clock"
     return f"python -m idempotency_async.testing --seed {seed}{extra}"
 
 
@@ -132,7 +170,8 @@ async def _one(
     scenario = generate(seed, scale=scale, live=live, exclude=exclude, server_clock=server_clock)
     violations = await _violations(scenario, factory, live, tolerance, report)
     if violations:
-        raise SimulationFailure(scenario, violations, _rerun(seed, scale, exclude))
+        rerun = _rerun(seed, scale, exclude, live, server_clock)
+        raise SimulationFailure(scenario, violations, rerun)
 
 
 async def _violations(
@@ -152,6 +191,7 @@ async def _violations(
             own_clock=live and scenario.server_clock,
             # Live runs share a server's keyspace with other runs of the same seeds.
             namespace=f"-{secrets.token_hex(4)}" if live else "",
+            real_time=live,
         )
     finally:
         await store.aclose()
@@ -162,6 +202,7 @@ async def _violations(
     report.calls += len(scenario.calls)
     report.faults += sum(len(call.faults) for call in scenario.calls)
     report.store_operations += len(trace.store.ops)
+    report.coverage.add(coverage_of(trace))
     for outcome in trace.outcomes:
         name = "value" if outcome.error is None else type(outcome.error).__name__
         report.outcomes[name] = report.outcomes.get(name, 0) + 1
@@ -199,7 +240,7 @@ def simulate(
     """
     if workers > 1:
         return _in_processes(store_factory, list(seeds), scale, workers, exclude, shrink)
-    report = SimulationReport()
+    report = SimulationReport(excluded=tuple(sorted(exclude)))
     started = time.perf_counter()
     for seed in seeds:
         # A fresh loop per scenario: the clock starts at 0, so a seed replays exactly.
@@ -254,14 +295,9 @@ def _in_processes(
                 [shrink] * workers,
             )
         )
-    report = SimulationReport()
+    report = SimulationReport(excluded=tuple(sorted(exclude)))
     for part in parts:
-        report.scenarios += part.scenarios
-        report.calls += part.calls
-        report.faults += part.faults
-        report.store_operations += part.store_operations
-        for name, count in part.outcomes.items():
-            report.outcomes[name] = report.outcomes.get(name, 0) + count
+        report.merge(part)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -290,11 +326,13 @@ async def simulate_live(
     a server), ``concurrency`` at a time, every duration times ``scale``.
 
     Real time is not reproducible to the microsecond: a rerun repeats the scenario and its
-    faults, not necessarily the interleaving; ``tolerance`` (seconds) absorbs loop lag in
-    the timing checks.  ``server_clock``: the store judges by a clock of its own (Redis
-    ``TIME``), so the managers' clocks may be skewed.
+    faults, not necessarily the interleaving (a failure prints the scenario itself, to run
+    again with :func:`run_live`).  No timing verdict depends on the machine's load: the
+    loop's lag is sampled all along, and a timing check allows ``tolerance`` (seconds) plus
+    the lag seen while it was due.  ``server_clock``: the store judges by a clock of its own
+    (Redis ``TIME``), so the managers' clocks may be skewed.
     """
-    report = SimulationReport()
+    report = SimulationReport(excluded=tuple(sorted(exclude)))
     started = time.perf_counter()
     pending = iter(seeds)
 
@@ -320,6 +358,15 @@ async def simulate_live(
         raise failures.exceptions[0] from None
     report.seconds = time.perf_counter() - started
     return report
+
+
+async def run_live(
+    store_factory: StoreFactory, scenario: Scenario, *, tolerance: float = 0.05
+) -> list[str]:
+    """Run one scenario (as a real-time failure printed it) in real time in the running loop,
+    with its faults; the violations of the guarantee it shows.  The store must judge by
+    its own clock exactly when ``scenario.server_clock`` says so."""
+    return await _violations(scenario, store_factory, True, tolerance)
 
 
 def trace_text(scenario: Scenario) -> str:

@@ -1,0 +1,380 @@
+"""The simulator's axes: the features a scenario crosses, which of their values can meet in
+one call, the named triples, and a covering array of the pairs.
+
+A call of a scenario has one value on each axis (an operator's ``force_release`` none on
+``shape``, ``outcome`` and ``deadline``: it runs no callback); every fault that fired on
+one of its store requests gives it a ``fault`` and a ``place`` value, paired with its other
+values (a call with two faults pairs each fault with its own request only).  The features
+cross where every *pair* of values of two axes meets in some call — every pair that can
+meet at all: :func:`conflict` says which cannot, and why.
+
+:func:`covering_rows` is a small set of full assignments covering every such pair (and
+each named triple); the generator's ``cross`` feature makes one call of seed ``s`` realize
+row ``s mod len(rows)``, so a few hundred seeds cross every pair, not thousands by chance.
+Nothing here depends on the library: it is the plan a run is measured against.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Collection, Iterator, Mapping
+
+__all__ = [
+    "AXES",
+    "SLOW",
+    "TRIPLES",
+    "Pair",
+    "Row",
+    "conflict",
+    "covering_rows",
+    "feasible_pairs",
+    "pair",
+    "pairs_of",
+    "triples_of",
+]
+
+AXES: dict[str, tuple[str, ...]] = {
+    "door": (
+        "execute",
+        "call_complete",  # execute_call completing early (then running on, or raising)
+        "call_attach",  # execute_call completing without a response, then attaching one
+        "call_never",  # execute_call whose callback never completes through its handle
+        "decorated",
+        "batch",
+        "http",
+        "operator",
+    ),
+    "renewal": ("off", "on"),
+    "cache": ("off", "on"),
+    "clock": ("client", "server"),
+    "skew": ("none", "skewed"),
+    "fault": (
+        "none",
+        "error",
+        "lose",
+        "resend",
+        "late",
+        "delay",
+        "slow_answer",
+        "adrift",
+        "stall",
+        "nonsense",
+    ),
+    "place": ("none", "claim", "get", "complete", "release", "extend", "force_release"),
+    "shape": ("coroutine", "lambda", "plain"),
+    "outcome": (
+        "return",
+        "raise",
+        "hang",
+        "ignore_cutoff",
+        "crash",
+        "cancel_self",
+        "odd_result",
+        "stream",
+        "server_error",
+    ),
+    "deadline": ("none", "timeout", "deadline", "ambient", "lambda", "several"),
+}
+"""Every axis and its values, in a fixed order (the covering array depends on it)."""
+
+SLOW = frozenset({"delay", "slow_answer", "adrift", "stall"})
+"""Fault kinds that make an answer slow."""
+
+_CALLBACK_AXES = ("shape", "outcome", "deadline")
+_CALL_DOORS = frozenset({"call_complete", "call_attach"})
+
+TRIPLES: dict[str, dict[str, frozenset[str]]] = {
+    "renewal x execute_call x slow completion": {
+        "renewal": frozenset({"on"}),
+        "door": frozenset({"call_complete", "call_attach", "call_never"}),
+        "fault": SLOW,
+        "place": frozenset({"complete"}),
+    },
+    "renewal x HTTP gate x slow completion": {
+        "renewal": frozenset({"on"}),
+        "door": frozenset({"http"}),
+        "fault": SLOW,
+        "place": frozenset({"complete"}),
+    },
+    "renewal x lost extend x client clock": {
+        "renewal": frozenset({"on"}),
+        "fault": frozenset({"lose"}),
+        "place": frozenset({"extend"}),
+        "clock": frozenset({"client"}),
+    },
+    "cache x server clock x skew": {
+        "cache": frozenset({"on"}),
+        "clock": frozenset({"server"}),
+        "skew": frozenset({"skewed"}),
+    },
+    "renewal x late extend x takeover": {
+        "renewal": frozenset({"on"}),
+        "fault": frozenset({"late", "adrift"}),
+        "place": frozenset({"extend"}),
+        "event": frozenset({"extend_after_takeover"}),
+    },
+    "Lambda batch x slow store x close deadline": {
+        "door": frozenset({"batch"}),
+        "deadline": frozenset({"lambda"}),
+        "event": frozenset({"slow_store"}),
+    },
+    "HTTP gate x middleware x replay": {
+        "door": frozenset({"http"}),
+        "event": frozenset({"middleware", "replayed"}),
+    },
+    "local cache x expired record x later call": {
+        "cache": frozenset({"on"}),
+        "event": frozenset({"after_expiry"}),
+    },
+}
+"""Named situations where three features (or more) meet: each must be covered too.  An
+``event`` condition holds when the call's trace shows every event named (see
+``_coverage``)."""
+
+TRIPLE_FEATURES: dict[str, frozenset[str]] = {
+    "renewal x execute_call x slow completion": frozenset({"renewal", "call_handle"}),
+    "renewal x HTTP gate x slow completion": frozenset({"renewal", "http"}),
+    "renewal x lost extend x client clock": frozenset({"renewal"}),
+    "cache x server clock x skew": frozenset({"server_clock"}),
+    "renewal x late extend x takeover": frozenset({"renewal", "late_extends"}),
+    "Lambda batch x slow store x close deadline": frozenset({"lambda_context", "slow_batch"}),
+    "HTTP gate x middleware x replay": frozenset({"http", "http_middleware"}),
+    "local cache x expired record x later call": frozenset(),
+}
+"""The generator features each named triple needs (left out, it cannot be required)."""
+
+VALUE_FEATURES: dict[tuple[str, str], str] = {
+    ("door", "call_complete"): "call_handle",
+    ("door", "call_attach"): "call_handle",
+    ("door", "call_never"): "call_handle",
+    ("door", "batch"): "batches",
+    ("door", "http"): "http",
+    ("door", "operator"): "force_release",
+    ("renewal", "on"): "renewal",
+    ("clock", "server"): "server_clock",
+    ("fault", "late"): "late_resends",
+    ("fault", "slow_answer"): "slow_answers",
+    ("fault", "adrift"): "slow_answers",
+    ("place", "extend"): "renewal",
+    ("place", "force_release"): "force_release",
+    ("shape", "plain"): "plain_callbacks",
+    ("outcome", "crash"): "base_exceptions",
+    ("outcome", "cancel_self"): "own_cancel",
+    ("outcome", "stream"): "http",
+    ("outcome", "server_error"): "http",
+    ("deadline", "lambda"): "lambda_context",
+    ("deadline", "several"): "deadline_sources",
+}
+"""The generator feature a value needs: with the feature left out, no pair of it is due."""
+
+Row = dict[str, str]
+Pair = tuple[tuple[str, str], tuple[str, str]]
+
+PAIR_FEATURES: dict[Pair, str] = {
+    (("door", "batch"), ("deadline", "several")): "lambda_context",
+}
+"""Pairs that need a feature neither value needs alone (a batch's second deadline source
+is its Lambda context)."""
+
+
+def conflict(values: Mapping[str, str]) -> str | None:
+    """Why these values (some axes of one call) cannot meet, or None when they can."""
+    get = values.get
+    door, fault, place = get("door"), get("fault"), get("place")
+    shape, outcome, deadline = get("shape"), get("outcome"), get("deadline")
+    if fault is not None and place is not None and (fault == "none") != (place == "none"):
+        return "a fault has a place, and a place a fault"
+    if door == "operator":
+        if place not in (None, "none", "force_release"):
+            return "an operator sends only force_release"
+        if any(axis in values for axis in _CALLBACK_AXES):
+            return "an operator runs no callback"
+    if place == "force_release" and door not in (None, "operator"):
+        return "only an operator force-releases"
+    if place == "extend":
+        if get("renewal") == "off":
+            return "no extend without renewal"
+        if shape == "plain":
+            return "a plain function runs without awaiting: nothing renews meanwhile"
+    if place == "complete":
+        if outcome in ("hang", "crash", "cancel_self", "server_error"):
+            return "that callback never completes the record"
+        if outcome == "raise" and door not in (None, *_CALL_DOORS):
+            return "a callback that raises completes only through its Call first"
+    if shape in ("lambda", "plain") and door in ("batch", "http", "decorated"):
+        return "that door takes an async def (or runs the app's own)"
+    if shape == "plain":
+        if door in _CALL_DOORS:
+            return "a plain function cannot await its Call"
+        if outcome not in (None, "return", "raise", "odd_result"):
+            return "a plain function returns or raises"
+    if outcome in ("stream", "server_error") and door not in (None, "http"):
+        return "only an HTTP endpoint streams or answers 5xx"
+    if outcome == "odd_result" and door in ("http", "call_attach"):
+        return "an HTTP response is bytes; an attached response is the callback's own"
+    if door in _CALL_DOORS and outcome in ("hang", "ignore_cutoff", "crash", "cancel_self"):
+        return "a Call completed early is past its cutoff"
+    if deadline == "lambda" and door not in (None, "batch"):
+        return "a Lambda context comes with a batch"
+    if door == "batch" and deadline in ("timeout", "deadline"):
+        return "a batch's deadline is its context's or an ambient one"
+    if door == "http" and deadline in ("none", "deadline", "lambda", "ambient"):
+        return "an HTTP request always has its request_timeout (with an ambient: several)"
+    if door == "decorated" and deadline in ("deadline", "lambda"):
+        return "a decorated function takes a timeout"
+    return None
+
+
+def pair(axis: str, value: str, other: str, other_value: str) -> Pair:
+    """The pair of two values, in axis order."""
+    order = _ORDER
+    if order[axis] > order[other]:
+        axis, value, other, other_value = other, other_value, axis, value
+    return ((axis, value), (other, other_value))
+
+
+_ORDER = {axis: index for index, axis in enumerate(AXES)}
+
+
+def pairs_of(values: Mapping[str, str]) -> Iterator[Pair]:
+    """Every pair among the values of one call (axes in order)."""
+    present = [(axis, values[axis]) for axis in AXES if axis in values]
+    yield from itertools.combinations(present, 2)
+
+
+def triples_of(values: Mapping[str, str], events: Collection[str]) -> Iterator[str]:
+    """The named triples one call's values (and its trace's events) meet."""
+    for name, condition in TRIPLES.items():
+        if all(
+            wanted <= set(events) if axis == "event" else values.get(axis) in wanted
+            for axis, wanted in condition.items()
+        ):
+            yield name
+
+
+def _available(axis: str, value: str, excluded: Collection[str]) -> bool:
+    feature = VALUE_FEATURES.get((axis, value))
+    return feature is None or feature not in excluded
+
+
+@functools.lru_cache(maxsize=8)
+def feasible_pairs(excluded: frozenset[str] = frozenset()) -> frozenset[Pair]:
+    """Every pair of values that can meet in one call, given the features left out."""
+    found = set()
+    for axis, other in itertools.combinations(AXES, 2):
+        for value in AXES[axis]:
+            if not _available(axis, value, excluded):
+                continue
+            for other_value in AXES[other]:
+                candidate = ((axis, value), (other, other_value))
+                needs = PAIR_FEATURES.get(candidate)
+                if (
+                    _available(other, other_value, excluded)
+                    and (needs is None or needs not in excluded)
+                    and _extendable({axis: value, other: other_value})
+                ):
+                    found.add(candidate)
+    return frozenset(found)
+
+
+# The axes the rules constrain; the others (cache, clock, skew) take any value.
+_RULED = ("door", "place", "fault", "outcome", "shape", "deadline", "renewal")
+
+
+@functools.lru_cache(maxsize=1)
+def _calls() -> tuple[dict[tuple[str, str], int], int]:
+    """Every whole call the rules allow (on the ruled axes), as bit sets: the calls holding
+    each value, and all of them."""
+    found: list[Row] = []
+
+    def extend(values: Row, depth: int) -> None:
+        if conflict(values) is not None:
+            return
+        if depth == len(_RULED):
+            found.append(values)
+            return
+        axis = _RULED[depth]
+        if values.get("door") == "operator" and axis in _CALLBACK_AXES:
+            extend(values, depth + 1)
+            return
+        for value in AXES[axis]:
+            extend({**values, axis: value}, depth + 1)
+
+    extend({}, 0)
+    bits: dict[tuple[str, str], bytearray] = {}
+    size = len(found) // 8 + 1
+    for number, call in enumerate(found):
+        for item in call.items():
+            bits.setdefault(item, bytearray(size))[number >> 3] |= 1 << (number & 7)
+    index = {item: int.from_bytes(mask, "little") for item, mask in bits.items()}
+    return index, (1 << len(found)) - 1
+
+
+def _matching(values: Mapping[str, str]) -> int:
+    index, every = _calls()
+    matching = every
+    for axis, value in values.items():
+        if axis in _RULED:
+            matching &= index.get((axis, value), 0)
+    return matching
+
+
+def _extendable(values: Mapping[str, str]) -> bool:
+    """Whether these values fit in some whole call."""
+    return bool(_matching(values))
+
+
+@functools.lru_cache(maxsize=1)
+def covering_rows() -> tuple[Row, ...]:
+    """Full assignments covering every feasible pair, then one row per named triple.
+
+    Greedy (each row starts from the first pair still uncovered and picks, axis by axis,
+    the feasible value that covers the most pairs still uncovered) and deterministic.
+    """
+    uncovered = set(feasible_pairs())
+    rows: list[Row] = []
+    while uncovered:
+        (axis, value), (other, other_value) = min(uncovered)
+        row = _complete({axis: value, other: other_value}, uncovered)
+        rows.append(row)
+        uncovered -= set(pairs_of(row))
+    for condition in TRIPLES.values():
+        start = {axis: sorted(wanted)[0] for axis, wanted in condition.items() if axis != "event"}
+        row = _complete(start, set())
+        if "event" in condition:
+            row["event"] = ",".join(sorted(condition["event"]))
+        rows.append(row)
+    return tuple(rows)
+
+
+def _complete(start: Row, uncovered: set[Pair]) -> Row:
+    row = dict(start)
+    operator = row.get("door") == "operator"
+    index, _ = _calls()
+    matching = _matching(row)
+    for axis in AXES:
+        if axis in row or (operator and axis in _CALLBACK_AXES):
+            continue
+        best: str | None = None
+        best_gain = -1
+        for value in AXES[axis]:
+            if axis in _RULED and not matching & index.get((axis, value), 0):
+                continue
+            gain = sum(
+                1
+                for other, other_value in row.items()
+                if pair(axis, value, other, other_value) in uncovered
+            )
+            if gain > best_gain:
+                best, best_gain = value, gain
+        if best is None:
+            raise AssertionError(f"no value of {axis} fits {row}")  # the rules contradict
+        row[axis] = best
+        if axis in _RULED:
+            matching = matching & index[(axis, best)]
+        if axis == "door" and best == "operator":
+            operator = True
+            for dropped in _CALLBACK_AXES:
+                row.pop(dropped, None)
+    return row

@@ -1,0 +1,244 @@
+"""The plan of a scenario — managers (processes), calls, faults — as plain values: what a
+run is measured against (the generator in ``_scenario`` makes them from a seed).
+
+Times are whole milliseconds times ``scale`` (virtual time runs at scale 1; a real store
+at a smaller scale keeps a real-time run short).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+__all__ = [
+    "CALL_BEHAVIOURS",
+    "ERRORS",
+    "OPS",
+    "Behaviour",
+    "CallPlan",
+    "DeadlineMode",
+    "Door",
+    "ErrorKind",
+    "Fault",
+    "FaultKind",
+    "ManagerPlan",
+    "Scenario",
+    "Shape",
+    "RENEWAL_ROOM",
+    "can_renew",
+    "ms",
+    "renewal_reserve",
+    "valid_renewal",
+]
+
+FaultKind = Literal[
+    "error", "lose", "resend", "delay", "stall", "nonsense", "late", "slow_answer", "adrift"
+]
+ErrorKind = Literal["unavailable", "throttled", "denied", "validation", "inconsistent"]
+Behaviour = Literal[
+    "return",
+    "raise",
+    "hang",
+    "swallow",
+    "block",
+    "unstorable",
+    "falsy",
+    "wide_int",
+    "surrogate",
+    "nan",
+    "base_exception",
+    "cancel_self",
+    "complete_then_run",
+    "complete_then_raise",
+    "complete_without_response",
+    "attach_later",
+    "complete_odd",
+    "complete_twice",
+    "without_response_then_raise",
+    "stream",
+    "server_error",
+]
+DeadlineMode = Literal["timeout", "deadline", "ambient", "lambda", "none"]
+Door = Literal["execute", "execute_call", "decorated", "operator", "batch", "http"]
+Shape = Literal["coroutine", "lambda", "plain"]
+
+OPS = ("claim", "get", "complete", "release")
+ERRORS: tuple[ErrorKind, ...] = ("unavailable", "throttled", "denied", "validation", "inconsistent")
+CALL_BEHAVIOURS: tuple[Behaviour, ...] = (
+    "attach_later",
+    "complete_then_raise",
+    "complete_then_run",
+    "complete_without_response",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """A fault on the ``nth`` (0-based) ``op`` that one call sends to the store.
+
+    ``error``: raise before applying.  ``lose``: apply, then lose the answer.  ``resend``:
+    apply, lose the answer, send it again (an SDK retry).  ``delay``/``stall``: wait
+    ``seconds`` before applying (a request abandoned meanwhile never lands).  ``nonsense``:
+    apply, then answer something that is not a store answer.  ``slow_answer``: apply at
+    once, answer ``seconds`` later.  ``adrift``: the request is on its way for ``seconds``
+    and lands then even if its sender abandoned it (a request cannot be unsent).
+    """
+
+    op: str
+    nth: int
+    kind: FaultKind
+    seconds: float = 0.0
+    error: ErrorKind = "unavailable"
+    """The error ``error``/``lose`` raise (``late``: the answer lost, the write applied
+    ``seconds`` later, after other operations)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerPlan:
+    """One process: its clock skew and the options of its manager."""
+
+    skew: float
+    wait: bool
+    wait_timeout: float
+    lease: float | None
+    lease_margin: float
+    expires_after: float
+    use_local_cache: bool
+    completion_reserve: float | None
+    jump_at: float | None = None
+    """Loop time at which this process's wall clock jumps by ``jump`` seconds."""
+    jump: float = 0.0
+    renew_lease: float | None = None
+    """``Options(renew_lease=...)``: a short lease renewed while the callback runs."""
+    renew_every: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallPlan:
+    """One ``execute`` call: who sends it, when, for which key, and what its callback does."""
+
+    manager: int
+    key: int | None
+    """Index of the key; ``None`` sends a payload without a key (run without idempotency)."""
+    amount: int
+    """The validated part of the payload: calls of one key with another amount are misuse."""
+    at: float
+    deadline: DeadlineMode
+    timeout: float
+    behaviour: Behaviour
+    duration: float
+    cancel_after: float | None
+    faults: tuple[Fault, ...] = ()
+    door: Door = "execute"
+    """``operator``: a ``force_release`` of the key instead of a call; ``batch``: an SQS
+    event through ``process_batch`` holding the payload ``copies`` times."""
+    shape: Shape = "coroutine"
+    copies: int = 1
+    also: tuple[tuple[DeadlineMode, float], ...] = ()
+    """Further deadline sources of the call, each with its seconds: the earliest of all
+    wins (``lambda``: the Lambda context of a batch, its remaining time in ms)."""
+    middleware: bool = False
+    """``http``: a middleware compressing the app's responses sits inside the gate."""
+    latency: float = 0.0
+    """Every store request of the call takes this long to reach the store (a slow store)."""
+    by_message: bool = False
+    """``batch``: records keyed by their SQS ``messageId`` (the manager selects no key);
+    another call of the same key and payload is the same message redelivered — its id
+    kept, its receipt handle new."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    seed: int
+    validate: bool
+    managers: tuple[ManagerPlan, ...]
+    calls: tuple[CallPlan, ...]
+    scale: float = 1.0
+    server_clock: bool = False
+    """The store judges by its own clock (the loop's, unskewed), not the managers'."""
+    capacity: int | None = None
+    """``max_records`` of a MemoryStore (the simulator's own store only)."""
+    live: bool = False
+    """Generated for a real-time run (no callback blocks the loop, every manager has a
+    ``lease``); informational: the scenario runs as it is, in either time."""
+
+    def describe(self) -> str:
+        """The scenario as readable text (printed with every failure)."""
+        lines = [
+            f"scenario seed={self.seed} scale={self.scale} validate={self.validate} "
+            f"server_clock={self.server_clock} capacity={self.capacity} live={self.live}"
+        ]
+        for index, plan in enumerate(self.managers):
+            lines.append(f"  manager {index}: {plan}")
+        for index, call in enumerate(self.calls):
+            lines.append(f"  call {index}: {call}")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        """The scenario as JSON text: ``python -m idempotency_async.testing --scenario``
+        runs it again."""
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Scenario:
+        data: dict[str, Any] = json.loads(text)
+        managers = tuple(ManagerPlan(**plan) for plan in data.pop("managers"))
+        calls = tuple(
+            CallPlan(
+                **{
+                    **plan,
+                    "faults": tuple(Fault(**fault) for fault in plan["faults"]),
+                    "also": tuple((mode, seconds) for mode, seconds in plan.get("also", ())),
+                }
+            )
+            for plan in data.pop("calls")
+        )
+        return cls(managers=managers, calls=calls, **data)
+
+
+def ms(rng: random.Random, low: float, high: float, scale: float) -> float:
+    """A duration in whole (scaled) milliseconds: unquantized timers can livelock a
+    virtual clock on float rounding."""
+    return round(rng.uniform(low, high) * scale, 3)
+
+
+def renewal_reserve(plan: ManagerPlan) -> float:
+    """The completion reserve of a short lease, from the contract: min(0.5 s, 20 % of the
+    short lease), or the ``completion_reserve`` option (never more than the lease)."""
+    renew = plan.renew_lease
+    assert renew is not None
+    if plan.completion_reserve is not None:
+        return min(plan.completion_reserve, renew)
+    return min(0.5, 0.2 * renew)
+
+
+RENEWAL_ROOM = 0.1
+"""The share of ``renew_lease`` kept for a renewal's round trip (docs/manager.md)."""
+
+
+def can_renew(plan: ManagerPlan) -> bool:
+    """Whether a manager's renewal settings can keep a lease, as the documentation states
+    the rule: after one lost renewal the next goes out two intervals after the claim, and
+    both intervals, the completion reserve and a round trip (``RENEWAL_ROOM`` of the short
+    lease) fit in it — ``2 x renew_every + reserve <= 90 % of renew_lease``.  Settings that
+    do not must be refused with ConfigError at construction, and only those."""
+    renew = plan.renew_lease
+    if renew is None:
+        return True
+    every = plan.renew_every if plan.renew_every is not None else renew / 3
+    return 2 * every + renewal_reserve(plan) <= (1 - RENEWAL_ROOM) * renew + 1e-6
+
+
+def valid_renewal(plan: ManagerPlan) -> ManagerPlan:
+    """``plan`` with renewal settings that can renew (the interval shortened, the reserve
+    option dropped if it alone leaves no room)."""
+    renew = plan.renew_lease
+    if renew is None or can_renew(plan):
+        return plan
+    if plan.completion_reserve is not None and plan.completion_reserve >= 0.3 * renew:
+        plan = replace(plan, completion_reserve=None)
+    every = round((renew - renewal_reserve(plan)) / 2.5, 3)
+    return replace(plan, renew_every=every)
