@@ -97,6 +97,32 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
             await dynamodb.aclose()
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under pytest-xdist a worker hands its simulator coverage to the controller, whose
+    terminal summary prints every worker's."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        from _coverage_report import REPORTS
+
+        workeroutput["simulator_coverage"] = [list(report) for report in REPORTS]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` starts at most two workers: each starts its own servers (moto, Redis,
+    Postgres), and the real-time tests' tolerances are set for a 2-core machine."""
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """pytest-xdist's controller: collect a finished worker's simulator coverage."""
+    from _coverage_report import REPORTS
+
+    output = getattr(node, "workeroutput", {})
+    REPORTS.extend((name, summary) for name, summary in output.get("simulator_coverage", []))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The fault simulator's coverage (pairs, triples, seeds, seconds) of this run."""
     from _coverage_report import REPORTS

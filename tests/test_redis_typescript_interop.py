@@ -32,6 +32,7 @@ from test_typescript_interop import (
     _child_env,
     _unavailable,
     assert_same_json,
+    install_lock,
     must_not_run,
     node,
 )
@@ -52,6 +53,12 @@ REDIS_CASES = CASES
 @pytest.fixture(scope="session")
 def redis_node(node: str) -> str:
     """``node``, with @redis/client installed next to the TypeScript port."""
+    with install_lock():
+        _install_redis_client()
+    return node
+
+
+def _install_redis_client() -> None:
     if not (INTEROP_DIR / "node_modules" / "@redis" / "client" / "package.json").is_file():
         done = subprocess.run(
             ["npm", "ci", "--no-audit", "--no-fund"],
@@ -63,7 +70,6 @@ def redis_node(node: str) -> str:
         )
         if done.returncode != 0:
             _unavailable(f"`npm ci` in {INTEROP_DIR} failed:\n{done.stderr[-3000:]}")
-    return node
 
 
 @pytest.fixture

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -168,12 +169,30 @@ def _installed_version() -> str | None:
     return str(version)
 
 
+@contextlib.contextmanager
+def install_lock() -> Iterator[None]:
+    """Held while checking and installing tests/interop/node_modules: the suite's worker
+    processes (pytest-xdist) each ask for it, and two `npm ci` in one folder collide."""
+    with open(INTEROP_DIR / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def node() -> str:
     """Path of ``node``, with the pinned packages installed in tests/interop/node_modules."""
     node_path = shutil.which("node")
     if node_path is None:
         _unavailable("`node` is not on PATH (Node 18+ is needed)")
+    with install_lock():
+        _install()
+    return node_path
+
+
+def _install() -> None:
     if _installed_version() != TS_VERSION:
         npm = shutil.which("npm")
         if npm is None:
@@ -198,7 +217,6 @@ def node() -> str:
             )
         if _installed_version() != TS_VERSION:
             _unavailable(f"npm did not install {TS_PACKAGE}@{TS_VERSION}")
-    return node_path
 
 
 def _child_env(function_name: str | None) -> dict[str, str]:
