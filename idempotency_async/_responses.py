@@ -163,8 +163,11 @@ def not_stored_error(record: Record) -> ResponseNotStoredError:
 
 
 def log_not_stored(key: str, reason: Exception) -> None:
+    # The reason may quote the result, lone surrogates included: a handler writing UTF-8
+    # would drop the whole line ("--- Logging error ---"), so they are escaped here.
+    text = str(reason).encode("utf-8", "backslashreplace").decode("utf-8")
     _log.warning(
         "response not stored: %s; duplicates of this key will get ResponseNotStoredError",
-        reason,
+        text,
         extra={"idempotency_key": key},
     )
