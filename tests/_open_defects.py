@@ -5,12 +5,7 @@ fix of its defect merges (its regression case then passes, and its xfail marker 
 
 from __future__ import annotations
 
-OPEN_DEFECTS: dict[str, str] = {
-    "gate_late_completion": "found by the crossing simulator, not yet filed: an HTTP "
-    "stream's first completion (without a response), its answer lost, lands after the "
-    "body was attached and replaces it (a completion without a response must not "
-    "replace the owner's completion with one)",
-}
+OPEN_DEFECTS: dict[str, str] = {}
 
 EXCLUDE = tuple(sorted(OPEN_DEFECTS))
 

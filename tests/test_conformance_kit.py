@@ -8,8 +8,13 @@ Two stores built to be wrong the way real ports are wrong:
 - ``DropsValidation``: completes records without their validation hash.  A different
   payload under the same key then replays the first one's response.
 
-The kit (``StoreContract`` and the simulator) must fail both; every real store passes it
-(``tests/test_store_contract.py``, ``tests/test_simulator.py``).
+- ``TakesTheResponseBack``: lets a completion without a response replace its owner's
+  record completed with one — every store before the rule that a response is final.  A
+  stream's first completion, its answer lost and landing after the body was attached,
+  then turns every later replay into "not stored".
+
+The kit (``StoreContract`` and the simulator) must fail all three; every real store passes
+it (``tests/test_store_contract.py``, ``tests/test_simulator.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 import pytest
 
 from idempotency_async import Manager, MemoryStore, Options, errors
-from idempotency_async.record import Claim, Completion, Record
+from idempotency_async.record import Claim, Completion, Record, Status
 from idempotency_async.stores.base import State, Verdict, Written
 from idempotency_async.testing import SimulationFailure, StoreContract, simulate
 from idempotency_async.testing._contract import _prepare_race, _race_has_one_owner, claim
@@ -75,6 +80,24 @@ class DropsValidation(_Wrapped):
 
     async def complete(self, completion: Completion) -> Written:
         return await self.inner.complete(completion._replace(validation=None))
+
+
+class TakesTheResponseBack(_Wrapped):
+    """Lets a completion without a response replace its owner's response."""
+
+    async def complete(self, completion: Completion) -> Written:
+        record = (await self.inner.get(completion.key, now=completion.now)).record
+        if (
+            completion.encoded is None
+            and record is not None
+            and record.owner == completion.owner
+            and record.status is Status.COMPLETED
+        ):
+            # Overwrite as the stores did: the owner's record, whatever it held.
+            await self.inner.force_release(completion.key)
+            owned = Claim(completion.key, completion.owner, completion.now, 1.0, 1.0, None)
+            await self.inner.claim(owned)
+        return await self.inner.complete(completion)
 
 
 async def _kit_failures(factory: Any) -> dict[str, str]:
@@ -131,6 +154,32 @@ def test_the_simulator_fails_a_store_that_drops_the_validation_hash() -> None:
     with pytest.raises(SimulationFailure) as caught:
         simulate(DropsValidation, range(40), shrink=False)
     assert "completion of" in str(caught.value)
+
+
+async def test_the_kit_fails_a_store_that_takes_the_response_back() -> None:
+    failures = await _kit_failures(TakesTheResponseBack)
+
+    assert failures == {
+        "test_a_completion_without_a_response_never_takes_the_owners_response_back": (
+            "a late bare completion"
+        )
+    }
+
+
+# Seed 274, the one that found the defect, with the features left out when it was found
+# (the generator's streams keep it): an HTTP stream's first completion lands late.
+_GATE_LATE_SEED = 274
+_GATE_LATE_EXCLUDE = ("renewal", "lambda_context", "slow_batch", "http_middleware")
+
+
+def test_the_simulator_fails_a_store_that_takes_the_response_back() -> None:
+    with pytest.raises(SimulationFailure) as caught:
+        simulate(TakesTheResponseBack, [_GATE_LATE_SEED], exclude=_GATE_LATE_EXCLUDE, shrink=False)
+    text = str(caught.value)
+    # The store check names the store's fault, and the oracle the guarantee it breaks.
+    assert "without a response" in text and "a response is final" in text
+    assert "G6:" in text and "one key, one answer" in text
+    simulate(MemoryStore, [_GATE_LATE_SEED], exclude=_GATE_LATE_EXCLUDE, shrink=False)
 
 
 async def test_the_memory_store_passes_the_whole_kit() -> None:

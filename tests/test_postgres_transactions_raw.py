@@ -438,3 +438,25 @@ async def test_a_claim_function_read_is_a_read(table: str, connections: list[Any
     assert await _lock_timeout(connection) == "7s"
     await connection.execute("COMMIT")
     assert await _owner(observer, table, "k") is None
+
+
+async def test_a_transactional_completion_without_a_response_keeps_the_owners_response(
+    table: str, connections: list[Any]
+) -> None:
+    # The store's own rule (a response is final), in the transactional completion's SQL:
+    # the owner's row that holds a response keeps every column, and the answer says so.
+    holder, _, observer = connections
+    complete = schema(table).complete
+    await holder.execute("BEGIN")
+    await _claim(holder, table, "k", "holder")
+    written = await holder.fetchrow(complete, "k", "holder", _TTL, "v", '{"body": 1}', None)
+    assert written["written"] is True
+    before = await holder.fetchrow(f'SELECT * FROM "{table}" WHERE key = $1', "k")
+    kept = await holder.fetchrow(complete, "k", "holder", _TTL + 60, "v", None, "stream")
+    assert kept["written"] is False
+    assert await holder.fetchrow(f'SELECT * FROM "{table}" WHERE key = $1', "k") == before
+    stranger = await holder.fetchrow(complete, "k", "other", _TTL, "v", None, "stream")
+    assert stranger["written"] is None
+    await holder.execute("COMMIT")
+    row = await observer.fetchrow(f'SELECT response, not_stored FROM "{table}" WHERE key = $1', "k")
+    assert (row["response"], row["not_stored"]) == ('{"body": 1}', None)

@@ -36,9 +36,11 @@ from typing import Final, NamedTuple
 from idempotency_async.stores._postgres_sql import (
     COLUMNS,
     TOKEN_LIMIT,
+    completion_wrote,
     quote_table,
     read_limit,
     record_columns,
+    response_kept,
     table_ddl,
 )
 
@@ -237,16 +239,22 @@ $trigger$"""
                  AND g.tgenabled <> 'D') AS guarded"""
     signature = f"{claim_fn}(text, text, float8, text, text, integer)"
     claim = f"SELECT * FROM {claim_fn}($1, $2, $3::float8, $4, $5, $6::integer)"
-    # The completion also drops its owner from the transaction's unfinished claims.
+    # The completion also drops its owner from the transaction's unfinished claims.  A
+    # response is final, as in lease mode (see response_kept): written is NULL when the
+    # row is not the owner's, false when the owner's response was kept.
+    kept = response_kept("$5")
     complete = f"""WITH u AS (
   UPDATE {t} AS r SET status = 'COMPLETED',
-    expires_at = to_timestamp(
-      ceil(extract(epoch FROM clock_timestamp()) + greatest($3::float8, 0))),
-    lease_ends_at = NULL, validation = $4, response = $5::text::jsonb, not_stored = $6
+    expires_at = CASE WHEN {kept} THEN r.expires_at ELSE to_timestamp(
+      ceil(extract(epoch FROM clock_timestamp()) + greatest($3::float8, 0))) END,
+    lease_ends_at = CASE WHEN {kept} THEN r.lease_ends_at END,
+    validation = CASE WHEN {kept} THEN r.validation ELSE $4 END,
+    response = CASE WHEN {kept} THEN r.response ELSE $5::text::jsonb END,
+    not_stored = CASE WHEN {kept} THEN r.not_stored ELSE $6 END
   WHERE r.key = $1 AND r.owner = $2
-  RETURNING 1
+  RETURNING {completion_wrote("$5")} AS wrote
 )
-SELECT (SELECT count(*) FROM u) AS written,
+SELECT (SELECT wrote FROM u) AS written,
   set_config('{_UNFINISHED}', replace({unfinished}, ',' || $2 || ',', ','), true) AS unfinished"""
     return Schema(
         (*table_ddl(table), *migrate),

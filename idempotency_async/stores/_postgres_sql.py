@@ -47,7 +47,9 @@ __all__ = [
     "lock_wait",
     "quote_table",
     "read_limit",
+    "completion_wrote",
     "record_columns",
+    "response_kept",
     "statements",
 ]
 
@@ -73,6 +75,21 @@ TOKEN_LIMIT: Final = 256
 characters): one character more is read, so a longer one is seen as malformed."""
 _REASON_LIMIT: Final = 300  # a not-stored reason, as the library writes it
 _READ_FACTOR: Final = 4  # a response as jsonb prints it (", " and ": ") vs. as written
+
+
+def response_kept(response: str) -> str:
+    """In a completion's ``SET`` (``r``: the row as it was; ``response``: the parameter of
+    the response's text): the owner's row holds a response and the completion brings none
+    — its first completion without one, resent after its answer was lost, landing after
+    the response was attached.  A response is final: every column then keeps its value.
+    Judged on the latest row version, under the row lock, within the statement."""
+    return f"({response}::text IS NULL AND r.status = 'COMPLETED' AND r.response IS NOT NULL)"
+
+
+def completion_wrote(response: str) -> str:
+    """In a completion's ``RETURNING`` (``r``: the row as written): false when the row was
+    kept (:func:`response_kept`)."""
+    return f"{response}::text IS NOT NULL OR r.response IS NULL"
 
 
 def read_limit(max_response_bytes: int) -> int:
@@ -194,12 +211,19 @@ ORDER BY pick LIMIT 1"""
 SELECT {record}, n.now, {_STORED_KEY} FROM n LEFT JOIN {t} AS r ON r.key = $1"""
     # The response travels as text and is cast on the server: an application's pool may
     # carry its own jsonb codec (json.dumps), which would encode the text a second time.
+    # A response is final: the owner's row that holds one keeps every column when a
+    # completion without one lands late, and answers false (see response_kept).
+    kept = response_kept("$6")
     complete = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$3")} AS now)
 UPDATE {t} AS r SET status = 'COMPLETED',
-  expires_at = to_timestamp(ceil(n.now + greatest($4::float8, 0))),
-  lease_ends_at = NULL, validation = $5, response = $6::text::jsonb, not_stored = $7
+  expires_at = CASE WHEN {kept} THEN r.expires_at
+    ELSE to_timestamp(ceil(n.now + greatest($4::float8, 0))) END,
+  lease_ends_at = CASE WHEN {kept} THEN r.lease_ends_at END,
+  validation = CASE WHEN {kept} THEN r.validation ELSE $5 END,
+  response = CASE WHEN {kept} THEN r.response ELSE $6::text::jsonb END,
+  not_stored = CASE WHEN {kept} THEN r.not_stored ELSE $7 END
 FROM n WHERE r.key = $1 AND r.owner = $2
-RETURNING 1"""
+RETURNING {completion_wrote("$6")}"""
     # Gone counts as released; a record another claim holds is not.
     release = f"""WITH d AS (DELETE FROM {t} WHERE key = $1 AND owner = $2 RETURNING 1)
 SELECT EXISTS (SELECT 1 FROM d) OR NOT EXISTS (SELECT 1 FROM {t} WHERE key = $1)"""

@@ -196,8 +196,10 @@ class TransactionStore:
             None if text is not None else text_column(reason),
         )
         self._owner = None
-        if not row or not row[0]:
+        if not row or row[0] is None:
             return Written.NOTHING
+        if row[0] is False:
+            return Written.RESPONSE  # the owner's response, kept: it is final
         return Written.WITHOUT_RESPONSE if text is None else Written.RESPONSE
 
     async def release(self, key: str, owner: str) -> bool:

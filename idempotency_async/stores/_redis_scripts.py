@@ -24,7 +24,9 @@ whatever clock judged).
 Answers: claim ``1`` when written, else ``{state, record, now, key}`` with state 2 (in
 progress), 3 (completed), 4 (a lapsed record that may be taken over once the caller holds
 its ``<key>:lock``; only asked for with ``ARGV[6] == 'ask'``, see
-:mod:`idempotency_async.stores.redis`) or 9 (unreadable); complete ``1``/``0``; release
+:mod:`idempotency_async.stores.redis`) or 9 (unreadable); complete ``1`` written, ``0``
+not the owner's record, ``2`` kept (a completion without a response, ``ARGV[5] ==
+'bare'``, met the owner's record completed with one: a response is final); release
 ``1``/``0``; extend (a claim's arguments, fenced by the owner, never moving the lease end
 back) ``1`` renewed, ``2`` already later, ``0`` lost; get ``{record or nil, now, key}``;
 force release ``{deleted record or nil, key}``; release exactly ``1`` (deleted) / ``0``
@@ -112,6 +114,10 @@ local raw = redis.call('GET', KEYS[1])
 if not raw then return 0 end
 local rec = head(raw)
 if rec == nil or rec.owner ~= ARGV[1] then return 0 end
+if ARGV[5] == 'bare' and rec.status == 'COMPLETED' then
+  local format = rec.data_format
+  if type(format) ~= 'string' or string.sub(format, 1, 10) ~= 'not-stored' then return 2 end
+end
 local now = clock(ARGV[2])
 local expiration = math.ceil(now + math.max(tonumber(ARGV[3]), 0))
 store(KEYS[1], '{"status":"COMPLETED","expiration":' .. int(expiration) .. ARGV[4],

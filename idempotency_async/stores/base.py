@@ -68,7 +68,8 @@ class Written(enum.Enum):
     """What :meth:`Store.complete` wrote."""
 
     RESPONSE = "response"
-    """The COMPLETED record with its response."""
+    """The COMPLETED record with its response — or nothing, when a completion without a
+    response met the owner's record already completed with one (it is kept: final)."""
     WITHOUT_RESPONSE = "without_response"
     """The COMPLETED record without its response (the store could not fit it)."""
     NOTHING = "nothing"
@@ -159,6 +160,13 @@ class Store(Protocol):
         sent again after a lost answer, or sent later to attach a response to a record this
         owner completed without one, succeeds.  Returns :attr:`Written.NOTHING` (writing
         nothing) when another claim replaced the record or it is gone.
+
+        A response, once the owner's record holds it, is final: a completion without a
+        response (``completion.encoded is None``) meeting the owner's COMPLETED record
+        that holds one writes nothing and answers :attr:`Written.RESPONSE` (what the record
+        holds).  That is the first completion of a streamed HTTP response, resent after
+        its answer was lost and landing after the body was attached.  The check is part
+        of the write's own atomic condition, judged by the store (no extra request).
         """
         ...
 

@@ -78,6 +78,12 @@ _EXTEND_CONDITION: Final = (
     "#owner = :owner AND #status = :inprogress AND "
     "(attribute_not_exists(#in_progress_expiry) OR #in_progress_expiry <= :lease_end)"
 )
+# A completion without a response applies to its owner's record unless that record is
+# completed with a response (``status`` is set to COMPLETED as ``:status``; a record
+# without a response carries the not-stored marker in its format attribute).
+_BARE_COMPLETION_CONDITION: Final = (
+    "#owner = :owner AND (#status <> :status OR begins_with(#format, :not_stored))"
+)
 _CLAIM_CONDITION: Final = (
     "attribute_not_exists(#id) OR #expiry < :now OR "
     "(#status = :inprogress AND attribute_exists(#in_progress_expiry) "
@@ -311,11 +317,7 @@ class DynamoDBStore:
                 # (a refusal that is not about the response fails again, and is raised).
                 data = self._refused(completion, exc)
                 continue
-            if not written:
-                return Written.NOTHING
-            if data.value is None:
-                return Written.WITHOUT_RESPONSE
-            return Written.RESPONSE
+            return written
 
     async def release(self, key: str, owner: str) -> bool:
         try:
@@ -494,7 +496,7 @@ class DynamoDBStore:
 
     # -- completion -----------------------------------------------------------------
 
-    async def _write_completion(self, completion: Completion, data: _Data) -> bool:
+    async def _write_completion(self, completion: Completion, data: _Data) -> Written:
         fields: dict[str, tuple[str, dict[str, Any]]] = {
             "status": (self._status_attr, {"S": Status.COMPLETED.value}),
             "expiry": (
@@ -522,19 +524,41 @@ class DynamoDBStore:
         values[":owner"] = {"S": completion.owner}
         expression = "SET " + ", ".join(f"#{name} = :{name}" for name in fields)
         expression += " REMOVE " + ", ".join(f"#{name}" for name in removed)
+        request: dict[str, Any] = {"ConditionExpression": "#owner = :owner"}
+        if data.value is None:
+            # The owner's response is final: a completion without one (the first of a
+            # stream, resent after its answer was lost) never replaces it.  The record
+            # that refused it comes back in the same step, to tell kept from fenced.
+            request["ConditionExpression"] = _BARE_COMPLETION_CONDITION
+            request["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+            values[":not_stored"] = {"S": FORMAT_NOT_STORED}
         try:
             async with self._call("complete") as client:
                 await client.update_item(
                     TableName=self.table_name,
                     Key=self._key(completion.key),
                     UpdateExpression=expression,
-                    ConditionExpression="#owner = :owner",
                     ExpressionAttributeNames=names,
                     ExpressionAttributeValues=values,
+                    **request,
                 )
-        except ConditionFailed:
+        except ConditionFailed as failed:
+            if data.value is None and self._holds_response(failed.item, completion.owner):
+                return Written.RESPONSE  # kept as it was
+            return Written.NOTHING
+        return Written.WITHOUT_RESPONSE if data.value is None else Written.RESPONSE
+
+    def _holds_response(self, item: Mapping[str, Any] | None, owner: str) -> bool:
+        """Whether ``item`` is ``owner``'s record completed with a response."""
+        if (
+            not isinstance(item, Mapping)
+            or item.get(self._owner_attr) != {"S": owner}
+            or item.get(self._status_attr) != {"S": Status.COMPLETED.value}
+        ):
             return False
-        return True
+        marker = item.get(self._data_format_attr)
+        text = marker.get("S") if isinstance(marker, Mapping) else None
+        return not (isinstance(text, str) and text.startswith(FORMAT_NOT_STORED))
 
     async def _prepare_data(self, completion: Completion) -> _Data:
         """Choose how the response is written: native, JSON text, compressed, or not at all."""

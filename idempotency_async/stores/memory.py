@@ -94,6 +94,10 @@ class MemoryStore:
         if current is None or current[1] != completion.owner:
             return Written.NOTHING
         encoded = completion.encoded
+        if encoded is None and current[0] is _COMPLETED and current[5] is not None:
+            # The owner's response is final: its first completion (without one), resent
+            # after its answer was lost, must not take back the response attached since.
+            return Written.RESPONSE
         if encoded is not None:
             # orjson's bytes keep their whole output buffer (4 KB and up): an exact-size
             # copy keeps a record near the size of its response.

@@ -322,11 +322,16 @@ class PostgresStore:
             logger.warning("the response for %r is %s; stored without it", key, reason)
             text = None
             written = await self._complete(completion, None, reason)
-        if not written:
+        if written is None:
             return Written.NOTHING
+        if not written:
+            return Written.RESPONSE  # the owner's response, kept: it is final
         return Written.WITHOUT_RESPONSE if text is None else Written.RESPONSE
 
-    async def _complete(self, completion: Completion, text: str | None, reason: str | None) -> bool:
+    async def _complete(
+        self, completion: Completion, text: str | None, reason: str | None
+    ) -> bool | None:
+        """True: written; False: the owner's response kept; None: not the owner's record."""
         row = await self._fetchrow(
             "complete",
             completion.key,
@@ -339,7 +344,7 @@ class PostgresStore:
             text,
             None if text is not None else text_column(reason),
         )
-        return row is not None
+        return None if row is None else row[0] is not False
 
     async def release(self, key: str, owner: str) -> bool:
         row = await self._fetchrow("release", key, self._sql.release, key, owner)

@@ -427,11 +427,14 @@ class RedisStore:
             repr(completion.now) if self._client_clock else b"",
             completion.ttl,
             tail,
+            b"bare" if encoded is None else b"",
         )
         if answer == 0:
             return Written.NOTHING
         if answer == 1:
             return Written.WITHOUT_RESPONSE if encoded is None else Written.RESPONSE
+        if answer == 2:
+            return Written.RESPONSE  # the owner's response, kept: it is final
         raise StoreUnavailableError(
             f"the server answered the completion of key {key!r} with {answer!r}, which is not "
             "the store's script answer"

@@ -160,6 +160,32 @@ class StoreContract:
         assert record.response_stored is True and record.response == {"late": True}
         assert await store.complete(completion(owner="owner-b", response=1)) is Written.NOTHING
 
+    async def test_a_completion_without_a_response_never_takes_the_owners_response_back(
+        self, store: Store
+    ) -> None:
+        # A stream's first completion (no response), its answer lost, resent and landing
+        # after the body was attached: a response is final.  Nothing is written, and the
+        # answer says what the record holds.
+        await store.claim(claim())
+        bare = Completion("k#1", "owner-a", NOW, 3600.0, "v-hash", None, None, "stream")
+        assert await store.complete(bare) is Written.WITHOUT_RESPONSE
+        assert await store.complete(completion(response={"body": 1})) is Written.RESPONSE
+        late = bare._replace(now=NOW + 5)
+        assert await store.complete(late) is Written.RESPONSE, "a late bare completion"
+        record = await record_of(store)
+        assert record.response_stored is True and record.response == {"body": 1}, record
+        assert record.not_stored is None, record
+        assert record.expiration == math.ceil(NOW + 3600), "the kept record was rewritten"
+        # A response of None is a response too; another owner is fenced as ever.
+        await store.claim(claim("k#2"))
+        assert await store.complete(completion("k#2", response=None)) is Written.RESPONSE
+        assert await store.complete(late._replace(key="k#2")) is Written.RESPONSE
+        record = await record_of(store, "k#2")
+        assert record.response_stored is True and record.response is None, record
+        stranger = late._replace(owner="owner-b")
+        assert await store.complete(stranger) is Written.NOTHING
+        assert (await record_of(store)).response == {"body": 1}
+
     async def test_release_by_a_stale_owner_is_refused(self, store: Store) -> None:
         await store.claim(claim(owner="owner-a", lease_s=1))
         await store.claim(claim(owner="owner-b", now=NOW + 2))

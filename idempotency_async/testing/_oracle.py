@@ -36,7 +36,7 @@ from idempotency_async.testing._run import (
     Trace,
     clock_offset,
 )
-from idempotency_async.testing._store_checks import BOUNDARY, StoreChecks, renewed, shape
+from idempotency_async.testing._store_checks import BOUNDARY, StoreChecks, renewed, same, shape
 from idempotency_async.testing._trace import ServerError
 
 __all__ = ["check"]
@@ -1419,13 +1419,6 @@ def _store_failure(error: BaseException | None) -> bool:
         | asyncio.CancelledError
         | TimeoutError,
     )
-
-
-def same(one: Any, other: Any) -> bool:
-    """Equal as replayed values (NaN equals NaN here)."""
-    if one == other:
-        return True
-    return repr(one) == repr(other) and "nan" in repr(one)
 
 
 def reserve(left: float, option: float | None) -> float:

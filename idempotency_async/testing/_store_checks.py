@@ -16,7 +16,15 @@ from idempotency_async.record import Claim, Completion, Record, Status
 from idempotency_async.stores.base import Extended, State, Verdict, Written
 from idempotency_async.testing._faults import Application, Op
 
-__all__ = ["BOUNDARY", "StoreChecks", "expected_expiry", "expected_state", "renewed", "shape"]
+__all__ = [
+    "BOUNDARY",
+    "StoreChecks",
+    "expected_expiry",
+    "expected_state",
+    "renewed",
+    "same",
+    "shape",
+]
 
 
 BOUNDARY = 0.002
@@ -51,6 +59,13 @@ def renewed(answer: Any) -> bool | None:
     if answer is Extended.LOST:
         return False
     return None
+
+
+def same(one: Any, other: Any) -> bool:
+    """Equal as replayed values (NaN equals NaN here)."""
+    if one == other:
+        return True
+    return repr(one) == repr(other) and "nan" in repr(one)
 
 
 def shape(record: Record | None) -> tuple[Any, ...] | None:
@@ -313,6 +328,23 @@ class StoreChecks:
                 self.fail(
                     f"store: completion of {op.key} by {done.owner}, which does not own "
                     f"{before}, answered {answer!r} and left {after} (must fence)"
+                )
+            return
+        assert before is not None
+        if done.encoded is None and before.status is Status.COMPLETED and before.response_stored:
+            # A response is final: a completion without one (a stream's first, landing
+            # late) leaves the owner's record as it is, and answers what it holds.
+            if (
+                answer is not Written.RESPONSE
+                or shape(after) != shape(before)
+                or after is None
+                or not same(after.response, before.response)
+            ):
+                self.fail(
+                    f"store: completion of {op.key} without a response by its owner "
+                    f"{done.owner} met {before}, which holds the owner's response: answered "
+                    f"{answer!r} and left {after} (a response is final: nothing is written, "
+                    "and the answer is Written.RESPONSE)"
                 )
             return
         ok = (
