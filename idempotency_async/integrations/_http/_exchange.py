@@ -202,10 +202,6 @@ async def _in_transaction(
     return await adapter.answer(answer)
 
 
-class _Release(Exception):
-    """Raised from the callback so the manager releases the key (the response went out live)."""
-
-
 async def run(
     rules: HttpIdempotency,
     payload: dict[str, Any],
@@ -226,7 +222,9 @@ async def run(
             await gate.endpoint_failed(exc)
             raise
         if not await gate.endpoint_returned():
-            raise _Release("the response was a server error or the endpoint did not run")
+            # The response went out live and is not recorded: a retry runs the endpoint.
+            call.release("the response was a server error or the endpoint did not run")
+            return None
         if gate.status:
             annotate(rules.manager, {"http.response.status_code": gate.status})
         return None
@@ -246,8 +244,6 @@ async def run(
             stored = await rules.manager.execute_call(
                 payload, callback, timeout=settings.request_timeout
             )
-    except _Release:
-        return None
     except AlreadyInProgressError as exc:
         raise Rejection(in_progress(exc, rules)) from exc
     except PayloadValidationError as exc:
