@@ -48,6 +48,8 @@ class FakeCall:
 
     async def complete_without_response(self, reason: str) -> None: ...
 
+    def release(self, reason: str) -> None: ...
+
 
 def _rules(manager: FakeManager) -> HttpIdempotency:
     rules = HttpIdempotency(

@@ -184,10 +184,6 @@ async def _in_transaction(
     return await adapter.answer(answer)
 
 
-class _Release(Exception):
-    """Raised from the callback so the manager releases the key (the response went out live)."""
-
-
 async def run(
     rules: HttpIdempotency,
     payload: dict[str, Any],
@@ -210,7 +206,9 @@ async def run(
             await gate.endpoint_failed(exc)
             raise
         if not await gate.endpoint_returned():
-            raise _Release("the response was a server error or the endpoint did not run")
+            # The response went out live and is not recorded: a retry runs the endpoint.
+            call.release("the response was a server error or the endpoint did not run")
+            return None
         if gate.status:
             annotate(rules.manager, {"http.response.status_code": gate.status})
         return None
@@ -227,8 +225,6 @@ async def run(
     try:
         with call_attributes(rules.manager, attributes):
             stored = await rules.manager.execute_call(payload, callback, deadline=deadline)
-    except _Release:
-        return None
     except Exception as exc:
         answer = decide(exc, _stage(gate))
         if answer is Answer.RAISE:
