@@ -18,7 +18,7 @@ import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
-from typing import Any, Final, NamedTuple, Self
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self
 
 from idempotency_async.errors import (
     ConfigError,
@@ -41,7 +41,6 @@ from idempotency_async.stores._dynamodb_items import (
     check_attribute_names,
     default_static_pk,
 )
-from idempotency_async.stores._dynamodb_tables import create_table
 from idempotency_async.stores._dynamodb_values import number_text
 from idempotency_async.stores._record_formats import (
     POWERTOOLS_PYTHON,
@@ -49,6 +48,9 @@ from idempotency_async.stores._record_formats import (
     check_record_format,
 )
 from idempotency_async.stores.base import CLAIMED, Extended, Verdict, Written, judge
+
+if TYPE_CHECKING:
+    from idempotency_async.stores._dynamodb_tables import create_table
 
 __all__ = ["DEFAULT_DYNAMODB_MAX_RESPONSE_BYTES", "DynamoDBStore", "RecordPage", "create_table"]
 
@@ -551,3 +553,13 @@ class DynamoDBStore:
 
     def _decode(self, item: Any, key: str | None = None) -> Record:
         return self._items.read(item, key)
+
+
+def __getattr__(name: str) -> Any:
+    # create_table is for tests, examples and operators: a Lambda's cold start, which
+    # imports this module, does not load it.
+    if name == "create_table":
+        from idempotency_async.stores._dynamodb_tables import create_table
+
+        return create_table
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
