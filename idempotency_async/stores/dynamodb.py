@@ -297,7 +297,7 @@ class DynamoDBStore:
         except ConditionFailed as failed:
             if failed.item is None:
                 return judge(None, now)  # raced with a delete: claimable
-            return judge(self._decode(failed.item, claim.key), now)
+            return judge(self._items.read(failed.item, claim.key), now)
         if not isinstance(answer, Mapping) or "ConsumedCapacity" not in answer:
             raise StoreUnavailableError(
                 f"the endpoint answered a claim on table {self.table_name!r} without "
@@ -312,7 +312,7 @@ class DynamoDBStore:
                 TableName=self.table_name, Key=self._key(key), ConsistentRead=True
             )
         item = response.get("Item")
-        return judge(None if item is None else self._decode(item, key), now)
+        return judge(None if item is None else self._items.read(item, key), now)
 
     async def complete(self, completion: Completion) -> Written:
         data = await self._forms.prepare(completion)
@@ -393,7 +393,7 @@ class DynamoDBStore:
         if not item:
             return None
         try:
-            return self._decode(item, key)
+            return self._items.read(item, key)
         except InconsistentStateError as exc:
             raise InconsistentStateError(
                 f"the record was deleted, but it could not be read: {exc}"
@@ -487,7 +487,7 @@ class DynamoDBStore:
             records, unreadable = [], []
             for item in items:
                 try:
-                    records.append(self._decode(item))
+                    records.append(self._items.read(item))
                 except InconsistentStateError as exc:
                     logger.warning("%s", exc)
                     unreadable.append(exc)
@@ -550,9 +550,6 @@ class DynamoDBStore:
         if self._sort_key_attr is None:
             return {self._key_attr: {"S": key}}
         return {self._key_attr: {"S": self._static_pk_value}, self._sort_key_attr: {"S": key}}
-
-    def _decode(self, item: Any, key: str | None = None) -> Record:
-        return self._items.read(item, key)
 
 
 def __getattr__(name: str) -> Any:
