@@ -21,10 +21,10 @@ from idempotency_async import Manager, MemoryStore
 from idempotency_async.integrations.aiohttp import idempotency_middleware
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
 
-TIMEOUT = 1.0
+TIMEOUT = 0.5
 # The client holds back the end of its body this long: past the request's deadline, so the
 # deadline has passed before the key could be claimed (a busier machine only adds to it).
-TRICKLE = TIMEOUT + 0.5
+TRICKLE = TIMEOUT + 0.3
 
 
 def _starlette(store: MemoryStore, runs: list[str]) -> AbstractAsyncContextManager[str]:
