@@ -302,8 +302,13 @@ class Lifecycle:
             if timer.cancelled_elsewhere():
                 # The callback swallowed its caller's cancellation: no store write after it.
                 raise asyncio.CancelledError
-            if call is not None and call.answered:
-                return result
+            if call is not None:
+                if call.answered:
+                    return result
+                if call.released is not None:
+                    # The callback asked for the key back (Call.release): no completion.
+                    await self._release_after_failure(lease, None, loop)
+                    return result
             completion = self.completion_for(lease, result)
             timer = cutoffs.start(max(lease.ends_at, loop.time() + lease.reserve))
             try:
@@ -532,7 +537,7 @@ class Lifecycle:
     # ------------------------------------------------------------------ release
 
     async def _release_after_failure(
-        self, lease: Lease, exc: BaseException, loop: asyncio.AbstractEventLoop
+        self, lease: Lease, exc: BaseException | None, loop: asyncio.AbstractEventLoop
     ) -> None:
         released = await self._release(lease, exc, loop)
         if released is True:
@@ -541,10 +546,11 @@ class Lifecycle:
             self.emit("lease_lost", lease.claim.key, error=exc)
 
     async def _release(
-        self, lease: Lease, exc: BaseException, loop: asyncio.AbstractEventLoop
+        self, lease: Lease, exc: BaseException | None, loop: asyncio.AbstractEventLoop
     ) -> bool | None:
         """Owner-fenced release, abandoned at the lease end; a failure becomes a note on
-        ``exc`` (None returned), never the caller's outcome."""
+        ``exc`` (None returned; without ``exc`` only the ``release_failed`` event tells),
+        never the caller's outcome."""
         key = lease.claim.key
         # Undoing a transactional call is a statement in the caller's transaction: cutting it
         # short could abort that transaction, so it gets at least _UNDO_BOUND.
@@ -562,7 +568,9 @@ class Lifecycle:
             why = f"failed ({error!r})"
         finally:
             timer.close()
-        if self.transaction is not None:
+        if exc is None:
+            pass  # released on request (Call.release): the event below reports it
+        elif self.transaction is not None:
             # Undoing a transactional call failed: its claim is still in the caller's
             # transaction, whose COMMIT the table's guard refuses.
             exc.add_note(
@@ -662,6 +670,9 @@ class Call:
     the record stays completed).  A record completed without a response may be completed
     once more, by this call only (the write is fenced by its owner token), e.g. to attach a
     response captured after the answer went out; one completed with a response is final.
+
+    ``release(reason)`` asks for the opposite: when the callback returns, the key is
+    released (owner-fenced) instead of completed, and a retry runs the work again.
     """
 
     __slots__ = (
@@ -672,6 +683,7 @@ class Call:
         "_loop",
         "_started",
         "answered",
+        "released",
         "stored",
     )
 
@@ -693,10 +705,34 @@ class Call:
         """Whether a completion was attempted (the key is never released after that)."""
         self.stored = False
         """Whether the record holds a response (no further completion is allowed)."""
+        self.released: str | None = None
+        """The reason given to :meth:`release`, once the callback asked for it."""
 
     @property
     def key(self) -> str:
         return self._flight.keys.key
+
+    def release(self, reason: str) -> None:
+        """Release the key when the callback returns, instead of completing the record: the
+        work counts as not done (nothing is recorded, a retry runs it again) while its
+        return value still goes to the caller.  For an answer that must not be replayed,
+        such as a server error that went out as it was.
+
+        Takes effect when the callback returns (an exception, a cutoff or a cancellation
+        ends the call as it would anyway); until then the key stays held.  ``reason`` (a
+        non-empty str) is kept as :attr:`released`.
+        :class:`~idempotency_async.errors.ConfigError` once the call was completed: after
+        its point of no return a key is never released.
+        """
+        if not isinstance(reason, str) or not reason:
+            raise ConfigError("release needs the reason as a non-empty str")
+        if self.answered:
+            raise ConfigError(
+                f"key {self.key} was already completed: after its point of no return a key "
+                "is never released"
+            )
+        if self.released is None:
+            self.released = reason[:300]
 
     async def complete(self, result: Any) -> None:
         """Complete the record with ``result`` now (encoded as ``execute`` would store it).
@@ -716,6 +752,10 @@ class Call:
         await self._write(completion, None)
 
     async def _write(self, completion: Completion, result: Any) -> None:
+        if self.released is not None:
+            raise ConfigError(
+                f"key {self.key} is to be released ({self.released}): it cannot be completed"
+            )
         if self.stored:
             raise ConfigError(
                 f"key {self.key} was already completed with a response: one key, one answer"
@@ -745,6 +785,7 @@ class Unprotected(Call):
     def __init__(self) -> None:
         self.answered = False
         self.stored = False
+        self.released = None
 
     @property
     def key(self) -> str:

@@ -6,6 +6,7 @@ misbehaving at the right moment (409, 503, 504, a failed completion).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,11 +17,10 @@ from idempotency_async import Manager, MemoryStore, errors
 from idempotency_async.integrations._http import (
     HttpIdempotency,
     HttpSettings,
-    Rejection,
     RequestState,
     ResponseGate,
-    run,
 )
+from idempotency_async.integrations._http._exchange import run
 
 
 class FakeManager:
@@ -47,6 +47,8 @@ class FakeCall:
     async def complete(self, result: Any) -> None: ...
 
     async def complete_without_response(self, reason: str) -> None: ...
+
+    def release(self, reason: str) -> None: ...
 
 
 def _rules(manager: FakeManager) -> HttpIdempotency:
@@ -82,10 +84,8 @@ async def _answer(
         if status is not None:
             await gate.start(status, [("content-type", "text/plain")], b"body")
 
-    try:
-        return await run(rules, {"scope": {}}, endpoint, gate), gate
-    except Rejection as rejection:
-        return rejection.response, gate
+    deadline = asyncio.get_running_loop().time() + 7.0
+    return await run(rules, {"scope": {}}, endpoint, gate, deadline), gate
 
 
 @pytest.mark.parametrize(

@@ -18,10 +18,10 @@ from idempotency_async import Manager, MemoryStore, errors
 from idempotency_async.integrations._http import (
     HttpIdempotency,
     HttpSettings,
-    Phase,
     RequestState,
     ResponseGate,
 )
+from idempotency_async.integrations._http._gate import Phase
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
 
 CALLER = "the-caller"

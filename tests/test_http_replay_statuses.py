@@ -122,7 +122,7 @@ async def test_a_replayed_status_never_breaks_the_connection(start: Start, case:
 
 
 def test_the_status_of_a_not_stored_reason_is_used_only_when_it_carries_a_body() -> None:
-    from idempotency_async.integrations._http import not_available
+    from idempotency_async.integrations._http._responses import not_available
 
     answers: dict[str, Any] = {
         reason: not_available(reason).status

@@ -119,3 +119,45 @@ async def test_cancellation_after_completion_leaves_the_record_completed(store: 
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await Manager(store).execute("c", _never) == "answer"
+
+
+async def test_released_call_returns_its_value_and_a_retry_runs_again(store: Store) -> None:
+    events: list[str] = []
+    runs = 0
+
+    async def work(call: Call) -> str:
+        nonlocal runs
+        runs += 1
+        call.release("a server error went out as it was")
+        assert call.released == "a server error went out as it was"
+        return "not to be replayed"
+
+    manager = Manager(store, Options(on_event=lambda event: events.append(event.kind)))
+    assert await manager.execute_call("rel", work, timeout=5) == "not to be replayed"
+    assert "released" in events and "completed" not in events
+    # Nothing was recorded: the key is claimable at once and the work runs again.
+    assert await Manager(store).execute_call("rel", work, timeout=5) == "not to be replayed"
+    assert runs == 2
+
+
+async def test_release_after_completion_and_completion_after_release_are_refused(
+    store: Store,
+) -> None:
+    manager = Manager(store)
+
+    async def completes_then_releases(call: Call) -> None:
+        await call.complete("answer")
+        with pytest.raises(errors.ConfigError, match="never released"):
+            call.release("too late")
+
+    async def releases_then_completes(call: Call) -> None:
+        call.release("a server error")
+        with pytest.raises(errors.ConfigError, match="cannot be completed"):
+            await call.complete("answer")
+        with pytest.raises(errors.ConfigError, match="non-empty str"):
+            call.release("")
+
+    await manager.execute_call("a", completes_then_releases, timeout=5)
+    assert await Manager(store).execute("a", _never) == "answer"
+    await manager.execute_call("b", releases_then_completes, timeout=5)
+    assert await Manager(store).execute("b", _value) == "ran"

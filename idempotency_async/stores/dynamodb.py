@@ -15,16 +15,11 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
-import zlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from dataclasses import dataclass
-from decimal import Decimal
 from types import TracebackType
-from typing import Any, Final, NamedTuple, Self
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self
 
-from idempotency_async._json import utf8_text
 from idempotency_async.errors import (
     ConfigError,
     InconsistentStateError,
@@ -39,22 +34,23 @@ from idempotency_async.stores._dynamodb_errors import (
     is_item_too_large,
     translate_errors,
 )
-from idempotency_async.stores._dynamodb_values import (
-    FORMAT_JSON,
-    FORMAT_JSON_ZLIB,
-    FORMAT_NOT_STORED,
-    decode_response,
-    number_text,
-    to_native,
+from idempotency_async.stores._dynamodb_forms import Data, ResponseForms
+from idempotency_async.stores._dynamodb_items import (
+    NEVER,
+    ItemReader,
+    check_attribute_names,
+    default_static_pk,
 )
+from idempotency_async.stores._dynamodb_values import number_text
 from idempotency_async.stores._record_formats import (
     POWERTOOLS_PYTHON,
     RecordFormat,
     check_record_format,
-    python_response,
-    python_response_text,
 )
 from idempotency_async.stores.base import CLAIMED, Extended, Verdict, Written, judge
+
+if TYPE_CHECKING:
+    from idempotency_async.stores._dynamodb_tables import create_table
 
 __all__ = ["DEFAULT_DYNAMODB_MAX_RESPONSE_BYTES", "DynamoDBStore", "RecordPage", "create_table"]
 
@@ -64,9 +60,6 @@ ClientFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
 DEFAULT_DYNAMODB_MAX_RESPONSE_BYTES: Final = 2_000_000
 """Larger than the 400 KB item limit on purpose: responses above it are stored compressed."""
-
-# DynamoDB's limit is 400 KB (409,600 bytes); the rest is slack for the size estimate.
-_ITEM_BUDGET: Final = 400_000
 
 # Free means: no record, an expired record, or an INPROGRESS record whose lease ended
 # (see the timeline in idempotency_async.record) — the TypeScript port's condition, word
@@ -90,6 +83,10 @@ _CLAIM_CONDITION: Final = (
     "AND #in_progress_expiry < :now_in_millis) OR "
     "(#status = :inprogress AND #owner = :owner)"
 )
+
+
+# The operations whose requests carry a condition (the others never fail one).
+_CONDITIONAL: Final = frozenset({"claim", "complete", "release", "extend", "release exactly"})
 
 
 class RecordPage(NamedTuple):
@@ -153,7 +150,7 @@ class DynamoDBStore:
             raise ConfigError("DynamoDBStore needs a table_name")
         if max_response_bytes <= 0:
             raise ConfigError(f"max_response_bytes must be positive, got {max_response_bytes}")
-        _check_attribute_names(
+        check_attribute_names(
             key_attr=key_attr,
             sort_key_attr=sort_key_attr,
             status_attr=status_attr,
@@ -165,7 +162,7 @@ class DynamoDBStore:
             data_format_attr=data_format_attr,
         )
         self.record_format = check_record_format(record_format)
-        self._python = self.record_format == POWERTOOLS_PYTHON
+        python = self.record_format == POWERTOOLS_PYTHON
         self.max_response_bytes = max_response_bytes
         self.table_name = table_name
         self._client = client
@@ -175,7 +172,7 @@ class DynamoDBStore:
         self._closed = False
         self._key_attr = key_attr
         self._sort_key_attr = sort_key_attr
-        self._static_pk_value = static_pk_value or _default_static_pk(strip=not self._python)
+        self._static_pk_value = static_pk_value or default_static_pk(strip=not python)
         self._status_attr = status_attr
         self._expiry_attr = expiry_attr
         self._in_progress_expiry_attr = in_progress_expiry_attr
@@ -183,9 +180,35 @@ class DynamoDBStore:
         self._validation_attr = validation_attr
         self._owner_attr = owner_attr
         self._data_format_attr = data_format_attr
-        self._fixed_bytes = sum(
-            len(name.encode())
-            for name in (key_attr, sort_key_attr or "", status_attr, expiry_attr, owner_attr)
+        self._items = ItemReader(
+            table_name=table_name,
+            key_attr=key_attr,
+            sort_key_attr=sort_key_attr,
+            static_pk_value=self._static_pk_value,
+            status_attr=status_attr,
+            expiry_attr=expiry_attr,
+            in_progress_expiry_attr=in_progress_expiry_attr,
+            data_attr=data_attr,
+            validation_attr=validation_attr,
+            owner_attr=owner_attr,
+            data_format_attr=data_format_attr,
+            python=python,
+            max_response_bytes=max_response_bytes,
+        )
+        self._forms = ResponseForms(
+            python=python,
+            names=(
+                key_attr,
+                sort_key_attr or "",
+                status_attr,
+                expiry_attr,
+                owner_attr,
+                self._static_pk_value,
+                in_progress_expiry_attr,
+                validation_attr,
+                data_attr,
+                data_format_attr,
+            ),
         )
 
     # -- lifecycle ------------------------------------------------------------------
@@ -280,7 +303,7 @@ class DynamoDBStore:
         except ConditionFailed as failed:
             if failed.item is None:
                 return judge(None, now)  # raced with a delete: claimable
-            return judge(self._decode(failed.item, claim.key), now)
+            return judge(self._items.read(failed.item, claim.key), now)
         if not isinstance(answer, Mapping) or "ConsumedCapacity" not in answer:
             raise StoreUnavailableError(
                 f"the endpoint answered a claim on table {self.table_name!r} without "
@@ -295,10 +318,10 @@ class DynamoDBStore:
                 TableName=self.table_name, Key=self._key(key), ConsistentRead=True
             )
         item = response.get("Item")
-        return judge(None if item is None else self._decode(item, key), now)
+        return judge(None if item is None else self._items.read(item, key), now)
 
     async def complete(self, completion: Completion) -> Written:
-        data = await self._prepare_data(completion)
+        data = await self._forms.prepare(completion)
         while True:
             try:
                 written = await self._write_completion(completion, data)
@@ -308,14 +331,14 @@ class DynamoDBStore:
                 if is_item_too_large(exc):
                     # DynamoDB counted more bytes than the estimate.  The side effect has
                     # happened, so try a smaller form, down to no response at all.
-                    data = await self._smaller_data(completion, data)
+                    data = await self._forms.smaller(completion, data)
                     continue
                 if not is_invalid_value(exc):
                     raise
                 # DynamoDB refused a value of the response that the encoder took for one
                 # it holds.  The side effect has happened: complete without the response
                 # (a refusal that is not about the response fails again, and is raised).
-                data = self._refused(completion, exc)
+                data = self._forms.refused(completion, exc)
                 continue
             return written
 
@@ -360,23 +383,8 @@ class DynamoDBStore:
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
         except ConditionFailed as failed:
-            return self._not_extended(failed.item, claim.owner, lease_end)
+            return self._items.not_extended(failed.item, claim.owner, lease_end)
         return Extended.RENEWED
-
-    def _not_extended(self, item: Mapping[str, Any] | None, owner: str, lease_end: int) -> Extended:
-        """Why a renewal's condition failed: the owner's lease ends later already, or the
-        lease is lost."""
-        if (
-            item is None
-            or item.get(self._owner_attr) != {"S": owner}
-            or item.get(self._status_attr) != {"S": Status.INPROGRESS.value}
-        ):
-            return Extended.LOST
-        try:
-            later = _ceil(item[self._in_progress_expiry_attr]) > lease_end
-        except _UNREADABLE:
-            later = False  # not a lease this library wrote: not one to count on
-        return Extended.ALREADY_LATER if later else Extended.LOST
 
     async def force_release(self, key: str) -> Record | None:
         async with self._call("force release") as client:
@@ -387,7 +395,7 @@ class DynamoDBStore:
         if not item:
             return None
         try:
-            return self._decode(item, key)
+            return self._items.read(item, key)
         except InconsistentStateError as exc:
             raise InconsistentStateError(
                 f"the record was deleted, but it could not be read: {exc}"
@@ -406,7 +414,7 @@ class DynamoDBStore:
             (
                 "expiry",
                 self._expiry_attr,
-                None if record.expiration >= _NEVER else record.expiration,
+                None if record.expiration >= NEVER else record.expiration,
             ),
             (
                 "lease",
@@ -481,7 +489,7 @@ class DynamoDBStore:
             records, unreadable = [], []
             for item in items:
                 try:
-                    records.append(self._decode(item))
+                    records.append(self._items.read(item))
                 except InconsistentStateError as exc:
                     logger.warning("%s", exc)
                     unreadable.append(exc)
@@ -496,7 +504,7 @@ class DynamoDBStore:
 
     # -- completion -----------------------------------------------------------------
 
-    async def _write_completion(self, completion: Completion, data: _Data) -> Written:
+    async def _write_completion(self, completion: Completion, data: Data) -> Written:
         fields: dict[str, tuple[str, dict[str, Any]]] = {
             "status": (self._status_attr, {"S": Status.COMPLETED.value}),
             "expiry": (
@@ -560,77 +568,6 @@ class DynamoDBStore:
         text = marker.get("S") if isinstance(marker, Mapping) else None
         return not (isinstance(text, str) and text.startswith(FORMAT_NOT_STORED))
 
-    async def _prepare_data(self, completion: Completion) -> _Data:
-        """Choose how the response is written: native, JSON text, compressed, or not at all."""
-        encoded = completion.encoded
-        if encoded is None:
-            return _not_stored(completion.not_stored)
-        budget = self._response_budget(completion)
-        if self._python:
-            if len(encoded) <= budget:
-                return _Data(None, {"S": python_response_text(encoded)})
-            return self._too_large(completion)
-        native = to_native(completion.response)
-        if native is not None and native.size <= budget:
-            return _Data(None, native.value)
-        if native is None and len(encoded) <= budget:
-            return _Data(FORMAT_JSON, {"S": encoded.decode()})
-        return await self._compressed(completion, encoded)
-
-    async def _smaller_data(self, completion: Completion, rejected: _Data) -> _Data:
-        if self._python or rejected.format == FORMAT_JSON_ZLIB or completion.encoded is None:
-            return self._too_large(completion)
-        return await self._compressed(completion, completion.encoded)
-
-    async def _compressed(self, completion: Completion, encoded: bytes) -> _Data:
-        # Off the event loop: a multi-megabyte response takes tens of milliseconds.
-        compressed = await asyncio.to_thread(zlib.compress, encoded)
-        if len(compressed) <= self._response_budget(completion):
-            return _Data(FORMAT_JSON_ZLIB, {"B": compressed})
-        return self._too_large(completion)
-
-    def _response_budget(self, completion: Completion) -> int:
-        # The item limit less everything but the response, counted generously: names,
-        # key, token, validation hash, three numbers and the format marker.
-        strings = (
-            completion.key,
-            self._static_pk_value,
-            completion.owner,
-            completion.validation or "",
-            self._in_progress_expiry_attr,
-            self._validation_attr,
-            self._data_attr,
-            self._data_format_attr,
-            FORMAT_JSON_ZLIB,
-        )
-        overhead = self._fixed_bytes + sum(len(text.encode()) for text in strings) + 3 * 21 + 64
-        return _ITEM_BUDGET - overhead
-
-    def _too_large(self, completion: Completion) -> _Data:
-        size = 0 if completion.encoded is None else len(completion.encoded)
-        how = "as JSON text" if self._python else "even compressed"
-        logger.warning(
-            "the response for %r (%d bytes of JSON) does not fit in a DynamoDB item %s; "
-            "the record is completed without it, and replays will raise "
-            "ResponseNotStoredError",
-            completion.key,
-            size,
-            how,
-        )
-        return _not_stored(f"too large for a DynamoDB item {how} ({size} bytes of JSON)")
-
-    def _refused(self, completion: Completion, exc: StoreValidationError) -> _Data:
-        logger.warning(
-            "DynamoDB refused the response for %r (%s); the record is completed without it, "
-            "and replays will raise ResponseNotStoredError",
-            completion.key,
-            exc,
-        )
-        cause = exc.__cause__
-        answer = getattr(cause, "response", None)
-        detail = answer.get("Error", {}).get("Message") if isinstance(answer, dict) else None
-        return _not_stored(f"DynamoDB refused a value of the response ({detail or exc})"[:300])
-
     # -- items ----------------------------------------------------------------------
 
     def _key(self, key: str) -> dict[str, Any]:
@@ -638,215 +575,12 @@ class DynamoDBStore:
             return {self._key_attr: {"S": key}}
         return {self._key_attr: {"S": self._static_pk_value}, self._sort_key_attr: {"S": key}}
 
-    def _decode(self, item: Any, key: str | None = None) -> Record:
-        """The record in ``item``, read as untrusted input (other writers share the table).
 
-        A malformed response makes a COMPLETED record "not stored" (it still replays, as
-        ``ResponseNotStoredError``); malformed control fields (key, status, expiry, lease,
-        owner, validation) make the record unreadable: ``InconsistentStateError``.  So does
-        an item for another key than ``key``, the one asked about: an endpoint or proxy
-        that mixed answers up, or a damaged item — never an answer for this key.
-        """
-        if not isinstance(item, Mapping):
-            raise InconsistentStateError(
-                f"the store asked table {self.table_name!r} about key {key!r} and got an item "
-                f"that is not an attribute map ({type(item).__name__}): check that the "
-                "client's endpoint is DynamoDB"
-            )
-        try:
-            record = self._decode_item(item)
-        except _UNREADABLE as exc:
-            found = _key_text(item.get(self._sort_key_attr or self._key_attr))
-            raise InconsistentStateError(
-                f"the record of key {found} in table {self.table_name!r} cannot be read "
-                f"({_why(exc)}): it was not written by this library or a Powertools port "
-                "with this store's attribute names. Check the attribute options; if it is "
-                "foreign or damaged, delete it (manager.force_release or the CLI's release)"
-            ) from exc
-        if key is not None and (record.key != key or not self._in_partition(item)):
-            found = _key_text(item.get(self._sort_key_attr or self._key_attr))
-            raise InconsistentStateError(
-                f"the store asked table {self.table_name!r} about key {key!r} and got the "
-                f"record of key {found}{self._partition_text(item)}: an endpoint or proxy "
-                "that mixes answers up, or a damaged item. It was not used"
-            )
-        return record
+def __getattr__(name: str) -> Any:
+    # create_table is for tests, examples and operators: a Lambda's cold start, which
+    # imports this module, does not load it.
+    if name == "create_table":
+        from idempotency_async.stores._dynamodb_tables import create_table
 
-    def _in_partition(self, item: Mapping[str, Any]) -> bool:
-        if self._sort_key_attr is None:
-            return True
-        partition = item.get(self._key_attr)
-        return isinstance(partition, Mapping) and partition.get("S") == self._static_pk_value
-
-    def _partition_text(self, item: Mapping[str, Any]) -> str:
-        if self._in_partition(item):
-            return ""
-        return f" in partition {_key_text(item.get(self._key_attr))}"
-
-    def _decode_item(self, item: Mapping[str, Any]) -> Record:
-        key_attr = self._sort_key_attr or self._key_attr
-        data_format = _string_or_none(item.get(self._data_format_attr))
-        not_stored = None
-        if data_format is not None and data_format.startswith(FORMAT_NOT_STORED):
-            # "not-stored" or "not-stored: <why>"
-            not_stored = data_format[len(FORMAT_NOT_STORED) :].lstrip(": ")
-            data_format = FORMAT_NOT_STORED
-        expiration = item.get(self._expiry_attr)
-        lease_end = item.get(self._in_progress_expiry_attr)
-        status = Status(item[self._status_attr]["S"])
-        key = _string_or_none(item[key_attr])
-        if key is None:
-            raise TypeError("the key is not a string")
-        record = Record(
-            key=key,
-            status=status,
-            # No expiration: the claim condition never passes for it, so it never expires.
-            expiration=_NEVER if expiration is None else _ceil(expiration),
-            lease_end=None if lease_end is None else _ceil(lease_end) / 1000,
-            validation=_string_or_none(item.get(self._validation_attr)),
-            owner=_string_or_none(item.get(self._owner_attr)),
-            response_stored=not_stored is None,
-            not_stored=not_stored or None,
-        )
-        if status is not Status.COMPLETED or not_stored is not None:
-            return record
-        data = item.get(self._data_attr)
-        try:
-            if self._python and data_format is None and data is not None and "S" in data:
-                response = python_response(data["S"])
-            else:
-                response = decode_response(data, data_format, max_bytes=self.max_response_bytes)
-        except _UNREADABLE as exc:
-            # The side effect happened: the record is completed, only its answer is lost.
-            why = f"the stored response cannot be read: {_why(exc)}"[:300]
-            logger.warning("record %r: %s; replays raise ResponseNotStoredError", key, why)
-            return record._replace(response_stored=False, not_stored=why)
-        return record._replace(response=response)
-
-
-# -- response encoding --------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Data:
-    format: str | None
-    value: dict[str, Any] | None
-
-
-def _not_stored(reason: str | None) -> _Data:
-    # The reason rides in the format marker: readers that do not know it (the TypeScript
-    # port) ignore data_format, and no attribute is added to the item.
-    if not reason:
-        return _Data(FORMAT_NOT_STORED, None)
-    return _Data(f"{FORMAT_NOT_STORED}: {utf8_text(reason)}", None)
-
-
-# -- item decoding ------------------------------------------------------------------
-
-# The operations whose requests carry a condition (the others never fail one).
-_CONDITIONAL: Final = frozenset({"claim", "complete", "release", "extend", "release exactly"})
-
-_NEVER: Final = 2**63
-
-# What reading a malformed item raises (decimal.InvalidOperation is an ArithmeticError).
-_UNREADABLE: Final = (
-    KeyError,
-    ValueError,
-    TypeError,
-    AttributeError,
-    ArithmeticError,
-    RecursionError,
-)
-
-
-def _ceil(attribute: Mapping[str, Any]) -> int:
-    # Older TypeScript versions wrote fractional expirations; rounding up keeps a record
-    # live for as long as the conditional write treats it as live.
-    text = attribute["N"]
-    if not isinstance(text, str):
-        raise TypeError(f"expected a number (N), got {type(text).__name__}")
-    value = Decimal(text)
-    if not value.is_finite() or abs(value) > _NEVER:
-        raise ValueError(f"the instant {text[:40]} is not a Unix time")
-    return math.ceil(value)
-
-
-def _string_or_none(attribute: Mapping[str, Any] | None) -> str | None:
-    if attribute is None:
-        return None
-    text = attribute["S"]
-    if not isinstance(text, str):
-        raise TypeError(f"expected a string (S), got {type(text).__name__}")
-    return text
-
-
-def _key_text(attribute: Any) -> str:
-    text = attribute.get("S") if isinstance(attribute, Mapping) else None
-    return repr(text[:200]) if isinstance(text, str) else "(unreadable)"
-
-
-def _why(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:200]
-
-
-# -- configuration ------------------------------------------------------------------
-
-
-def _check_attribute_names(**names: str | None) -> None:
-    given = {option: name for option, name in names.items() if name is not None}
-    for option, name in given.items():
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"{option} must be a non-empty string, got {name!r}")
-    seen: dict[str, str] = {}
-    for option, name in given.items():
-        if name in seen:
-            raise ConfigError(
-                f"{option} and {seen[name]} are both {name!r}: each attribute of the "
-                "idempotency item needs its own name"
-            )
-        seen[name] = option
-
-
-def _default_static_pk(*, strip: bool) -> str:
-    # The TypeScript port trims the function name; Powertools (Python) does not.
-    name = os.environ.get("AWS_LAMBDA_FUNCTION_NAME", "")
-    return f"idempotency#{name.strip() if strip else name}"
-
-
-# -- tables -------------------------------------------------------------------------
-
-
-async def create_table(
-    client: Any,
-    table_name: str,
-    *,
-    sort_key: bool = False,
-    key_attr: str = "id",
-    sort_key_attr: str = "sk",
-    expiry_attr: str = "expiration",
-) -> None:
-    """Create an idempotency table (on-demand billing, TTL on ``expiry_attr``).
-
-    Waits until the table is ACTIVE.  With ``sort_key`` the table has a composite key
-    ``(key_attr, sort_key_attr)`` for ``DynamoDBStore(sort_key_attr=...)``.  Meant for
-    tests, examples and operators; production tables usually come from infrastructure
-    code (see ``docs/dynamodb.md``).
-    """
-    schema = [{"AttributeName": key_attr, "KeyType": "HASH"}]
-    if sort_key:
-        schema.append({"AttributeName": sort_key_attr, "KeyType": "RANGE"})
-    with translate_errors("create the table", table_name):
-        await client.create_table(
-            TableName=table_name,
-            KeySchema=schema,
-            AttributeDefinitions=[
-                {"AttributeName": entry["AttributeName"], "AttributeType": "S"} for entry in schema
-            ],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        waiter = client.get_waiter("table_exists")
-        await waiter.wait(TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 120})
-        await client.update_time_to_live(
-            TableName=table_name,
-            TimeToLiveSpecification={"Enabled": True, "AttributeName": expiry_attr},
-        )
+        return create_table
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

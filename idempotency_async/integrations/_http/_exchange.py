@@ -23,38 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from idempotency_async._lifecycle import Call
-from idempotency_async.errors import (
-    AlreadyInProgressError,
-    CompletionError,
-    ConfigError,
-    DeadlineExceededError,
-    InconsistentStateError,
-    PayloadValidationError,
-    PersistenceError,
-    ResponseNotStoredError,
-)
+from idempotency_async.errors import ConfigError
 from idempotency_async.instrumentation import annotate, call_attributes
-from idempotency_async.integrations._http._answers import (
-    in_progress,
-    reused,
-    store_unavailable,
-)
+from idempotency_async.integrations._http._answers import Answer, Stage, decide, respond
 from idempotency_async.integrations._http._fingerprint import check_length
 from idempotency_async.integrations._http._gate import ResponseGate
 from idempotency_async.integrations._http._keys import KEY_HEADER, parse_key
 from idempotency_async.integrations._http._markers import RequestState
-from idempotency_async.integrations._http._responses import (
-    HttpResponse,
-    Rejection,
-    not_available,
-    problem,
-)
+from idempotency_async.integrations._http._responses import HttpResponse, Rejection, problem
 from idempotency_async.integrations._http._rules import HttpIdempotency
+from idempotency_async.integrations._http._settings import REPLAYED_ATTRIBUTE
 from idempotency_async.integrations._http._transaction import (
     HttpTransaction,
     ResponseKind,
@@ -62,16 +44,13 @@ from idempotency_async.integrations._http._transaction import (
     transaction_answer,
 )
 
-__all__ = ["REPLAYED_ATTRIBUTE", "Adapter", "exchange", "run"]
+__all__ = ["Adapter", "exchange", "run"]
 
 R = TypeVar("R")
 
 Vet = Callable[[int], HttpResponse | None]
 """Judges the status of a transactional endpoint's response before it goes out."""
 R_co = TypeVar("R_co", covariant=True)
-
-REPLAYED_ATTRIBUTE: Final = "idempotency.http.replayed"
-"""Set on the current (server) span when a stored response is replayed."""
 
 _log = logging.getLogger("idempotency_async.http")
 
@@ -125,7 +104,8 @@ class Adapter(Protocol[R_co]):
 
 
 async def exchange(rules: HttpIdempotency, adapter: Adapter[R]) -> R:
-    """Handle one request the rules apply to."""
+    """Handle one request the rules apply to, under one deadline from its start (reading
+    the body included), whatever the route's kind."""
     deadline = asyncio.get_running_loop().time() + rules.settings.request_timeout
     try:
         key = parse_key(adapter.headers(KEY_HEADER), required=adapter.key_required)
@@ -157,7 +137,9 @@ async def exchange(rules: HttpIdempotency, adapter: Adapter[R]) -> R:
                 return await _in_transaction(rules, adapter, state, transaction, body)
         else:
             gate = ResponseGate(rules, state, adapter.marked)
-            answer = await run(rules, payload, lambda: adapter.run_endpoint(body, gate), gate)
+            answer = await run(
+                rules, payload, lambda: adapter.run_endpoint(body, gate), gate, deadline
+            )
     except Rejection as rejection:
         answer = rejection.response
     return adapter.live() if answer is None else await adapter.answer(answer)
@@ -202,17 +184,15 @@ async def _in_transaction(
     return await adapter.answer(answer)
 
 
-class _Release(Exception):
-    """Raised from the callback so the manager releases the key (the response went out live)."""
-
-
 async def run(
     rules: HttpIdempotency,
     payload: dict[str, Any],
     endpoint: Callable[[], Awaitable[None]],
     gate: ResponseGate,
+    deadline: float,
 ) -> HttpResponse | None:
-    """Run ``endpoint`` once per key; None when it ran (its response went out live).
+    """Run ``endpoint`` once per key, until ``deadline`` (``loop.time()``); None when it
+    ran (its response went out live).
 
     Returns the answer to send instead; exceptions of the endpoint propagate (before the
     point of no return the key was released first).
@@ -226,12 +206,13 @@ async def run(
             await gate.endpoint_failed(exc)
             raise
         if not await gate.endpoint_returned():
-            raise _Release("the response was a server error or the endpoint did not run")
+            # The response went out live and is not recorded: a retry runs the endpoint.
+            call.release("the response was a server error or the endpoint did not run")
+            return None
         if gate.status:
             annotate(rules.manager, {"http.response.status_code": gate.status})
         return None
 
-    settings = rules.settings
     scope = payload.get("scope") or {}
     attributes: dict[str, str | int | float | bool] = {
         name: value
@@ -243,40 +224,19 @@ async def run(
     }
     try:
         with call_attributes(rules.manager, attributes):
-            stored = await rules.manager.execute_call(
-                payload, callback, timeout=settings.request_timeout
-            )
-    except _Release:
-        return None
-    except AlreadyInProgressError as exc:
-        raise Rejection(in_progress(exc, rules)) from exc
-    except PayloadValidationError as exc:
-        raise Rejection(reused()) from exc
-    except ResponseNotStoredError as exc:
-        raise Rejection(not_available(exc.reason)) from exc
-    except CompletionError as exc:
-        if gate.call is None:
+            stored = await rules.manager.execute_call(payload, callback, deadline=deadline)
+    except Exception as exc:
+        answer = decide(exc, _stage(gate))
+        if answer is Answer.RAISE:
             raise
-        # The endpoint ran and its answer is out: nothing left to tell the client.
-        _log.error("recording the response failed: %s", exc)
-        return None
-    except (PersistenceError, InconsistentStateError) as exc:
-        if gate.call is not None:
-            raise
-        raise Rejection(store_unavailable(exc)) from exc
-    except DeadlineExceededError:
-        if gate.forwarded:
-            return None  # a 5xx or unrecorded response was under way: it stays cut short
-        raise Rejection(
-            problem(
-                504,
-                "Request timed out",
-                f"the request did not finish within {settings.request_timeout:g} s; its "
-                "Idempotency-Key stays in progress for a few seconds more",
-                headers=(("retry-after", str(math.ceil(settings.request_timeout))),),
-            )
-        ) from None
+        return respond(answer, exc, rules)
     if gate.call is not None:
         return None
     annotate(rules.manager, {**attributes, REPLAYED_ATTRIBUTE: True})
     return rules.replay(stored)
+
+
+def _stage(gate: ResponseGate) -> Stage:
+    if gate.call is None:
+        return Stage.CLAIMING
+    return Stage.FORWARDED if gate.forwarded else Stage.RUNNING

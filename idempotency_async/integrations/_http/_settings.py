@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_REPLAY_HEADERS",
     "DEFAULT_REQUEST_TIMEOUT",
     "NEVER_REPLAYED",
+    "REPLAYED_ATTRIBUTE",
     "REPLAYED_HEADER",
     "STORED_HEADER",
     "CallerScope",
@@ -31,6 +32,8 @@ __all__ = [
 ]
 
 REPLAYED_HEADER: Final = "idempotent-replayed"
+REPLAYED_ATTRIBUTE: Final = "idempotency.http.replayed"
+"""Set on the current (server) span when a stored response is replayed."""
 STORED_HEADER: Final = "idempotency-response-stored"
 """``Idempotency-Response-Stored: false`` marks a response that will not be replayed."""
 DEFAULT_METHODS: Final = ("POST", "PATCH")

@@ -21,49 +21,28 @@ row (``wait``) or is refused at once; either way it learns nothing before the CO
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Generic, Protocol, TypeVar
 
-from idempotency_async.errors import (
-    AlreadyInProgressError,
-    DeadlineExceededError,
-    InconsistentStateError,
-    PayloadValidationError,
-    PersistenceError,
-    ResponseNotStoredError,
-    TransactionRetryError,
-)
 from idempotency_async.instrumentation import annotate, call_attributes
-from idempotency_async.integrations._http._answers import in_progress, reused, store_unavailable
+from idempotency_async.integrations._http._answers import Answer, Stage, decide, respond
 from idempotency_async.integrations._http._responses import (
     HttpResponse,
     Rejection,
-    not_available,
     not_stored_response,
-    problem,
     stored_response,
 )
 from idempotency_async.integrations._http._rules import HttpIdempotency
+from idempotency_async.integrations._http._settings import REPLAYED_ATTRIBUTE
 
 __all__ = ["HttpTransaction", "ResponseKind", "committed", "transaction_answer"]
 
 Resp = TypeVar("Resp")
 
-_REPLAYED_ATTRIBUTE: Final = "idempotency.http.replayed"
 # Nothing means "no committed record" (a stored response is never the sentinel).
 _NOTHING: Final = object()
-# The errors of a transactional call the middleware answers itself (the endpoint's
-# transaction is rolled back when they leave it; nothing of the request committed).
-_ANSWERED: Final = (
-    AlreadyInProgressError,
-    PayloadValidationError,
-    ResponseNotStoredError,
-    TransactionRetryError,
-    DeadlineExceededError,
-    PersistenceError,
-    InconsistentStateError,
-)
 
 _log = logging.getLogger("idempotency_async.http")
 
@@ -123,12 +102,16 @@ class HttpTransaction(Generic[Resp]):
         """What the record's key is derived from: method, route template, caller, key."""
         self.fingerprint: str = payload["fingerprint"]
         """The request's validation hash (path, query, media type, body)."""
-        self.record_key: str = rules.key_for(
-            self.scope["method"], self.scope["route"], key, self.scope["caller"]
-        )
-        """The key the record is stored under."""
         self.raised: BaseException | None = None
         """The error :meth:`run` raised that the middleware answers (409, 422, 503...)."""
+
+    @functools.cached_property
+    def record_key(self) -> str:
+        """The key the record is stored under (derived when first asked for: the manager
+        derives it from :attr:`payload` for the read and the call)."""
+        found = self._rules.manager.key_for(self._payload)
+        assert found is not None  # the scope is never missing
+        return found
 
     @property
     def payload(self) -> dict[str, Any]:
@@ -186,8 +169,9 @@ class HttpTransaction(Generic[Resp]):
         except _ServerError as error:
             self.answered = True
             return error.response  # type: ignore[return-value]
-        except _ANSWERED as exc:
-            self.raised = exc
+        except Exception as exc:
+            if decide(exc, Stage.IN_TRANSACTION) is not Answer.RAISE:
+                self.raised = exc  # the middleware answers it once it left the endpoint
             raise
         self.answered = True
         if responses:
@@ -195,7 +179,7 @@ class HttpTransaction(Generic[Resp]):
             if not_stored:
                 self.kind.mark_not_stored(response)
             return response
-        annotate(rules.manager, {_REPLAYED_ATTRIBUTE: True})
+        annotate(rules.manager, {REPLAYED_ATTRIBUTE: True})
         return self.kind.build(rules.replay(result))
 
 
@@ -207,18 +191,15 @@ async def committed(
     when nothing is (run the endpoint)."""
     try:
         stored = await rules.manager.replay(payload, default=_NOTHING, deadline=deadline)
-    except AlreadyInProgressError as exc:
-        raise Rejection(in_progress(exc, rules)) from exc
-    except PayloadValidationError as exc:
-        raise Rejection(reused()) from exc
-    except ResponseNotStoredError as exc:
-        raise Rejection(not_available(exc.reason)) from exc
-    except (PersistenceError, InconsistentStateError, DeadlineExceededError) as exc:
-        # (The read outlived the request's deadline: a table locked by a migration, say.)
-        raise Rejection(store_unavailable(exc)) from exc
+    except Exception as exc:
+        answer = decide(exc, Stage.READING)
+        response = None if answer is Answer.RAISE else respond(answer, exc, rules)
+        if response is None:
+            raise
+        raise Rejection(response) from exc
     if stored is _NOTHING:
         return None
-    annotate(rules.manager, {_REPLAYED_ATTRIBUTE: True})
+    annotate(rules.manager, {REPLAYED_ATTRIBUTE: True})
     return rules.replay(stored)
 
 
@@ -226,33 +207,8 @@ def transaction_answer(
     rules: HttpIdempotency, transaction: HttpTransaction[Any], exc: BaseException
 ) -> HttpResponse | None:
     """The answer to an error the endpoint's :meth:`HttpTransaction.run` raised (None: it
-    is not one of them; it propagates as the endpoint's own)."""
+    is not one of them, or it was not left as run() raised it; it propagates as the
+    endpoint's own)."""
     if exc is not transaction.raised:
         return None
-    if isinstance(exc, AlreadyInProgressError):
-        return in_progress(exc, rules)
-    if isinstance(exc, PayloadValidationError):
-        return reused()
-    if isinstance(exc, ResponseNotStoredError):
-        return not_available(exc.reason)
-    if isinstance(exc, TransactionRetryError):
-        # Nothing of the request committed and the conflict was with a concurrent
-        # transaction: the client retries with the same key, as after any 409.
-        return problem(
-            409,
-            "Request conflicted",
-            "this request's transaction conflicted with a concurrent one and was rolled "
-            "back: retry it with the same Idempotency-Key",
-            headers=(("retry-after", "1"),),
-        )
-    if isinstance(exc, DeadlineExceededError):
-        timeout = rules.settings.request_timeout
-        return problem(
-            504,
-            "Request timed out",
-            f"the request did not finish within {timeout:g} s and was rolled back: retry "
-            "it with the same Idempotency-Key",
-            headers=(("retry-after", "1"),),
-        )
-    assert isinstance(exc, PersistenceError | InconsistentStateError)
-    return store_unavailable(exc)
+    return respond(decide(exc, Stage.IN_TRANSACTION), exc, rules)
