@@ -27,7 +27,7 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol, TypeVar
 
-from idempotency_async._lifecycle import Call
+from idempotency_async._call import Call
 from idempotency_async.errors import (
     AlreadyInProgressError,
     CompletionError,
