@@ -123,10 +123,10 @@ class Plain:
     ) -> bool | None:
         key = lease.claim.key
         loop = cutoffs.loop
-        why = await _bounded_release(self.store, lease, cutoffs, lease.write_bound(loop.time()))
-        if why is None or isinstance(why, bool):
-            return why
-        failure, text = why
+        bound = lease.write_bound(loop.time())
+        answer, failure, text = await _bounded_release(self.store, lease, cutoffs, bound)
+        if failure is None:
+            return answer
         if exc is not None:
             exc.add_note(
                 f"idempotency-async: releasing key {key} {text}; the key stays in progress "
@@ -180,10 +180,10 @@ class InTransaction:
     ) -> bool | None:
         key = lease.claim.key
         loop = cutoffs.loop
-        why = await _bounded_release(self.store, lease, cutoffs, lease.undo_bound(loop.time()))
-        if why is None or isinstance(why, bool):
-            return why
-        failure, text = why
+        bound = lease.undo_bound(loop.time())
+        answer, failure, text = await _bounded_release(self.store, lease, cutoffs, bound)
+        if failure is None:
+            return answer
         if exc is not None:
             # Its claim is still in the caller's transaction, whose COMMIT the table's
             # guard refuses.
@@ -202,15 +202,15 @@ class InTransaction:
 
 async def _bounded_release(
     store: Store, lease: Lease, cutoffs: Cutoffs, bound: float
-) -> bool | tuple[BaseException, str] | None:
+) -> tuple[bool | None, BaseException | None, str]:
     """The owner-fenced release of ``lease``, abandoned at ``bound`` (loop time): what the
-    store answered, or the failure and how to say it."""
+    store answered, or None, the failure and how to say it."""
     try:
         with cutoffs.at(bound) as cutoff:
-            return await store.release(lease.claim.key, lease.claim.owner)
+            return await store.release(lease.claim.key, lease.claim.owner), None, ""
     except asyncio.CancelledError as cancelled:
         if not cutoff.cut_off:
             raise
-        return cancelled, "was abandoned at the lease end"
+        return None, cancelled, "was abandoned at the lease end"
     except Exception as error:
-        return error, f"failed ({error!r})"
+        return None, error, f"failed ({error!r})"
