@@ -106,13 +106,14 @@ _NOT_AWAITABLE = {
     Answer.RELEASE: Decision(Write.RELEASE, Outcome.NOT_AWAITABLE),
 }
 
-_RAISED, _CANCELLED_END, _NOT_AWAITABLE_END, _CRASHED = (
+_RETURNED, _RAISED, _CANCELLED_END, _NOT_AWAITABLE_END, _CRASHED = (
+    Ended.RETURNED,
     Ended.RAISED,
     Ended.CANCELLED,
     Ended.NOT_AWAITABLE,
     Ended.CRASHED,
 )
-_COMPLETED, _RELEASE = Answer.COMPLETED, Answer.RELEASE
+_NONE, _COMPLETED, _RELEASE = Answer.NONE, Answer.COMPLETED, Answer.RELEASE
 
 
 def decide(ended: Ended, cut_off: bool, caller_cancelled: bool, answer: Answer) -> Decision:
@@ -121,6 +122,8 @@ def decide(ended: Ended, cut_off: bool, caller_cancelled: bool, answer: Answer) 
     ``cut_off``: the call's own cutoff fired (the CancelledError was ours).
     ``caller_cancelled``: the calling task was asked to cancel since the callback started.
     """
+    if ended is _RETURNED and answer is _NONE and not caller_cancelled:
+        return COMPLETE  # the uncontended path, asked first
     if ended is _CRASHED:
         return _CRASH
     if ended is _NOT_AWAITABLE_END:

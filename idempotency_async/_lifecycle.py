@@ -53,7 +53,7 @@ from idempotency_async._flight import Flight
 from idempotency_async._keys import KeyDeriver, Keys
 from idempotency_async._lease import Deadline, Lease
 from idempotency_async._modes import InTransaction, Mode, Plain, TransactionalStore
-from idempotency_async._renewal import Renewing
+from idempotency_async._renewal import NOT_RENEWING, Renewing
 from idempotency_async._responses import (
     Replays,
     log_not_stored,
@@ -208,7 +208,7 @@ class Lifecycle:
                 return self._joined(outcome, keys)  # type: ignore[no-any-return]
         flight = self.inflight[key] = Flight(keys, deadline, self._shared.owner())
         cutoffs = self._shared.cutoffs(loop)
-        renewing: Renewing | None = None
+        renewing = NOT_RENEWING
         try:
             # 2. Claim, until the store confirms it or answers what to replay.
             while True:
@@ -274,8 +274,7 @@ class Lifecycle:
             if self.inflight.get(key) is flight:
                 del self.inflight[key]
             flight.settle(None)
-            if renewing is not None:
-                await renewing.stop()
+            await renewing.stop()
 
     # ------------------------------------------------------------------ 1. answer early
 
@@ -375,7 +374,7 @@ class Lifecycle:
         ending: Decision,
         exc: BaseException,
         flight: Flight,
-        renewing: Renewing | None,
+        renewing: Renewing,
         cutoffs: Cutoffs,
         started: float,
     ) -> None:
@@ -395,7 +394,7 @@ class Lifecycle:
         elif write is Write.COMPLETE_NOT_STORED:
             await self._complete_not_awaitable(flight, exc, cutoffs.loop, started)
         if outcome is Outcome.CUT_OFF:
-            if renewing is not None and renewing.lost:
+            if renewing.lost:
                 raise _renewal_refused(key) from exc
             raise _cut_off(key) from exc
         if outcome is Outcome.CANCELLED and not isinstance(exc, asyncio.CancelledError):

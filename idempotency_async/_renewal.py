@@ -40,7 +40,15 @@ from idempotency_async.errors import StoreUnavailableError
 from idempotency_async.options import Options
 from idempotency_async.stores.base import Extended, Store
 
-__all__ = ["DONE", "FixedLeases", "Leases", "Renewal", "RenewedLeases", "Renewing"]
+__all__ = [
+    "DONE",
+    "NOT_RENEWING",
+    "FixedLeases",
+    "Leases",
+    "Renewal",
+    "RenewedLeases",
+    "Renewing",
+]
 
 _LOST = Extended.LOST
 
@@ -94,7 +102,8 @@ class _NotRenewing:
         return DONE
 
 
-_NOT_RENEWING = _NotRenewing()
+NOT_RENEWING: Renewing = _NotRenewing()
+"""The :class:`Renewing` of a call whose lease is fixed (or not yet held)."""
 
 
 class FixedLeases:
@@ -106,7 +115,7 @@ class FixedLeases:
         pass
 
     def start(self, lease: Lease, cutoffs: Cutoffs, cutoff: Cutoff, claimed_at: float) -> Renewing:
-        return _NOT_RENEWING
+        return NOT_RENEWING
 
 
 class RenewedLeases:

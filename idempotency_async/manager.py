@@ -142,7 +142,8 @@ class Manager:
             raise _not_callable(callback)
         loop = asyncio.get_running_loop()
         with self._span():
-            when, keys = self._call_of(payload, deadline, timeout, loop)
+            when = effective_deadline(loop, deadline=deadline, timeout=timeout)
+            keys = None if self._disabled else self._keys.derive(payload)
             if keys is None:
                 return await self._lifecycle.unprotected(callback, when, loop)
             return await self._lifecycle.run(keys, when, callback, loop, False)
