@@ -78,10 +78,17 @@ class Lease:
 
     @classmethod
     def claiming(
-        cls, keys: Keys, owner: str, deadline: Deadline, options: Options, now: float
+        cls,
+        keys: Keys,
+        owner: str,
+        deadline: Deadline,
+        options: Options,
+        now: float,
+        renew: float | None,
     ) -> Lease:
         """The lease of a claim sent at loop time ``now`` by a call with ``deadline``.
-        Without a deadline it lasts ``Options.lease`` (or ``expires_after``)."""
+        Without a deadline it lasts ``Options.lease`` (or ``expires_after``).  A renewed
+        call (``renew`` seconds) writes a short lease; the call's bound stays."""
         if deadline is None:
             left = options.lease or options.expires_after
         else:
@@ -102,7 +109,10 @@ class Lease:
             options.wait_timeout if options.wait else 0.0,
         )
         ends = now + left
-        return cls(claim, ends - reserve, ends, reserve, margin, ends)
+        lease = cls(claim, ends - reserve, ends, reserve, margin, ends)
+        if renew is not None:
+            lease.shorten(renew, options.completion_reserve)
+        return lease
 
     def shorten(self, renew: float, completion_reserve: float | None) -> None:
         """Make this the first lease of a renewed call: ``renew`` seconds (never past the

@@ -207,30 +207,38 @@ class Lifecycle:
             if outcome is not None:
                 return self._joined(outcome, keys)  # type: ignore[no-any-return]
         flight = self.inflight[key] = Flight(keys, deadline, self._shared.owner())
-        cutoffs = self._shared.cutoffs(loop)
         renewing = NOT_RENEWING
         try:
             # 2. Claim, until the store confirms it or answers what to replay.
             while True:
-                lease = self._lease(flight, loop)
+                flight.sent = loop.time()  # a verdict it brings counts from here
+                if deadline is None:
+                    mode.without_deadline()
+                lease = Lease.claiming(
+                    keys, flight.owner, deadline, self.options, flight.sent, mode.leases.renew
+                )
                 try:
                     verdict = await mode.claim(lease, loop)
                     if verdict is not CLAIMED and verdict.__class__ is Verdict:
                         check_key(verdict, key)
                 except Exception as exc:
-                    await self._claim_failed(lease, exc, cutoffs)
+                    await self._claim_failed(lease, exc, self._shared.cutoffs(loop))
                     raise
                 if verdict is CLAIMED:
                     break
-                completed = verdict.__class__ is Verdict and verdict.state is _COMPLETED
-                if completed and verdict.record is not None:  # the common replay, here
+                if (
+                    verdict.__class__ is Verdict
+                    and verdict.state is _COMPLETED
+                    and verdict.record is not None
+                ):  # the common replay, answered here
                     return replays.record(verdict, flight)  # type: ignore[no-any-return]
-                step = await self._contend(flight, lease, verdict, cutoffs)
+                step = await self._contend(flight, lease, verdict, self._shared.cutoffs(loop))
                 if step is _HELD:
                     break
                 if step is not _AGAIN:
                     return step.value  # type: ignore[union-attr, no-any-return]
             # 3. Hold the key; a claim answered after its cutoff must not run.
+            cutoffs = self._shared.cutoffs(loop)
             self._hold(flight, lease, loop)
             if loop.time() >= lease.cutoff_at:
                 await self._too_late(lease, cutoffs)
@@ -260,7 +268,8 @@ class Lifecycle:
                 await self._settle_failure(ending, exc, flight, renewing, cutoffs, started)
                 raise
             # 5. Decide.
-            ending = decide(_RETURNED, False, cutoff.cancelled_elsewhere(), _said(call))
+            said = _NONE if call is None else _said(call)
+            ending = decide(_RETURNED, False, cutoff.cancelled_elsewhere(), said)
             if ending is not COMPLETE:
                 return await self._settle_return(ending, result, flight, cutoffs)  # type: ignore[no-any-return]
             # 6. Settle: the one completion write, bounded at the lease end.
@@ -284,15 +293,6 @@ class Lifecycle:
         return self.replays.outcome(outcome)
 
     # ------------------------------------------------------------------ 2. claim
-
-    def _lease(self, flight: Flight, loop: asyncio.AbstractEventLoop) -> Lease:
-        """The lease of a claim going out now (a verdict it brings counts from here)."""
-        mode = self.mode
-        flight.sent = now = loop.time()
-        mode.sending(flight.deadline)
-        lease = Lease.claiming(flight.keys, flight.owner, flight.deadline, self.options, now)
-        mode.leases.first(lease)  # a renewed call writes its short lease; the bound stays
-        return lease
 
     async def _claim_failed(self, lease: Lease, exc: Exception, cutoffs: Cutoffs) -> None:
         """The claim raised ``exc`` (re-raised by the caller): clean up what it may have

@@ -20,7 +20,7 @@ from idempotency_async._cutoff import Cutoffs
 from idempotency_async._emission import Emitter
 from idempotency_async._flight import Flight, Outcome
 from idempotency_async._keys import KeyDeriver
-from idempotency_async._lease import Deadline, Lease
+from idempotency_async._lease import Lease
 from idempotency_async._renewal import DONE, FixedLeases, Leases, RenewedLeases
 from idempotency_async._responses import Replays
 from idempotency_async._waiting import Waiting
@@ -50,8 +50,8 @@ class Mode(Protocol):
     def claim(self, lease: Lease, loop: asyncio.AbstractEventLoop) -> Awaitable[Verdict]:
         """Send the claim of ``lease`` (the store's own awaitable: no frame of its own)."""
 
-    def sending(self, deadline: Deadline) -> None:
-        """A claim is about to go out for a call with ``deadline``."""
+    def without_deadline(self) -> None:
+        """A claim is about to go out for a call without a deadline."""
 
     def unknown_claim(self, lease: Lease, exc: BaseException, cutoffs: Cutoffs) -> Awaitable[None]:
         """The claim's outcome is unknown (it may have applied): clean up after it."""
@@ -94,8 +94,8 @@ class Plain:
     def claim(self, lease: Lease, loop: asyncio.AbstractEventLoop) -> Awaitable[Verdict]:
         return self.store.claim(lease.claim)
 
-    def sending(self, deadline: Deadline) -> None:
-        if deadline is None and not self._warned_no_deadline:
+    def without_deadline(self) -> None:
+        if not self._warned_no_deadline:
             self._warned_no_deadline = True
             options = self._options
             _log.warning(
@@ -165,7 +165,7 @@ class InTransaction:
         wait = self._waiting.lock_wait(lease.cutoff_at, loop)
         return self._transaction.claim_within(lease.claim, wait)
 
-    def sending(self, deadline: Deadline) -> None:
+    def without_deadline(self) -> None:
         pass  # a transaction's row lock needs no deadline
 
     def unknown_claim(self, lease: Lease, exc: BaseException, cutoffs: Cutoffs) -> Awaitable[None]:

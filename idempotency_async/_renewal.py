@@ -2,11 +2,12 @@
 callback runs, so a crashed worker blocks its key for one short lease, not its deadline.
 
 A lifecycle chooses its leases once, when it is built: :class:`FixedLeases` (never
-renewed) or :class:`RenewedLeases`, with one small interface — ``first`` shapes the lease
-a claim writes, ``start`` hands back the call's :class:`Renewing` (a task, or nothing to
-do).  The renewing task belongs to one call: ``start`` creates it after the claim,
-:meth:`Renewal.cancel` cancels it as soon as the callback ends (without yielding to the
-loop), and :meth:`Renewal.stop` is awaited before the call returns.  Renewals go out
+renewed) or :class:`RenewedLeases`, with one small interface — ``renew`` is the short
+lease a claim writes (``Lease.claiming`` shapes it), ``start`` hands back the call's
+:class:`Renewing` (a task, or nothing to do).  The renewing task belongs to one call:
+``start`` creates it after the claim, :meth:`Renewal.cancel` cancels it as soon as the
+callback ends (without yielding to the loop), and :meth:`Renewal.stop` is awaited before
+the call returns.  Renewals go out
 every ``renew_every`` seconds counted from the claim's send.  Each confirmed renewal moves
 the call's :class:`~idempotency_async._lease.Lease` (which every door reads) and
 postpones the callback's cutoff to a reserve before the new lease end, counted from when
@@ -69,8 +70,8 @@ class Renewing(Protocol):
 class Leases(Protocol):
     """How the calls of one lifecycle hold their leases: fixed, or renewed."""
 
-    def first(self, lease: Lease) -> None:
-        """Shape the lease a claim is about to write."""
+    renew: float | None
+    """The short lease a claim writes (``Lease.claiming``), None for the whole lease."""
 
     def start(self, lease: Lease, cutoffs: Cutoffs, cutoff: Cutoff, claimed_at: float) -> Renewing:
         """The claim was confirmed and the callback is about to run under ``cutoff``."""
@@ -110,9 +111,7 @@ class FixedLeases:
     """Leases that are never renewed: the claim's lease bounds the whole call."""
 
     __slots__ = ()
-
-    def first(self, lease: Lease) -> None:
-        pass
+    renew: float | None = None
 
     def start(self, lease: Lease, cutoffs: Cutoffs, cutoff: Cutoff, claimed_at: float) -> Renewing:
         return NOT_RENEWING
@@ -122,17 +121,14 @@ class RenewedLeases:
     """A short lease (``Options.renew_lease``), renewed every ``renew_every`` seconds while
     the callback runs, up to the call's hard bound."""
 
-    __slots__ = ("_emitter", "_options", "_renew", "_store")
+    __slots__ = ("_emitter", "_options", "_store", "renew")
 
     def __init__(self, store: Store, options: Options, emitter: Emitter) -> None:
         assert options.renew_lease is not None
         self._store = store
         self._options = options
         self._emitter = emitter
-        self._renew = options.renew_lease
-
-    def first(self, lease: Lease) -> None:
-        lease.shorten(self._renew, self._options.completion_reserve)
+        self.renew: float | None = options.renew_lease
 
     def start(self, lease: Lease, cutoffs: Cutoffs, cutoff: Cutoff, claimed_at: float) -> Renewing:
         renewal = Renewal(self._store, self._options, self._emitter, lease, cutoffs, cutoff)

@@ -84,11 +84,12 @@ class Manager:
         telemetry = self.options.telemetry
         observer = None if telemetry is None else telemetry.bind(self._keys.prefix, store)
         self._observer = observer
-        # Chosen once: the store round trips go to (timed with telemetry) and each call's
-        # span scope.
+        # Chosen once: the store round trips go to (timed with telemetry), each call's
+        # span scope and the door calls enter by (through the span with telemetry).
         self._span: Callable[[], AbstractContextManager[None]] = (
             _UNTRACED if observer is None else observer.span
         )
+        self._enter = self._door if observer is None else self._observed
         self._lifecycle = Lifecycle(
             store if observer is None else observer.store,
             self.options,
@@ -138,15 +139,7 @@ class Manager:
         with the ambient :func:`~idempotency_async.deadline`, the earliest wins and becomes
         the record's lease.  Cancellation propagates and leaves no store write behind.
         """
-        if not callable(callback):
-            raise _not_callable(callback)
-        loop = asyncio.get_running_loop()
-        with self._span():
-            when = effective_deadline(loop, deadline=deadline, timeout=timeout)
-            keys = None if self._disabled else self._keys.derive(payload)
-            if keys is None:
-                return await self._lifecycle.unprotected(callback, when, loop)
-            return await self._lifecycle.run(keys, when, callback, loop, False)
+        return await self._enter(payload, callback, deadline, timeout, False)
 
     async def execute_call(
         self,
@@ -168,19 +161,45 @@ class Manager:
         ``call.release(reason)`` is released instead.  Returns the callback's return value,
         or the replay of the stored result.
         """
-        if not callable(callback):
-            raise ConfigError(
-                "callback must be a callable taking the Call and returning an awaitable; "
-                f"got {type(callback).__name__}"
-            )
-        loop = asyncio.get_running_loop()
+        return await self._enter(payload, callback, deadline, timeout, True)
+
+    def _door(
+        self,
+        payload: Any,
+        callback: Callable[..., Awaitable[T]],
+        deadline: float | None,
+        timeout: float | None,
+        held: bool,
+    ) -> Awaitable[T]:
+        """The call into the lifecycle, for :meth:`execute` (``held`` False) and
+        :meth:`execute_call`: a plain function handing back the lifecycle's coroutine, so
+        the door costs the call no frame of its own (with thousands of calls in flight,
+        each frame is memory and garbage-collector work).  What it refuses is raised when
+        the coroutine is awaited; the store is not touched before that."""
+        try:
+            if not callable(callback):
+                raise _not_callable(callback, held)
+            loop = asyncio.get_running_loop()
+            when = effective_deadline(loop, deadline=deadline, timeout=timeout)
+            keys = None if self._disabled else self._keys.derive(payload)
+        except Exception as exc:
+            return _raising(exc)
+        if keys is None:
+            run = (lambda: callback(Unprotected())) if held else callback
+            return self._lifecycle.unprotected(run, when, loop)
+        return self._lifecycle.run(keys, when, callback, loop, held)
+
+    async def _observed(
+        self,
+        payload: Any,
+        callback: Callable[..., Awaitable[T]],
+        deadline: float | None,
+        timeout: float | None,
+        held: bool,
+    ) -> T:
+        """:meth:`_door` inside the call's span (a manager with telemetry)."""
         with self._span():
-            when, keys = self._call_of(payload, deadline, timeout, loop)
-            if keys is None:
-                return await self._lifecycle.unprotected(
-                    lambda: callback(Unprotected()), when, loop
-                )
-            return await self._lifecycle.run(keys, when, callback, loop, True)
+            return await self._door(payload, callback, deadline, timeout, held)
 
     def _call_of(
         self,
@@ -297,7 +316,18 @@ def _check_record_format(store: Store, options: Options) -> None:
         )
 
 
-def _not_callable(callback: object) -> ConfigError:
+async def _raising(error: Exception) -> Any:
+    """A coroutine raising ``error`` when awaited: where a door reports what it refused
+    before any I/O."""
+    raise error
+
+
+def _not_callable(callback: object, held: bool = False) -> ConfigError:
+    if held:
+        return ConfigError(
+            "callback must be a callable taking the Call and returning an awaitable; "
+            f"got {type(callback).__name__}"
+        )
     return ConfigError(
         "callback must be a zero-argument callable returning an awaitable, e.g. "
         f"lambda: charge(order); got {type(callback).__name__}"
