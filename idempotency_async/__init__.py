@@ -1,7 +1,7 @@
 """Async-first idempotency: run a side effect once per key and replay its result to duplicates."""
 
 from idempotency_async import errors
-from idempotency_async._lifecycle import Call
+from idempotency_async._call import Call
 from idempotency_async.deadlines import current_deadline, deadline
 from idempotency_async.decorators import idempotent_function
 from idempotency_async.downstream import downstream_key

@@ -6,7 +6,8 @@ a timer handle per call) and was the largest single cost of a first call.  Here 
 cutoffs of one event loop share one timer: starting a cutoff is a heap push, ending it
 sets a flag, and the timer fires for the earliest cutoff still open.  The contract is
 ``asyncio.timeout``'s for the one case the manager needs — a fixed deadline around one
-await — including its ``uncancel`` rules.
+await — including its ``uncancel`` rules.  A cutoff is a scope, as anyio's ``CancelScope``
+is: ``with cutoffs.at(when) as cutoff:`` closes it on every path out of the block.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
+from types import TracebackType
 
 __all__ = ["Cutoff", "Cutoffs", "InsistingCutoff"]
 
@@ -25,18 +27,17 @@ _COMPACT_AT = 256
 class Cutoff:
     """One task's cutoff.  Use as::
 
-        cutoff = cutoffs.start(when)
         try:
-            result = await work()
+            with cutoffs.at(when) as cutoff:
+                result = await work()
         except asyncio.CancelledError:
-            if cutoff.fired():      # our cancellation: the caller raises TimeoutError
+            if cutoff.cut_off:      # our cancellation: the caller raises TimeoutError
                 ...
             raise
-        finally:
-            cutoff.close()
 
-    A cancellation that comes from elsewhere at the same time wins, as with
-    ``asyncio.timeout``: :meth:`fired` is False then and the CancelledError propagates.
+    Leaving the block closes the cutoff; a CancelledError leaving it is judged first
+    (:attr:`cut_off`).  A cancellation that comes from elsewhere at the same time wins, as
+    with ``asyncio.timeout``: ``cut_off`` is False then and the CancelledError propagates.
     """
 
     __slots__ = (
@@ -46,6 +47,7 @@ class Cutoff:
         "_owner",
         "_task",
         "closed",
+        "cut_off",
         "queued",
         "when",
     )
@@ -62,7 +64,22 @@ class Cutoff:
         self._expired = False
         self._consumed = False
         self.closed = False
+        self.cut_off = False
+        """Whether the CancelledError that left the block was this cutoff's."""
         self.queued = True  # still in the heap of its Cutoffs
+
+    def __enter__(self) -> Cutoff:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if kind is not None and issubclass(kind, asyncio.CancelledError):
+            self.cut_off = self.fired()
+        self.close()
 
     def expire(self) -> None:
         # Once only: a renewal may expire a cutoff whose heap entry is still queued.
@@ -153,8 +170,9 @@ class Cutoffs:
         self._armed_at = math.inf
         self._closed_in_heap = 0
 
-    def start(self, when: float) -> Cutoff:
-        """Cancel the current task at ``when`` (loop time) unless the cutoff is closed first."""
+    def at(self, when: float) -> Cutoff:
+        """Cancel the current task at ``when`` (loop time) unless the cutoff is closed first
+        (a scope: ``with cutoffs.at(when) as cutoff:``)."""
         task = asyncio.current_task(self.loop)
         if task is None:
             raise RuntimeError("a cutoff must be started inside a task")
@@ -165,8 +183,8 @@ class Cutoffs:
         return cutoff
 
     def insist(self, when: float) -> InsistingCutoff:
-        """As :meth:`start`, with a cutoff that cancels twice (:class:`InsistingCutoff`).
-        Separate from :meth:`start`, which every call takes: no branch added there."""
+        """As :meth:`at`, with a cutoff that cancels twice (:class:`InsistingCutoff`).
+        Separate from :meth:`at`, which every call takes: no branch added there."""
         task = asyncio.current_task(self.loop)
         if task is None:
             raise RuntimeError("a cutoff must be started inside a task")

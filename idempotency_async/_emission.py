@@ -3,6 +3,7 @@ call of the ``on_event`` hook."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from idempotency_async.events import Event, EventKind
@@ -45,6 +46,11 @@ class Emitter:
         except Exception:
             # Metrics must never change the outcome of a call.
             _log.exception("on_event hook failed", extra={"idempotency_event": kind})
+
+    def ran(self, started: float, loop: asyncio.AbstractEventLoop) -> None:
+        """A callback that started at loop time ``started`` ended (for telemetry)."""
+        if self.observer is not None:
+            self.observer.ran(loop.time() - started)
 
     def waited(self, seconds: float) -> None:
         """A call spent ``seconds`` waiting on another holder of its key."""

@@ -14,7 +14,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from idempotency_async._keys import Keys
-from idempotency_async._lease import Held
+from idempotency_async._lease import Deadline, Lease
 from idempotency_async.record import Record
 
 __all__ = ["Flight", "Outcome", "Phase", "wait_for"]
@@ -53,11 +53,11 @@ class Flight:
     """
 
     keys: Keys
-    deadline: float | None
+    deadline: Deadline
     owner: str
     phase: Phase = _CLAIMING
-    held: Held | None = None
-    """The call's lease once its claim is confirmed (renewal moves it)."""
+    lease: Lease | None = None
+    """The call's one lease once its claim is confirmed (renewal moves it)."""
     claim_answered: asyncio.Future[None] | None = None
     finished: asyncio.Future[None] | None = None
     waiters: int = 0
@@ -74,16 +74,16 @@ class Flight:
     def lease_end(self) -> float | None:
         """Unix time (seconds, this process's clock) at which the held lease ends, as last
         renewed."""
-        held = self.held
-        return None if held is None else held.end
+        lease = self.lease
+        return None if lease is None else lease.end
 
     def holding(self) -> bool:
         """Whether the key is in progress here (its claim confirmed, the call not ended)."""
         return self.phase is _HOLDING
 
-    def hold(self, held: Held) -> None:
+    def hold(self, lease: Lease) -> None:
         self.phase = _HOLDING
-        self.held = held
+        self.lease = lease
         if self.claim_answered is not None and not self.claim_answered.done():
             self.claim_answered.set_result(None)
 

@@ -1,10 +1,13 @@
-"""Lease and time arithmetic: a call's deadline, and the lease a claim asks for.
+"""Lease and time arithmetic: a call's deadline, and the lease it holds.
 
-Inside the library a deadline has one representation: an absolute ``loop.time()`` value
-(``None``: no deadline).  It is converted once, here, into what a store needs — a lease
-in seconds counted from the store clock's ``now`` on the :class:`~idempotency_async.record.Claim`
-— and into the loop times that bound the callback (``cutoff_at``) and the writes after it
-(``ends_at``).
+Inside the library a deadline has one representation, :data:`Deadline`: an absolute
+``loop.time()`` value (``None``: no deadline).  It is converted once, by
+:meth:`Lease.claiming`, into what a store needs — a lease in seconds counted from the store
+clock's ``now`` on the :class:`~idempotency_async.record.Claim` — and into the loop times
+that bound the callback (``cutoff_at``) and the writes after it (``ends_at``).  Every other
+piece of lease arithmetic (the completion reserve, a renewed call's short lease, a renewal,
+the bound of a write after the callback, the end another worker sees) is a method of
+:class:`Lease`; nothing else computes one.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import math
-from typing import NamedTuple
+from typing import TypeAlias
 
 from idempotency_async._keys import Keys
 from idempotency_async.errors import ConfigError, DeadlineExceededError
@@ -21,59 +24,148 @@ from idempotency_async.record import Claim
 
 __all__ = [
     "AMBIENT",
-    "Held",
+    "Deadline",
     "Lease",
     "check_duration",
     "check_instant",
     "effective_deadline",
-    "lease_for",
     "reserve_for",
 ]
 
-AMBIENT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+Deadline: TypeAlias = float | None
+"""A call's deadline: an absolute ``loop.time()`` value, or None for none."""
+
+AMBIENT: contextvars.ContextVar[Deadline] = contextvars.ContextVar(
     "idempotency_async_deadline", default=None
 )
 """The ambient deadline of the running task (``deadlines.deadline``, the Lambda context)."""
 
 _MAX_RESERVE = 0.5
 _RESERVE_SHARE = 0.2
+# Undoing a transactional call is a statement in the caller's transaction: cutting it short
+# could abort that transaction, so it may take this long past the lease end at least.
+_UNDO_BOUND = 0.5
 
 
-class Lease(NamedTuple):
-    """A claim to write, with its bounds in loop time."""
-
-    claim: Claim
-    cutoff_at: float
-    """When the callback is cut off: the lease end less the completion reserve."""
-    ends_at: float
-    """When the lease ends; cleanup and completion writes are abandoned here."""
-    reserve: float
-
-
-class Held:
+class Lease:
     """The lease one call holds: the one object renewal moves and every door reads — the
     bounds of the writes after the callback (``execute``, ``Call.complete``, the HTTP gate
     through it) and an in-process duplicate's ``retry_after`` — never a copy taken at the
-    claim.  Created when the store confirms the claim; owned by the call."""
+    claim.  Made for each claim sent (:meth:`claiming`); owned by the call."""
 
-    __slots__ = ("lease", "margin")
+    __slots__ = ("claim", "cutoff_at", "ends_at", "limit", "margin", "reserve")
 
-    def __init__(self, lease: Lease, margin: float) -> None:
-        self.lease = lease
-        """The lease as last confirmed by the store (the claim's, then each renewal's)."""
+    def __init__(
+        self,
+        claim: Claim,
+        cutoff_at: float,
+        ends_at: float,
+        reserve: float,
+        margin: float,
+        limit: float,
+    ) -> None:
+        self.claim = claim
+        """The claim as last confirmed by the store (the claim's, then each renewal's)."""
+        self.cutoff_at = cutoff_at
+        """When the callback is cut off (loop time): the lease end less the reserve."""
+        self.ends_at = ends_at
+        """When the lease ends (loop time); cleanup and completion writes end here."""
+        self.reserve = reserve
+        """Time kept between the cutoff and the lease end for the completion write."""
         self.margin = margin
+        self.limit = limit
+        """The call's hard bound (loop time): a renewed lease never ends later."""
+
+    @classmethod
+    def claiming(
+        cls,
+        keys: Keys,
+        owner: str,
+        deadline: Deadline,
+        options: Options,
+        now: float,
+        renew: float | None,
+    ) -> Lease:
+        """The lease of a claim sent at loop time ``now`` by a call with ``deadline``.
+        Without a deadline it lasts ``Options.lease`` (or ``expires_after``).  A renewed
+        call (``renew`` seconds) writes a short lease; the call's bound stays."""
+        if deadline is None:
+            left = options.lease or options.expires_after
+        else:
+            left = deadline - now
+            if left <= 0:
+                raise DeadlineExceededError(
+                    f"the deadline of key {keys.key} passed before it was claimed", key=keys.key
+                )
+        reserve = reserve_for(left, options.completion_reserve)
+        margin = options.lease_margin
+        claim = Claim(
+            keys.key,
+            owner,
+            options.clock(),
+            left + margin,
+            options.expires_after,
+            keys.validation,
+            options.wait_timeout if options.wait else 0.0,
+        )
+        ends = now + left
+        lease = cls(claim, ends - reserve, ends, reserve, margin, ends)
+        if renew is not None:
+            lease.shorten(renew, options.completion_reserve)
+        return lease
+
+    def shorten(self, renew: float, completion_reserve: float | None) -> None:
+        """Make this the first lease of a renewed call: ``renew`` seconds (never past the
+        call's hard bound), with the reserve of a lease that long."""
+        claim = self.claim
+        now = self.ends_at - (claim.lease - self.margin)  # when the claim was sent
+        if renew >= self.ends_at - now:
+            return
+        if completion_reserve is None:
+            reserve = min(self.reserve, _RESERVE_SHARE * renew)
+        else:
+            reserve = min(completion_reserve, renew)
+        self.claim = claim._replace(lease=renew + self.margin)
+        self.reserve = reserve
+        self.ends_at = now + renew
+        self.cutoff_at = self.ends_at - reserve
+
+    def renewal(self, renew: float, sent: float, clock_now: float) -> tuple[Claim, float] | None:
+        """The claim a renewal sent at loop time ``sent`` asks for (``renew`` seconds, not
+        past the hard bound) and the loop time its lease would end at (counted from the
+        send, not the answer); None when it would not move the lease end."""
+        length = min(renew, self.limit - sent)
+        if sent + length <= self.ends_at:
+            return None
+        return self.claim._replace(now=clock_now, lease=length + self.margin), sent + length
+
+    def renewed(self, claim: Claim, ends_at: float) -> None:
+        """The store confirmed ``claim`` (a renewal): the lease ends at least at ``ends_at``."""
+        self.claim = claim
+        self.ends_at = ends_at
+        self.cutoff_at = ends_at - self.reserve
 
     @property
     def end(self) -> float:
         """When the lease ends, in Unix seconds by this process's clock (without the
         margin other workers add for clock skew)."""
-        claim = self.lease.claim
+        claim = self.claim
         return claim.now + claim.lease - self.margin
+
+    def write_bound(self, now: float) -> float:
+        """Until when (loop time) a write after the callback (completion, release) may
+        run, asked at ``now``: the lease end, or a reserve from now if that is later."""
+        return max(self.ends_at, now + self.reserve)
+
+    def undo_bound(self, now: float) -> float:
+        """As :meth:`write_bound`, for undoing a call in a caller's transaction: at least
+        half a second, so the undo does not abort that transaction."""
+        return max(self.ends_at, now + max(self.reserve, _UNDO_BOUND))
 
 
 def effective_deadline(
     loop: asyncio.AbstractEventLoop, *, deadline: float | None, timeout: float | None
-) -> float | None:
+) -> Deadline:
     """The earliest of an explicit deadline, a timeout from now and the ambient deadline.
 
     ``timeout`` must be a finite positive number and ``deadline`` a finite one: anything
@@ -103,33 +195,6 @@ def reserve_for(time_left: float, override: float | None = None) -> float:
     if override is not None:
         return min(override, time_left)
     return min(_MAX_RESERVE, _RESERVE_SHARE * time_left)
-
-
-def lease_for(
-    keys: Keys, owner: str, deadline: float | None, options: Options, now: float
-) -> Lease:
-    """The claim to write at loop time ``now`` for a call with ``deadline``, and the loop
-    times that bound its callback and cleanup.  Without a deadline the lease is
-    ``Options.lease`` (or ``expires_after``)."""
-    if deadline is None:
-        left = options.lease or options.expires_after
-    else:
-        left = deadline - now
-        if left <= 0:
-            raise DeadlineExceededError(
-                f"the deadline of key {keys.key} passed before it was claimed", key=keys.key
-            )
-    reserve = reserve_for(left, options.completion_reserve)
-    claim = Claim(
-        keys.key,
-        owner,
-        options.clock(),
-        left + options.lease_margin,
-        options.expires_after,
-        keys.validation,
-        options.wait_timeout if options.wait else 0.0,
-    )
-    return Lease(claim, now + left - reserve, now + left, reserve)
 
 
 def check_duration(name: str, value: object) -> float:

@@ -1,11 +1,15 @@
 """Lease renewal: a short lease, renewed through the owner-fenced ``Store.extend`` while the
 callback runs, so a crashed worker blocks its key for one short lease, not its deadline.
 
-The renewing task belongs to one call: :meth:`Renewal.start` creates it after the claim,
-:meth:`Renewal.cancel` cancels it as soon as the callback ends (without yielding
-to the loop), and :meth:`Renewal.stop` awaits it before the call returns.  Renewals go out
+A lifecycle chooses its leases once, when it is built: :class:`FixedLeases` (never
+renewed) or :class:`RenewedLeases`, with one small interface — ``renew`` is the short
+lease a claim writes (``Lease.claiming`` shapes it), ``start`` hands back the call's
+:class:`Renewing` (a task, or nothing to do).  The renewing task belongs to one call:
+``start`` creates it after the claim, :meth:`Renewal.cancel` cancels it as soon as the
+callback ends (without yielding to the loop), and :meth:`Renewal.stop` is awaited before
+the call returns.  Renewals go out
 every ``renew_every`` seconds counted from the claim's send.  Each confirmed renewal moves
-the call's lease (:class:`~idempotency_async._lease.Held`, which every door reads) and
+the call's :class:`~idempotency_async._lease.Lease` (which every door reads) and
 postpones the callback's cutoff to a reserve before the new lease end, counted from when
 the ``extend`` was sent.  A refused renewal (the lease is lost) cuts the callback off at
 once; one that fails leaves the cutoff where it was, so the callback is cut off before the
@@ -27,48 +31,120 @@ connection itself).  A store must let a cancelled request end promptly.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Generator
+from typing import Any, Protocol
 
 from idempotency_async._cutoff import Cutoff, Cutoffs
 from idempotency_async._emission import Emitter
-from idempotency_async._lease import Held, Lease
+from idempotency_async._lease import Lease
 from idempotency_async.errors import StoreUnavailableError
 from idempotency_async.options import Options
 from idempotency_async.stores.base import Extended, Store
 
-__all__ = ["Renewal", "short_lease"]
+__all__ = [
+    "DONE",
+    "NOT_RENEWING",
+    "FixedLeases",
+    "Leases",
+    "Renewal",
+    "RenewedLeases",
+    "Renewing",
+]
 
 _LOST = Extended.LOST
 
 
-def short_lease(options: Options, lease: Lease) -> Lease:
-    """The first lease of a renewed call: ``renew_lease`` seconds (never past ``lease``, the
-    call's hard bound), with the reserve of a lease that long."""
-    renew = options.renew_lease
-    assert renew is not None
-    claim = lease.claim
-    now = lease.ends_at - (claim.lease - options.lease_margin)
-    left = lease.ends_at - now
-    if renew >= left:
-        return lease
-    reserve = lease.reserve
-    if options.completion_reserve is None:
-        reserve = min(reserve, 0.2 * renew)
-    else:
-        reserve = min(options.completion_reserve, renew)
-    short = claim._replace(lease=renew + options.lease_margin)
-    return Lease(short, now + renew - reserve, now + renew, reserve)
+class Renewing(Protocol):
+    """What a call does with its lease while the callback runs."""
+
+    lost: bool
+    """Whether the store refused a renewal: another claim holds the key."""
+
+    def cancel(self) -> None:
+        """The callback ended: send nothing more (without yielding to the loop)."""
+
+    def stop(self) -> Awaitable[None]:
+        """Awaited before the call returns: nothing of the renewal outlives it."""
+
+
+class Leases(Protocol):
+    """How the calls of one lifecycle hold their leases: fixed, or renewed."""
+
+    renew: float | None
+    """The short lease a claim writes (``Lease.claiming``), None for the whole lease."""
+
+    def start(self, lease: Lease, cutoffs: Cutoffs, cutoff: Cutoff, claimed_at: float) -> Renewing:
+        """The claim was confirmed and the callback is about to run under ``cutoff``."""
+
+
+class _Done:
+    """An awaitable that is already done: awaiting it neither yields nor makes a frame."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return iter(())  # type: ignore[return-value]
+
+
+DONE: Awaitable[None] = _Done()
+"""Already done: what a step with nothing to wait for hands back to be awaited."""
+
+
+class _NotRenewing:
+    """The :class:`Renewing` of a fixed lease: nothing to cancel or wait for."""
+
+    __slots__ = ()
+    lost = False
+
+    def cancel(self) -> None:
+        pass
+
+    def stop(self) -> Awaitable[None]:
+        return DONE
+
+
+NOT_RENEWING: Renewing = _NotRenewing()
+"""The :class:`Renewing` of a call whose lease is fixed (or not yet held)."""
+
+
+class FixedLeases:
+    """Leases that are never renewed: the claim's lease bounds the whole call."""
+
+    __slots__ = ()
+    renew: float | None = None
+
+    def start(self, lease: Lease, cutoffs: Cutoffs, cutoff: Cutoff, claimed_at: float) -> Renewing:
+        return NOT_RENEWING
+
+
+class RenewedLeases:
+    """A short lease (``Options.renew_lease``), renewed every ``renew_every`` seconds while
+    the callback runs, up to the call's hard bound."""
+
+    __slots__ = ("_emitter", "_options", "_store", "renew")
+
+    def __init__(self, store: Store, options: Options, emitter: Emitter) -> None:
+        assert options.renew_lease is not None
+        self._store = store
+        self._options = options
+        self._emitter = emitter
+        self.renew: float | None = options.renew_lease
+
+    def start(self, lease: Lease, cutoffs: Cutoffs, cutoff: Cutoff, claimed_at: float) -> Renewing:
+        renewal = Renewal(self._store, self._options, self._emitter, lease, cutoffs, cutoff)
+        renewal.start(claimed_at)  # the first renewal counts from the claim's send
+        return renewal
 
 
 class Renewal:
-    """The renewing task of one call; it moves the call's lease (``held``)."""
+    """The renewing task of one call; it moves the call's lease."""
 
     __slots__ = (
         "_cutoff",
         "_cutoffs",
         "_emitter",
         "_every",
-        "_hard_end",
-        "_held",
+        "_lease",
         "_loop",
         "_options",
         "_store",
@@ -82,8 +158,7 @@ class Renewal:
         store: Store,
         options: Options,
         emitter: Emitter,
-        held: Held,
-        hard_end: float,
+        lease: Lease,
         cutoffs: Cutoffs,
         cutoff: Cutoff,
     ) -> None:
@@ -91,8 +166,7 @@ class Renewal:
         self._store = store
         self._options = options
         self._emitter = emitter
-        self._held = held
-        self._hard_end = hard_end
+        self._lease = lease
         self._cutoffs = cutoffs
         self._cutoff = cutoff
         self._every = options.renew_every or options.renew_lease / 3
@@ -114,16 +188,20 @@ class Renewal:
         if self._task is not None:
             self._task.cancel()
 
-    async def stop(self) -> None:
-        """Cancel the renewing task and wait for it to end.  A request in flight is
-        cancelled twice, as an abandoned one is: the call does not wait for a driver to
+    def stop(self) -> Awaitable[None]:
+        """Cancel the renewing task; await this to wait for it to end.  A request in flight
+        is cancelled twice, as an abandoned one is: the call does not wait for a driver to
         hear back from its server about it."""
         task = self._task
         if task is None:
-            return
+            return DONE
         self._task = None
         task.cancel()
         self._loop.call_soon(task.cancel)
+        return self._ended(task)
+
+    @staticmethod
+    async def _ended(task: asyncio.Task[None]) -> None:
         await asyncio.wait((task,))
 
     def _over(self) -> bool:
@@ -131,8 +209,8 @@ class Renewal:
         return cutoff.closed or cutoff.expired or cutoff.cancelled_elsewhere()
 
     async def _run(self, at: float) -> None:
-        options, loop, held, cutoffs = self._options, self._loop, self._held, self._cutoffs
-        key = held.lease.claim.key
+        options, loop, lease, cutoffs = self._options, self._loop, self._lease, self._cutoffs
+        key = lease.claim.key
         renew = options.renew_lease
         assert renew is not None
         while True:
@@ -140,11 +218,10 @@ class Renewal:
             if self._over():
                 return  # the callback ended, was cut off, or its caller was cancelled
             sent = loop.time()  # the renewed lease counts from here
-            length = min(renew, self._hard_end - sent)
-            current = held.lease
-            if sent + length <= current.ends_at:
+            asked = lease.renewal(renew, sent, options.clock())
+            if asked is None:
                 return  # at the call's hard bound: nothing left to add
-            claim = current.claim._replace(now=options.clock(), lease=length + options.lease_margin)
+            claim, ends_at = asked
             at = sent + self._every
             # Unanswered when the next renewal is due, the request is abandoned: cancelled
             # (twice: see InsistingCutoff), so the client closes its connection.
@@ -183,7 +260,5 @@ class Renewal:
                 return
             # RENEWED, or ALREADY_LATER: either way the lease ends at least there.
             self.renewed += 1
-            ends = sent + length
-            reserve = current.reserve
-            held.lease = Lease(claim, ends - reserve, ends, reserve)
-            self._cutoffs.postpone(self._cutoff, ends - reserve)
+            lease.renewed(claim, ends_at)
+            self._cutoffs.postpone(self._cutoff, lease.cutoff_at)

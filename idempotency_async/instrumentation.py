@@ -1,23 +1,23 @@
 """The hook a manager calls when ``Options(telemetry=...)`` is set (no tracing imports here).
 
 :class:`idempotency_async.otel.Telemetry` implements it with OpenTelemetry; another backend
-can implement the two protocols.  A manager without telemetry never touches this module's
-objects, so an uninstrumented call pays one ``is None`` test at construction, not per call.
+can implement the two protocols.  A manager binds its instrumentation once, when it is
+built: with one, every call runs inside the observer's synchronous span scope and every
+round trip goes through the observer's store; without one, neither is there.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
-from typing import Protocol, TypeAlias, TypeVar
+from typing import Protocol, TypeAlias
 
 from idempotency_async.events import EventKind
 from idempotency_async.stores.base import Store
 
 __all__ = ["Attributes", "Instrumentation", "Observed", "Observer"]
-
-T = TypeVar("T")
 
 Attributes: TypeAlias = Mapping[str, str | bool | int | float]
 """Span attributes an integration adds (OpenTelemetry attribute values)."""
@@ -33,21 +33,16 @@ class Observer(Protocol):
     """One manager's view of an :class:`Instrumentation` (what ``bind`` returns)."""
 
     store: Store
-    """The store the manager calls once calls are observed (e.g. one that times each
-    round trip); until then it calls its own."""
+    """The store the manager calls, chosen when it is built (e.g. one that times each
+    round trip while calls are observed)."""
 
-    def active(self) -> bool:
-        """Whether calls are observed now.  While not, the manager runs them exactly as an
-        unobserved manager does; once it is, it stays so."""
+    def span(self) -> AbstractContextManager[None]:
+        """The scope of one idempotent call: entered before it starts, left when it ends
+        (with its exception, if it raised).  Synchronous, so it costs the call no frame."""
         ...
 
-    async def call(
-        self,
-        run: Callable[[Callable[[], Awaitable[T]]], Awaitable[T]],
-        callback: Callable[[], Awaitable[T]],
-    ) -> T:
-        """Observe one idempotent call: ``run(callback)`` runs it; the observer may wrap
-        ``callback`` (to time it) before passing it on."""
+    def ran(self, seconds: float) -> None:
+        """The current call's callback ran for ``seconds``."""
         ...
 
     def event(

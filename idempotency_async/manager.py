@@ -1,35 +1,33 @@
 """The Manager: runs a callback at most once per idempotency key and replays its result.
 
-A manager is wiring around one lifecycle (``_lifecycle``): it derives the key
-(``_keys``), takes the call's deadline (``_lease``), and hands the call to
-``Lifecycle.run``, which claims, holds, runs, completes or releases.  Its doors are
-:meth:`Manager.execute` and :meth:`Manager.execute_call`.
+A manager only wires: it derives the key (``_keys``) and the call's deadline (``_lease``)
+and hands the call to its lifecycle (``_lifecycle``), which claims, holds, runs, completes
+or releases.  Each door is a few lines into :meth:`Lifecycle.run` (or, for
+:meth:`Manager.replay`, the lifecycle's read path).  What telemetry needs is chosen when
+the manager is built: the store's timing wrapper, and a synchronous span scope around each
+call; without telemetry neither is there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from idempotency_async._callback import (
-    ReturnedNotAwaitable,
-    awaitable,
-    checked,
-    not_awaitable_error,
-)
+from idempotency_async._call import Call, Unprotected
 from idempotency_async._emission import Emitter
-from idempotency_async._keys import key_deriver
-from idempotency_async._lease import effective_deadline
-from idempotency_async._lifecycle import Call, Lifecycle, Unprotected
-from idempotency_async._responses import not_stored_error
-from idempotency_async.errors import ConfigError, DeadlineExceededError, InconsistentStateError
+from idempotency_async._keys import Keys, key_deriver
+from idempotency_async._lease import Deadline, effective_deadline
+from idempotency_async._lifecycle import Lifecycle
+from idempotency_async.errors import ConfigError
 from idempotency_async.events import EventKind
 from idempotency_async.instrumentation import Observer
 from idempotency_async.options import Options, disabled_by_environment
 from idempotency_async.record import Record
-from idempotency_async.stores.base import State, Store, check_key
+from idempotency_async.stores.base import Store
 
 if TYPE_CHECKING:
     from idempotency_async.stores.postgres import TransactionConnection
@@ -39,6 +37,29 @@ __all__ = ["Manager"]
 T = TypeVar("T")
 
 _log = logging.getLogger("idempotency_async")
+
+
+class _Untraced:
+    """The span scope of a manager without telemetry: one object, doing nothing."""
+
+    __slots__ = ()
+
+    def __call__(self) -> _Untraced:
+        return self
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        return None
+
+
+_UNTRACED = _Untraced()
 
 
 class Manager:
@@ -61,15 +82,20 @@ class Manager:
         self._keys = key_deriver(self.options)
         self._disabled = disabled_by_environment()
         telemetry = self.options.telemetry
-        self._observer = None if telemetry is None else telemetry.bind(self._keys.prefix, store)
-        self._lifecycle = Lifecycle(
-            store, self.options, self._keys, Emitter(self.options, self._observer)
+        observer = None if telemetry is None else telemetry.bind(self._keys.prefix, store)
+        self._observer = observer
+        # Chosen once: the store round trips go to (timed with telemetry), each call's
+        # span scope and the door calls enter by (through the span with telemetry).
+        self._span: Callable[[], AbstractContextManager[None]] = (
+            _UNTRACED if observer is None else observer.span
         )
-        if self._observer is not None:
-            # Observed calls enter through the observer; unobserved ones keep the plain
-            # method and pay no extra coroutine frame (a frame per call in flight is
-            # garbage-collector work).
-            self.execute = self._observed_execute  # type: ignore[method-assign]
+        self._enter = self._door if observer is None else self._observed
+        self._lifecycle = Lifecycle(
+            store if observer is None else observer.store,
+            self.options,
+            self._keys,
+            Emitter(self.options, observer),
+        )
         if self._disabled:
             _log.warning(
                 "idempotency is disabled by POWERTOOLS_IDEMPOTENCY_DISABLED: "
@@ -88,7 +114,7 @@ class Manager:
 
     @property
     def _store(self) -> Store:
-        """The store round trips go to: the observer's timing wrapper once observed."""
+        """The store round trips go to: the observer's timing wrapper with telemetry."""
         return self._lifecycle.store
 
     # ------------------------------------------------------------------ public API
@@ -98,95 +124,22 @@ class Manager:
         keys = self._keys.derive(payload)
         return None if keys is None else keys.key
 
-    def execute(
+    async def execute(
         self,
         payload: Any,
         callback: Callable[[], Awaitable[T]],
         *,
         deadline: float | None = None,
         timeout: float | None = None,
-    ) -> Coroutine[Any, Any, T]:
+    ) -> T:
         """Run ``callback`` once for this payload's key, or replay the stored result.
 
-        Await it: ``result = await manager.execute(order, lambda: charge(order))``.
-        ``timeout`` (seconds from this call) and ``deadline`` (``loop.time()`` units) bound
-        the call; with the ambient :func:`~idempotency_async.deadline`, the earliest wins and
-        becomes the record's lease.  Cancellation propagates and leaves no store write behind.
+        ``result = await manager.execute(order, lambda: charge(order))``.  ``timeout``
+        (seconds from this call) and ``deadline`` (``loop.time()`` units) bound the call;
+        with the ambient :func:`~idempotency_async.deadline`, the earliest wins and becomes
+        the record's lease.  Cancellation propagates and leaves no store write behind.
         """
-        # A plain function handing back the lifecycle's coroutine: with thousands of calls
-        # in flight, a frame of its own per call would be memory and garbage-collector work.
-        # What it checks first is raised when the coroutine is awaited, as from an
-        # ``async def``; the store is not touched before that.
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no running loop yet, e.g. asyncio.run(manager.execute(...))
-            return self._execute_later(payload, callback, deadline, timeout)
-        try:
-            if not callable(callback):
-                raise _not_callable(callback)
-            when = effective_deadline(loop, deadline=deadline, timeout=timeout)
-            keys = None if self._disabled else self._keys.derive(payload)
-        except Exception as exc:
-            return _raising(exc)
-        if keys is None:
-            return self._unprotected(callback, when, loop)
-        return self._lifecycle.run(keys, when, callback, loop, False)
-
-    async def _execute_later(
-        self,
-        payload: Any,
-        callback: Callable[[], Awaitable[T]],
-        deadline: float | None,
-        timeout: float | None,
-    ) -> T:
-        return await Manager.execute(self, payload, callback, deadline=deadline, timeout=timeout)
-
-    async def _unprotected(
-        self,
-        callback: Callable[[], Awaitable[T]],
-        when: float | None,
-        loop: asyncio.AbstractEventLoop,
-    ) -> T:
-        try:
-            return await self._lifecycle.unprotected(checked(callback), when, loop)
-        except ReturnedNotAwaitable as returned:
-            # A plain function given by mistake: it ran, and there is nothing to record.
-            raise not_awaitable_error(returned.value, None) from None
-
-    def _observed_execute(
-        self,
-        payload: Any,
-        callback: Callable[[], Awaitable[T]],
-        *,
-        deadline: float | None = None,
-        timeout: float | None = None,
-    ) -> Coroutine[Any, Any, T]:
-        """``execute`` of a manager with telemetry: a plain function handing back the
-        coroutine to await, so that while telemetry is inactive (no provider set) a call
-        costs one test and no extra frame."""
-        observer = self._observer
-        if observer is not None and observer.active():
-            return self._observed(observer, payload, callback, deadline, timeout)
-        return Manager.execute(self, payload, callback, deadline=deadline, timeout=timeout)
-
-    async def _observed(
-        self,
-        observer: Observer,
-        payload: Any,
-        callback: Callable[[], Awaitable[T]],
-        deadline: float | None,
-        timeout: float | None,
-    ) -> T:
-        # Observing never stops once it started (providers are set once).
-        self._lifecycle.store = observer.store
-        if not callable(callback):
-            raise _not_callable(callback)
-
-        def run(observed: Callable[[], Awaitable[T]]) -> Awaitable[T]:
-            return Manager.execute(self, payload, observed, deadline=deadline, timeout=timeout)
-
-        # The observer awaits the callback's value itself: check it can be awaited first.
-        return await observer.call(run, checked(callback))
+        return await self._enter(payload, callback, deadline, timeout, False)
 
     async def execute_call(
         self,
@@ -204,49 +157,60 @@ class Manager:
         at the deadline, released if the callback raises).  After it, the deadline no longer
         applies and nothing the callback does can release the key: a later exception or
         cancellation propagates with the record completed.  A callback that returns without
-        completing is completed with its return value, as with ``execute``.  Returns the
-        callback's return value, or the replay of the stored result.
+        completing is completed with its return value, as with ``execute``; one that called
+        ``call.release(reason)`` is released instead.  Returns the callback's return value,
+        or the replay of the stored result.
         """
-        if not callable(callback):
-            raise ConfigError(
-                "callback must be a callable taking the Call and returning an awaitable; "
-                f"got {type(callback).__name__}"
-            )
-        observer = self._observer
-        if observer is None or not observer.active():
-            return await self._execute_call(payload, callback, deadline, timeout)
-        # Observed: the observer times a zero-argument callback, so hand it one that
-        # calls ``callback`` with the Call the lifecycle passes in.
-        self._lifecycle.store = observer.store
-        handle: list[Call] = []
+        return await self._enter(payload, callback, deadline, timeout, True)
 
-        def run(observed: Callable[[], Awaitable[T]]) -> Awaitable[T]:
-            async def with_call(call: Call) -> T:
-                handle.append(call)
-                return await observed()
-
-            return self._execute_call(payload, with_call, deadline, timeout)
-
-        return await observer.call(run, lambda: awaitable(callback(handle[-1])))
-
-    async def _execute_call(
+    def _door(
         self,
         payload: Any,
-        callback: Callable[[Call], Awaitable[T]],
+        callback: Callable[..., Awaitable[T]],
         deadline: float | None,
         timeout: float | None,
-    ) -> T:
-        loop = asyncio.get_running_loop()
-        when = effective_deadline(loop, deadline=deadline, timeout=timeout)
-        keys = None if self._disabled else self._keys.derive(payload)
+        held: bool,
+    ) -> Awaitable[T]:
+        """The call into the lifecycle, for :meth:`execute` (``held`` False) and
+        :meth:`execute_call`: a plain function handing back the lifecycle's coroutine, so
+        the door costs the call no frame of its own (with thousands of calls in flight,
+        each frame is memory and garbage-collector work).  What it refuses is raised when
+        the coroutine is awaited; the store is not touched before that."""
+        try:
+            if not callable(callback):
+                raise _not_callable(callback, held)
+            loop = asyncio.get_running_loop()
+            when = effective_deadline(loop, deadline=deadline, timeout=timeout)
+            keys = None if self._disabled else self._keys.derive(payload)
+        except Exception as exc:
+            return _raising(exc)
         if keys is None:
-            try:
-                return await self._lifecycle.unprotected(
-                    checked(lambda: callback(Unprotected())), when, loop
-                )
-            except ReturnedNotAwaitable as returned:
-                raise not_awaitable_error(returned.value, None) from None
-        return await self._lifecycle.run(keys, when, callback, loop, True)
+            run = (lambda: callback(Unprotected())) if held else callback
+            return self._lifecycle.unprotected(run, when, loop)
+        return self._lifecycle.run(keys, when, callback, loop, held)
+
+    async def _observed(
+        self,
+        payload: Any,
+        callback: Callable[..., Awaitable[T]],
+        deadline: float | None,
+        timeout: float | None,
+        held: bool,
+    ) -> T:
+        """:meth:`_door` inside the call's span (a manager with telemetry)."""
+        with self._span():
+            return await self._door(payload, callback, deadline, timeout, held)
+
+    def _call_of(
+        self,
+        payload: Any,
+        deadline: float | None,
+        timeout: float | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> tuple[Deadline, Keys | None]:
+        """The call's deadline and keys (None: run it without idempotency)."""
+        when = effective_deadline(loop, deadline=deadline, timeout=timeout)
+        return when, None if self._disabled else self._keys.derive(payload)
 
     async def execute_in_transaction(
         self,
@@ -281,22 +245,13 @@ class Manager:
                 f"{type(self.store).__name__}"
             )
         loop = asyncio.get_running_loop()
-        when = effective_deadline(loop, deadline=deadline, timeout=timeout)
-        keys = None if self._disabled else self._keys.derive(payload)
+        when, keys = self._call_of(payload, deadline, timeout, loop)
         transaction = await bind(connection)  # ConfigError unless it is in a transaction
-        if keys is None:
-            try:
-                return await self._lifecycle.unprotected(checked(callback), when, loop)
-            except ReturnedNotAwaitable as returned:
-                raise not_awaitable_error(returned.value, None) from None
-        lifecycle = self._lifecycle.in_transaction(transaction)
-        observer = self._observer
-        if observer is None or not observer.active():
+        with self._span():  # (its store operations are the transaction's: not timed)
+            if keys is None:
+                return await self._lifecycle.unprotected(callback, when, loop)
+            lifecycle = self._lifecycle.in_transaction(transaction)
             return await lifecycle.run(keys, when, callback, loop, False)
-        # Observed: the call's span covers it (its store operations are not timed).
-        return await observer.call(
-            lambda observed: lifecycle.run(keys, when, observed, loop, False), checked(callback)
-        )
 
     async def force_release(self, key: str) -> Record | None:
         """Delete the record of ``key`` whatever its state (operators: unstick a key).
@@ -342,38 +297,11 @@ class Manager:
         :meth:`execute`: past it, :class:`~idempotency_async.errors.DeadlineExceededError`
         (the read is cancelled, e.g. one waiting for a lock a migration holds).
         """
-        keys = None if self._disabled else self._keys.derive(payload)
+        loop = asyncio.get_running_loop()
+        when, keys = self._call_of(payload, deadline, timeout, loop)
         if keys is None:
             return default
-        lifecycle = self._lifecycle
-        loop = asyncio.get_running_loop()
-        when = effective_deadline(loop, deadline=deadline, timeout=timeout)
-        bound = asyncio.timeout_at(when)
-        try:
-            async with bound:
-                verdict = await lifecycle.store.get(keys.key, now=self.options.clock())
-            check_key(verdict, keys.key)
-        except InconsistentStateError as exc:
-            lifecycle.emit("record_unreadable", keys.key, error=exc)
-            raise
-        except TimeoutError as exc:
-            # Asked, not judged by the clock: the loop runs a timer up to its clock
-            # resolution early.
-            if isinstance(exc, DeadlineExceededError) or not bound.expired():
-                raise
-            raise DeadlineExceededError(
-                f"the read of key {keys.key} got no answer before its deadline", key=keys.key
-            ) from exc
-        record = verdict.record
-        if record is None or verdict.state is State.CLAIMABLE:
-            return default
-        self._keys.validate(record.validation, keys)
-        if verdict.state is State.IN_PROGRESS:
-            lifecycle.waiting.refuse(keys.key, verdict.retry_after)
-        if not record.response_stored:
-            raise not_stored_error(record)
-        lifecycle.emit("replayed", keys.key)
-        return lifecycle.replays.responses.present(record.response, record)
+        return await self._lifecycle.read(keys, when, loop, default)
 
 
 def _check_record_format(store: Store, options: Options) -> None:
@@ -389,12 +317,17 @@ def _check_record_format(store: Store, options: Options) -> None:
 
 
 async def _raising(error: Exception) -> Any:
-    """A coroutine raising ``error`` when awaited: where ``execute`` reports what it
-    refused before any I/O."""
+    """A coroutine raising ``error`` when awaited: where a door reports what it refused
+    before any I/O."""
     raise error
 
 
-def _not_callable(callback: object) -> ConfigError:
+def _not_callable(callback: object, held: bool = False) -> ConfigError:
+    if held:
+        return ConfigError(
+            "callback must be a callable taking the Call and returning an awaitable; "
+            f"got {type(callback).__name__}"
+        )
     return ConfigError(
         "callback must be a zero-argument callable returning an awaitable, e.g. "
         f"lambda: charge(order); got {type(callback).__name__}"

@@ -13,7 +13,7 @@ from idempotency_async.testing._vloop import VirtualClockLoop
 
 async def _cut(cutoffs: Cutoffs, delay: float, work: float) -> str:
     loop = asyncio.get_running_loop()
-    cutoff = cutoffs.start(loop.time() + delay)
+    cutoff = cutoffs.at(loop.time() + delay)
     try:
         await asyncio.sleep(work)
         return "finished"
@@ -94,7 +94,7 @@ def test_a_postponed_cutoff_fires_at_its_new_time_only() -> None:
         cutoffs = Cutoffs(loop)
 
         async def postponed() -> str:
-            cutoff = cutoffs.start(loop.time() + 0.10)
+            cutoff = cutoffs.at(loop.time() + 0.10)
             try:
                 await asyncio.sleep(0.05)
                 cutoffs.postpone(cutoff, loop.time() + 0.20)  # now ends at 0.25
@@ -133,7 +133,7 @@ def test_cutoffs_due_at_the_same_instant_both_fire() -> None:
         when = loop.time() + 0.25
 
         async def at(work: float) -> str:
-            cutoff = cutoffs.start(when)
+            cutoff = cutoffs.at(when)
             try:
                 await asyncio.sleep(work)
                 return "finished"

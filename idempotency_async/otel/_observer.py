@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
+from collections.abc import Callable
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from types import TracebackType
+from typing import Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -26,8 +26,6 @@ from idempotency_async.otel._store import ObservedStore, system_of
 from idempotency_async.stores.base import Store
 
 __all__ = ["BoundTelemetry"]
-
-T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -68,11 +66,11 @@ class BoundTelemetry:
 
     # ------------------------------------------------------------------ the call
 
-    async def call(
-        self,
-        run: Callable[[Callable[[], Awaitable[T]]], Awaitable[T]],
-        callback: Callable[[], Awaitable[T]],
-    ) -> T:
+    def span(self) -> _CallScope:
+        """The scope of one call: its span and metrics, when calls are observed."""
+        return _CallScope(self)
+
+    def _begin(self) -> tuple[_Call, Token[_Call | None], object]:
         providers = self.providers
         extra = take_call_attributes()
         span = None
@@ -88,17 +86,7 @@ class BoundTelemetry:
         token = _CURRENT.set(call)
         # The callback's own spans (and a driver's client spans) nest under the call span.
         attached = None if span is None else otel_context.attach(trace.set_span_in_context(span))
-        failure: BaseException | None = None
-        try:
-            return await run(_timed(callback, call))
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            if attached is not None:
-                otel_context.detach(attached)
-            _CURRENT.reset(token)
-            self._end(call, failure)
+        return call, token, attached
 
     def _end(self, call: _Call, failure: BaseException | None) -> None:
         outcome = _outcome_of(call, failure)
@@ -154,6 +142,11 @@ class BoundTelemetry:
                 attributes[names.ERROR_TYPE] = names.error_type(error)
             call.span.add_event(names.EVENT + kind, attributes)
 
+    def ran(self, seconds: float) -> None:
+        call = _CURRENT.get()
+        if call is not None:
+            call.callback_duration = seconds
+
     def waited(self, seconds: float) -> None:
         call = _CURRENT.get()
         if call is not None:
@@ -208,15 +201,33 @@ _EXPECTED: Final = (AlreadyInProgressError, PayloadValidationError, ResponseNotS
 """Exceptions that are outcomes (``names.EXPECTED_OUTCOMES``), never an ERROR span."""
 
 
-def _timed(callback: Callable[[], Awaitable[T]], call: _Call) -> Callable[[], Awaitable[T]]:
-    async def timed() -> T:
-        started = time.perf_counter()
-        try:
-            return await callback()
-        finally:
-            call.callback_duration = time.perf_counter() - started
+class _CallScope:
+    """One call's scope (``BoundTelemetry.span``): nothing while calls are not observed."""
 
-    return timed
+    __slots__ = ("_begun", "_bound")
+
+    def __init__(self, bound: BoundTelemetry) -> None:
+        self._bound = bound
+        self._begun: tuple[_Call, Token[_Call | None], object] | None = None
+
+    def __enter__(self) -> None:
+        if self._bound.active():
+            self._begun = self._bound._begin()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        failure: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        begun = self._begun
+        if begun is None:
+            return
+        call, token, attached = begun
+        if attached is not None:
+            otel_context.detach(attached)  # type: ignore[arg-type]
+        _CURRENT.reset(token)
+        self._bound._end(call, failure)
 
 
 def _outcome_of(call: _Call, failure: BaseException | None) -> str:

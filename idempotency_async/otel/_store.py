@@ -30,6 +30,8 @@ def system_of(store: Store) -> str:
 class RoundTripObserver(Protocol):
     """Who the wrapper reports each round trip to (the manager's bound telemetry)."""
 
+    def active(self) -> bool: ...
+
     def store_round_trip(
         self,
         operation: str,
@@ -42,8 +44,8 @@ class RoundTripObserver(Protocol):
 
 
 class ObservedStore:
-    """Implements the store protocol over ``inner`` for one observed manager (which
-    switches to it from its first observed call on)."""
+    """Implements the store protocol over ``inner`` for one manager with telemetry (chosen
+    when the manager is built): round trips are timed while calls are observed."""
 
     def __init__(self, inner: Store, bound: RoundTripObserver) -> None:
         self.inner = inner
@@ -73,6 +75,8 @@ class ObservedStore:
 
     async def _timed(self, operation: str, key: str, round_trip: Awaitable[T]) -> T:
         bound = self._bound
+        if not bound.active():
+            return await round_trip
         started_ns = time.time_ns()
         started = time.perf_counter()
         try:

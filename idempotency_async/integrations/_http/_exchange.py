@@ -26,7 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-from idempotency_async._lifecycle import Call
+from idempotency_async._call import Call
 from idempotency_async.errors import ConfigError
 from idempotency_async.instrumentation import annotate, call_attributes
 from idempotency_async.integrations._http._answers import Answer, Stage, decide, respond

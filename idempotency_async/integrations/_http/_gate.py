@@ -27,7 +27,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Final
 
-from idempotency_async._lifecycle import Call
+from idempotency_async._call import Call
 from idempotency_async.errors import IdempotencyError
 from idempotency_async.integrations._http._markers import RequestState
 from idempotency_async.integrations._http._responses import content_length, stored_response
