@@ -41,7 +41,7 @@ from idempotency_async.stores._dynamodb_items import (
     check_attribute_names,
     default_static_pk,
 )
-from idempotency_async.stores._dynamodb_values import number_text
+from idempotency_async.stores._dynamodb_values import FORMAT_NOT_STORED, number_text
 from idempotency_async.stores._record_formats import (
     POWERTOOLS_PYTHON,
     RecordFormat,
