@@ -96,7 +96,10 @@ async def test_a_refused_renewal_cuts_the_callback_off_at_once(store: Store) -> 
         await manager.execute({"id": 2}, long, timeout=30)
     # Cut off at the first renewal after the theft, well before the short lease ended.
     assert loop.time() - stolen_at[0] < RENEW
-    assert [e.kind for e in events] == ["claimed", "lease_lost", "cut_off"]
+    # A busy server may leave an earlier renewal unanswered past its interval (abandoned:
+    # renew_failed); the refusal is what must cut the callback off.
+    kinds = [e.kind for e in events if e.kind != "renew_failed"]
+    assert kinds == ["claimed", "lease_lost", "cut_off"]
     assert (await store.get(key, now=manager.options.clock())).record is None
 
 
