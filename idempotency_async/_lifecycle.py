@@ -537,6 +537,11 @@ class Lifecycle:
             self.emit("lease_lost", key, error=error)
             raise error
         encoded = completion.encoded
+        if written is Written.RESPONSE and encoded is None:
+            # The store kept the owner's response over this completion without one (a
+            # response is final): what it holds is not what was sent, so nothing in this
+            # process is told from it; duplicates read the record.
+            return
         if written is Written.WITHOUT_RESPONSE and encoded is not None:
             # The store could not keep what the manager encoded (too large for it, or a
             # value it cannot hold; the store logs which, and its record says why): every

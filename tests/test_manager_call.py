@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from idempotency_async import Call, Manager, Options, errors
-from idempotency_async.stores.base import Store
+from idempotency_async.record import Completion
+from idempotency_async.stores.base import Store, Written
 
 
 async def test_completed_call_replays_while_its_work_goes_on(store: Store) -> None:
@@ -161,3 +162,48 @@ async def test_release_after_completion_and_completion_after_release_are_refused
     assert await Manager(store).execute("a", _never) == "answer"
     await manager.execute_call("b", releases_then_completes, timeout=5)
     assert await Manager(store).execute("b", _value) == "ran"
+
+
+class _LostCompletionAnswer:
+    """The store, but the first completion with a response is applied and its answer lost:
+    the caller cannot tell whether the record holds it."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.lost = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def complete(self, completion: Completion) -> Written:
+        written = await self.inner.complete(completion)
+        if completion.encoded is not None and not self.lost:
+            self.lost = True
+            raise errors.StoreUnavailableError("the completion's answer was lost (injected)")
+        return written
+
+
+async def test_a_kept_response_is_what_waiters_in_this_process_get(store: Store) -> None:
+    # The response landed, its answer lost; the callback then completes without one, and
+    # the store keeps the response (final).  A duplicate waiting in this process must be
+    # given what the store holds, not the "not stored" completion this call sent.
+    manager = Manager(_LostCompletionAnswer(store), Options(wait=True, wait_timeout=5))  # type: ignore[arg-type]
+    entered = asyncio.Event()
+    go_on = asyncio.Event()
+
+    async def work(call: Call) -> str:
+        entered.set()
+        await go_on.wait()
+        with pytest.raises(errors.CompletionError):
+            await call.complete("answer")
+        await call.complete_without_response("could not tell whether it was stored")
+        return "answer"
+
+    first = asyncio.create_task(manager.execute_call({"k": 9}, work, timeout=5))
+    await entered.wait()
+    waiter = asyncio.create_task(manager.execute({"k": 9}, _never, timeout=5))
+    await asyncio.sleep(0.05)  # the duplicate joins this process's call
+    go_on.set()
+    assert await first == "answer"
+    assert await waiter == "answer"
+    assert await manager.execute({"k": 9}, _never, timeout=5) == "answer"
