@@ -26,7 +26,6 @@ from typing import Any
 from idempotency_async import errors
 from idempotency_async.record import Claim, Record, Status
 from idempotency_async.stores.base import State, Verdict
-from idempotency_async.testing._doors import sqs_record
 from idempotency_async.testing._faults import Application, Op
 from idempotency_async.testing._plans import ManagerPlan, can_renew, renewal_reserve
 from idempotency_async.testing._run import (
@@ -888,7 +887,10 @@ class _Checker:
         its first), or its key held a completed record it could replay.  A record meeting
         a key still in progress elsewhere fails, to be redelivered."""
         plan = self.plan_of(outcome.call)
-        ids = {sqs_record(outcome.call, copy, plan, {})["messageId"] for copy in range(plan.copies)}
+        # The ids the door gives its SQS records (one per message when keyed by message).
+        ids = {f"m{outcome.call}-{copy}" for copy in range(plan.copies)}
+        if plan.by_message:
+            ids = {f"msg-k{plan.key}-a{plan.amount}"}
         acknowledged = sorted(ids - set(failed))
         key = self.key_of(outcome.call)
         if not acknowledged or key is None or any(run.returned for run in outcome.runs):

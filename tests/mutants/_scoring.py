@@ -129,7 +129,7 @@ def run_target(tmp: Path, target: Target) -> Verdict:
     if run.returncode == 0:
         return Verdict(target.name, "missed", seconds=seconds)
     if found is not None:
-        violation = text[found.end() :].strip().splitlines()
+        violation = text[found.end() :].lstrip(":").strip().splitlines()
         detail = violation[0].strip(" -") if violation else ""
         return Verdict(target.name, "caught", int(found.group(1)), seconds, detail[:300])
     return Verdict(target.name, "error", seconds=seconds, detail=text.strip()[-600:])
