@@ -24,6 +24,17 @@ from idempotency_async.testing import Scenario, SimulationFailure, run_one, simu
 
 DATA = Path(__file__).resolve().parent / "data" / "simulator"
 
+ADDED_AFTER_BLIND2 = (
+    "cancel_at_cutoff",
+    "cleanup_completion",
+    "fifo_batches",
+    "http_limits",
+    "release_races",
+)
+"""The features added after the second blind mutation set (tests/mutants/blind2): seeds
+recorded before them leave them out, so they replay the scenario that was recorded."""
+LATER = (*ADDED_BY_ISSUE_32, *ADDED_AFTER_BLIND2)
+
 
 def _case(feature: str, seed: int, defect: str, branch: str) -> Any:
     """A seed that broke the guarantee before its fix; still open while its feature is in
@@ -92,7 +103,7 @@ RECORDED_WITHOUT = (
 
 @pytest.mark.parametrize(("feature", "seed"), CASES)
 def test_the_simulator_s_seed_keeps_the_guarantee(feature: str, seed: int) -> None:
-    others = tuple(sorted((set(RECORDED_WITHOUT) - {feature}) | set(ADDED_BY_ISSUE_32)))
+    others = tuple(sorted((set(RECORDED_WITHOUT) - {feature}) | set(LATER)))
     simulate(MemoryStore, [seed], exclude=others, shrink=False)
 
 
@@ -116,7 +127,7 @@ async def test_dynamodb_records_results_it_cannot_encode(dynamodb_client: Any) -
         scale=0.05,
         concurrency=1,
         tolerance=1.0,
-        exclude=tuple(sorted(set(OPEN_DEFECTS) | set(ADDED_BY_ISSUE_32))),
+        exclude=tuple(sorted(set(OPEN_DEFECTS) | set(LATER))),
     )
     assert DYNAMODB_OPEN == ()
 
@@ -130,7 +141,7 @@ def test_a_batch_whose_handler_cancels_itself_reports_the_record() -> None:
     simulate(
         MemoryStore,
         [38325],
-        exclude=("call_handle_cutoff", "get_nonsense", "renewal", *ADDED_BY_ISSUE_32),
+        exclude=("call_handle_cutoff", "get_nonsense", "renewal", *LATER),
         shrink=False,
     )
 
@@ -155,7 +166,8 @@ def _meet(case: dict[str, Any]) -> Any:
 @pytest.mark.parametrize("case", [_meet(case) for case in _FEATURES_MEET])
 def test_where_features_meet_the_seed_keeps_the_guarantee(case: dict[str, Any]) -> None:
     # The seed, as it was found (the generator's streams keep it).
-    simulate(MemoryStore, [case["seed"]], exclude=case["exclude"], shrink=False)
+    exclude = [*case["exclude"], *ADDED_AFTER_BLIND2]
+    simulate(MemoryStore, [case["seed"]], exclude=exclude, shrink=False)
 
 
 @pytest.mark.parametrize("case", [_meet(case) for case in _FEATURES_MEET])
@@ -163,4 +175,58 @@ def test_where_features_meet_the_shrunk_scenario_keeps_the_guarantee(
     case: dict[str, Any],
 ) -> None:
     scenario = Scenario.from_json(json.dumps(case["scenario"]))
+    assert run_one(scenario) == []
+
+
+# Found by the release races added after the second blind mutation set (seed 262 of a
+# 2,500-seed run, while the racing process still ran other calls): a call of the process
+# that force-released a key, started after the release returned, joins that process's
+# claim sent before it (in flight, its answer slow) and replays the released record —
+# "after its own force_release, a manager never replays the released record" (G6).  The
+# cache is guarded (a fill for a request sent before a release ended is dropped); the
+# in-flight table is not.  Open: the fix is the lifecycle's (single flight).
+_JOINED_RELEASED = {
+    "seed": 262,
+    "validate": False,
+    "managers": [
+        {
+            "skew": 0.0,
+            "wait": False,
+            "wait_timeout": 6.991,
+            "lease": None,
+            "lease_margin": 0.0,
+            "expires_after": 3600.0,
+            "use_local_cache": False,
+            "completion_reserve": None,
+        }
+    ],
+    "calls": [
+        # completes the key at t=0
+        {"at": 0.0, "behaviour": "return", "faults": []},
+        # replays it: its claim reaches the record at t=0.6, the answer comes at t=0.9
+        {"at": 0.6, "behaviour": "return", "faults": [["claim", 0, "slow_answer", 0.3]]},
+        # the operator's force_release, at t=0.6 (once the claim above applied)
+        {"at": 0.0, "behaviour": "return", "faults": [], "door": "operator", "timeout": 2.364},
+        # starts after the release returned: must run, not replay the released record
+        {"at": 0.826, "behaviour": "return", "faults": []},
+    ],
+}
+
+
+@pytest.mark.xfail(strict=True, reason="open: single flight joins a replay sent before a release")
+def test_a_call_after_its_own_force_release_joins_a_replay_sent_before_it() -> None:
+    base = {"manager": 0, "key": 1, "amount": 1, "deadline": "timeout", "timeout": 3.0}
+    calls = [
+        {
+            **base,
+            "duration": 0.0,
+            "cancel_after": None,
+            **call,
+            "faults": [
+                dict(zip(("op", "nth", "kind", "seconds"), f, strict=True)) for f in call["faults"]
+            ],
+        }
+        for call in _JOINED_RELEASED["calls"]
+    ]
+    scenario = Scenario.from_json(json.dumps({**_JOINED_RELEASED, "calls": calls}))
     assert run_one(scenario) == []

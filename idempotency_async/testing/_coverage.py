@@ -46,6 +46,7 @@ _OUTCOMES = {
     "without_response_then_raise": "raise",
     "complete_without_response": "return",
     "attach_later": "return",
+    "complete_when_cut_off": "hang",
 }
 
 

@@ -207,13 +207,17 @@ def sqs_record(index: int, copy: int, plan: CallPlan, payload: dict[str, Any]) -
     message_id = f"m{index}-{copy}"
     if plan.by_message:
         message_id = f"msg-k{plan.key}-a{plan.amount}"
-    return {
+    record = {
         "messageId": message_id,
         "receiptHandle": f"handle-{index}-{copy}",
         "eventSource": "aws:sqs",
         "body": json.dumps(payload),
         **payload,
     }
+    if plan.fifo:
+        record["eventSourceARN"] = "arn:aws:sqs:us-east-1:123456789012:orders.fifo"
+        record["attributes"] = {"MessageGroupId": f"group-{plan.key}"}
+    return record
 
 
 def message_manager(trace: Trace, index: int, manager: Manager) -> Manager:
@@ -306,6 +310,7 @@ _HANDLED = frozenset(
         "complete_odd",
         "complete_twice",
         "without_response_then_raise",
+        "complete_when_cut_off",
     }
 )
 
@@ -314,6 +319,14 @@ async def _behave_with_call(
     plan: CallPlan, index: int, run: Run, loop: asyncio.AbstractEventLoop, call: Call
 ) -> Any:
     """``execute_call``: complete the record through the handle, then go on."""
+    if plan.behaviour == "complete_when_cut_off":
+        # Works until it is cut off, then records what it has in its cleanup and lets the
+        # cancellation go on: past its cutoff, the completion must be refused.
+        try:
+            await asyncio.sleep(1_000_000.0 * plan.duration + 1_000_000.0)
+        except asyncio.CancelledError:
+            await call.complete({"call": index, "partial": True})
+            raise
     if plan.duration:
         await asyncio.sleep(plan.duration / 2)
     value: Any = {"call": index}

@@ -93,7 +93,7 @@ def http_door(
     served = _compressing(app) if plan.middleware else app
 
     async def request(bounds: Bounds) -> Any:
-        rules = _copy(_rules_of(trace, plan.manager, manager), bounds)
+        rules = _copy(_rules_of(trace, plan.manager, manager), bounds, plan.http_limit)
         body = json.dumps({"amount": plan.amount}).encode()
         received: list[Message] = []
         delivered = False
@@ -138,13 +138,17 @@ def http_door(
     return request
 
 
-def _copy(rules: HttpIdempotency, bounds: Bounds) -> HttpIdempotency:
-    """The process's gate with this request's ``request_timeout`` (the same derived
-    manager: one in-flight table and cache per process)."""
+def _copy(rules: HttpIdempotency, bounds: Bounds, limit: int | None) -> HttpIdempotency:
+    """The process's gate with this request's ``request_timeout`` and response limit (the
+    same derived manager: one in-flight table and cache per process)."""
     assert bounds.timeout is not None
     copy = object.__new__(HttpIdempotency)
     copy.__dict__.update(rules.__dict__)
-    copy.settings = dataclasses.replace(rules.settings, request_timeout=bounds.timeout)
+    settings = dataclasses.replace(rules.settings, request_timeout=bounds.timeout)
+    if limit is not None:
+        settings = dataclasses.replace(settings, max_response_bytes=limit)
+        copy.max_response_bytes = limit
+    copy.settings = settings
     return copy
 
 
@@ -185,7 +189,10 @@ async def _respond(
     if behaviour == "stream":
         if plan.duration:
             await asyncio.sleep(plan.duration / 2)  # the endpoint's work before its head
-        await send({"type": "http.response.start", "status": 200, "headers": json_head})
+        head = json_head
+        if plan.content_length:
+            head = [*json_head, (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": head})
         # The first chunk makes the head go out: the point of no return.
         run.answered = loop.time()
         run.returned = True

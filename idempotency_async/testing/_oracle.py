@@ -822,6 +822,30 @@ class _Checker:
             if problem is not None:
                 self.fail(f"G5: call {outcome.call}: {problem}")
             self.check_bounded(outcome)
+            self.check_cancel_propagated(outcome)
+
+    def check_cancel_propagated(self, outcome: Outcome) -> None:
+        """A caller cancelled while its call ran gets ``CancelledError``: its own
+        cancellation is never swallowed nor turned into another outcome — not even when
+        its deadline or its cutoff fired at the same moment (as ``asyncio.timeout`` does,
+        a cancellation from outside wins) — unless its callback swallowed it (a)."""
+        cancelled = outcome.cancel_requested
+        if cancelled is None or isinstance(outcome.error, asyncio.CancelledError):
+            return
+        if any(run.swallowed for run in outcome.runs):
+            return
+        assert outcome.exited is not None
+        if self.real_time and outcome.exited - cancelled <= self.tol + self.lag(
+            cancelled, outcome.exited
+        ):
+            # Real time: a cancellation that races the call's own end is not judged within
+            # the tolerance (virtual time judges it exactly).
+            return
+        got = outcome.value if outcome.error is None else outcome.error
+        self.fail(
+            f"G5: call {outcome.call} was cancelled at t={cancelled:.3f} and got "
+            f"{got!r}: a caller's own cancellation propagates"
+        )
 
     def refused_at_the_call(self, call: int) -> bool:
         """Whether the call's deadline is not a finite number (refused before any I/O)."""
@@ -863,7 +887,35 @@ class _Checker:
             and not self.skewed  # exception (b): another clock took the key over meanwhile
         ):
             return f"an in-batch duplicate failed though the first record succeeded: {failed}"
-        return None
+        return self.acknowledged_unprocessed(outcome, failed)
+
+    def acknowledged_unprocessed(self, outcome: Outcome, failed: list[str]) -> str | None:
+        """A record left out of ``batchItemFailures`` is deleted from its queue: it must
+        have been processed — its handler ran to its end in this batch (a copy rides on
+        its first), or its key held a completed record it could replay.  A record meeting
+        a key still in progress elsewhere fails, to be redelivered."""
+        plan = self.plan_of(outcome.call)
+        # The ids the door gives its SQS records (one per message when keyed by message).
+        ids = {f"m{outcome.call}-{copy}" for copy in range(plan.copies)}
+        if plan.by_message:
+            ids = {f"msg-k{plan.key}-a{plan.amount}"}
+        acknowledged = sorted(ids - set(failed))
+        key = self.key_of(outcome.call)
+        if not acknowledged or key is None or any(run.returned for run in outcome.runs):
+            return None
+        if any(
+            application.done
+            and application.after is not None
+            and application.after.status is Status.COMPLETED
+            and application.order < outcome.exited_at
+            for _, application in self.applications.get(key, ())
+        ):
+            return None
+        return (
+            f"records {acknowledged} were acknowledged (left out of batchItemFailures) though "
+            f"no handler of theirs returned and no completed record of {key} existed: their "
+            "messages are lost"
+        )
 
     def outcome_problem(self, outcome: Outcome) -> str | None:
         error = outcome.error
@@ -966,6 +1018,7 @@ class _Checker:
             return  # blocked, or past its point of no return (the deadline no longer applies)
         if self.trace.paused_during(outcome.entered, outcome.exited):
             return
+        self.check_lambda_answered(outcome)
         latest = outcome.deadline
         for op in self.ops_of(outcome.call):
             if op.name in ("claim", "get") and op.ended is not None:
@@ -975,6 +1028,28 @@ class _Checker:
             self.fail(
                 f"deadline: call {outcome.call} ended at t={outcome.exited:.3f}, past its "
                 f"deadline t={outcome.deadline:.3f} and every bound after it"
+            )
+
+    def check_lambda_answered(self, outcome: Outcome) -> None:
+        """A batch with a Lambda context answers before Lambda ends the invocation,
+        whatever its store requests do: a record still running then (a claim or a read
+        under way, which the manager does not bound) is cut off and fails."""
+        assert outcome.exited is not None
+        if not self.batch(outcome.call):
+            return
+        plan = self.plan_of(outcome.call)
+        ends = [
+            outcome.entered + seconds
+            for mode, seconds in ((plan.deadline, plan.timeout), *plan.also)
+            if mode == "lambda" and math.isfinite(seconds)
+        ]
+        if not ends:
+            return
+        end = min(ends)
+        if outcome.exited > end + self.tol + self.lag(end, outcome.exited):
+            self.fail(
+                f"deadline: batch call {outcome.call} answered at t={outcome.exited:.3f}, after "
+                f"Lambda ended its invocation at t={end:.3f}"
             )
 
     def check_force_released_cache(self) -> None:
@@ -1052,6 +1127,14 @@ class _Checker:
                 self.fail(f"G6: call {op.call} sent {op.name} of {op.key} after it was cancelled")
         for task in self.trace.leftover_tasks:
             self.fail(f"G6: a task of the library outlived the scenario: {task}")
+        for outcome in self.outcomes:
+            for seq in outcome.in_flight:
+                op = self.trace.store.ops[seq]
+                self.fail(
+                    f"G6: call {outcome.call} returned at t={outcome.exited:.3f} with its "
+                    f"{op.name} of {op.key} (sent at t={op.started:.3f}) still awaited: a call "
+                    "leaves no request of its own behind (a detached task)"
+                )
 
     # -- the plan: leases, renewals, writes after the callback, options, refusals ----------
 

@@ -60,6 +60,7 @@ Behaviour = Literal[
     "without_response_then_raise",
     "stream",
     "server_error",
+    "complete_when_cut_off",
 ]
 DeadlineMode = Literal["timeout", "deadline", "ambient", "lambda", "none"]
 Door = Literal["execute", "execute_call", "decorated", "operator", "batch", "http"]
@@ -148,6 +149,13 @@ class CallPlan:
     """``batch``: records keyed by their SQS ``messageId`` (the manager selects no key);
     another call of the same key and payload is the same message redelivered — its id
     kept, its receipt handle new."""
+    fifo: bool = False
+    """``batch``: the records come from an SQS FIFO queue (one message group: in order)."""
+    content_length: bool = False
+    """``http``: the endpoint's stream declares its ``Content-Length``."""
+    http_limit: int | None = None
+    """``http``: the gate's ``max_response_bytes`` for this request (None: what fits in
+    the store)."""
 
 
 @dataclass(frozen=True, slots=True)

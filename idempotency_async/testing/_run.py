@@ -286,6 +286,9 @@ async def _drive(
     finally:
         outcome.exited = loop.time()
         outcome.exited_at = trace.store.applied
+        outcome.in_flight = tuple(
+            op.seq for op in trace.store.ops if op.call == index and op.ended is None
+        )
     if epilogue:
         await _go_on(trace, plan, outcome)
 

@@ -77,6 +77,12 @@ FEATURES = frozenset(
         "renew_settings",  # renewal settings that can never renew (to be refused)
         "gate_late_completion",  # an HTTP stream's first completion landing late
         "redelivery",  # SQS batches keyed by message id, messages redelivered
+        # Measured against a second blind set of mutants (tests/mutants/blind2).
+        "cancel_at_cutoff",  # a caller cancelled the moment its cutoff or deadline fires
+        "cleanup_completion",  # an execute_call callback completing in its cleanup
+        "http_limits",  # streams declaring their Content-Length; small response limits
+        "fifo_batches",  # batches from an SQS FIFO queue: records in order
+        "release_races",  # a force_release racing a slow replay of the releasing process
     }
 )
 """What the generator can add beyond the original scenarios; ``generate(exclude=...)``
@@ -103,7 +109,8 @@ def generate(
         raise ValueError(f"unknown simulator features {sorted(unknown)}: use {sorted(FEATURES)}")
     on = FEATURES - set(exclude)
     if live:
-        on -= {"server_clock", "full_store", "clock_jumps"}
+        # A release race is timed to the millisecond: real time cannot keep its order.
+        on -= {"server_clock", "full_store", "clock_jumps", "release_races"}
     rng = random.Random(seed)
     managers = tuple(_manager(rng, scale, live) for _ in range(rng.randint(3, 4)))
     keys = rng.randint(1, 3)
@@ -159,6 +166,8 @@ def generate(
     # scenario is the one the seed made before they existed).
     managers = _settled_renewal(seed, managers, on, scale)
     calls = _newer_features(seed, calls, managers, on, scale, live)
+    # Before the crossing: the focus call it makes is its row's alone.
+    calls, managers = _races(seed, calls, managers, on, scale)
     if "cross" in on:
         realized = cross(seed, calls, managers, server_clock, clock_given, keys, on, scale, live)
         calls, managers, server_clock = realized
@@ -518,3 +527,106 @@ def _late_extend(rng: random.Random, call: CallPlan, plan: ManagerPlan, scale: f
     kind: FaultKind = rng.choice(["late", "adrift"])
     seconds = round(rng.uniform(0.2, 2.0) * renew, 3)
     return replace(call, faults=(*call.faults, Fault("extend", rng.choice([0, 1]), kind, seconds)))
+
+
+# -- races and limits added after the second blind mutation set -----------------------------
+
+
+def _races(
+    seed: int,
+    calls: list[CallPlan],
+    managers: tuple[ManagerPlan, ...],
+    on: frozenset[str],
+    scale: float,
+) -> tuple[list[CallPlan], tuple[ManagerPlan, ...]]:
+    cancels = random.Random(f"cancel-at-cutoff-{seed}")
+    cleanups = random.Random(f"cleanup-completion-{seed}")
+    limits = random.Random(f"http-limits-{seed}")
+    ordered = random.Random(f"fifo-batches-{seed}")
+    releases = random.Random(f"release-races-{seed}")
+    out: list[CallPlan] = []
+    raced: list[CallPlan] = []
+    for call in calls:
+        race = "release_races" in on and call.door == "operator" and releases.random() < 0.35
+        if race and not raced:
+            # One per scenario: a second would start its replay while the first's is in
+            # flight, joining it (see _release_race).
+            raced, managers = _release_race(call, managers, scale)
+            continue
+        if "fifo_batches" in on and call.door == "batch" and ordered.random() < 0.4:
+            call = replace(call, fifo=True)
+        if "cancel_at_cutoff" in on and cancels.random() < 0.08:
+            call = _cancel_at_cutoff(cancels, call, managers[call.manager])
+        if "cleanup_completion" in on and call.door == "execute_call" and cleanups.random() < 0.3:
+            call = replace(call, behaviour="complete_when_cut_off", shape="coroutine")
+            call = replace(call, cancel_after=None)  # cleanup after its caller's cancel: (a)
+        if "http_limits" in on and call.door == "http":
+            if call.behaviour == "stream" and limits.random() < 0.5:
+                call = replace(call, content_length=True)
+            if limits.random() < 0.3:
+                call = replace(call, http_limit=limits.choice([0, 8]))
+        out.append(call)
+    if raced:
+        # The race is timed: a callback blocking the loop would pause every process and
+        # bunch its steps up (the later call then joins the replay in flight).
+        out = [replace(c, behaviour="swallow") if c.behaviour == "block" else c for c in out]
+    return out + raced, managers
+
+
+def _release_race(
+    operator: CallPlan, managers: tuple[ManagerPlan, ...], scale: float
+) -> tuple[list[CallPlan], tuple[ManagerPlan, ...]]:
+    """An operator's force_release racing a replay of the same process, its local cache
+    on: the replay's request reaches the completed record before the release and its
+    answer comes after the release ended; a later call of that process must not replay
+    the released record from its cache (G6).  The operator's process completes the key
+    first.
+
+    The racing process is one of its own, with no other call: a call of it starting
+    while the replay's answer is on its way would join it (in-process single flight) and
+    replay the released record too — an open defect
+    (``tests/test_simulator_regressions.py``,
+    ``test_a_call_after_its_own_force_release_joins_a_replay_sent_before_it``)."""
+    t0, racing = operator.at, len(managers)
+    plan = replace(
+        managers[operator.manager],
+        use_local_cache=True,
+        renew_lease=None,
+        renew_every=None,
+        jump_at=None,
+        jump=0.0,
+    )
+
+    def call(manager: int, at: float, faults: tuple[Fault, ...] = ()) -> CallPlan:
+        at = round(t0 + at * scale, 3)
+        timeout = round(3.0 * scale, 3)
+        return CallPlan(
+            manager, operator.key, 1, at, "timeout", timeout, "return", 0.0, None, faults
+        )
+
+    slow = (Fault("claim", 0, "slow_answer", round(0.3 * scale, 3)),)
+    race = [
+        call(operator.manager, 0.0),  # completes the key
+        call(racing, 0.5, slow),  # replays it; its answer comes after the release
+        replace(operator, manager=racing, at=round(t0 + 0.55 * scale, 3), faults=()),
+        call(racing, 1.0),  # must not replay the released record from the cache
+    ]
+    return race, (*managers, plan)
+
+
+def _cancel_at_cutoff(rng: random.Random, call: CallPlan, plan: ManagerPlan) -> CallPlan:
+    """The caller cancelled at the very moment its own cutoff (its lease end less the
+    completion reserve) or its deadline fires — as an outer timeout of the same length
+    would: the cancellation from outside must win (it is the caller's, not the call's)."""
+    if call.door not in ("execute", "execute_call", "decorated") or call.also:
+        return call
+    if call.deadline not in ("timeout", "deadline") or not math.isfinite(call.timeout):
+        return call
+    if plan.renew_lease is not None or call.latency or call.shape == "plain":
+        return call  # the cutoff moves with renewals; a slow claim sends it later
+    left = call.timeout
+    if plan.completion_reserve is not None:
+        kept = min(plan.completion_reserve, left)
+    else:
+        kept = min(0.5, 0.2 * left)
+    return replace(call, cancel_after=rng.choice([left - kept, left]))

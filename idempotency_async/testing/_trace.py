@@ -110,6 +110,9 @@ class Outcome:
     ``error``, as the other doors'd have it)."""
     skipped: bool = False
     """The call's manager refused its options: the call never ran."""
+    in_flight: tuple[int, ...] = ()
+    """The store requests of the call (their ``seq``) still awaited when it returned: work
+    the call left behind (G6: no detached tasks)."""
 
     @property
     def returned_value(self) -> bool:
