@@ -597,7 +597,13 @@ class Lifecycle:
         try:
             deleted = await self.store.force_release(key)
         finally:
-            replays.released(key, asyncio.get_running_loop().time())
+            now = asyncio.get_running_loop().time()
+            replays.released(key, now)
+            # A call of this process whose claim went out before the release ended may
+            # yet be answered with the record released: later calls must not join it.
+            flight = self.inflight.get(key)
+            if flight is not None and flight.sent <= now:
+                del self.inflight[key]
         self.emit("released", key)
         return deleted
 

@@ -213,7 +213,6 @@ _JOINED_RELEASED = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="open: single flight joins a replay sent before a release")
 def test_a_call_after_its_own_force_release_joins_a_replay_sent_before_it() -> None:
     base = {"manager": 0, "key": 1, "amount": 1, "deadline": "timeout", "timeout": 3.0}
     calls = [

@@ -582,11 +582,11 @@ def _release_race(
     the released record from its cache (G6).  The operator's process completes the key
     first.
 
-    The racing process is one of its own, with no other call: a call of it starting
-    while the replay's answer is on its way would join it (in-process single flight) and
-    replay the released record too — an open defect
-    (``tests/test_simulator_regressions.py``,
-    ``test_a_call_after_its_own_force_release_joins_a_replay_sent_before_it``)."""
+    The racing process is one of its own, with no other call (as recorded seeds have
+    it): a call of it starting while the replay's answer is on its way would join it
+    (in-process single flight) — the defect of
+    ``tests/test_simulator_regressions.py``'s
+    ``test_a_call_after_its_own_force_release_joins_a_replay_sent_before_it``, fixed."""
     t0, racing = operator.at, len(managers)
     plan = replace(
         managers[operator.manager],
