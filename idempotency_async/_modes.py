@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
-from typing import Protocol
+from typing import Final, Protocol
 
 from idempotency_async._cutoff import Cutoffs
 from idempotency_async._emission import Emitter
@@ -118,22 +118,11 @@ class Plain:
     def abandon(self, lease: Lease, exc: BaseException, cutoffs: Cutoffs) -> Awaitable[None]:
         return DONE  # the record stays in progress until its lease ends
 
-    async def release(
+    def release(
         self, lease: Lease, exc: BaseException | None, cutoffs: Cutoffs
-    ) -> bool | None:
-        key = lease.claim.key
-        loop = cutoffs.loop
-        bound = lease.write_bound(loop.time())
-        answer, failure, text = await _bounded_release(self.store, lease, cutoffs, bound)
-        if failure is None:
-            return answer
-        if exc is not None:
-            exc.add_note(
-                f"idempotency-async: releasing key {key} {text}; the key stays in progress "
-                "until its lease ends"
-            )
-        self._emitter.emit("release_failed", key, error=failure)
-        return None
+    ) -> Awaitable[bool | None]:
+        bound = lease.write_bound(cutoffs.loop.time())
+        return _release(self.store, self._emitter, lease, cutoffs, bound, exc, _RELEASE_NOTE)
 
     def publish(
         self, flight: Flight, completion: Completion, encoded: bytes | None, sent: float
@@ -175,24 +164,12 @@ class InTransaction:
         # Nothing is left half done in the caller's transaction: its savepoint rolls back.
         await self.release(lease, exc, cutoffs)
 
-    async def release(
+    def release(
         self, lease: Lease, exc: BaseException | None, cutoffs: Cutoffs
-    ) -> bool | None:
-        key = lease.claim.key
-        loop = cutoffs.loop
-        bound = lease.undo_bound(loop.time())
-        answer, failure, text = await _bounded_release(self.store, lease, cutoffs, bound)
-        if failure is None:
-            return answer
-        if exc is not None:
-            # Its claim is still in the caller's transaction, whose COMMIT the table's
-            # guard refuses.
-            exc.add_note(
-                f"idempotency-async: undoing the transactional call of key {key} {text}; "
-                "roll the transaction back (its COMMIT would be refused)"
-            )
-        self._emitter.emit("release_failed", key, error=failure)
-        return None
+    ) -> Awaitable[bool | None]:
+        # A claim left in the caller's transaction makes the table's guard refuse its COMMIT.
+        bound = lease.undo_bound(cutoffs.loop.time())
+        return _release(self.store, self._emitter, lease, cutoffs, bound, exc, _UNDO_NOTE)
 
     def publish(
         self, flight: Flight, completion: Completion, encoded: bytes | None, sent: float
@@ -200,17 +177,39 @@ class InTransaction:
         return False  # nothing learns the result before the caller's COMMIT
 
 
-async def _bounded_release(
-    store: Store, lease: Lease, cutoffs: Cutoffs, bound: float
-) -> tuple[bool | None, BaseException | None, str]:
+_RELEASE_NOTE: Final = (
+    "idempotency-async: releasing key {key} {text}; the key stays in progress until its lease ends"
+)
+_UNDO_NOTE: Final = (
+    "idempotency-async: undoing the transactional call of key {key} {text}; roll the "
+    "transaction back (its COMMIT would be refused)"
+)
+
+
+async def _release(
+    store: Store,
+    emitter: Emitter,
+    lease: Lease,
+    cutoffs: Cutoffs,
+    bound: float,
+    exc: BaseException | None,
+    note: str,
+) -> bool | None:
     """The owner-fenced release of ``lease``, abandoned at ``bound`` (loop time): what the
-    store answered, or None, the failure and how to say it."""
+    store answered, or None once it failed — said on ``exc`` (``note``, a template of
+    ``key`` and ``text``) and as a ``release_failed`` event."""
+    key = lease.claim.key
     try:
         with cutoffs.at(bound) as cutoff:
-            return await store.release(lease.claim.key, lease.claim.owner), None, ""
+            return await store.release(key, lease.claim.owner)
     except asyncio.CancelledError as cancelled:
         if not cutoff.cut_off:
             raise
-        return None, cancelled, "was abandoned at the lease end"
+        failure: BaseException = cancelled
+        text = "was abandoned at the lease end"
     except Exception as error:
-        return None, error, f"failed ({error!r})"
+        failure, text = error, f"failed ({error!r})"
+    if exc is not None:
+        exc.add_note(note.format(key=key, text=text))
+    emitter.emit("release_failed", key, error=failure)
+    return None
