@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from idempotency_async import MemoryStore
 from idempotency_async.errors import StoreUnavailableError
 from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores.base import Extended, Store, Verdict, Written
@@ -158,3 +159,33 @@ def on_stores(*names: str) -> pytest.MarkDecorator:
     own behaviour is covered by the contract kit and the rest of its suite.
     """
     return pytest.mark.parametrize("store", names, indirect=True)
+
+
+class MemoryWrapper:
+    """A MemoryStore behind the store protocol, every operation passed on: for a subclass
+    to make unsafe (the conformance kit's broken stores, hostile answers)."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+        self.max_response_bytes = self.inner.max_response_bytes
+
+    async def claim(self, claim: Claim) -> Verdict:
+        return await self.inner.claim(claim)
+
+    async def get(self, key: str, *, now: float) -> Verdict:
+        return await self.inner.get(key, now=now)
+
+    async def complete(self, completion: Completion) -> Written:
+        return await self.inner.complete(completion)
+
+    async def release(self, key: str, owner: str) -> bool:
+        return await self.inner.release(key, owner)
+
+    async def extend(self, claim: Claim) -> Extended:
+        return await self.inner.extend(claim)
+
+    async def force_release(self, key: str) -> Record | None:
+        return await self.inner.force_release(key)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

@@ -24,9 +24,10 @@ import inspect
 from typing import Any
 
 import pytest
+from support import MemoryWrapper
 
 from idempotency_async import Manager, MemoryStore, Options, errors
-from idempotency_async.record import Claim, Completion, Record, Status
+from idempotency_async.record import Claim, Completion, Status
 from idempotency_async.stores.base import State, Verdict, Written
 from idempotency_async.testing import SimulationFailure, StoreContract, simulate
 from idempotency_async.testing._contract import _prepare_race, _race_has_one_owner, claim
@@ -34,36 +35,7 @@ from idempotency_async.testing._contract import _prepare_race, _race_has_one_own
 NOW = 1_700_000_000.0
 
 
-class _Wrapped:
-    """A MemoryStore behind the store protocol, for a subclass to make unsafe."""
-
-    def __init__(self) -> None:
-        self.inner = MemoryStore()
-        self.max_response_bytes = self.inner.max_response_bytes
-
-    async def claim(self, claim: Claim) -> Verdict:
-        return await self.inner.claim(claim)
-
-    async def get(self, key: str, *, now: float) -> Verdict:
-        return await self.inner.get(key, now=now)
-
-    async def complete(self, completion: Completion) -> Written:
-        return await self.inner.complete(completion)
-
-    async def release(self, key: str, owner: str) -> bool:
-        return await self.inner.release(key, owner)
-
-    async def extend(self, claim: Claim) -> bool:
-        return await self.inner.extend(claim)
-
-    async def force_release(self, key: str) -> Record | None:
-        return await self.inner.force_release(key)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-class ReadThenWriteTakeover(_Wrapped):
+class ReadThenWriteTakeover(MemoryWrapper):
     """Takes over a lapsed or expired record in two steps: read it, then overwrite it."""
 
     async def claim(self, claim: Claim) -> Verdict:
@@ -75,14 +47,14 @@ class ReadThenWriteTakeover(_Wrapped):
         return await self.inner.claim(claim)
 
 
-class DropsValidation(_Wrapped):
+class DropsValidation(MemoryWrapper):
     """Completes records without their validation hash."""
 
     async def complete(self, completion: Completion) -> Written:
         return await self.inner.complete(completion._replace(validation=None))
 
 
-class TakesTheResponseBack(_Wrapped):
+class TakesTheResponseBack(MemoryWrapper):
     """Lets a completion without a response replace its owner's response."""
 
     async def complete(self, completion: Completion) -> Written:

@@ -21,11 +21,12 @@ import orjson
 import pytest
 from _postgres import PostgresServer, fresh_table_name, postgres_server
 from _redis import RedisServer, redis_server
+from support import MemoryWrapper
 
-from idempotency_async import Manager, MemoryStore, Options
+from idempotency_async import Manager, Options
 from idempotency_async.errors import InconsistentStateError
 from idempotency_async.record import Claim, Completion, Record
-from idempotency_async.stores.base import State, Verdict, Written
+from idempotency_async.stores.base import State, Verdict
 from idempotency_async.stores.redis import RedisStore
 
 __all__ = ["postgres_server", "redis_server"]
@@ -52,13 +53,12 @@ async def _complete(store: Any, key: str) -> None:
 # ---------------------------------------------------------------------- any store (manager)
 
 
-class _AnswersAboutAnotherKey:
+class _AnswersAboutAnotherKey(MemoryWrapper):
     """A MemoryStore with a bug: once ``wrong`` is set, an answer that carries a record
     carries the last record it answered with before, whatever key was asked."""
 
     def __init__(self) -> None:
-        self.inner = MemoryStore()
-        self.max_response_bytes = self.inner.max_response_bytes
+        super().__init__()
         self.wrong = False
         self.last: Record | None = None
 
@@ -75,44 +75,6 @@ class _AnswersAboutAnotherKey:
 
     async def get(self, key: str, *, now: float) -> Verdict:
         return self._answer(await self.inner.get(key, now=now))
-
-    async def complete(self, completion: Completion) -> Written:
-        return await self.inner.complete(completion)
-
-    async def release(self, key: str, owner: str) -> bool:
-        return await self.inner.release(key, owner)
-
-    async def extend(self, claim: Claim) -> bool:
-        return await self.inner.extend(claim)
-
-    async def force_release(self, key: str) -> Record | None:
-        return await self.inner.force_release(key)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-@pytest.mark.parametrize("how", ["execute", "replay"])
-async def test_the_manager_refuses_a_record_for_another_key(how: str) -> None:
-    store = _AnswersAboutAnotherKey()
-    manager = Manager(store, Options(key_prefix="p"))
-
-    async def charge(order: int) -> dict[str, int]:
-        return {"charged": order}
-
-    assert await manager.execute({"id": 1}, lambda: charge(1), timeout=5) == {"charged": 1}
-    assert await manager.execute({"id": 2}, lambda: charge(2), timeout=5) == {"charged": 2}
-    assert await manager.execute({"id": 1}, lambda: charge(1), timeout=5) == {"charged": 1}
-    store.wrong = True
-    # The store now hands key 2 the record of key 1: never replayed as key 2's.
-    with pytest.raises(InconsistentStateError, match="record of key"):
-        if how == "execute":
-            await manager.execute({"id": 2}, lambda: charge(2), timeout=5)
-        else:
-            await manager.replay({"id": 2}, default=None)
-
-
-# ---------------------------------------------------------------------- Redis
 
 
 class _RespStaleProxy:
