@@ -77,6 +77,29 @@ class _AnswersAboutAnotherKey(MemoryWrapper):
         return self._answer(await self.inner.get(key, now=now))
 
 
+@pytest.mark.parametrize("how", ["execute", "replay"])
+async def test_the_manager_refuses_a_record_for_another_key(how: str) -> None:
+    store = _AnswersAboutAnotherKey()
+    manager = Manager(store, Options(key_prefix="p"))
+
+    async def charge(order: int) -> dict[str, int]:
+        return {"charged": order}
+
+    assert await manager.execute({"id": 1}, lambda: charge(1), timeout=5) == {"charged": 1}
+    assert await manager.execute({"id": 2}, lambda: charge(2), timeout=5) == {"charged": 2}
+    assert await manager.execute({"id": 1}, lambda: charge(1), timeout=5) == {"charged": 1}
+    store.wrong = True
+    # The store now hands key 2 the record of key 1: never replayed as key 2's.
+    with pytest.raises(InconsistentStateError, match="record of key"):
+        if how == "execute":
+            await manager.execute({"id": 2}, lambda: charge(2), timeout=5)
+        else:
+            await manager.replay({"id": 2}, default=None)
+
+
+# ---------------------------------------------------------------------- Redis
+
+
 class _RespStaleProxy:
     """A loopback proxy in front of redis-server that, once ``stale`` is set, answers each
     command with the reply to the command before it (RESP2 replies, parsed whole)."""
