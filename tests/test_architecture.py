@@ -24,6 +24,7 @@ DOOR_MODULES = (
     "integrations.starlette",
     "integrations.fastapi",
     "integrations.aiohttp",
+    "integrations.mcp",
 )
 # Names those modules export that are types or values handed to a door, not doors.
 NOT_DOORS = frozenset(
@@ -39,6 +40,9 @@ NOT_DOORS = frozenset(
         "BatchResponse",
         "EventType",
         "LambdaEntrypoint",
+        "CallerScope",
+        "CONTEXT_PARAMETER",
+        "META_KEY",
     }
 )
 
