@@ -282,3 +282,17 @@ def test_configuration_is_checked_at_decoration() -> None:
 
     with pytest.raises(errors.ConfigError, match="async def"):
         idempotent_tool(manager)(plain)  # type: ignore[arg-type]
+
+
+async def test_an_idempotency_error_the_tool_itself_raises_is_not_answered_as_ours() -> None:
+    server = MCPServer("payments")
+
+    @server.tool()
+    @idempotent_tool(Manager(MemoryStore(), Options()))
+    async def charge(order_id: str) -> str:
+        raise errors.PayloadValidationError("from a call the tool made", key="k")
+
+    async with Client(server) as client:
+        failed = await client.call_tool("charge", {"order_id": "o1"})
+    assert failed.is_error
+    assert "different arguments" not in _text(failed)  # the SDK's answer for a crash

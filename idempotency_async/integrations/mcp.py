@@ -144,12 +144,18 @@ def idempotent_tool(
             if context_name is not None:
                 ctx = kwargs.get(context_name)
             arguments = {k: v for k, v in kwargs.items() if k != context_name}
+            started: list[bool] = []  # the tool ran: what it raises is its own
+
+            def run() -> Awaitable[T]:
+                started.append(True)
+                return func(*args, **kwargs)
+
             try:
                 payload = await tool.payload(ctx if isinstance(ctx, Context) else None, arguments)
-                return await tool.manager.execute(
-                    payload, lambda: func(*args, **kwargs), timeout=timeout
-                )
+                return await tool.manager.execute(payload, run, timeout=timeout)
             except _ANSWERED as exc:
+                if started:
+                    raise
                 raise ToolError(_advice(exc)) from exc
 
         if context_name is None:
