@@ -25,6 +25,7 @@ DOOR_MODULES = (
     "integrations.fastapi",
     "integrations.aiohttp",
     "integrations.mcp",
+    "integrations.powertools",
 )
 # Names those modules export that are types or values handed to a door, not doors.
 NOT_DOORS = frozenset(
@@ -43,6 +44,7 @@ NOT_DOORS = frozenset(
         "CallerScope",
         "CONTEXT_PARAMETER",
         "META_KEY",
+        "REPLAYED_HEADER",
     }
 )
 
