@@ -296,3 +296,37 @@ async def test_an_idempotency_error_the_tool_itself_raises_is_not_answered_as_ou
         failed = await client.call_tool("charge", {"order_id": "o1"})
     assert failed.is_error
     assert "different arguments" not in _text(failed)  # the SDK's answer for a crash
+
+
+async def test_a_call_the_client_gave_up_on_stays_in_progress_until_its_lease_ends() -> None:
+    from mcp import MCPError
+
+    started: list[str] = []
+    cancelled_after: list[float] = []
+    server = MCPServer("payments")
+
+    @server.tool()
+    @idempotent_tool(Manager(MemoryStore(), Options()), timeout=1.5)
+    async def charge(order_id: str) -> str:
+        started.append(order_id)
+        if len(started) == 1:
+            begun = asyncio.get_running_loop().time()
+            try:
+                await asyncio.sleep(60)  # the client stops waiting: notifications/cancelled
+            except asyncio.CancelledError:
+                cancelled_after.append(asyncio.get_running_loop().time() - begun)
+                raise
+        return "charged"
+
+    async with Client(server) as client:
+        with pytest.raises(MCPError):
+            await client.call_tool("charge", {"order_id": "o1"}, read_timeout_seconds=0.3)
+        busy = await client.call_tool("charge", {"order_id": "o1"})
+        await asyncio.sleep(1.5)  # the first call's lease ends
+        retried = await client.call_tool("charge", {"order_id": "o1"})
+    assert busy.is_error and "still in progress" in _text(busy)
+    assert not retried.is_error and _text(retried) == "charged"
+    assert started == ["o1", "o1"]
+    # Cancelled by the client's notifications/cancelled, well before the cutoff (1.5 s
+    # less its reserve) would have stopped it.
+    assert len(cancelled_after) == 1 and cancelled_after[0] < 1.0
