@@ -220,6 +220,30 @@ async def test_bytes_and_text_bodies_replay_byte_for_byte() -> None:
     assert runs == [1]
 
 
+async def test_a_response_too_large_to_store_is_not_run_again(
+    kind: tuple[type[ApiGatewayResolver], str],
+) -> None:
+    resolver, event_name = kind
+    app = resolver()
+    runs: list[int] = []
+    manager = Manager(
+        MemoryStore(max_response_bytes=256),
+        Options(key_format="powertools-python", event_key_jmespath=KEY),
+    )
+
+    @app.post("/orders", middlewares=[idempotent_route(manager)])
+    async def create_order() -> dict[str, str]:
+        runs.append(1)
+        return {"receipt": "x" * 1000}
+
+    first = await app.resolve_async(_event(event_name), LambdaContext())
+    again = await app.resolve_async(_event(event_name), LambdaContext())
+    assert first["statusCode"] == 200 and len(json.loads(first["body"])["receipt"]) == 1000
+    assert again["statusCode"] == 409  # processed, not replayable: never run twice (G2)
+    assert "was processed, but its response was not stored" in json.loads(again["body"])["detail"]
+    assert runs == [1]
+
+
 # -- one table with Powertools' own synchronous @idempotent handler -----------------------
 
 
