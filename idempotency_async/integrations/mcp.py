@@ -140,8 +140,9 @@ def idempotent_tool(
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
             if args:
                 raise ConfigError(f"the MCP tool {tool.name} is called with keyword arguments")
-            ctx = kwargs.pop(CONTEXT_PARAMETER, None) if context_name is None else None
-            if context_name is not None:
+            if context_name is None:  # the SDK fills the parameter the decorator added
+                ctx = kwargs.pop(CONTEXT_PARAMETER, None)
+            else:  # the tool's own Context, passed on to it
                 ctx = kwargs.get(context_name)
             arguments = {k: v for k, v in kwargs.items() if k != context_name}
             started: list[bool] = []  # the tool ran: what it raises is its own
