@@ -330,3 +330,19 @@ async def test_a_call_the_client_gave_up_on_stays_in_progress_until_its_lease_en
     # Cancelled by the client's notifications/cancelled, well before the cutoff (1.5 s
     # less its reserve) would have stopped it.
     assert len(cancelled_after) == 1 and cancelled_after[0] < 1.0
+
+
+async def test_a_direct_call_keys_as_the_sdk_call_does() -> None:
+    runs: list[str] = []
+    server = MCPServer("payments")
+
+    @server.tool()
+    @idempotent_tool(Manager(MemoryStore(), Options()))
+    async def charge(order_id: str, amount: int = 5) -> str:
+        runs.append(order_id)
+        return f"charged {order_id}"
+
+    async with Client(server) as client:
+        first = await client.call_tool("charge", {"order_id": "o1"})
+    assert await charge("o1") == await charge(order_id="o1", amount=5) == _text(first)
+    assert runs == ["o1"]

@@ -135,16 +135,19 @@ def idempotent_tool(
             tool_manager, selector, meta_key, caller_scope or _principal, name or func.__name__
         )
         context_name = find_context_parameter(func)
+        signature = inspect.signature(func)
 
         @functools.wraps(func)
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-            if args:
-                raise ConfigError(f"the MCP tool {tool.name} is called with keyword arguments")
             if context_name is None:  # the SDK fills the parameter the decorator added
                 ctx = kwargs.pop(CONTEXT_PARAMETER, None)
             else:  # the tool's own Context, passed on to it
                 ctx = kwargs.get(context_name)
-            arguments = {k: v for k, v in kwargs.items() if k != context_name}
+            # The SDK passes every argument by name, defaults filled in; a direct call is
+            # bound the same way, so both key alike.
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            arguments = {k: v for k, v in bound.arguments.items() if k != context_name}
             started: list[bool] = []  # the tool ran: what it raises is its own
 
             def run() -> Awaitable[T]:
