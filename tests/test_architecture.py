@@ -24,6 +24,8 @@ DOOR_MODULES = (
     "integrations.starlette",
     "integrations.fastapi",
     "integrations.aiohttp",
+    "integrations.mcp",
+    "integrations.powertools",
 )
 # Names those modules export that are types or values handed to a door, not doors.
 NOT_DOORS = frozenset(
@@ -39,6 +41,10 @@ NOT_DOORS = frozenset(
         "BatchResponse",
         "EventType",
         "LambdaEntrypoint",
+        "CallerScope",
+        "CONTEXT_PARAMETER",
+        "META_KEY",
+        "REPLAYED_HEADER",
     }
 )
 

@@ -37,6 +37,7 @@ GUIDES = [
     "manager.md",
     "lambda.md",
     "http.md",
+    "agents.md",
     "downstream.md",
     "dynamodb.md",
     "redis.md",
@@ -93,7 +94,9 @@ def test_every_guide_opens_with_its_code_and_a_table(page: str) -> None:
     assert code_end is not None and code_end.end() < table.start()
 
 
-@pytest.mark.parametrize("page", ["manager.md", "downstream.md", "stores.md", "observability.md"])
+@pytest.mark.parametrize(
+    "page", ["manager.md", "downstream.md", "stores.md", "observability.md", "agents.md"]
+)
 def test_in_process_openings_print_their_output(
     page: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -33,6 +33,8 @@ _NEVER_AT_IMPORT = (
     "fastapi",
     "opentelemetry",
     "aws_lambda_powertools",
+    "mcp",
+    "mcp_types",
     "pydantic",
     "hypothesis",
     # The standard library's heavier modules the general path and one JMESPath function

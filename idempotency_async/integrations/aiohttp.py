@@ -37,6 +37,7 @@ from idempotency_async.integrations._http import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_BODY_DEPTH,
     DEFAULT_METHODS,
+    DEFAULT_REPLAYED_HEADER,
     DEFAULT_REQUEST_TIMEOUT,
     CallerScope,
     HttpIdempotency,
@@ -162,6 +163,7 @@ def idempotency_middleware(
     replay_headers: Iterable[str] = (),
     wait: bool | None = None,
     wait_timeout: float | None = None,
+    replayed_header: str = DEFAULT_REPLAYED_HEADER,
 ) -> Middleware:
     """A middleware running each idempotent request once per ``Idempotency-Key``.
 
@@ -187,6 +189,7 @@ def idempotency_middleware(
             replay_headers=replay_headers,
             wait=wait,
             wait_timeout=wait_timeout,
+            replayed_header=replayed_header,
         ),
     )
 

@@ -42,8 +42,15 @@ from fastapi.routing import APIRoute
 
 from idempotency_async.errors import ConfigError
 from idempotency_async.integrations._fastapi_responses import RouteResponses
-from idempotency_async.integrations._http import HttpTransaction, RequestState, register_marker
+from idempotency_async.integrations._http import (
+    DEFAULT_REPLAYED_HEADER,
+    HttpSettings,
+    HttpTransaction,
+    RequestState,
+    register_marker,
+)
 from idempotency_async.integrations.starlette import request_state
+from idempotency_async.manager import Manager
 
 __all__ = [
     "HttpTransaction",
@@ -178,22 +185,45 @@ def _problem(description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/problem+json": {"schema": schema}}}
 
 
-def idempotency_openapi() -> dict[str, Any]:
+def idempotency_openapi(
+    manager: Manager | None = None, *, replayed_header: str = DEFAULT_REPLAYED_HEADER
+) -> dict[str, Any]:
     """The answers the middleware adds to a route, for the route's ``openapi_extra``.
 
     FastAPI merges it into the operation after its own responses, so the 422 of request
-    validation stays documented beside the middleware's.  A new dict on every call.
+    validation stays documented beside the middleware's.  Pass the ``manager`` the
+    middleware is given to publish the key lifetime (its ``Options.expires_after``), and
+    the middleware's ``replayed_header`` if you changed it: both go in the descriptions and
+    in the operation's ``x-idempotency`` extension (``keyHeader``, ``replayedHeader``,
+    ``keyLifetimeSeconds``).  A new dict on every call.
     """
+    HttpSettings(replayed_header=replayed_header)  # the same check as the middleware's
+    lifetime = None if manager is None else manager.options.expires_after
+    remembered = (
+        ""
+        if lifetime is None
+        else f" A key is remembered for {lifetime:g} seconds after its request completed; "
+        "a request sent later with it runs again."
+    )
+    extension: dict[str, Any] = {"keyHeader": _HEADER, "replayedHeader": replayed_header}
+    if lifetime is not None:
+        extension["keyLifetimeSeconds"] = lifetime
+    retry_after = {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}
     return {
         "responses": {
             "400": _problem("The Idempotency-Key is invalid, or missing where it is required."),
-            "409": _problem(
-                "A request with this Idempotency-Key is still being processed: retry after "
-                "the Retry-After header's seconds."
-            ),
+            "409": {
+                **_problem(
+                    "A request with this Idempotency-Key is still being processed: retry after "
+                    "the Retry-After header's seconds. (A duplicate of a request whose response "
+                    f"was not stored is answered 409 too, marked with {replayed_header}: true.)"
+                ),
+                "headers": {"Retry-After": retry_after},
+            },
             "422": _problem(
                 "Validation error, or this Idempotency-Key was already used with a different "
-                "request (method, path, query or body)."
+                "request (method, path, query or body)." + remembered
             ),
-        }
+        },
+        "x-idempotency": extension,
     }

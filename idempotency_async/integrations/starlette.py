@@ -24,6 +24,7 @@ from idempotency_async.integrations._http import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_BODY_DEPTH,
     DEFAULT_METHODS,
+    DEFAULT_REPLAYED_HEADER,
     DEFAULT_REQUEST_TIMEOUT,
     STATE_KEY,
     STORED_HEADER,
@@ -84,6 +85,8 @@ class IdempotencyMiddleware:
         as the manager's ``Options.wait``.
     :param wait_timeout: the longest such a wait lasts, in seconds (then 409); None: as
         the manager's ``Options.wait_timeout``.
+    :param replayed_header: the header (value ``true``) that marks a replayed response,
+        and a duplicate's "not stored" answer (default ``Idempotent-Replayed``).
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class IdempotencyMiddleware:
         replay_headers: Iterable[str] = (),
         wait: bool | None = None,
         wait_timeout: float | None = None,
+        replayed_header: str = DEFAULT_REPLAYED_HEADER,
     ) -> None:
         self.app = app
         self.rules = HttpIdempotency(
@@ -120,6 +124,7 @@ class IdempotencyMiddleware:
                 replay_headers=replay_headers,
                 wait=wait,
                 wait_timeout=wait_timeout,
+                replayed_header=replayed_header,
             ),
         )
         self._marked: dict[int, tuple[BaseRoute, Marks]] = {}

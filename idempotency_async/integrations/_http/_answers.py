@@ -145,7 +145,7 @@ def respond(answer: Answer, error: BaseException, rules: HttpIdempotency) -> Htt
         return _reused()
     if answer is Answer.NOT_STORED:
         assert isinstance(error, ResponseNotStoredError)
-        return not_available(error.reason)
+        return not_available(error.reason, rules.settings.replayed_header)
     if answer is Answer.CONFLICTED:
         # Nothing of the request committed and the conflict was with a concurrent
         # transaction: the client retries with the same key, as after any 409.

@@ -72,10 +72,10 @@ def problem(
     return HttpResponse(status, (("content-type", "application/problem+json"), *headers), body)
 
 
-def not_available(reason: str | None) -> HttpResponse:
+def not_available(reason: str | None, replayed_header: str = REPLAYED_HEADER) -> HttpResponse:
     """The answer to a duplicate of a request whose response was not stored: the original
     status (written first in the record's reason) when it can carry a body, else 409, and
-    the reason it was not stored."""
+    the reason it was not stored; marked with ``replayed_header``."""
     match = None if reason is None else _REASON.fullmatch(reason)
     status = 409 if match is None else int(match[1])
     why = reason if match is None else match[2]
@@ -90,7 +90,7 @@ def not_available(reason: str | None) -> HttpResponse:
         f"the request with this Idempotency-Key was processed, but its response was not "
         f"stored ({why or 'no reason recorded'}), so it cannot be replayed: use a new key to "
         "run the request again",
-        headers=((STORED_HEADER, "false"), (REPLAYED_HEADER, "true")),
+        headers=((STORED_HEADER, "false"), (replayed_header, "true")),
     )
 
 
@@ -160,13 +160,26 @@ def not_stored_response(status: int, reason: str) -> dict[str, Any]:
     return {"v": _FORMAT, "status": status, "stored": False, "reason": reason}
 
 
-def replay(stored: Any, replay_headers: Iterable[str]) -> HttpResponse:
-    """The response a duplicate gets for a stored result.
+def replay(
+    stored: Any, replay_headers: Iterable[str], replayed_header: str = REPLAYED_HEADER
+) -> HttpResponse:
+    """The response a duplicate gets for a stored result, marked with ``replayed_header``.
 
     A stored response is untrusted input (other writers share the store): one that is
     not what :func:`stored_response` writes answers as "not stored", and its headers pass
     the allow-list again.
     """
+    response = _replay(stored, replay_headers)
+    if replayed_header == REPLAYED_HEADER:
+        return response
+    headers = tuple(
+        (replayed_header if name == REPLAYED_HEADER else name, value)
+        for name, value in response.headers
+    )
+    return HttpResponse(response.status, headers, response.body)
+
+
+def _replay(stored: Any, replay_headers: Iterable[str]) -> HttpResponse:
     if not isinstance(stored, dict) or stored.get("v") != _FORMAT:
         return not_available("the stored response is not one this middleware wrote")
     status = stored.get("status")

@@ -95,7 +95,7 @@ class HttpIdempotency:
 
     def replay(self, stored: Any) -> HttpResponse:
         """The response a duplicate gets for a stored result (see :func:`._responses.replay`)."""
-        return replay(stored, self.settings.replay_headers)
+        return replay(stored, self.settings.replay_headers, self.settings.replayed_header)
 
 
 def http_manager(

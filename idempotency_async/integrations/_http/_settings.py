@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_BODY_DEPTH",
     "DEFAULT_METHODS",
+    "DEFAULT_REPLAYED_HEADER",
     "DEFAULT_REPLAY_HEADERS",
     "DEFAULT_REQUEST_TIMEOUT",
     "NEVER_REPLAYED",
@@ -32,6 +33,8 @@ __all__ = [
 ]
 
 REPLAYED_HEADER: Final = "idempotent-replayed"
+DEFAULT_REPLAYED_HEADER: Final = "Idempotent-Replayed"
+"""The default of ``replayed_header``: the name Stripe and the IETF draft's examples use."""
 REPLAYED_ATTRIBUTE: Final = "idempotency.http.replayed"
 """Set on the current (server) span when a stored response is replayed."""
 STORED_HEADER: Final = "idempotency-response-stored"
@@ -85,6 +88,8 @@ class HttpSettings:
     replay_headers: Iterable[str] = field(default=())
     wait: bool | None = None
     wait_timeout: float | None = None
+    replayed_header: str = DEFAULT_REPLAYED_HEADER
+    """The header (value ``true``) that marks a replayed response; lower-cased here."""
 
     def __post_init__(self) -> None:
         if not _positive(self.request_timeout):
@@ -110,8 +115,10 @@ class HttpSettings:
             )
         if self.wait_timeout is not None and not _positive(self.wait_timeout):
             raise ConfigError(f"wait_timeout must be positive seconds, got {self.wait_timeout!r}")
+        replayed = _replayed_header(self.replayed_header, self.replay_headers)
         # Normalized in place: the dataclass is frozen for its users, not for itself.
         normalized = {
+            "replayed_header": replayed,
             "methods": frozenset(method.upper() for method in self.methods),
             "paths": None if self.paths is None else tuple(self.paths),
             "request_timeout": float(self.request_timeout),
@@ -130,6 +137,26 @@ class HttpSettings:
             return False
         patterns = self.paths
         return patterns is None or any(_path_matches(pattern, path) for pattern in patterns)
+
+
+_TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+"""An HTTP field name (RFC 9110 token)."""
+
+
+def _replayed_header(name: Any, replay_headers: Iterable[str]) -> str:
+    """The replayed header's name, lower-cased: a field name the middleware owns (no
+    header it replays, strips or answers with), or ConfigError."""
+    if not isinstance(name, str) or _TOKEN.fullmatch(name) is None:
+        raise ConfigError(f"replayed_header must be an HTTP header name, got {name!r:.60}")
+    lowered = name.lower()
+    replayed = {header.lower() for header in replay_headers} | set(DEFAULT_REPLAY_HEADERS)
+    taken = (NEVER_REPLAYED - {REPLAYED_HEADER}) | replayed | {"idempotency-key", "retry-after"}
+    if lowered in taken:
+        raise ConfigError(
+            f"replayed_header={name!r} names a header the middleware replays, strips or "
+            "sends for another purpose: choose another name (default Idempotent-Replayed)"
+        )
+    return lowered
 
 
 def _path_matches(pattern: PathPattern, path: str) -> bool:
