@@ -561,6 +561,40 @@ async def test_transactional_calls_are_observed(setup: Setup) -> None:
     assert await setup.effects() == [("o", 1)]
 
 
+async def test_a_released_transactional_call_is_observed_as_claimed_not_failed(
+    setup: Setup,
+) -> None:
+    # The HTTP middleware releases a transactional route's 5xx this way: the call's span
+    # is no failure (it once ended with a private exception's error.type).
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from idempotency_async.otel import Telemetry
+
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    manager = setup.manager(telemetry=Telemetry(tracer_provider=provider))
+
+    async def answers_503(call: Call) -> int:
+        call.release("a server error is not stored")
+        return 503
+
+    try:
+        async with setup.pool.acquire() as conn, conn.transaction():
+            keyed = manager.keyed({"id": "o"})
+            assert await keyed.execute_call_in_transaction(conn, answers_503) == 503
+        [span] = [s for s in spans.get_finished_spans() if s.name.startswith("idempotency")]
+        attributes = span.attributes or {}
+        assert attributes.get("idempotency.outcome") == "claimed"
+        assert "error.type" not in attributes
+    finally:
+        provider.shutdown()
+    assert await setup.status(manager, {"id": "o"}) is None
+
+
 # -- lease-mode calls meeting a transactional call ---------------------------------------
 
 
