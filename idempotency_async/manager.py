@@ -201,10 +201,6 @@ class Manager:
         with self._span():
             return await self._door(payload, callback, deadline, timeout, held)
 
-    def _derived(self, payload: Any) -> Keys | None:
-        """The keys of ``payload`` (None: run it without idempotency)."""
-        return None if self._disabled else self._keys.derive(payload)
-
     def keyed(self, payload: Any) -> KeyedPayload:
         """``payload`` with its key derived once, for a front door that reads what is
         committed (:meth:`KeyedPayload.replay`) and then runs the call in a transaction
@@ -262,7 +258,7 @@ class Manager:
             )
         loop = asyncio.get_running_loop()
         when = effective_deadline(loop, deadline=deadline, timeout=timeout)
-        keys = keyed.keys
+        keys = None if self._disabled else keyed.keys
         transaction = await bind(connection)  # ConfigError unless it is in a transaction
         with self._span():  # (its store operations are the transaction's: not timed)
             if keys is None:
@@ -324,7 +320,7 @@ class Manager:
         """The read door, on the keys ``keyed`` derived."""
         loop = asyncio.get_running_loop()
         when = effective_deadline(loop, deadline=deadline, timeout=timeout)
-        keys = keyed.keys
+        keys = None if self._disabled else keyed.keys
         if keys is None:
             return default
         return await self._lifecycle.read(keys, when, loop, default)
@@ -346,16 +342,17 @@ class KeyedPayload:
 
     @property
     def keys(self) -> Keys | None:
-        """The key and validation hash (None: the payload selects no key, or idempotency is
-        disabled); derived on first use, errors included."""
+        """The key and validation hash (None: the payload selects no key); derived on
+        first use, errors included."""
         keys = self._keys
         if keys is _UNDERIVED:
-            keys = self._keys = self._manager._derived(self.payload)
+            keys = self._keys = self._manager._keys.derive(self.payload)
         return keys  # type: ignore[return-value]
 
     @property
     def key(self) -> str | None:
-        """The key the record is stored under (None: the call runs without one)."""
+        """The key the record is stored under, as :meth:`Manager.key_for` says (None: the
+        payload selects no key)."""
         keys = self.keys
         return None if keys is None else keys.key
 

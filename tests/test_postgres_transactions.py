@@ -187,6 +187,26 @@ async def test_a_keyed_payload_derives_its_key_once_for_the_read_and_the_call(
     assert await setup.status(manager, {"id": "order-k"}) == "COMPLETED"
 
 
+async def test_a_keyed_payload_of_a_disabled_manager_runs_unprotected_and_names_its_key(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The HTTP middleware reports a transactional route that never ran its call under this
+    # key: it is there even when idempotency is disabled.
+    monkeypatch.setenv("POWERTOOLS_IDEMPOTENCY_DISABLED", "true")
+    manager = setup.manager()
+    keyed = manager.keyed({"id": "d"})
+    assert keyed.key is not None and keyed.key == manager.key_for({"id": "d"})
+    async with setup.pool.acquire() as conn:
+        for n in (1, 2):
+            async with conn.transaction():
+                assert await keyed.replay(default="nothing") == "nothing"
+                work = effect(conn, setup.table, "d", n)
+                ran = await keyed.execute_call_in_transaction(conn, lambda call, w=work: w())
+                assert ran == {"n": n}
+    assert await setup.effects() == [("d", 1), ("d", 2)]
+    assert await setup.status(manager, {"id": "d"}) is None
+
+
 async def test_a_call_released_in_a_transaction_rolls_its_writes_back_and_returns(
     setup: Setup,
 ) -> None:

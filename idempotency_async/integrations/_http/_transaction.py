@@ -83,7 +83,7 @@ class HttpTransaction(Generic[Resp]):
     ) -> None:
         self._rules = rules
         self._keyed = keyed
-        payload: dict[str, Any] = keyed.payload
+        self._payload: dict[str, Any] = keyed.payload
         self._deadline = deadline
         self.kind = kind
         """How the framework's responses are made, read and built (an adapter may refine
@@ -94,9 +94,9 @@ class HttpTransaction(Generic[Resp]):
         (the middleware answers 500 instead)."""
         self.key = key
         """The request's Idempotency-Key (unquoted)."""
-        self.scope: dict[str, Any] = payload["scope"]
+        self.scope: dict[str, Any] = self._payload["scope"]
         """What the record's key is derived from: method, route template, caller, key."""
-        self.fingerprint: str = payload["fingerprint"]
+        self.fingerprint: str = self._payload["fingerprint"]
         """The request's validation hash (path, query, media type, body)."""
         self.raised: BaseException | None = None
         """The error :meth:`run` raised that the middleware answers (409, 422, 503...)."""
@@ -111,7 +111,7 @@ class HttpTransaction(Generic[Resp]):
     @property
     def payload(self) -> dict[str, Any]:
         """What the manager keys and validates (``{"scope": ..., "fingerprint": ...}``)."""
-        return self._keyed.payload  # type: ignore[no-any-return]
+        return self._payload
 
     async def run(self, connection: Any, work: Callable[[], Awaitable[object]]) -> Resp:
         """Run ``work`` once per key inside ``connection``'s open transaction; return the
