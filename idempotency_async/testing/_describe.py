@@ -1,5 +1,5 @@
-"""A scenario's trace as text, for a reader (``--verbose``): the store's
-log with what each operation applied, the callbacks' runs and the callers' outcomes."""
+"""A scenario's trace as text, for a reader (``--verbose``): the store's log with what each
+operation applied, the callbacks' runs and the callers' outcomes."""
 
 from __future__ import annotations
 
