@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from idempotency_async._call import Call, Unprotected
 from idempotency_async._emission import Emitter
 from idempotency_async._keys import Keys, key_deriver
-from idempotency_async._lease import Deadline, effective_deadline
+from idempotency_async._lease import effective_deadline
 from idempotency_async._lifecycle import Lifecycle
 from idempotency_async.errors import ConfigError
 from idempotency_async.events import EventKind
@@ -32,7 +32,7 @@ from idempotency_async.stores.base import Store
 if TYPE_CHECKING:
     from idempotency_async.stores.postgres import TransactionConnection
 
-__all__ = ["Manager"]
+__all__ = ["KeyedPayload", "Manager"]
 
 T = TypeVar("T")
 
@@ -201,16 +201,12 @@ class Manager:
         with self._span():
             return await self._door(payload, callback, deadline, timeout, held)
 
-    def _call_of(
-        self,
-        payload: Any,
-        deadline: float | None,
-        timeout: float | None,
-        loop: asyncio.AbstractEventLoop,
-    ) -> tuple[Deadline, Keys | None]:
-        """The call's deadline and keys (None: run it without idempotency)."""
-        when = effective_deadline(loop, deadline=deadline, timeout=timeout)
-        return when, None if self._disabled else self._keys.derive(payload)
+    def keyed(self, payload: Any) -> KeyedPayload:
+        """``payload`` with its key derived once, for a front door that reads what is
+        committed (:meth:`KeyedPayload.replay`) and then runs the call in a transaction
+        (:meth:`KeyedPayload.execute_call_in_transaction`) — the HTTP middleware on
+        transactional routes.  The key is derived when first needed, then reused."""
+        return KeyedPayload(self, payload)
 
     async def execute_in_transaction(
         self,
@@ -235,8 +231,24 @@ class Manager:
         commit.  Anything else (a pool, an engine) is ``ConfigError`` before any statement.
         See docs/postgres.md, "Transactional calls".
         """
+        keyed = KeyedPayload(self, payload)
+        return await keyed.execute_in_transaction(
+            connection, callback, deadline=deadline, timeout=timeout
+        )
+
+    async def _in_transaction(
+        self,
+        connection: TransactionConnection,
+        keyed: KeyedPayload,
+        callback: Callable[..., Awaitable[T]],
+        deadline: float | None,
+        timeout: float | None,
+        held: bool,
+    ) -> T:
+        """The transaction door: ``callback(call)`` when ``held``, ``callback()`` otherwise,
+        on the keys ``keyed`` derived."""
         if not callable(callback):
-            raise _not_callable(callback)
+            raise _not_callable(callback, held)
         bind = getattr(self.store, "transaction_store", None)
         if bind is None:
             raise ConfigError(
@@ -245,13 +257,15 @@ class Manager:
                 f"{type(self.store).__name__}"
             )
         loop = asyncio.get_running_loop()
-        when, keys = self._call_of(payload, deadline, timeout, loop)
+        when = effective_deadline(loop, deadline=deadline, timeout=timeout)
+        keys = None if self._disabled else keyed.keys
         transaction = await bind(connection)  # ConfigError unless it is in a transaction
         with self._span():  # (its store operations are the transaction's: not timed)
             if keys is None:
-                return await self._lifecycle.unprotected(callback, when, loop)
+                run = (lambda: callback(Unprotected())) if held else callback
+                return await self._lifecycle.unprotected(run, when, loop)
             lifecycle = self._lifecycle.in_transaction(transaction)
-            return await lifecycle.run(keys, when, callback, loop, False)
+            return await lifecycle.run(keys, when, callback, loop, held)
 
     async def force_release(self, key: str) -> Record | None:
         """Delete the record of ``key`` whatever its state (operators: unstick a key).
@@ -297,11 +311,100 @@ class Manager:
         :meth:`execute`: past it, :class:`~idempotency_async.errors.DeadlineExceededError`
         (the read is cancelled, e.g. one waiting for a lock a migration holds).
         """
+        keyed = KeyedPayload(self, payload)
+        return await keyed.replay(default=default, deadline=deadline, timeout=timeout)
+
+    async def _read(
+        self, keyed: KeyedPayload, default: Any, deadline: float | None, timeout: float | None
+    ) -> Any:
+        """The read door, on the keys ``keyed`` derived."""
         loop = asyncio.get_running_loop()
-        when, keys = self._call_of(payload, deadline, timeout, loop)
+        when = effective_deadline(loop, deadline=deadline, timeout=timeout)
+        keys = None if self._disabled else keyed.keys
         if keys is None:
             return default
         return await self._lifecycle.read(keys, when, loop, default)
+
+
+class KeyedPayload:
+    """A payload and its key, derived once (when first needed) for every door it goes
+    through: :meth:`Manager.keyed` makes one.  For a front door that answers from what is
+    committed before it runs the work — the HTTP middleware reads a transactional route's
+    record, then the endpoint runs its transactional call — with one derivation."""
+
+    __slots__ = ("_keys", "_manager", "payload")
+
+    def __init__(self, manager: Manager, payload: Any) -> None:
+        self._manager = manager
+        self.payload = payload
+        """The payload, as given."""
+        self._keys: Keys | _Underived | None = _UNDERIVED
+
+    @property
+    def keys(self) -> Keys | None:
+        """The key and validation hash (None: the payload selects no key); derived on
+        first use, errors included."""
+        keys = self._keys
+        if keys is _UNDERIVED:
+            keys = self._keys = self._manager._keys.derive(self.payload)
+        return keys  # type: ignore[return-value]
+
+    @property
+    def key(self) -> str | None:
+        """The key the record is stored under, as :meth:`Manager.key_for` says (None: the
+        payload selects no key)."""
+        keys = self.keys
+        return None if keys is None else keys.key
+
+    async def replay(
+        self, *, default: Any, deadline: float | None = None, timeout: float | None = None
+    ) -> Any:
+        """:meth:`Manager.replay` on this payload's key."""
+        return await self._manager._read(self, default, deadline, timeout)
+
+    async def execute_in_transaction(
+        self,
+        connection: TransactionConnection,
+        callback: Callable[[], Awaitable[T]],
+        *,
+        deadline: float | None = None,
+        timeout: float | None = None,
+    ) -> T:
+        """:meth:`Manager.execute_in_transaction` on this payload's key."""
+        return await self._manager._in_transaction(
+            connection, self, callback, deadline, timeout, False
+        )
+
+    async def execute_call_in_transaction(
+        self,
+        connection: TransactionConnection,
+        callback: Callable[[Call], Awaitable[T]],
+        *,
+        deadline: float | None = None,
+        timeout: float | None = None,
+    ) -> T:
+        """:meth:`Manager.execute_in_transaction` on this payload's key, for work that
+        receives the :class:`~idempotency_async.Call`, as :meth:`Manager.execute_call`'s.
+
+        ``call.release(reason)`` undoes the call when the callback returns — its writes
+        roll back with its savepoint, no record is left — while its return value still
+        goes to the caller: for an answer that must not be replayed, such as a server
+        error.  ``call.complete(result)`` writes the completion in the transaction at once
+        (the deadline no longer cuts the callback off); nothing of it is seen before the
+        caller commits.
+        """
+        return await self._manager._in_transaction(
+            connection, self, callback, deadline, timeout, True
+        )
+
+
+class _Underived:
+    """The key of a :class:`KeyedPayload` not derived yet."""
+
+    __slots__ = ()
+
+
+_UNDERIVED = _Underived()
 
 
 def _check_record_format(store: Store, options: Options) -> None:

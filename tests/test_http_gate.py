@@ -71,6 +71,44 @@ async def test_a_plain_response_is_completed_with_its_body_before_it_goes_out() 
     assert len(_writes(gate)) == 1
 
 
+class FailingCall(RecordingCall):
+    """A Call whose completion writes raise ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    async def complete(self, result: Any) -> None:
+        raise self.error
+
+    async def complete_without_response(self, reason: str) -> None:
+        raise self.error
+
+
+async def test_a_failed_completion_is_logged_and_the_response_goes_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The gate answers a failed write by the one table (_answers): SENT_UNRECORDED.
+    gate = _gate()
+    failed = errors.LeaseLostError("lost", key="k", result=None, outcome_unknown=False)
+    gate.call = FailingCall(failed)  # type: ignore[assignment]
+
+    with caplog.at_level("ERROR", logger="idempotency_async.http"):
+        flagged = await gate.start(201, [("content-type", "text/plain")], b"done")
+
+    assert not flagged and gate.phase is Phase.ENDED
+    assert "recording the response failed; it is sent all the same" in caplog.text
+
+
+async def test_an_error_the_table_does_not_answer_propagates_from_a_completion() -> None:
+    # It was logged and swallowed once (any IdempotencyError): a misuse must surface.
+    gate = _gate()
+    gate.call = FailingCall(errors.ConfigError("a misuse"))  # type: ignore[assignment]
+
+    with pytest.raises(errors.ConfigError, match="a misuse"):
+        await gate.start(201, [("content-type", "text/plain")], b"done")
+
+
 async def test_a_stream_is_recorded_at_its_head_and_its_body_attached_at_its_end() -> None:
     gate = _gate()
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from _postgres import PostgresServer, fresh_table_name
 
-from idempotency_async import Manager, MemoryStore, Options, errors
+from idempotency_async import Call, Manager, MemoryStore, Options, errors
 from idempotency_async.stores.postgres import PostgresStore, create_table
 
 pytestmark = pytest.mark.postgres
@@ -155,6 +155,80 @@ async def test_a_failing_callback_rolls_back_only_the_savepoint(setup: Setup) ->
         await conn.execute(f"INSERT INTO {setup.table}_fx VALUES ('after', 2)")
     assert sorted(await setup.effects()) == [("after", 2), ("before", 0)]
     assert await setup.status(manager, payload) is None
+
+
+class Counted:
+    """A payload value that counts how often the manager serializes it (once per key
+    derivation)."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+        self.dumps = 0
+
+    def model_dump(self, mode: str) -> str:
+        self.dumps += 1
+        return self.value
+
+
+async def test_a_keyed_payload_derives_its_key_once_for_the_read_and_the_call(
+    setup: Setup,
+) -> None:
+    manager = setup.manager()
+    counted = Counted("order-k")
+    keyed = manager.keyed({"id": counted})
+    async with setup.pool.acquire() as conn, conn.transaction():
+        assert await keyed.replay(default=None) is None
+        work = effect(conn, setup.table, "order-k", 1)
+        assert await keyed.execute_call_in_transaction(conn, lambda call: work()) == {"n": 1}
+    assert counted.dumps == 1
+    assert keyed.key == manager.key_for({"id": "order-k"})
+    assert await keyed.replay(default=None) == {"n": 1}
+    assert counted.dumps == 1
+    assert await setup.status(manager, {"id": "order-k"}) == "COMPLETED"
+
+
+async def test_a_keyed_payload_of_a_disabled_manager_runs_unprotected_and_names_its_key(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The HTTP middleware reports a transactional route that never ran its call under this
+    # key: it is there even when idempotency is disabled.
+    monkeypatch.setenv("POWERTOOLS_IDEMPOTENCY_DISABLED", "true")
+    manager = setup.manager()
+    keyed = manager.keyed({"id": "d"})
+    assert keyed.key is not None and keyed.key == manager.key_for({"id": "d"})
+    async with setup.pool.acquire() as conn:
+        for n in (1, 2):
+            async with conn.transaction():
+                assert await keyed.replay(default="nothing") == "nothing"
+                work = effect(conn, setup.table, "d", n)
+                ran = await keyed.execute_call_in_transaction(conn, lambda call, w=work: w())
+                assert ran == {"n": n}
+    assert await setup.effects() == [("d", 1), ("d", 2)]
+    assert await setup.status(manager, {"id": "d"}) is None
+
+
+async def test_a_call_released_in_a_transaction_rolls_its_writes_back_and_returns(
+    setup: Setup,
+) -> None:
+    manager = setup.manager()
+    payload = {"id": "r"}
+    async with setup.pool.acquire() as conn:
+
+        async def fails_softly(call: Call) -> dict[str, int]:
+            await effect(conn, setup.table, "r", 1)()
+            call.release("a server error is not stored")
+            return {"status": 503}
+
+        async with conn.transaction():
+            answer = await manager.keyed(payload).execute_call_in_transaction(conn, fails_softly)
+        assert answer == {"status": 503}
+        assert await setup.effects() == []
+        assert await setup.status(manager, payload) is None
+        async with conn.transaction():  # the retry runs
+            keyed = manager.keyed(payload)
+            work = effect(conn, setup.table, "r", 2)
+            assert await keyed.execute_call_in_transaction(conn, lambda call: work()) == {"n": 2}
+    assert await setup.effects() == [("r", 2)]
 
 
 async def test_a_cut_off_callback_is_rolled_back(setup: Setup) -> None:
@@ -505,6 +579,40 @@ async def test_transactional_calls_are_observed(setup: Setup) -> None:
     finally:
         provider.shutdown()
     assert await setup.effects() == [("o", 1)]
+
+
+async def test_a_released_transactional_call_is_observed_as_claimed_not_failed(
+    setup: Setup,
+) -> None:
+    # The HTTP middleware releases a transactional route's 5xx this way: the call's span
+    # is no failure (it once ended with a private exception's error.type).
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from idempotency_async.otel import Telemetry
+
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    manager = setup.manager(telemetry=Telemetry(tracer_provider=provider))
+
+    async def answers_503(call: Call) -> int:
+        call.release("a server error is not stored")
+        return 503
+
+    try:
+        async with setup.pool.acquire() as conn, conn.transaction():
+            keyed = manager.keyed({"id": "o"})
+            assert await keyed.execute_call_in_transaction(conn, answers_503) == 503
+        [span] = [s for s in spans.get_finished_spans() if s.name.startswith("idempotency")]
+        attributes = span.attributes or {}
+        assert attributes.get("idempotency.outcome") == "claimed"
+        assert "error.type" not in attributes
+    finally:
+        provider.shutdown()
+    assert await setup.status(manager, {"id": "o"}) is None
 
 
 # -- lease-mode calls meeting a transactional call ---------------------------------------

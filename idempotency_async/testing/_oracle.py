@@ -27,17 +27,17 @@ from idempotency_async import errors
 from idempotency_async.record import Claim, Record, Status
 from idempotency_async.stores.base import State, Verdict
 from idempotency_async.testing._faults import Application, Op
+from idempotency_async.testing._managers import clock_offset
 from idempotency_async.testing._plans import ManagerPlan, can_renew, renewal_reserve
-from idempotency_async.testing._run import (
+from idempotency_async.testing._store_checks import BOUNDARY, StoreChecks, renewed, same, shape
+from idempotency_async.testing._trace import (
     CallbackExit,
     CallbackFailed,
     Outcome,
     Run,
+    ServerError,
     Trace,
-    clock_offset,
 )
-from idempotency_async.testing._store_checks import BOUNDARY, StoreChecks, renewed, same, shape
-from idempotency_async.testing._trace import ServerError
 
 __all__ = ["check"]
 

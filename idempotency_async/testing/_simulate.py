@@ -21,8 +21,9 @@ from typing import Any
 from idempotency_async.stores.base import Store
 from idempotency_async.stores.memory import MemoryStore
 from idempotency_async.testing._coverage import Coverage, coverage_of
+from idempotency_async.testing._describe import describe_trace
 from idempotency_async.testing._oracle import check
-from idempotency_async.testing._run import describe_trace, run_scenario
+from idempotency_async.testing._run import run_scenario
 from idempotency_async.testing._scenario import Scenario, generate
 from idempotency_async.testing._shrink import shrink_scenario
 from idempotency_async.testing._vloop import Deadlock, VirtualClockLoop

@@ -16,7 +16,7 @@ from idempotency_async.errors import AlreadyInProgressError, DeadlineExceededErr
 from idempotency_async.manager import Manager
 from idempotency_async.options import Options
 from idempotency_async.stores.postgres import PostgresStore, create_table
-from idempotency_async.testing._run import quiet_library
+from idempotency_async.testing._quiet import quiet_library
 from idempotency_async.testing._tx_scenario import TxCallPlan, TxScenario
 
 __all__ = [

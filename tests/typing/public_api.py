@@ -95,6 +95,15 @@ async def transactional_calls(pool: Any, engine: AsyncEngine, session: AsyncSess
     assert_type(await manager.execute_in_transaction(session, {"id": 1}, pay), int)
     await manager.execute_in_transaction(engine, {"id": 1}, pay)  # type: ignore[arg-type]
 
+    async def answers(call: Call) -> str:
+        call.release("a server error")
+        return "503"
+
+    keyed = manager.keyed({"id": 1})
+    assert_type(keyed.key, str | None)
+    assert_type(await keyed.execute_call_in_transaction(session, answers), str)
+    await keyed.execute_call_in_transaction(session, pay)  # type: ignore[arg-type]
+
     async def work(s: AsyncSession) -> str:
         return "done"
 

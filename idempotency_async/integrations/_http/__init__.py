@@ -23,7 +23,7 @@ What a request is keyed and validated by::
 """
 
 from idempotency_async.integrations._http._asgi import STATE_KEY, AsgiAdapter
-from idempotency_async.integrations._http._exchange import Adapter, exchange
+from idempotency_async.integrations._http._exchange import exchange
 from idempotency_async.integrations._http._fingerprint import too_large
 from idempotency_async.integrations._http._gate import ResponseGate
 from idempotency_async.integrations._http._keys import host_route, parse_key, request_scope
@@ -58,7 +58,6 @@ __all__ = [
     "DEFAULT_REQUEST_TIMEOUT",
     "STATE_KEY",
     "STORED_HEADER",
-    "Adapter",
     "AsgiAdapter",
     "CallerScope",
     "HttpIdempotency",

@@ -1,8 +1,9 @@
 """One table from an error of the manager to the middleware's answer, for every route kind.
 
-A plain route's claim and call (:mod:`._exchange`), a transactional route's read of what
-is committed and its call inside the endpoint's transaction (:mod:`._transaction`) all
-turn the manager's errors into answers here, through :data:`TABLE`: the error's type (its
+A plain route's claim and call (:mod:`._exchange`) and the completion writes of its
+response (:mod:`._gate`), a transactional route's read of what is committed and its call
+inside the endpoint's transaction (:mod:`._transaction`) all turn the manager's errors
+into answers here, through :data:`TABLE`: the error's type (its
 nearest class in the table) and the :class:`Stage` the request was in give an
 :class:`Answer`, and :func:`respond` makes the response.  An error the table does not name
 is the endpoint's own (or a bug): it propagates.
@@ -176,7 +177,7 @@ def respond(answer: Answer, error: BaseException, rules: HttpIdempotency) -> Htt
     if answer is Answer.UNAVAILABLE:
         return _store_unavailable(error)
     if answer is Answer.SENT_UNRECORDED:
-        _log.error("recording the response failed: %s", error)
+        _log.error("recording the response failed; it is sent all the same: %s", error)
         return None
     assert answer is Answer.SENT, answer
     return None

@@ -130,9 +130,10 @@ async def exchange(rules: HttpIdempotency, adapter: Adapter[R]) -> R:
             body=body,
         )
         if adapter.transactional:
-            answer = await committed(rules, payload, deadline)
+            keyed = rules.manager.keyed(payload)  # one derivation: the read and the call
+            answer = await committed(rules, keyed, deadline)
             if answer is None:
-                transaction = HttpTransaction(rules, payload, key, deadline, adapter.kind)
+                transaction = HttpTransaction(rules, keyed, key, deadline, adapter.kind)
                 state.transaction = transaction
                 return await _in_transaction(rules, adapter, state, transaction, body)
         else:

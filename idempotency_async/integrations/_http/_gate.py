@@ -23,12 +23,11 @@ then :meth:`~ResponseGate.write` for each body chunk of a stream and
 from __future__ import annotations
 
 import enum
-import logging
 from collections.abc import Awaitable
 from typing import Final
 
 from idempotency_async._call import Call
-from idempotency_async.errors import IdempotencyError
+from idempotency_async.integrations._http._answers import Answer, Stage, decide, respond
 from idempotency_async.integrations._http._markers import RequestState
 from idempotency_async.integrations._http._responses import content_length, stored_response
 from idempotency_async.integrations._http._rules import HttpIdempotency
@@ -45,8 +44,6 @@ _STREAMING: Final = (
 # The reason a body the server sent from a file is not stored: it never passed through
 # the middleware, so there is nothing to keep (and no size to blame).
 _FROM_FILE: Final = "sent from a file: its body never passed through the middleware"
-
-_log = logging.getLogger("idempotency_async.http")
 
 
 class Phase(enum.Enum):
@@ -203,17 +200,22 @@ class ResponseGate:
 
     async def _complete(self, result: dict[str, object]) -> None:
         if self.call is not None:
-            await _recorded(self.call.complete(result))
+            await self._recorded(self.call.complete(result))
 
     async def _complete_without(self, reason: str) -> None:
         if self.call is not None:
-            await _recorded(self.call.complete_without_response(f"HTTP {self.status}: {reason}"))
+            reason = f"HTTP {self.status}: {reason}"
+            await self._recorded(self.call.complete_without_response(reason))
 
-
-async def _recorded(write: Awaitable[None]) -> None:
-    """Await a completion write; its failure is logged, never the client's answer: the
-    response goes out all the same (the key may stay in progress until its lease ends)."""
-    try:
-        await write
-    except IdempotencyError as exc:
-        _log.error("recording the response failed; it is sent all the same: %s", exc)
+    async def _recorded(self, write: Awaitable[None]) -> None:
+        """Await a completion write.  Its failure is answered by the one table
+        (:mod:`._answers`): a failed completion is logged, never the client's answer — the
+        response goes out all the same (the key may stay in progress until its lease
+        ends); any other error propagates."""
+        try:
+            await write
+        except Exception as exc:
+            answer = decide(exc, Stage.FORWARDED if self.forwarded else Stage.RUNNING)
+            if answer is not Answer.SENT_UNRECORDED:
+                raise
+            respond(answer, exc, self.rules)

@@ -3,14 +3,16 @@
 The middleware never claims for such a route; it answers what is already committed and
 hands the endpoint an :class:`HttpTransaction`::
 
-    key, body ──> payload ──> Manager.replay(payload)          (one read, no claim)
+    key, body ──> payload ──> Manager.keyed(payload)      (its key derived once, here)
+                  ──> KeyedPayload.replay()                    (one read, no claim)
                                │ completed ──> replay | 422        (the endpoint never runs)
                                │ in progress (a lease) ──> 409
                                └ nothing committed ──> the endpoint runs, and calls
-    HttpTransaction.run(connection, work) ──> Manager.execute_in_transaction(connection, ...)
+    HttpTransaction.run(connection, work) ──> KeyedPayload.execute_call_in_transaction(...)
         work() returns the response (FastAPI: or a value, serialized as the route would)
                                ──> encoded as the middleware stores responses, written
-                                   in the savepoint; 5xx: rolled back, not stored
+                                   in the savepoint; 5xx: Call.release (rolled back, not
+                                   stored) and sent as it is
         a duplicate committed first ──> its replay (Idempotent-Replayed: true)
     the endpoint's COMMIT ──> the point of no return; a rollback leaves no record
     an endpoint that returns without run() having answered ──> 500 (never a silent success)
@@ -21,11 +23,11 @@ row (``wait``) or is refused at once; either way it learns nothing before the CO
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Generic, Protocol, TypeVar
 
+from idempotency_async._call import Call
 from idempotency_async.instrumentation import annotate, call_attributes
 from idempotency_async.integrations._http._answers import Answer, Stage, decide, respond
 from idempotency_async.integrations._http._responses import (
@@ -36,6 +38,7 @@ from idempotency_async.integrations._http._responses import (
 )
 from idempotency_async.integrations._http._rules import HttpIdempotency
 from idempotency_async.integrations._http._settings import REPLAYED_ATTRIBUTE
+from idempotency_async.manager import KeyedPayload
 
 __all__ = ["HttpTransaction", "ResponseKind", "committed", "transaction_answer"]
 
@@ -66,14 +69,6 @@ class ResponseKind(Protocol[Resp]):
         """Add ``Idempotency-Response-Stored: false`` to the endpoint's own response."""
 
 
-class _ServerError(Exception):
-    """Raised from the callback so a 5xx rolls the savepoint back (it is not stored)."""
-
-    def __init__(self, response: object) -> None:
-        super().__init__("a server error is not stored")
-        self.response = response
-
-
 class HttpTransaction(Generic[Resp]):
     """One request on a transactional route: what it is keyed and validated by, and
     :meth:`run`, which records the endpoint's response in the endpoint's transaction."""
@@ -81,13 +76,14 @@ class HttpTransaction(Generic[Resp]):
     def __init__(
         self,
         rules: HttpIdempotency,
-        payload: dict[str, Any],
+        keyed: KeyedPayload,
         key: str,
         deadline: float,
         kind: ResponseKind[Resp],
     ) -> None:
         self._rules = rules
-        self._payload = payload
+        self._keyed = keyed
+        self._payload: dict[str, Any] = keyed.payload
         self._deadline = deadline
         self.kind = kind
         """How the framework's responses are made, read and built (an adapter may refine
@@ -98,18 +94,17 @@ class HttpTransaction(Generic[Resp]):
         (the middleware answers 500 instead)."""
         self.key = key
         """The request's Idempotency-Key (unquoted)."""
-        self.scope: dict[str, Any] = payload["scope"]
+        self.scope: dict[str, Any] = self._payload["scope"]
         """What the record's key is derived from: method, route template, caller, key."""
-        self.fingerprint: str = payload["fingerprint"]
+        self.fingerprint: str = self._payload["fingerprint"]
         """The request's validation hash (path, query, media type, body)."""
         self.raised: BaseException | None = None
         """The error :meth:`run` raised that the middleware answers (409, 422, 503...)."""
 
-    @functools.cached_property
+    @property
     def record_key(self) -> str:
-        """The key the record is stored under (derived when first asked for: the manager
-        derives it from :attr:`payload` for the read and the call)."""
-        found = self._rules.manager.key_for(self._payload)
+        """The key the record is stored under (derived once, for the read and the call)."""
+        found = self._keyed.key
         assert found is not None  # the scope is never missing
         return found
 
@@ -136,15 +131,16 @@ class HttpTransaction(Generic[Resp]):
         """
         rules = self._rules
         settings = rules.settings
-        responses: list[Resp] = []
+        ran: list[Resp] = []  # the work's response, once it ran
         not_stored: list[bool] = []
 
-        async def callback() -> dict[str, Any]:
+        async def callback(call: Call) -> dict[str, Any] | None:
             response = await self.kind.respond(await work())
+            ran.append(response)
             status, headers, body = self.kind.parts(response)
             if status >= 500 and not settings.store_server_errors:
-                raise _ServerError(response)
-            responses.append(response)
+                call.release("a server error is not stored")  # its writes roll back
+                return None
             stored, reason = stored_response(
                 status,
                 headers,
@@ -158,24 +154,21 @@ class HttpTransaction(Generic[Resp]):
                 return not_stored_response(status, reason)
             return stored
 
-        execute = rules.manager.execute_in_transaction
+        execute = self._keyed.execute_call_in_transaction
         attributes = {
             "http.route": self.scope["route"],
             "http.request.method": self.scope["method"],
         }
         try:
             with call_attributes(rules.manager, attributes):
-                result = await execute(connection, self._payload, callback, deadline=self._deadline)
-        except _ServerError as error:
-            self.answered = True
-            return error.response  # type: ignore[return-value]
+                result = await execute(connection, callback, deadline=self._deadline)
         except Exception as exc:
             if decide(exc, Stage.IN_TRANSACTION) is not Answer.RAISE:
                 self.raised = exc  # the middleware answers it once it left the endpoint
             raise
         self.answered = True
-        if responses:
-            response = responses[-1]
+        if ran:
+            response = ran[-1]
             if not_stored:
                 self.kind.mark_not_stored(response)
             return response
@@ -184,13 +177,13 @@ class HttpTransaction(Generic[Resp]):
 
 
 async def committed(
-    rules: HttpIdempotency, payload: dict[str, Any], deadline: float | None = None
+    rules: HttpIdempotency, keyed: KeyedPayload, deadline: float | None = None
 ) -> HttpResponse | None:
     """The answer to a request on a transactional route from what is committed, read
     without claiming (bounded by the request's ``deadline``): the replay, 422 or 409; None
     when nothing is (run the endpoint)."""
     try:
-        stored = await rules.manager.replay(payload, default=_NOTHING, deadline=deadline)
+        stored = await keyed.replay(default=_NOTHING, deadline=deadline)
     except Exception as exc:
         answer = decide(exc, Stage.READING)
         response = None if answer is Answer.RAISE else respond(answer, exc, rules)
