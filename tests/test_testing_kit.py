@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from idempotency_async.testing.kit import (
     asgi_route,
     check_handler,
     function_handler,
+    lambda_handler,
     replay,
 )
 
@@ -303,3 +305,54 @@ def test_the_plugin_is_never_loaded_by_an_entry_point_and_imports_nothing_option
         "assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, env=checkout_env())
+
+
+def build_lambda_handler(store: Store) -> Any:
+    from idempotency_async.integrations.aws_lambda import idempotent_handler
+
+    manager = Manager(
+        store,
+        Options(
+            key_prefix="orders",
+            event_key_jmespath="powertools_json(body).id",
+            payload_validation_jmespath="powertools_json(body).amount",
+        ),
+    )
+
+    @idempotent_handler(manager)
+    async def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        order = json.loads(event["body"])
+        await asyncio.sleep(0.01)  # the payment API call
+        CHARGES.append(order)
+        return {"statusCode": 201, "body": json.dumps({"charged": order["amount"]})}
+
+    return handler
+
+
+LAMBDA_EVENTS = ORDERS.map(lambda order: {"body": json.dumps(order)})
+
+
+def test_lambda_handler_passes_the_kit() -> None:
+    target = lambda_handler(build_lambda_handler, timeout=3.0)
+    report = check_handler(target, payloads=LAMBDA_EVENTS, effects=charges, examples=3)
+    assert report.mode == "lease"
+    assert report.payloads == 3
+
+
+def build_lambda_handler_charging_first(store: Store) -> Any:
+    handler = build_lambda_handler(store)
+
+    async def first_charge_then_handle(event: dict[str, Any], context: Any) -> Any:
+        CHARGES.append(event)  # broken: outside the idempotent handler
+        return await handler(event, context)
+
+    return first_charge_then_handle
+
+
+def test_kit_catches_a_lambda_handler_charging_before_the_claim() -> None:
+    target = lambda_handler(build_lambda_handler_charging_first, timeout=3.0)
+    failure = _caught(target, charges, LAMBDA_EVENTS)
+    assert failure.violations[0].startswith("effect before the claim")
+    expected = "lambda_handler(test_testing_kit.build_lambda_handler_charging_first, timeout=3.0)"
+    assert expected in str(failure)
+    _reruns(failure)

@@ -1,9 +1,10 @@
 """What the test kit calls: the user's handler, built on the kit's store.
 
 A target builds the handler from a store (so the kit can put its fault-injecting, logging
-store under it) and sends one payload through it.  Two kinds: an async function (usually
-made with ``idempotent_function`` or calling ``Manager.execute``) and an ASGI app's route,
-called in process (no server, no HTTP client library: the ASGI messages themselves).
+store under it) and sends one payload through it.  Three kinds: an async function
+(usually made with ``idempotent_function`` or calling ``Manager.execute``), an AWS Lambda
+handler (invoked with a context that gives it its time), and an ASGI app's route, called
+in process (no server, no HTTP client library: the ASGI messages themselves).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Protocol
 
 from idempotency_async.stores.base import Store
 
-__all__ = ["AsgiRoute", "FunctionHandler", "HttpAnswer", "Sender", "Target"]
+__all__ = ["AsgiRoute", "FunctionHandler", "HttpAnswer", "LambdaHandler", "Sender", "Target"]
 
 Sender = Callable[[Any, str], Awaitable[Any]]
 """Sends one payload (with the scenario's request key, for HTTP) and returns its answer."""
@@ -74,6 +75,44 @@ class FunctionHandler:
 
     def expression(self) -> str:
         return f"function_handler({_name(self.build_handler)})"
+
+
+class _LambdaContext:
+    """What an invocation reads from its Lambda context: the time it has left."""
+
+    function_name = "idempotency-kit"
+    aws_request_id = "kit"
+
+    def __init__(self, timeout: float) -> None:
+        self._end = asyncio.get_running_loop().time() + timeout
+
+    def get_remaining_time_in_millis(self) -> int:
+        left = self._end - asyncio.get_running_loop().time()
+        return max(0, int(left * 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class LambdaHandler:
+    """An ``async def handler(event, context)`` built on a store by ``build``; each payload
+    is an event, invoked with a context giving it ``timeout`` seconds."""
+
+    build_handler: Callable[[Store], Callable[[Any, Any], Awaitable[Any]]]
+    timeout: float = 30.0
+
+    def build(self, store: Store) -> Sender:
+        handler = self.build_handler(store)
+
+        async def send(payload: Any, request_key: str) -> Any:
+            return await handler(payload, _LambdaContext(self.timeout))
+
+        return send
+
+    def key_of(self, sender: Sender, payload: Any, request_key: str) -> str | None:
+        return None
+
+    def expression(self) -> str:
+        extra = f", timeout={self.timeout!r}" if self.timeout != 30.0 else ""
+        return f"lambda_handler({_name(self.build_handler)}{extra})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,13 @@ from idempotency_async.stores.base import Store
 from idempotency_async.testing._kit_engine import Engine, Failure
 from idempotency_async.testing._kit_oracle import judge, kind_of
 from idempotency_async.testing._kit_scenario import Call, Fault, Scenario, scenarios_for
-from idempotency_async.testing._kit_targets import AsgiRoute, FunctionHandler, HttpAnswer, Target
+from idempotency_async.testing._kit_targets import (
+    AsgiRoute,
+    FunctionHandler,
+    HttpAnswer,
+    LambdaHandler,
+    Target,
+)
 from idempotency_async.testing._kit_variants import variants_of
 
 __all__ = [
@@ -50,6 +56,7 @@ __all__ = [
     "asgi_route",
     "check_handler",
     "function_handler",
+    "lambda_handler",
     "replay",
 ]
 
@@ -61,6 +68,15 @@ def function_handler(build: Callable[[Store], Callable[[Any], Awaitable[Any]]]) 
     (e.g. ``idempotent_function(Manager(store, options), payload=...)(your_function)``).
     The kit builds it once per simulated process."""
     return FunctionHandler(build)
+
+
+def lambda_handler(
+    build: Callable[[Store], Callable[[Any, Any], Awaitable[Any]]], *, timeout: float = 30.0
+) -> Target:
+    """Your AWS Lambda ``async def handler(event, context)`` (decorated with
+    ``idempotent_handler``): ``build(store)`` returns it running on ``store``.  Each payload
+    is an event, invoked with a context that gives it ``timeout`` seconds (its lease)."""
+    return LambdaHandler(build, timeout)
 
 
 def asgi_route(
@@ -278,7 +294,7 @@ def _message(
         store_text = f"    store={store_text},\n"
     lines = [
         "from idempotency_async.testing.kit import (",
-        "    Call, Fault, Scenario, asgi_route, function_handler, replay,",
+        "    Call, Fault, Scenario, asgi_route, function_handler, lambda_handler, replay,",
         ")",
         *(f"import {module}" for module in imports),
         "",
