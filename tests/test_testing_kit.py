@@ -356,3 +356,50 @@ def test_kit_catches_a_lambda_handler_charging_before_the_claim() -> None:
     expected = "lambda_handler(test_testing_kit.build_lambda_handler_charging_first, timeout=3.0)"
     assert expected in str(failure)
     _reruns(failure)
+
+
+GUIDE = ROOT / "docs" / "testing-your-handler.md"
+
+
+def _guide_block(title: str) -> str:
+    match = re.search(
+        rf'^```\w* title="{re.escape(title)}"\n(.*?)^```$', GUIDE.read_text(), re.S | re.M
+    )
+    assert match is not None, f"docs/testing-your-handler.md has no block titled {title!r}"
+    return match[1]
+
+
+def test_the_guides_opening_test_passes() -> None:
+    defined: dict[str, Any] = {}
+    exec(compile(_guide_block("test_charge.py"), "test_charge.py", "exec"), defined)
+    defined["test_charge_is_idempotent"]()
+    assert defined["CHARGES"]
+
+
+@pytest.mark.parametrize(
+    ("title", "target", "effects", "payloads"),
+    [
+        ("effect before the claim", function_handler(build_effect_before_claim), charges, ORDERS),
+        ("key ignores a field", function_handler(build_key_ignores_amount), charges, ORDERS),
+        ("effect repeated", function_handler(build_effect_then_raise), charges, ORDERS),
+        (
+            "effect after cancellation",
+            function_handler(build_ignores_cancellation),
+            charges,
+            ORDERS,
+        ),
+        (
+            "effect without a claim",
+            asgi_route(build_unmarked_orders_app, "/orders", headers=API_KEY),
+            orders_created,
+            ORDER_BODIES,
+        ),
+    ],
+)
+def test_the_guide_shows_each_reproducer_as_printed(
+    title: str, target: Any, effects: Any, payloads: Any
+) -> None:
+    printed = str(_caught(target, effects, payloads))
+    shown = _guide_block(title).rstrip("\n")
+    assert printed.split("\n")[1].split(":")[0] == f"  - {title}"
+    assert shown.split("shrunk reproducer:")[1] == printed.split("shrunk reproducer:")[1]
