@@ -403,3 +403,50 @@ def test_the_guide_shows_each_reproducer_as_printed(
     shown = _guide_block(title).rstrip("\n")
     assert printed.split("\n")[1].split(":")[0] == f"  - {title}"
     assert shown.split("shrunk reproducer:")[1] == printed.split("shrunk reproducer:")[1]
+
+
+def build_quick_charge(store: Store) -> Any:
+    # On a real store the kit runs in real time: a short timeout keeps its leases short.
+    manager = Manager(
+        store,
+        Options(
+            key_prefix="quickstart", event_key_jmespath="id", payload_validation_jmespath="amount"
+        ),
+    )
+    return idempotent_function(manager, payload="order", timeout=0.3)(charge)
+
+
+@pytest.mark.redis
+def test_the_kit_runs_on_a_real_redis_store(redis_server: Any) -> None:
+    from idempotency_async.stores.redis import RedisStore
+
+    def make_store() -> Store:
+        return RedisStore.from_url(redis_server.url, key_prefix="kit:")
+
+    report = check_handler(
+        function_handler(build_quick_charge),
+        payloads=[{"id": "redis-1", "amount": 5}],
+        effects=charges,
+        store=make_store,
+        crash_points=4,
+    )
+    assert report.mode == "lease"
+    assert report.seconds < 30
+
+
+@pytest.mark.redis
+def test_the_kit_catches_a_broken_handler_on_a_real_redis_store(redis_server: Any) -> None:
+    from idempotency_async.stores.redis import RedisStore
+
+    def make_store() -> Store:
+        return RedisStore.from_url(redis_server.url, key_prefix="kit:")
+
+    with pytest.raises(HandlerCheckFailed) as caught:
+        check_handler(
+            function_handler(build_effect_then_raise),
+            payloads=[{"id": "redis-2", "amount": 5}],
+            effects=charges,
+            store=make_store,
+        )
+    assert caught.value.violations[0].startswith("effect repeated")
+    assert "store=<your store factory>" in str(caught.value)

@@ -219,6 +219,7 @@ async def run_scenario(
     trace.marks.append(Mark(None, "settled", effects(), None, clock()))
     for task in asyncio.all_tasks() - before - {asyncio.current_task()}:
         task.cancel()
+    await faulty.aclose()
     return trace
 
 
