@@ -236,6 +236,31 @@ def test_a_counter_that_never_moves_fails_the_check() -> None:
     assert failure.violations[0].startswith("effect counter never moved")
 
 
+async def refuse(order: dict[str, Any]) -> dict[str, Any]:
+    raise ValueError("no such order")
+
+
+def build_refusing(store: Store) -> Any:
+    manager = Manager(store, Options(key_prefix="quickstart", event_key_jmespath="id"))
+    return idempotent_function(manager, payload="order", timeout=5)(refuse)
+
+
+def test_a_handler_that_never_answers_fails_the_check() -> None:
+    failure = _caught(function_handler(build_refusing), charges, [{"id": "a", "amount": 1}])
+    assert failure.violations[0].startswith("no call answered")
+
+
+def build_keyed_on_order_id(store: Store) -> Any:
+    manager = Manager(store, Options(key_prefix="quickstart", event_key_jmespath="order_id"))
+    return idempotent_function(manager, payload="order", timeout=5)(charge)
+
+
+def test_a_payload_without_the_key_is_an_effect_without_a_claim() -> None:
+    # The payloads carry "id"; the key expression selects "order_id": no key, no claim.
+    failure = _caught(function_handler(build_keyed_on_order_id), charges, ORDERS)
+    assert failure.violations[0].startswith("effect without a claim")
+
+
 def test_replay_passes_a_scenario_the_handler_survives() -> None:
     scenario = Scenario({"id": "a", "amount": 3}, (Call(cancel_at=2), Call("after_lease")))
     replay(function_handler(build_quickstart), scenario, effects=charges)

@@ -118,6 +118,11 @@ def _after_cancel(trace: Trace) -> list[str]:
         for later in marks[at + 1 :]:
             if later.call != mark.call:
                 break  # another call ran meanwhile: the effect is not surely this one's
+            if later.what == "claimed":
+                # The cancellation was lost before the claim was answered (a store client
+                # that finishes a request it was cancelled in): the run that follows is an
+                # ordinary one, judged as such.
+                break
             if later.what == "end":
                 if later.count > mark.count:
                     return [

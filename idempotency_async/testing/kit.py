@@ -103,7 +103,7 @@ class KitReport:
     """Runs of a scenario (the checks' own runs included)."""
     seconds: float
     mode: str
-    """The guarantee judged: ``lease`` or ``lease + renewal``."""
+    """The mode the runs used: ``lease``, or ``lease + renewal`` when a lease was renewed."""
 
 
 class HandlerCheckFailed(AssertionError):
@@ -186,21 +186,32 @@ def _check(
     started = time.perf_counter()
     engine = Engine(target, effects, store)
     drawn = _draw(payloads, examples, seed)
+    answered = 0
     for payload in drawn:
-        failure = _check_payload(engine, target, payload, crash_points)
+        failure, answer = _check_payload(engine, target, payload, crash_points)
+        answered += answer
         if failure is not None:
             failure = engine.shrink(failure)
             failure = engine.simplest_payload(failure, drawn)
             raise HandlerCheckFailed(
                 _message(failure, target, effects, store), failure.scenario, failure.violations
             )
+    if not answered:
+        scenario = Scenario(drawn[0], (Call(),))
+        violations = [
+            "no call answered: the handler raised for every payload on its first call, so "
+            "the kit proved nothing (give it payloads it accepts)"
+        ]
+        failure = Failure(scenario, violations, "one call")
+        raise HandlerCheckFailed(_message(failure, target, effects, store), scenario, violations)
     mode = " and ".join(sorted(engine.modes)) or "none (no call claimed a key)"
     return KitReport(len(drawn), engine.runs, time.perf_counter() - started, mode)
 
 
 def _check_payload(
     engine: Engine, target: Target, payload: Any, crash_points: int
-) -> Failure | None:
+) -> tuple[Failure | None, bool]:
+    """The first failure of ``payload``'s scenarios, and whether its first call answered."""
     baseline = Scenario(payload, (Call(),), name="one call")
     trace = engine.run(baseline)
     violations = judge(trace)
@@ -211,14 +222,14 @@ def _check_payload(
             "stayed the same, so the kit cannot see the effect (count what the handler does)"
         ]
     if violations:
-        return Failure(baseline, violations, baseline.name)
+        return Failure(baseline, violations, baseline.name), answered
     completion = [m.steps for m in trace.marks if m.call == 0 and m.what == "complete sent"]
     steps = completion[0] if completion else trace.outcomes[0].steps
     for scenario in scenarios_for(payload, _same_key(engine, target, payload), steps, crash_points):
         violations = engine.violations(scenario)
         if violations:
-            return Failure(scenario, violations, scenario.name)
-    return None
+            return Failure(scenario, violations, scenario.name), answered
+    return None, answered
 
 
 def _same_key(engine: Engine, target: Target, payload: Any) -> list[Any]:
