@@ -475,3 +475,105 @@ def test_the_kit_catches_a_broken_handler_on_a_real_redis_store(redis_server: An
         )
     assert caught.value.violations[0].startswith("effect repeated")
     assert "store=<your store factory>" in str(caught.value)
+
+
+PG: dict[str, str] = {}
+"""The server and tables the transactional tests set up (read by their build functions)."""
+
+
+def committed_orders() -> int:
+    import psycopg
+
+    with psycopg.connect(PG["dsn"], autocommit=True) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {PG['table']}_orders").fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def build_transactional(store: Store, *, outside: bool = False) -> Any:
+    import asyncpg
+
+    manager = Manager(store, Options(key_prefix="tx", event_key_jmespath="id"))
+    insert = f"INSERT INTO {PG['table']}_orders VALUES ($1, $2)"
+
+    async def handle(order: dict[str, Any]) -> dict[str, Any]:
+        conn = await asyncpg.connect(PG["dsn"])
+        try:
+            async with conn.transaction():
+
+                async def write() -> dict[str, Any]:
+                    if outside:
+                        # Broken: the write goes through another connection, outside the
+                        # call's transaction, so a rollback does not undo it.
+                        other = await asyncpg.connect(PG["dsn"])
+                        try:
+                            await other.execute(insert, order["id"], order["amount"])
+                        finally:
+                            await other.close()
+                    else:
+                        await conn.execute(insert, order["id"], order["amount"])
+                    await asyncio.sleep(0.01)
+                    return {"order": order["id"]}
+
+                result: dict[str, Any] = await manager.execute_in_transaction(
+                    conn, order, write, timeout=2
+                )
+                return result
+        finally:
+            await conn.close()
+
+    handle.manager = manager  # type: ignore[attr-defined]
+    return handle
+
+
+def build_transactional_writing_outside(store: Store) -> Any:
+    return build_transactional(store, outside=True)
+
+
+def make_postgres_store() -> Store:
+    from idempotency_async.stores.postgres import PostgresStore
+
+    return PostgresStore.from_url(PG["dsn"], table=PG["table"])
+
+
+@pytest.fixture
+def transactional_tables(postgres_server: Any) -> None:
+    from _postgres import fresh_table_name
+
+    from idempotency_async.stores.postgres import create_table
+
+    PG["dsn"], PG["table"] = postgres_server.dsn, fresh_table_name()
+    asyncio.run(create_table(PG["dsn"], table=PG["table"]))
+    import psycopg
+
+    with psycopg.connect(PG["dsn"], autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {PG['table']}_orders (id text, amount int)")
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("transactional_tables")
+def test_a_transactional_handler_passes_the_kit_in_transactional_mode() -> None:
+    report = check_handler(
+        function_handler(build_transactional),
+        payloads=[{"id": "tx-1", "amount": 5}],
+        effects=committed_orders,
+        store=make_postgres_store,
+        crash_points=8,
+    )
+    assert report.mode == "transactional"
+    assert report.seconds < 30
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("transactional_tables")
+def test_kit_catches_a_transactional_write_outside_the_transaction() -> None:
+    with pytest.raises(HandlerCheckFailed) as caught:
+        check_handler(
+            function_handler(build_transactional_writing_outside),
+            payloads=[{"id": "tx-2", "amount": 5}],
+            effects=committed_orders,
+            store=make_postgres_store,
+            crash_points=8,
+        )
+    assert caught.value.violations[0].startswith("effect committed twice")
+    assert any(call.cancel_at for call in caught.value.scenario.calls)

@@ -71,7 +71,9 @@ class Engine:
             trace = Trace(scenario, error=exc)
         finally:
             _close(loop)
-        if any(mark.what.startswith("extend") for mark in trace.marks):
+        if trace.transactional:
+            self.modes.add("transactional")
+        elif any(mark.what.startswith("extend") for mark in trace.marks):
             self.modes.add("lease + renewal")
         elif any(mark.what == "claimed" for mark in trace.marks):
             self.modes.add("lease")

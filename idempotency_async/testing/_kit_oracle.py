@@ -16,6 +16,10 @@ checks, each violation a line starting with the name of what was broken:
   released and the retry did it again);
 - ``different answers``: duplicates of one payload got different answers;
 - ``stuck key``: a call after every lease had ended was still told "in progress".
+
+A handler whose calls are all transactional (``execute_in_transaction``) is judged by
+transactional mode instead: its database effect commits exactly once per key
+(``effect committed twice``, ``effect never committed``).
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ def judge(trace: Trace) -> list[str]:
     violations: list[str] = []
     marks = trace.marks
     total = marks[-1].count - marks[0].count
+    if trace.transactional:
+        return _transactional(trace, total) + _answers(trace)
     violations += _before_claim(trace)
     runs = [mark for mark in marks if mark.what == "claimed"]
     if total > len(runs) and not violations:
@@ -80,6 +86,25 @@ def judge(trace: Trace) -> list[str]:
     violations += _answers(trace)
     violations += _stuck(trace)
     return violations
+
+
+def _transactional(trace: Trace, total: int) -> list[str]:
+    """Transactional mode: the database effect commits exactly once per key (a crash rolls
+    it back with the record, and the retry runs once)."""
+    if total > 1:
+        return [
+            f"effect committed twice: the counter moved {total} times for one key in "
+            "transactional mode (an effect made outside the call's transaction — another "
+            "connection, an autocommit write, a provider call — is not rolled back with the "
+            "record: a crash before the COMMIT and a retry repeat it)"
+        ]
+    answered = any(kind_of(outcome) == "answer" for outcome in trace.outcomes)
+    if total == 0 and answered:
+        return [
+            "effect never committed: a call answered, but the counter did not move (does the "
+            "handler commit its transaction, and does the counter read committed rows?)"
+        ]
+    return []
 
 
 def _before_claim(trace: Trace) -> list[str]:

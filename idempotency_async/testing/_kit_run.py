@@ -66,6 +66,14 @@ class Trace:
     store: FaultyStore | None = None
     store_keys: set[str] = field(default_factory=set)
     error: BaseException | None = None
+    transactions: bool = False
+    """The store offers transactional calls (``execute_in_transaction``): their claims and
+    completions go through the caller's transaction, not through the kit's wrapper."""
+
+    @property
+    def transactional(self) -> bool:
+        """No call claimed through the store itself: every run was a transactional call."""
+        return self.transactions and not any(m.what == "claim sent" for m in self.marks)
     """The run itself failed (a deadlock: the handler waits for something nothing brings)."""
 
 
@@ -192,6 +200,11 @@ async def run_scenario(
     faulty = FaultyStore(make_store(), {i: c.faults for i, c in enumerate(scenario.calls)})
     trace.store = faulty
     sampling = _Sampling(faulty, trace, effects, clock)
+    bind = getattr(faulty.inner, "transaction_store", None)
+    if bind is not None:
+        # Transactional calls write in the caller's transaction (no faults, no marks).
+        trace.transactions = True
+        sampling.transaction_store = bind  # type: ignore[attr-defined]
     front: Store = ServerClockStore(sampling, clock) if virtual else sampling
     processes = max(call.process for call in scenario.calls) + 1
     senders = [target.build(front) for _ in range(processes)]

@@ -316,9 +316,14 @@ def _message(
         f"{store_text})",
     ]
     found = "\n".join(f"  - {violation}" for violation in failure.violations)
+    guarantee = (
+        "the transactional guarantee (the database effect exactly once)"
+        if failure.violations[0].startswith(("effect committed", "effect never committed"))
+        else "the lease-mode guarantee (at most one effect per lease; one effect when nothing "
+        "crashed)"
+    )
     return (
-        "the handler broke the lease-mode guarantee (at most one effect per lease; one "
-        "effect when nothing crashed)\n"
+        f"the handler broke {guarantee}\n"
         f"{found}\n"
         f"first seen in: {failure.tried or 'the given scenario'}; shrunk reproducer:\n\n"
         + textwrap.indent("\n".join(lines), "    ")
