@@ -40,6 +40,8 @@ sys.path.insert(0, str(ROOT / "examples"))
 import fastapi_app  # noqa: E402
 import quickstart  # noqa: E402
 
+from idempotency_async.integrations.fastapi import IdempotentTransaction  # noqa: E402
+
 CHARGES: list[dict[str, Any]] = []
 ORDERS = st.fixed_dictionaries(
     {"id": st.text("abc", min_size=1, max_size=3), "amount": st.integers(1, 500)}
@@ -577,3 +579,72 @@ def test_kit_catches_a_transactional_write_outside_the_transaction() -> None:
         )
     assert caught.value.violations[0].startswith("effect committed twice")
     assert any(call.cancel_at for call in caught.value.scenario.calls)
+
+
+def build_transactional_orders_app(store: Store, *, runs_it: bool = True) -> Any:
+    import asyncpg
+    from fastapi import FastAPI
+
+    from idempotency_async.integrations.starlette import IdempotencyMiddleware
+
+    app = FastAPI()
+    app.add_middleware(
+        IdempotencyMiddleware,
+        manager=Manager(store, Options(key_prefix="orders-tx")),
+        paths=(),
+        request_timeout=10.0,
+    )
+    insert = f"INSERT INTO {PG['table']}_orders VALUES ($1, $2)"
+
+    @app.post("/orders", status_code=201)
+    async def create_order(order: fastapi_app.Order, tx: IdempotentTransaction) -> Any:
+        conn = await asyncpg.connect(PG["dsn"])
+        try:
+            async with conn.transaction():
+
+                async def work() -> dict[str, Any]:
+                    await conn.execute(insert, order.sku, order.qty)
+                    return {"sku": order.sku, "qty": order.qty}
+
+                if not runs_it:
+                    return await work()  # broken: not through the transactional call
+                return await tx.run(conn, work)
+        finally:
+            await conn.close()
+
+    return app
+
+
+def build_transactional_orders_app_not_running_it(store: Store) -> Any:
+    return build_transactional_orders_app(store, runs_it=False)
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("transactional_tables")
+def test_a_transactional_fastapi_route_passes_the_kit() -> None:
+    route = asgi_route(build_transactional_orders_app, "/orders")
+    report = check_handler(
+        route,
+        payloads=[{"sku": "A1", "qty": 2}],
+        effects=committed_orders,
+        store=make_postgres_store,
+        crash_points=8,
+    )
+    assert report.mode == "transactional"
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("transactional_tables")
+def test_kit_catches_a_transactional_route_that_does_not_run_its_transaction() -> None:
+    route = asgi_route(build_transactional_orders_app_not_running_it, "/orders")
+    with pytest.raises(HandlerCheckFailed) as caught:
+        check_handler(
+            route,
+            payloads=[{"sku": "A1", "qty": 2}],
+            effects=committed_orders,
+            store=make_postgres_store,
+        )
+    assert caught.value.violations[0].startswith("transaction not run")
+    assert "POST /orders" in caught.value.violations[0]
+    assert caught.value.scenario.calls == (Call(),)
+    assert str(caught.value) == _guide_block("transaction not run").rstrip("\n")

@@ -52,8 +52,10 @@ class Engine:
         return self.make_store is None
 
     def run(self, scenario: Scenario) -> Trace:
-        with _quiet():
-            return self._run(scenario)
+        with _captured() as records:
+            trace = self._run(scenario)
+        trace.logs = [record.getMessage() for record in records]
+        return trace
 
     def _run(self, scenario: Scenario) -> Trace:
         self.runs += 1
@@ -157,16 +159,30 @@ class Engine:
         return failure
 
 
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """The library's own logs are silenced while scenarios run: they fail on purpose."""
+def _captured() -> Iterator[list[logging.LogRecord]]:
+    """The library's warnings and errors while scenarios run: kept for the oracle (a
+    transactional route that never ran its transaction is reported there), not shown
+    (the scenarios fail stores on purpose)."""
     logger = logging.getLogger("idempotency_async")
-    saved = logger.level
-    logger.setLevel(logging.CRITICAL + 1)
+    handler = _Records()
+    saved = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
     try:
-        yield
+        yield handler.records
     finally:
-        logger.setLevel(saved)
+        logger.removeHandler(handler)
+        logger.propagate = saved
 
 
 def _path(path: tuple[Any, ...]) -> str:

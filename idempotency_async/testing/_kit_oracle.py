@@ -17,7 +17,9 @@ checks, each violation a line starting with the name of what was broken:
 - ``different answers``: duplicates of one payload got different answers;
 - ``stuck key``: a call after every lease had ended was still told "in progress".
 
-A handler whose calls are all transactional (``execute_in_transaction``) is judged by
+A transactional HTTP route that returns a response without running its transaction is
+reported first (``transaction not run``, from the library's own error).  A handler whose
+calls are all transactional (``execute_in_transaction``) is judged by
 transactional mode instead: its database effect commits exactly once per key
 (``effect committed twice``, ``effect never committed``).
 """
@@ -68,7 +70,9 @@ def describe(outcome: Outcome) -> str:
 def judge(trace: Trace) -> list[str]:
     if trace.error is not None:
         return [f"run failed: {type(trace.error).__name__}: {trace.error}"]
-    violations: list[str] = []
+    violations: list[str] = _transaction_not_run(trace)
+    if violations:
+        return violations
     marks = trace.marks
     total = marks[-1].count - marks[0].count
     if trace.transactional:
@@ -86,6 +90,17 @@ def judge(trace: Trace) -> list[str]:
     violations += _answers(trace)
     violations += _stuck(trace)
     return violations
+
+
+def _transaction_not_run(trace: Trace) -> list[str]:
+    for message in trace.logs:
+        if "without running its transaction" in message:
+            return [
+                "transaction not run: " + message.split(": nothing was recorded")[0] + " (the "
+                "library answered 500 instead; nothing was recorded, so every retry runs the "
+                "endpoint again)"
+            ]
+    return []
 
 
 def _transactional(trace: Trace, total: int) -> list[str]:

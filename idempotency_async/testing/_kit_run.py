@@ -66,6 +66,8 @@ class Trace:
     store: FaultyStore | None = None
     store_keys: set[str] = field(default_factory=set)
     error: BaseException | None = None
+    logs: list[str] = field(default_factory=list)
+    """What the library logged (warnings and errors) while the scenario ran."""
     transactions: bool = False
     """The store offers transactional calls (``execute_in_transaction``): their claims and
     completions go through the caller's transaction, not through the kit's wrapper."""
@@ -74,6 +76,7 @@ class Trace:
     def transactional(self) -> bool:
         """No call claimed through the store itself: every run was a transactional call."""
         return self.transactions and not any(m.what == "claim sent" for m in self.marks)
+
     """The run itself failed (a deadlock: the handler waits for something nothing brings)."""
 
 

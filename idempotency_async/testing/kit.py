@@ -318,7 +318,9 @@ def _message(
     found = "\n".join(f"  - {violation}" for violation in failure.violations)
     guarantee = (
         "the transactional guarantee (the database effect exactly once)"
-        if failure.violations[0].startswith(("effect committed", "effect never committed"))
+        if failure.violations[0].startswith(
+            ("effect committed", "effect never committed", "transaction not run")
+        )
         else "the lease-mode guarantee (at most one effect per lease; one effect when nothing "
         "crashed)"
     )
