@@ -21,7 +21,7 @@ import pytest
 from hypothesis import strategies as st
 from support import checkout_env
 
-from idempotency_async import Manager, Options, idempotent_function
+from idempotency_async import Manager, MemoryStore, Options, idempotent_function
 from idempotency_async.stores.base import Store
 from idempotency_async.testing.kit import (
     Call,
@@ -231,6 +231,25 @@ def test_kit_catches_an_unmarked_fastapi_route() -> None:
     failure = _caught(route, orders_created, ORDER_BODIES)
     assert failure.violations[0].startswith("effect without a claim")
     _reruns(failure)
+
+
+class GrantingStore(MemoryStore):
+    """Broken on purpose: every claim is granted, whatever the record says."""
+
+    async def claim(self, claim: Any) -> Any:
+        await self.force_release(claim.key)
+        return await super().claim(claim)
+
+
+def test_kit_catches_a_store_that_grants_every_claim() -> None:
+    with pytest.raises(HandlerCheckFailed) as caught:
+        check_handler(
+            function_handler(build_quickstart),
+            payloads=[{"id": "a", "amount": 1}],
+            effects=charges,
+            store=GrantingStore,
+        )
+    assert caught.value.violations[0].startswith("effect repeated")
 
 
 def test_a_counter_that_never_moves_fails_the_check() -> None:
