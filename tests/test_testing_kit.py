@@ -282,6 +282,16 @@ def test_a_payload_without_the_key_is_an_effect_without_a_claim() -> None:
     assert failure.violations[0].startswith("effect without a claim")
 
 
+def test_a_counter_that_raises_is_reported() -> None:
+    def broken_counter() -> int:
+        raise RuntimeError("the counter's database is down")
+
+    failure = _caught(
+        function_handler(build_quickstart), broken_counter, [{"id": "a", "amount": 1}]
+    )
+    assert failure.violations[0].startswith("run failed: RuntimeError: the counter's database")
+
+
 def test_replay_passes_a_scenario_the_handler_survives() -> None:
     scenario = Scenario({"id": "a", "amount": 3}, (Call(cancel_at=2), Call("after_lease")))
     replay(function_handler(build_quickstart), scenario, effects=charges)

@@ -77,7 +77,8 @@ class Trace:
         """No call claimed through the store itself: every run was a transactional call."""
         return self.transactions and not any(m.what == "claim sent" for m in self.marks)
 
-    """The run itself failed (a deadlock: the handler waits for something nothing brings)."""
+    """The run itself failed (a deadlock: the handler waits for something nothing brings;
+    the effect counter raised)."""
 
 
 class _Sampling:
@@ -93,8 +94,17 @@ class _Sampling:
     def mark(self, what: str, owner: str | None = None) -> None:
         steps = _STEPS.get()
         count = 0 if steps is None else steps.count
-        mark = Mark(CALL.get(), what, self.effects(), owner, self.clock(), count)
+        mark = Mark(CALL.get(), what, self.read(), owner, self.clock(), count)
         self.trace.marks.append(mark)
+
+    def read(self) -> int:
+        """The counter; a counter that fails is reported, never raised into a request."""
+        try:
+            return int(self.effects())
+        except Exception as exc:
+            if self.trace.error is None:
+                self.trace.error = exc
+            return self.trace.marks[-1].count if self.trace.marks else 0
 
     async def _op(
         self, name: str, key: str, owner: str | None, request: Callable[[], Awaitable[Any]]
@@ -215,7 +225,7 @@ async def run_scenario(
     if not virtual:
         await _forget(target, senders[0], scenario, request_key, faulty)
     before = asyncio.all_tasks()
-    trace.marks.append(Mark(None, "begin", effects(), None, clock()))
+    trace.marks.append(Mark(None, "begin", sampling.read(), None, clock()))
     tasks: list[asyncio.Task[None]] = []
     for index, call in enumerate(scenario.calls):
         await _wait_for_start(call, tasks, faulty, trace, clock)
@@ -232,7 +242,7 @@ async def run_scenario(
     for late in faulty.late:
         if not late.done():
             await asyncio.wait([late])
-    trace.marks.append(Mark(None, "settled", effects(), None, clock()))
+    trace.marks.append(Mark(None, "settled", sampling.read(), None, clock()))
     for task in asyncio.all_tasks() - before - {asyncio.current_task()}:
         task.cancel()
     await faulty.aclose()
