@@ -223,7 +223,9 @@ def _check_payload(
         ]
     if violations:
         return Failure(baseline, violations, baseline.name), answered
-    completion = [m.steps for m in trace.marks if m.call == 0 and m.what == "complete sent"]
+    # Every await until the completion was answered: a crash with it in flight included.
+    ended = ("complete done", "complete failed")
+    completion = [m.steps for m in trace.marks if m.call == 0 and m.what in ended]
     steps = completion[0] if completion else trace.outcomes[0].steps
     for scenario in scenarios_for(payload, _same_key(engine, target, payload), steps, crash_points):
         violations = engine.violations(scenario)
