@@ -194,31 +194,26 @@ class Lifecycle:
     ) -> T:
         """Replay, join, or claim the key and run ``callback`` — ``callback(call)`` when
         ``held``, ``callback()`` otherwise — then complete or release the record."""
-        key, mode, replays = keys.key, self.mode, self.replays
+        key = keys.key
         # 1. Answer early: the local cache, then a call of this process with the key.
-        if replays.cache is not None:
-            entry = replays.cache.get(key, loop.time())
+        if self.replays.cache is not None:
+            entry = self.replays.cache.get(key, loop.time())
             if entry is not None:
-                return replays.hit(entry, keys)  # type: ignore[no-any-return]
+                return self.replays.hit(entry, keys)  # type: ignore[no-any-return]
         while (flight := self.inflight.get(key)) is not None:
-            outcome = await self.waiting.join(flight, keys, deadline, loop)
-            if outcome is UNANSWERED:
+            joined = await self.waiting.join(flight, keys, deadline, loop)
+            if joined is UNANSWERED:
                 break  # the other call's claim is still unanswered: ask the store ourselves
-            if outcome is not None:
-                return self._joined(outcome, keys)  # type: ignore[no-any-return]
+            if joined is not None:
+                return self._joined(joined, keys)  # type: ignore[no-any-return]
         flight = self.inflight[key] = Flight(keys, deadline, self._shared.owner())
         renewing = NOT_RENEWING
         try:
             # 2. Claim, until the store confirms it or answers what to replay.
             while True:
-                flight.sent = loop.time()  # a verdict it brings counts from here
-                if deadline is None:
-                    mode.without_deadline()
-                lease = Lease.claiming(
-                    keys, flight.owner, deadline, self.options, flight.sent, mode.leases.renew
-                )
+                lease = self._lease(flight, loop)
                 try:
-                    verdict = await mode.claim(lease, loop)
+                    verdict = await self.mode.claim(lease, loop)
                     if verdict is not CLAIMED and verdict.__class__ is Verdict:
                         check_key(verdict, key)
                 except Exception as exc:
@@ -231,7 +226,7 @@ class Lifecycle:
                     and verdict.state is _COMPLETED
                     and verdict.record is not None
                 ):  # the common replay, answered here
-                    return replays.record(verdict, flight)  # type: ignore[no-any-return]
+                    return self.replays.record(verdict, flight)  # type: ignore[no-any-return]
                 step = await self._contend(flight, lease, verdict, self._shared.cutoffs(loop))
                 if step is _HELD:
                     break
@@ -242,48 +237,65 @@ class Lifecycle:
             self._hold(flight, lease, loop)
             if loop.time() >= lease.cutoff_at:
                 await self._too_late(lease, cutoffs)
-            # 4. Run the work under its cutoff, a scope closed on every path out.
+            # 4. Run the work under its cutoff: a scope left on every path out of it (as
+            # try/except/else, not ``with``: no bound method held while the callback runs).
             started = loop.time()
+            cutoff = cutoffs.at(lease.cutoff_at)
             try:
-                with cutoffs.at(lease.cutoff_at) as cutoff:
-                    call = Call(self, flight, loop, cutoff) if held else None
-                    renewing = mode.leases.start(lease, cutoffs, cutoff, flight.sent)
-                    run = Run(key)  # what downstream keys see while the callback runs
-                    try:
-                        pending = callback() if call is None else callback(call)
-                        if not hasattr(pending, "__await__"):
-                            pending = awaitable(pending)  # a plain function: it has run
-                        result = await pending
-                    finally:
-                        run.end()
-                        # No renewal after the callback ends: cancelled without yielding
-                        # (the cutoff could fire in between and undo a callback that returned).
-                        renewing.cancel()
-                        self.emitter.ran(started, loop)
+                call = Call(self, flight, loop, cutoff) if held else None
+                renewing = self.mode.leases.start(lease, cutoffs, cutoff, flight.sent)
+                run = Run(key)  # what downstream keys see while the callback runs
+                try:
+                    result: Any = callback() if call is None else callback(call)
+                    if not hasattr(result, "__await__"):
+                        result = awaitable(result)  # a plain function: it has run
+                    result = await result
+                finally:
+                    run.end()
+                    # No renewal after the callback ends: cancelled without yielding
+                    # (the cutoff could fire in between and undo a callback that returned).
+                    renewing.cancel()
+                    self.emitter.ran(started, loop)
             except BaseException as exc:
+                cutoff.leave(exc)
                 # 5. Decide (the ending was not a plain return), 6. settle: raises.
                 ending = decide(
                     _ended(exc), cutoff.cut_off, cutoff.cancelled_elsewhere(), _said(call)
                 )
                 await self._settle_failure(ending, exc, flight, renewing, cutoffs, started)
                 raise
+            cutoff.close()
             # 5. Decide.
-            said = _NONE if call is None else _said(call)
-            ending = decide(_RETURNED, False, cutoff.cancelled_elsewhere(), said)
+            ending = decide(
+                _RETURNED,
+                False,
+                cutoff.cancelled_elsewhere(),
+                _NONE if call is None else _said(call),
+            )
             if ending is not COMPLETE:
                 return await self._settle_return(ending, result, flight, cutoffs)  # type: ignore[no-any-return]
             # 6. Settle: the one completion write, bounded at the lease end.
             completion = self.completion_for(lease, result)
             sent = loop.time()  # the completion's life counts from (before) its write
             with _Completing(cutoffs, lease.write_bound(sent), key, result):
-                written = await mode.store.complete(completion)
+                written = await self.mode.store.complete(completion)
             self.completed(completion, written, result, flight, loop.time() - started, sent)
-            return result
+            return result  # type: ignore[no-any-return]
         finally:
             if self.inflight.get(key) is flight:
                 del self.inflight[key]
             flight.settle(None)
             await renewing.stop()
+
+    def _lease(self, flight: Flight, loop: asyncio.AbstractEventLoop) -> Lease:
+        """The lease of a claim about to be sent for ``flight``."""
+        flight.sent = loop.time()  # a verdict it brings counts from here
+        deadline = flight.deadline
+        if deadline is None:
+            self.mode.without_deadline()
+        return Lease.claiming(
+            flight.keys, flight.owner, deadline, self.options, flight.sent, self.mode.leases.renew
+        )
 
     # ------------------------------------------------------------------ 1. answer early
 
