@@ -10,8 +10,9 @@ every entry point is a door into it (``Manager.execute`` runs a zero-argument ca
 2. **Claim**: one conditional write; the store answers CLAIMED or the record it met, which
    is replayed, waited on (``_contend``) or claimed again.
 3. **Hold**: the key is in progress here; a claim answered after its cutoff is abandoned.
-4. **Work**: the callback runs inside ``with cutoffs.at(lease.cutoff_at)`` — a scope that
-   closes on every path — with its lease renewed or not (``_renewal``).
+4. **Work**: the callback runs under ``cutoffs.at(lease.cutoff_at)`` — a scope left on
+   every path (``try``/``except``/``else`` and :meth:`Cutoff.leave`: a ``with`` would hold
+   a bound ``__exit__`` per call in flight) — with its lease renewed or not (``_renewal``).
 5. **Decide**: how the callback ended, whether the cutoff fired, whether the caller was
    cancelled and what the callback said through its ``Call`` go to one pure table
    (``_endings.decide``) that answers what to write and what to raise.
