@@ -98,19 +98,6 @@ class _Replay(NamedTuple):
     value: Any
 
 
-class _Step:
-    """What a contended claim does next (``_contend``), besides replaying."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-_AGAIN = _Step("claim again")  # with a fresh lease
-_HELD = _Step("held")  # the claim applied after all
-
-
 class _Shared:
     """What a lifecycle and its transactional views share: owner tokens and cutoffs."""
 
@@ -207,32 +194,30 @@ class Lifecycle:
                 break  # the other call's claim is still unanswered: ask the store ourselves
             if joined is not None:
                 return self._joined(joined, keys)  # type: ignore[no-any-return]
-        flight = self.inflight[key] = Flight(keys, deadline, self._shared.owner())
+        flight = self.inflight[key] = Flight(keys, self._shared.owner())
         renewing = NOT_RENEWING
         try:
-            # 2. Claim, until the store confirms it or answers what to replay.
-            while True:
-                lease = self._lease(flight, loop)
-                try:
-                    verdict = await self.mode.claim(lease, loop)
-                    if verdict is not CLAIMED and verdict.__class__ is Verdict:
-                        check_key(verdict, key)
-                except Exception as exc:
-                    await self._claim_failed(lease, exc, self._shared.cutoffs(loop))
-                    raise
-                if verdict is CLAIMED:
-                    break
+            # 2. Claim: one conditional write.  The store confirms it, or answers with the
+            # record it met: the common replay is answered here, any other by _contend.
+            lease = self._lease(flight, deadline, loop)
+            try:
+                verdict = await self.mode.claim(lease, loop)
+                if verdict is not CLAIMED and verdict.__class__ is Verdict:
+                    check_key(verdict, key)
+            except Exception as exc:
+                await self._claim_failed(lease, exc, self._shared.cutoffs(loop))
+                raise
+            if verdict is not CLAIMED:
                 if (
                     verdict.__class__ is Verdict
                     and verdict.state is _COMPLETED
                     and verdict.record is not None
-                ):  # the common replay, answered here
+                ):
                     return self.replays.record(verdict, flight)  # type: ignore[no-any-return]
-                step = await self._contend(flight, lease, verdict, self._shared.cutoffs(loop))
-                if step is _HELD:
-                    break
-                if step is not _AGAIN:
-                    return step.value  # type: ignore[union-attr, no-any-return]
+                step = await self._contend(flight, lease, verdict, deadline, loop)
+                if isinstance(step, _Replay):
+                    return step.value  # type: ignore[no-any-return]
+                lease = step
             # 3. Hold the key; a claim answered after its cutoff must not run.
             cutoffs = self._shared.cutoffs(loop)
             self._hold(flight, lease, loop)
@@ -288,10 +273,9 @@ class Lifecycle:
             flight.settle(None)
             await renewing.stop()
 
-    def _lease(self, flight: Flight, loop: asyncio.AbstractEventLoop) -> Lease:
+    def _lease(self, flight: Flight, deadline: Deadline, loop: asyncio.AbstractEventLoop) -> Lease:
         """The lease of a claim about to be sent for ``flight``."""
         flight.sent = loop.time()  # a verdict it brings counts from here
-        deadline = flight.deadline
         if deadline is None:
             self.mode.without_deadline()
         return Lease.claiming(
@@ -325,43 +309,62 @@ class Lifecycle:
         await self.mode.unknown_claim(lease, exc, cutoffs)
 
     async def _contend(
-        self, flight: Flight, lease: Lease, verdict: Verdict, cutoffs: Cutoffs
-    ) -> _Replay | _Step:
-        """The claim met a record: replay it, wait for it and claim again (``_AGAIN``), or
-        find the claim applied after all (``_HELD``)."""
-        if not isinstance(verdict, Verdict):  # a store that broke its protocol
-            nonsense = StoreUnavailableError(  # type: ignore[unreachable]
-                f"the store answered a claim of key {flight.keys.key} with {verdict!r}, "
-                "not a verdict: the callback was not run"
-            )
-            # Whether the claim applied is unknown.
-            await self.mode.unknown_claim(lease, nonsense, cutoffs)
-            raise nonsense
-        state, record = verdict.state, verdict.record
-        if state is State.CLAIMED:
-            return _HELD
-        if state is State.COMPLETED and record is not None:
-            return _Replay(self.replays.record(verdict, flight))
-        if state is State.IN_PROGRESS and record is not None:
-            loop = cutoffs.loop
-            self.keys.validate(record.validation, flight.keys)
-            if flight.wait_until is None:
-                flight.wait_until = self.waiting.limit(flight.deadline, loop)
-            verdict, flight.sent = await self.waiting.poll(
-                self.store, flight.keys, verdict, flight.wait_until, loop
-            )
-            if verdict.state is State.COMPLETED:
-                return await self._contend(flight, lease, verdict, cutoffs)
-        else:
-            # CLAIMABLE after a refused claim: it expired between the write and the
-            # store's answer.
-            flight.raced += 1
-            if flight.raced > _CLAIM_RETRIES:
-                raise InconsistentStateError(
-                    f"key {flight.keys.key}: the store kept refusing claims on a record it "
-                    "judged claimable; check that every worker's clock is synchronised"
+        self,
+        flight: Flight,
+        lease: Lease,
+        verdict: Verdict,
+        deadline: Deadline,
+        loop: asyncio.AbstractEventLoop,
+    ) -> Lease | _Replay:
+        """The claim of ``lease`` met a record: replay it, or wait for it and claim again
+        (a fresh lease each time), until a claim is held — its lease returned — or a record
+        replayed.  The contended path's own frame: the uncontended one never enters it."""
+        cutoffs = self._shared.cutoffs(loop)
+        wait_until: float | None = None  # how long (loop time) it may wait on another worker
+        raced = 0  # claims refused on a record the store judged claimable
+        while True:
+            if not isinstance(verdict, Verdict):  # a store that broke its protocol
+                nonsense = StoreUnavailableError(  # type: ignore[unreachable]
+                    f"the store answered a claim of key {flight.keys.key} with {verdict!r}, "
+                    "not a verdict: the callback was not run"
                 )
-        return _AGAIN
+                # Whether the claim applied is unknown.
+                await self.mode.unknown_claim(lease, nonsense, cutoffs)
+                raise nonsense
+            state, record = verdict.state, verdict.record
+            if state is State.CLAIMED:
+                return lease  # the claim applied after all
+            if state is State.COMPLETED and record is not None:
+                return _Replay(self.replays.record(verdict, flight))
+            if state is State.IN_PROGRESS and record is not None:
+                self.keys.validate(record.validation, flight.keys)
+                if wait_until is None:
+                    wait_until = self.waiting.limit(deadline, loop)
+                verdict, flight.sent = await self.waiting.poll(
+                    self.store, flight.keys, verdict, wait_until, loop
+                )
+                if verdict.state is State.COMPLETED:
+                    continue  # replayed above
+            else:
+                # CLAIMABLE after a refused claim: it expired between the write and the
+                # store's answer.
+                raced += 1
+                if raced > _CLAIM_RETRIES:
+                    raise InconsistentStateError(
+                        f"key {flight.keys.key}: the store kept refusing claims on a record it "
+                        "judged claimable; check that every worker's clock is synchronised"
+                    )
+            # Claim again, with a fresh lease.
+            lease = self._lease(flight, deadline, loop)
+            try:
+                verdict = await self.mode.claim(lease, loop)
+                if verdict is not CLAIMED and verdict.__class__ is Verdict:
+                    check_key(verdict, flight.keys.key)
+            except Exception as exc:
+                await self._claim_failed(lease, exc, cutoffs)
+                raise
+            if verdict is CLAIMED:
+                return lease
 
     # ------------------------------------------------------------------ 3. hold
 
