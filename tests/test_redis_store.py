@@ -416,11 +416,11 @@ async def test_wait_replicas_confirms_a_claim_on_a_replica(redis_server: RedisSe
             while (await reader.info("replication"))["master_link_status"] != "up":
                 assert time.monotonic() < deadline, "the replica did not connect"
                 await asyncio.sleep(0.05)
-            store = RedisStore(client, wait_replicas=1, wait_timeout=2)
+            store = RedisStore(client, wait_replicas=1, replica_timeout=2)
             assert await store.claim(claim()) is CLAIMED
             assert await reader.get("k") is not None  # on the replica already
             assert (await store.claim(claim(owner="b"))).state is State.IN_PROGRESS
-            demanding = RedisStore(client, wait_replicas=2, wait_timeout=0.1)
+            demanding = RedisStore(client, wait_replicas=2, replica_timeout=0.1)
             with pytest.raises(errors.StoreUnavailableError, match="fewer than wait_replicas"):
                 await demanding.claim(claim("k2"))
             await client.script_flush()

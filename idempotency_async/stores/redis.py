@@ -104,7 +104,7 @@ class RedisStore:
     workers with skewed clocks agree; ``clock="client"`` uses the ``now`` the manager
     sends (for simulated time).  ``key_prefix`` is prepended to every Redis key (the
     record keeps its logical key).  ``wait_replicas`` makes each claim wait (up to
-    ``wait_timeout`` seconds) until that many replicas hold it, in the same round trip;
+    ``replica_timeout`` seconds) until that many replicas hold it, in the same round trip;
     a claim fewer replicas acknowledged raises ``StoreUnavailableError`` and its callback
     does not run.
 
@@ -122,7 +122,7 @@ class RedisStore:
         clock: Literal["server", "client"] = "server",
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         wait_replicas: int = 0,
-        wait_timeout: float = 1.0,
+        replica_timeout: float = 1.0,
         record_format: RecordFormat = "typescript",
     ) -> None:
         if client is None or not callable(getattr(client, "evalsha", None)):
@@ -143,8 +143,8 @@ class RedisStore:
             raise ConfigError(f"wait_replicas must be an integer >= 0, got {wait_replicas!r}")
         if wait_replicas < 0:
             raise ConfigError(f"wait_replicas must be an integer >= 0, got {wait_replicas}")
-        if not wait_timeout > 0:
-            raise ConfigError(f"wait_timeout must be positive seconds, got {wait_timeout!r}")
+        if not replica_timeout > 0:
+            raise ConfigError(f"replica_timeout must be positive seconds, got {replica_timeout!r}")
         if wait_replicas and _is_cluster(client):
             raise ConfigError(
                 "wait_replicas is not supported with RedisCluster: WAIT must run on the "
@@ -152,11 +152,11 @@ class RedisStore:
                 "a client per shard, or accept the failover risk (docs/redis.md)"
             )
         socket_timeout = _socket_timeout(client)
-        if wait_replicas and socket_timeout is not None and socket_timeout <= wait_timeout:
+        if wait_replicas and socket_timeout is not None and socket_timeout <= replica_timeout:
             raise ConfigError(
-                f"wait_timeout ({wait_timeout} s) must be shorter than the client's "
+                f"replica_timeout ({replica_timeout} s) must be shorter than the client's "
                 f"socket_timeout ({socket_timeout} s): WAIT blocks the connection for up to "
-                "wait_timeout, and the client would give up on the claim's answer first"
+                "replica_timeout, and the client would give up on the claim's answer first"
             )
         self.record_format = check_record_format(record_format)
         """The record layout read and written: ``"typescript"`` or ``"powertools-python"``."""
@@ -165,7 +165,7 @@ class RedisStore:
         self.key_prefix = key_prefix
         self.clock = clock
         self.wait_replicas = wait_replicas
-        self.wait_timeout = wait_timeout
+        self.replica_timeout = replica_timeout
         self._client = client
         self._client_clock = clock == "client"
         self._ready = False
@@ -184,7 +184,7 @@ class RedisStore:
         clock: Literal["server", "client"] = "server",
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         wait_replicas: int = 0,
-        wait_timeout: float = 1.0,
+        replica_timeout: float = 1.0,
         record_format: RecordFormat = "typescript",
     ) -> RedisStore:
         """A store on a redis-py client built from ``url`` (``redis://``, ``rediss://`` for
@@ -222,7 +222,7 @@ class RedisStore:
             clock=clock,
             max_response_bytes=max_response_bytes,
             wait_replicas=wait_replicas,
-            wait_timeout=wait_timeout,
+            replica_timeout=replica_timeout,
             record_format=record_format,
         )
         store._owns_client = True
@@ -517,7 +517,7 @@ class RedisStore:
     async def _claim_acknowledged(self, key: str, args: tuple[Any, ...]) -> Any:
         """The claim script and ``WAIT`` pipelined on one connection (one round trip)."""
         client = self._client
-        wait_ms = max(1, round(self.wait_timeout * 1000))
+        wait_ms = max(1, round(self.replica_timeout * 1000))
         for attempt in range(2):
             pipe = client.pipeline(transaction=False)
             pipe.evalsha(_CLAIM.sha, 1, key, *args)
@@ -533,7 +533,7 @@ class RedisStore:
         if answer == 1 and short:
             raise StoreUnavailableError(
                 f"the claim of key {key!r} was acknowledged by {acknowledged!r} replicas within "
-                f"{self.wait_timeout} s, fewer than wait_replicas={self.wait_replicas}; the "
+                f"{self.replica_timeout} s, fewer than wait_replicas={self.wait_replicas}; the "
                 "callback was not run and the key stays claimed until its lease ends"
             )
         return answer
