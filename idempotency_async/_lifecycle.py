@@ -724,7 +724,7 @@ def _renewal_refused(key: str) -> DeadlineExceededError:
     return DeadlineExceededError(
         f"the call for key {key} was cut off because the store refused to renew its lease: "
         "the lease had lapsed and the key may be claimed by another worker. Nothing was "
-        "recorded; renew more often (Options(renew_every=...)) or give renew_lease more slack",
+        "recorded; renew more often (Renewal(every=...)) or give Renewal(lease=...) more slack",
         key=key,
     )
 

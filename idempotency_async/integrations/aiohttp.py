@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Iterable
-from typing import TypeVar, cast
+from typing import Literal, TypeVar, cast
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -48,6 +48,7 @@ from idempotency_async.integrations._http import (
     host_route,
 )
 from idempotency_async.manager import Manager
+from idempotency_async.options import Wait
 
 __all__ = [
     "HttpTransaction",
@@ -160,8 +161,7 @@ def idempotency_middleware(
     max_response_bytes: int | None = None,
     store_server_errors: bool = False,
     replay_headers: Iterable[str] = (),
-    wait: bool | None = None,
-    wait_timeout: float | None = None,
+    wait: Wait | Literal[False] | None = None,
 ) -> Middleware:
     """A middleware running each idempotent request once per ``Idempotency-Key``.
 
@@ -186,7 +186,6 @@ def idempotency_middleware(
             store_server_errors=store_server_errors,
             replay_headers=replay_headers,
             wait=wait,
-            wait_timeout=wait_timeout,
         ),
     )
 

@@ -13,6 +13,7 @@ The behaviour is described in ``docs/http.md``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -41,6 +42,7 @@ from idempotency_async.integrations._http import (
     route_marks,
 )
 from idempotency_async.manager import Manager
+from idempotency_async.options import Wait
 
 __all__ = ["HttpTransaction", "IdempotencyMiddleware", "RequestState", "request_state"]
 
@@ -79,11 +81,9 @@ class IdempotencyMiddleware:
     :param store_server_errors: store and replay 5xx responses instead of releasing the key.
     :param replay_headers: response headers replayed besides content-type, location,
         etag, cache-control and link (``Set-Cookie`` never is).
-    :param wait: whether a duplicate that finds the key in progress waits for the first
-        request to finish and replays its response (False: answer 409 at once); None:
-        as the manager's ``Options.wait``.
-    :param wait_timeout: the longest such a wait lasts, in seconds (then 409); None: as
-        the manager's ``Options.wait_timeout``.
+    :param wait: ``Wait(timeout=...)``: a duplicate that finds the key in progress waits
+        (at most ``timeout`` seconds, then 409) for the first request to finish and replays
+        its response; ``False``: answer 409 at once; None: as the manager's ``Options.wait``.
     """
 
     def __init__(
@@ -101,8 +101,7 @@ class IdempotencyMiddleware:
         max_response_bytes: int | None = None,
         store_server_errors: bool = False,
         replay_headers: Iterable[str] = (),
-        wait: bool | None = None,
-        wait_timeout: float | None = None,
+        wait: Wait | Literal[False] | None = None,
     ) -> None:
         self.app = app
         self.rules = HttpIdempotency(
@@ -119,7 +118,6 @@ class IdempotencyMiddleware:
                 store_server_errors=store_server_errors,
                 replay_headers=replay_headers,
                 wait=wait,
-                wait_timeout=wait_timeout,
             ),
         )
         self._marked: dict[int, tuple[BaseRoute, Marks]] = {}

@@ -308,7 +308,7 @@ def _caught(answer: Any, message: Any, key: str, operation: str = "claim") -> Ex
         return LockTimeoutError(
             f"key {key} stayed locked by another open transaction (a transactional call on "
             "the same key, or a lock on the whole table) past this call's wait "
-            "(Options(wait=..., wait_timeout=...), its deadline, or your statement_timeout); "
+            "(Options(wait=Wait(timeout=...)), its deadline, or your statement_timeout); "
             "nothing of the call was written: your transaction is intact, retry later",
             key=key,
         )

@@ -292,7 +292,7 @@ class PostgresStore:
             claim.validation,
             # A row lock is held for one statement by another claim, but for a whole
             # transaction by a transactional call: wait for it as the call may wait (not at
-            # all with wait=False), and no longer than the lease.
+            # all with wait=None), and no longer than the lease.
             lock_wait(min(claim.wait, lease)),
         )
         return claim_verdict(claim, row, self.max_response_bytes)
