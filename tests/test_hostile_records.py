@@ -243,7 +243,7 @@ async def test_postgres_refuses_the_row_of_another_key(
 
     pool, table = await _case_insensitive_table(postgres_server)
     try:
-        store = PostgresStore(pool, table=table, clock="client")
+        store = PostgresStore(pool, table=table, judged_by="client")
         await _complete(store, "p#Ab")
         assert (await store.get("p#Ab", now=NOW)).record is not None  # its own row is fine
         with pytest.raises(InconsistentStateError, match=r"'p#aB'.*'p#Ab'"):

@@ -833,7 +833,7 @@ async def test_the_local_cache_keeps_a_server_clock_record_as_long_as_the_server
     redis_server: RedisServer,
 ) -> None:
     async with fresh_redis_store(redis_server) as store:  # judges by the server's TIME
-        assert store.clock == "server"
+        assert store.judged_by == "server"
         events: list[Event] = []
         behind = make(
             store,

@@ -325,7 +325,7 @@ async def test_postgres_store_keeps_the_guarantee_in_real_time(
     pool = await postgres_server.pool(max_size=16)
     try:
         report = await simulate_live(
-            lambda: PostgresStore(pool, table=table, clock="client"),
+            lambda: PostgresStore(pool, table=table, judged_by="client"),
             range(POSTGRES_SEEDS),
             scale=0.05,
             concurrency=8,

@@ -84,7 +84,7 @@ async def test_a_completed_verdict_counts_its_life_by_the_server_clock(
 async def test_numbers_survive_jsonb_exactly_with_their_types(
     postgres_server: PostgresServer, value: Any
 ) -> None:
-    async with fresh_postgres_store(postgres_server, clock="client") as store:
+    async with fresh_postgres_store(postgres_server, judged_by="client") as store:
         await store.claim(_claim())
         assert await store.complete(_done("k", value)) is Written.RESPONSE
         record = (await store.get("k", now=NOW)).record
@@ -108,7 +108,7 @@ def _typed(value: Any) -> Any:
 async def test_a_response_jsonb_cannot_hold_completes_without_it(
     postgres_server: PostgresServer, encoded: bytes, why: str
 ) -> None:
-    async with fresh_postgres_store(postgres_server, clock="client") as store:
+    async with fresh_postgres_store(postgres_server, judged_by="client") as store:
         await store.claim(_claim())
         done = Completion("k", "a", NOW, 3600.0, "v", encoded, None)
         assert await store.complete(done) is Written.WITHOUT_RESPONSE
@@ -121,7 +121,7 @@ async def test_a_response_jsonb_cannot_hold_completes_without_it(
 async def test_an_escaped_backslash_before_u0000_is_ordinary_text(
     postgres_server: PostgresServer,
 ) -> None:
-    async with fresh_postgres_store(postgres_server, clock="client") as store:
+    async with fresh_postgres_store(postgres_server, judged_by="client") as store:
         await store.claim(_claim())
         assert await store.complete(_done("k", "\\u0000")) is Written.RESPONSE
         record = (await store.get("k", now=NOW)).record
@@ -132,7 +132,7 @@ async def test_a_response_over_max_response_bytes_completes_without_it(
     postgres_server: PostgresServer,
 ) -> None:
     async with fresh_postgres_store(
-        postgres_server, clock="client", max_response_bytes=100
+        postgres_server, judged_by="client", max_response_bytes=100
     ) as store:
         await store.claim(_claim())
         assert await store.complete(_done("k", "x" * 200)) is Written.WITHOUT_RESPONSE
@@ -227,7 +227,7 @@ async def test_a_refused_claim_writes_nothing(postgres_server: PostgresServer) -
 async def test_a_stored_response_nested_too_deep_answers_not_stored(
     postgres_server: PostgresServer,
 ) -> None:
-    async with fresh_postgres_store(postgres_server, clock="client") as store:
+    async with fresh_postgres_store(postgres_server, judged_by="client") as store:
         deep = "[" * 600 + "]" * 600
         await _sql(
             postgres_server,
@@ -243,7 +243,7 @@ async def test_a_stored_response_nested_too_deep_answers_not_stored(
 async def test_a_row_with_an_unknown_status_is_inconsistent_state(
     postgres_server: PostgresServer,
 ) -> None:
-    async with fresh_postgres_store(postgres_server, clock="client") as store:
+    async with fresh_postgres_store(postgres_server, judged_by="client") as store:
         table = store.table
         await _sql(
             postgres_server,
@@ -382,8 +382,8 @@ def test_bad_arguments_are_config_errors() -> None:
         PostgresStore.from_url("redis://localhost")
     with pytest.raises(errors.ConfigError, match="pool"):
         PostgresStore(object())
-    with pytest.raises(errors.ConfigError, match="clock"):
-        PostgresStore.from_url("postgres://x/y", clock="local")  # type: ignore[arg-type]
+    with pytest.raises(errors.ConfigError, match="judged_by"):
+        PostgresStore.from_url("postgres://x/y", judged_by="local")  # type: ignore[arg-type]
 
 
 async def test_a_single_connection_is_refused(postgres_server: PostgresServer) -> None:
@@ -437,7 +437,7 @@ class TestPsycopgPool(StoreContract):
         try:
             table = fresh_table_name()
             await create_table(pool, table=table)
-            yield PostgresStore(pool, table=table, clock="client")
+            yield PostgresStore(pool, table=table, judged_by="client")
         finally:
             await pool.close()
 

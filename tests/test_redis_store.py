@@ -187,7 +187,7 @@ async def test_server_clock_ignores_the_clients_now(redis_server: RedisServer) -
 
 
 async def test_client_clock_uses_the_managers_now(redis_server: RedisServer) -> None:
-    async with fresh_redis_store(redis_server, clock="client") as store:
+    async with fresh_redis_store(redis_server, judged_by="client") as store:
         past = 1_700_000_000.0
         await store.claim(claim(now=past, lease=5))
         item = await raw_record(redis_server, store)
@@ -350,7 +350,7 @@ async def test_a_callers_client_stays_open(redis_server: RedisServer) -> None:
     [
         (lambda: RedisStore(object()), "asyncio Redis client"),
         (lambda: RedisStore.from_url("http://localhost"), "redis://"),
-        (lambda: RedisStore.from_url("redis://x", clock="wall"), "clock"),  # type: ignore[arg-type]
+        (lambda: RedisStore.from_url("redis://x", judged_by="wall"), "judged_by"),  # type: ignore[arg-type]
         (lambda: RedisStore.from_url("redis://x", max_response_bytes=0), "positive"),
         (lambda: RedisStore.from_url("redis://x", wait_replicas=-1), "wait_replicas"),
         (lambda: RedisStore.from_url("redis://x", cluster=True, wait_replicas=1), "Cluster"),

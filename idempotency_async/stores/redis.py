@@ -100,8 +100,8 @@ class RedisStore:
     (``Sentinel.master_for(...)``) or ``valkey.asyncio.Valkey``.  :meth:`from_url` builds
     a client that the store owns and closes in :meth:`aclose`.
 
-    ``clock="server"`` (the default) judges leases and expiry by the server's ``TIME``, so
-    workers with skewed clocks agree; ``clock="client"`` uses the ``now`` the manager
+    ``judged_by="server"`` (the default) judges leases and expiry by the server's ``TIME``, so
+    workers with skewed clocks agree; ``judged_by="client"`` uses the ``now`` the manager
     sends (for simulated time).  ``key_prefix`` is prepended to every Redis key (the
     record keeps its logical key).  ``wait_replicas`` makes each claim wait (up to
     ``replica_timeout`` seconds) until that many replicas hold it, in the same round trip;
@@ -119,7 +119,7 @@ class RedisStore:
         client: Any,
         *,
         key_prefix: str = "",
-        clock: Literal["server", "client"] = "server",
+        judged_by: Literal["server", "client"] = "server",
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         wait_replicas: int = 0,
         replica_timeout: float = 1.0,
@@ -131,8 +131,8 @@ class RedisStore:
                 f"a Sentinel master or valkey.asyncio.Valkey), got {client!r}; or use "
                 "RedisStore.from_url('redis://…')"
             )
-        if clock not in ("server", "client"):
-            raise ConfigError(f"clock must be 'server' or 'client', got {clock!r}")
+        if judged_by not in ("server", "client"):
+            raise ConfigError(f"judged_by must be 'server' or 'client', got {judged_by!r}")
         if not isinstance(key_prefix, str):
             raise ConfigError(f"key_prefix must be a string, got {key_prefix!r}")
         if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int):
@@ -163,11 +163,12 @@ class RedisStore:
         self._python = self.record_format == POWERTOOLS_PYTHON
         self.max_response_bytes = max_response_bytes
         self.key_prefix = key_prefix
-        self.clock = clock
+        self.judged_by = judged_by
+        """Whose clock judges leases and expiry: ``"server"`` or ``"client"`` (the manager's)."""
         self.wait_replicas = wait_replicas
         self.replica_timeout = replica_timeout
         self._client = client
-        self._client_clock = clock == "client"
+        self._client_clock = judged_by == "client"
         self._ready = False
         self._gate: asyncio.Semaphore | None = None
         self._owns_client = False
@@ -181,7 +182,7 @@ class RedisStore:
         cluster: bool = False,
         client_options: Mapping[str, Any] | None = None,
         key_prefix: str = "",
-        clock: Literal["server", "client"] = "server",
+        judged_by: Literal["server", "client"] = "server",
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         wait_replicas: int = 0,
         replica_timeout: float = 1.0,
@@ -219,7 +220,7 @@ class RedisStore:
         store = cls(
             client,
             key_prefix=key_prefix,
-            clock=clock,
+            judged_by=judged_by,
             max_response_bytes=max_response_bytes,
             wait_replicas=wait_replicas,
             replica_timeout=replica_timeout,
