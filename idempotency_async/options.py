@@ -95,7 +95,7 @@ class Wait:
     call holding its key to finish and replays its result.
 
     ``Options(wait=Wait(timeout=10.0))``; ``Options(wait=None)`` (the default) raises at
-    once.  A wait never outlasts the caller's own deadline (less the completion reserve).
+    once.  A wait never outlasts the caller's own deadline.
 
     .. versionadded:: 0.1.0
     """
