@@ -2,7 +2,7 @@
 
 After the failover the new primary has never seen the store's scripts (Redis does not
 replicate its script cache): the store reloads them, and a claim the replica acknowledged
-(``wait_replicas=1``) is still held after the failover.
+(``min_replicas=1``) is still held after the failover.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ async def test_a_sentinel_master_survives_a_failover() -> None:
                 assert time.monotonic() < deadline, "the replica did not connect"
                 await asyncio.sleep(0.05)
         # A generous WAIT: on a loaded machine a replica can take a while to acknowledge.
-        store = RedisStore(client, key_prefix="s:", wait_replicas=1, replica_timeout=1.5)
+        store = RedisStore(client, key_prefix="s:", min_replicas=1, replica_timeout=1.5)
         assert await store.claim(claim("held")) is CLAIMED
         assert await store.claim(claim("done")) is CLAIMED
         done = Completion("done", "a", time.time(), 3600.0, None, encode_json([1, 2]), [1, 2])

@@ -352,8 +352,8 @@ async def test_a_callers_client_stays_open(redis_server: RedisServer) -> None:
         (lambda: RedisStore.from_url("http://localhost"), "redis://"),
         (lambda: RedisStore.from_url("redis://x", judged_by="wall"), "judged_by"),  # type: ignore[arg-type]
         (lambda: RedisStore.from_url("redis://x", max_response_bytes=0), "positive"),
-        (lambda: RedisStore.from_url("redis://x", wait_replicas=-1), "wait_replicas"),
-        (lambda: RedisStore.from_url("redis://x", cluster=True, wait_replicas=1), "Cluster"),
+        (lambda: RedisStore.from_url("redis://x", min_replicas=-1), "min_replicas"),
+        (lambda: RedisStore.from_url("redis://x", cluster=True, min_replicas=1), "Cluster"),
     ],
 )
 async def test_bad_configuration_is_a_config_error(make: Any, match: str) -> None:
@@ -407,7 +407,7 @@ async def test_a_fresh_cluster_client_takes_concurrent_first_calls(
 # -- replicas ------------------------------------------------------------------------
 
 
-async def test_wait_replicas_confirms_a_claim_on_a_replica(redis_server: RedisServer) -> None:
+async def test_min_replicas_confirms_a_claim_on_a_replica(redis_server: RedisServer) -> None:
     primary = start_redis()
     replica = start_redis("--replicaof", "127.0.0.1", str(primary.port))
     try:
@@ -416,12 +416,12 @@ async def test_wait_replicas_confirms_a_claim_on_a_replica(redis_server: RedisSe
             while (await reader.info("replication"))["master_link_status"] != "up":
                 assert time.monotonic() < deadline, "the replica did not connect"
                 await asyncio.sleep(0.05)
-            store = RedisStore(client, wait_replicas=1, replica_timeout=2)
+            store = RedisStore(client, min_replicas=1, replica_timeout=2)
             assert await store.claim(claim()) is CLAIMED
             assert await reader.get("k") is not None  # on the replica already
             assert (await store.claim(claim(owner="b"))).state is State.IN_PROGRESS
-            demanding = RedisStore(client, wait_replicas=2, replica_timeout=0.1)
-            with pytest.raises(errors.StoreUnavailableError, match="fewer than wait_replicas"):
+            demanding = RedisStore(client, min_replicas=2, replica_timeout=0.1)
+            with pytest.raises(errors.StoreUnavailableError, match="fewer than min_replicas"):
                 await demanding.claim(claim("k2"))
             await client.script_flush()
             assert await store.claim(claim("k3")) is CLAIMED

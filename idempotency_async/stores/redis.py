@@ -103,7 +103,7 @@ class RedisStore:
     ``judged_by="server"`` (the default) judges leases and expiry by the server's ``TIME``, so
     workers with skewed clocks agree; ``judged_by="client"`` uses the ``now`` the manager
     sends (for simulated time).  ``key_prefix`` is prepended to every Redis key (the
-    record keeps its logical key).  ``wait_replicas`` makes each claim wait (up to
+    record keeps its logical key).  ``min_replicas`` makes each claim wait (up to
     ``replica_timeout`` seconds) until that many replicas hold it, in the same round trip;
     a claim fewer replicas acknowledged raises ``StoreUnavailableError`` and its callback
     does not run.
@@ -121,7 +121,7 @@ class RedisStore:
         key_prefix: str = "",
         judged_by: Literal["server", "client"] = "server",
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-        wait_replicas: int = 0,
+        min_replicas: int = 0,
         replica_timeout: float = 1.0,
         record_format: RecordFormat = "typescript",
     ) -> None:
@@ -139,20 +139,20 @@ class RedisStore:
             raise ConfigError(f"max_response_bytes must be an integer, got {max_response_bytes!r}")
         if max_response_bytes <= 0:
             raise ConfigError(f"max_response_bytes must be positive, got {max_response_bytes}")
-        if isinstance(wait_replicas, bool) or not isinstance(wait_replicas, int):
-            raise ConfigError(f"wait_replicas must be an integer >= 0, got {wait_replicas!r}")
-        if wait_replicas < 0:
-            raise ConfigError(f"wait_replicas must be an integer >= 0, got {wait_replicas}")
+        if isinstance(min_replicas, bool) or not isinstance(min_replicas, int):
+            raise ConfigError(f"min_replicas must be an integer >= 0, got {min_replicas!r}")
+        if min_replicas < 0:
+            raise ConfigError(f"min_replicas must be an integer >= 0, got {min_replicas}")
         if not replica_timeout > 0:
             raise ConfigError(f"replica_timeout must be positive seconds, got {replica_timeout!r}")
-        if wait_replicas and _is_cluster(client):
+        if min_replicas and _is_cluster(client):
             raise ConfigError(
-                "wait_replicas is not supported with RedisCluster: WAIT must run on the "
+                "min_replicas is not supported with RedisCluster: WAIT must run on the "
                 "connection that wrote the claim, which a cluster client does not expose; use "
                 "a client per shard, or accept the failover risk (docs/redis.md)"
             )
         socket_timeout = _socket_timeout(client)
-        if wait_replicas and socket_timeout is not None and socket_timeout <= replica_timeout:
+        if min_replicas and socket_timeout is not None and socket_timeout <= replica_timeout:
             raise ConfigError(
                 f"replica_timeout ({replica_timeout} s) must be shorter than the client's "
                 f"socket_timeout ({socket_timeout} s): WAIT blocks the connection for up to "
@@ -165,7 +165,7 @@ class RedisStore:
         self.key_prefix = key_prefix
         self.judged_by = judged_by
         """Whose clock judges leases and expiry: ``"server"`` or ``"client"`` (the manager's)."""
-        self.wait_replicas = wait_replicas
+        self.min_replicas = min_replicas
         self.replica_timeout = replica_timeout
         self._client = client
         self._client_clock = judged_by == "client"
@@ -184,7 +184,7 @@ class RedisStore:
         key_prefix: str = "",
         judged_by: Literal["server", "client"] = "server",
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-        wait_replicas: int = 0,
+        min_replicas: int = 0,
         replica_timeout: float = 1.0,
         record_format: RecordFormat = "typescript",
     ) -> RedisStore:
@@ -222,7 +222,7 @@ class RedisStore:
             key_prefix=key_prefix,
             judged_by=judged_by,
             max_response_bytes=max_response_bytes,
-            wait_replicas=wait_replicas,
+            min_replicas=min_replicas,
             replica_timeout=replica_timeout,
             record_format=record_format,
         )
@@ -366,7 +366,7 @@ class RedisStore:
         return await self._claim(claim.key, (*args[:-1], b"held"))
 
     async def _claim(self, key: str, args: tuple[Any, ...]) -> Any:
-        if self.wait_replicas:
+        if self.min_replicas:
             with translate_errors("claim", key):
                 if not self._ready:
                     await self._open()
@@ -522,7 +522,7 @@ class RedisStore:
         for attempt in range(2):
             pipe = client.pipeline(transaction=False)
             pipe.evalsha(_CLAIM.sha, 1, key, *args)
-            pipe.execute_command("WAIT", self.wait_replicas, wait_ms)
+            pipe.execute_command("WAIT", self.min_replicas, wait_ms)
             answer, acknowledged = await pipe.execute(raise_on_error=False)
             if isinstance(answer, Exception):
                 if attempt == 0 and is_no_script(answer):
@@ -530,11 +530,11 @@ class RedisStore:
                     continue
                 raise answer
             break
-        short = isinstance(acknowledged, Exception) or acknowledged < self.wait_replicas
+        short = isinstance(acknowledged, Exception) or acknowledged < self.min_replicas
         if answer == 1 and short:
             raise StoreUnavailableError(
                 f"the claim of key {key!r} was acknowledged by {acknowledged!r} replicas within "
-                f"{self.replica_timeout} s, fewer than wait_replicas={self.wait_replicas}; the "
+                f"{self.replica_timeout} s, fewer than min_replicas={self.min_replicas}; the "
                 "callback was not run and the key stays claimed until its lease ends"
             )
         return answer
