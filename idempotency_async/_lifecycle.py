@@ -75,7 +75,7 @@ from idempotency_async.errors import (
 )
 from idempotency_async.options import Options
 from idempotency_async.record import Completion, Record
-from idempotency_async.stores.base import CLAIMED, State, Store, Verdict, Written, check_key
+from idempotency_async.stores.base import CLAIMED, Found, Store, Verdict, Written, check_key
 
 __all__ = ["Lifecycle", "TransactionalStore"]
 
@@ -86,7 +86,7 @@ _CLAIM_RETRIES = 2
 # processed): nothing was written.  Any other failure may hide a claim that applied.
 _REFUSALS = (StoreAccessDeniedError, StoreValidationError)
 
-_COMPLETED = State.COMPLETED  # a global reads faster than an Enum member (Python 3.11)
+_COMPLETED = Found.COMPLETED  # a global reads faster than an Enum member (Python 3.11)
 _RETURNED = Ended.RETURNED
 _NONE, _ANSWERED, _RELEASE = Answer.NONE, Answer.COMPLETED, Answer.RELEASE
 
@@ -228,7 +228,7 @@ class Lifecycle:
                     break
                 if (
                     verdict.__class__ is Verdict
-                    and verdict.state is _COMPLETED
+                    and verdict.found is _COMPLETED
                     and verdict.record is not None
                 ):  # the common replay, answered here
                     return replays.record(verdict, flight)  # type: ignore[no-any-return]
@@ -324,12 +324,12 @@ class Lifecycle:
             # Whether the claim applied is unknown.
             await self.mode.unknown_claim(lease, nonsense, cutoffs)
             raise nonsense
-        state, record = verdict.state, verdict.record
-        if state is State.CLAIMED:
+        state, record = verdict.found, verdict.record
+        if state is Found.CLAIMED:
             return _HELD
-        if state is State.COMPLETED and record is not None:
+        if state is Found.COMPLETED and record is not None:
             return _Replay(self.replays.record(verdict, flight))
-        if state is State.IN_PROGRESS and record is not None:
+        if state is Found.IN_PROGRESS and record is not None:
             loop = cutoffs.loop
             self.keys.validate(record.validation, flight.keys)
             if flight.wait_until is None:
@@ -337,7 +337,7 @@ class Lifecycle:
             verdict, flight.sent = await self.waiting.poll(
                 self.store, flight.keys, verdict, flight.wait_until, loop
             )
-            if verdict.state is State.COMPLETED:
+            if verdict.found is Found.COMPLETED:
                 return await self._contend(flight, lease, verdict, cutoffs)
         else:
             # CLAIMABLE after a refused claim: it expired between the write and the
@@ -580,10 +580,10 @@ class Lifecycle:
                 f"the read of key {key} got no answer before its deadline", key=key
             ) from exc
         record = verdict.record
-        if record is None or verdict.state is State.CLAIMABLE:
+        if record is None or verdict.found is Found.CLAIMABLE:
             return default
         self.keys.validate(record.validation, keys)
-        if verdict.state is State.IN_PROGRESS:
+        if verdict.found is Found.IN_PROGRESS:
             self.waiting.refuse(key, verdict.retry_after)
         if not record.response_stored:
             raise not_stored_error(record)

@@ -19,7 +19,7 @@ from idempotency_async.errors import (
     StoreUnavailableError,
 )
 from idempotency_async.options import Options
-from idempotency_async.stores.base import State, Store, Verdict, check_key
+from idempotency_async.stores.base import Found, Store, Verdict, check_key
 
 __all__ = ["UNANSWERED", "Unanswered", "Waiting"]
 
@@ -88,7 +88,7 @@ class Waiting:
                         f"the store answered a read of key {keys.key} with {verdict!r}, not a "
                         "verdict"
                     )
-                if verdict.state is not State.IN_PROGRESS:
+                if verdict.found is not Found.IN_PROGRESS:
                     return verdict, sent
                 if verdict.record is not None:
                     self._keys.validate(verdict.record.validation, keys)

@@ -19,7 +19,7 @@ from idempotency_async.errors import ConfigError
 from idempotency_async.integrations.aiohttp import idempotency_middleware
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
 from idempotency_async.options import Wait
-from idempotency_async.stores.base import State, Store
+from idempotency_async.stores.base import Found, Store
 
 
 class _Codec:
@@ -95,7 +95,7 @@ async def test_middleware_key_for_is_the_stored_key(framework: str, store: Store
         first = await client.post("/orders/7", headers={"Idempotency-Key": "k-1"})
         key = middleware.key_for("POST", "/orders/{order_id}", "k-1")
         verdict = await store.get(key, now=time.time())
-        assert verdict.state is State.COMPLETED
+        assert verdict.found is Found.COMPLETED
         await middleware.manager.force_release(key)
         again = await client.post("/orders/7", headers={"Idempotency-Key": "k-1"})
     assert first.json() == {"run": 1} and again.json() == {"run": 2}
@@ -113,4 +113,4 @@ async def test_decorated_function_exposes_the_manager_it_runs(store: Store) -> N
     assert derived is not manager and derived.key_prefix.endswith("charge")
     key = derived.key_for({"amount": 5})
     assert manager.key_for({"amount": 5}) != key  # the given manager keys differently
-    assert (await store.get(key, now=time.time())).state is State.COMPLETED
+    assert (await store.get(key, now=time.time())).found is Found.COMPLETED

@@ -37,7 +37,7 @@ from idempotency_async import (
 )
 from idempotency_async.integrations.aws_lambda import idempotent_handler
 from idempotency_async.record import Status
-from idempotency_async.stores.base import State, Store
+from idempotency_async.stores.base import Found, Store
 from idempotency_async.stores.dynamodb import DynamoDBStore
 
 
@@ -975,7 +975,7 @@ async def test_a_replay_without_a_remaining_life_is_not_cached(store: Store) -> 
             verdict = await super().claim(claim)
             return (
                 verdict
-                if verdict.state is not State.COMPLETED
+                if verdict.found is not Found.COMPLETED
                 else verdict._replace(expires_in=None)
             )
 

@@ -13,7 +13,7 @@ from support import Clock, RecordingStore, on_stores, record_of, start_holding
 
 from idempotency_async import Event, LocalCache, Manager, MemoryStore, Options, Wait, errors
 from idempotency_async.record import Status
-from idempotency_async.stores.base import State, Store, Verdict
+from idempotency_async.stores.base import Found, Store, Verdict
 
 
 def make(store: Store, clock: Clock | None = None, **options: Any) -> Manager:
@@ -279,7 +279,7 @@ async def test_record_that_stays_claimable_ends_in_inconsistent_state(store: Sto
     class StaleStore(RecordingStore):
         async def claim(self, claim: Any) -> Any:
             self.calls.append("claim")
-            return Verdict(State.CLAIMABLE)
+            return Verdict(Found.CLAIMABLE)
 
     stale = StaleStore(store)
     manager = make(stale)
@@ -627,7 +627,7 @@ async def test_raced_expiry_is_retried_and_then_claimed(store: Store) -> None:
         async def claim(self, claim: Any) -> Any:
             if not self.calls:
                 self.calls.append("stale")
-                return Verdict(State.CLAIMABLE)
+                return Verdict(Found.CLAIMABLE)
             return await super().claim(claim)
 
     racy = RacyStore(store)

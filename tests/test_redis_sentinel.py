@@ -18,7 +18,7 @@ from redis.exceptions import ResponseError
 from idempotency_async import errors
 from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion
-from idempotency_async.stores.base import CLAIMED, State, Written
+from idempotency_async.stores.base import CLAIMED, Found, Written
 from idempotency_async.stores.redis import _CLAIM, RedisStore
 
 pytestmark = pytest.mark.redis
@@ -76,10 +76,10 @@ async def test_a_sentinel_master_survives_a_failover() -> None:
                 # The demoted primary refuses writes until the client follows the sentinel.
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.1)
-        assert verdict.state is State.IN_PROGRESS
+        assert verdict.found is Found.IN_PROGRESS
         assert verdict.record is not None and verdict.record.owner == "a"
         replay = await store.claim(claim("done", owner="b"))
-        assert replay.state is State.COMPLETED and replay.record is not None
+        assert replay.found is Found.COMPLETED and replay.record is not None
         assert replay.record.response == [1, 2]
     finally:
         await client.aclose()

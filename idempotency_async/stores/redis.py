@@ -48,7 +48,7 @@ from idempotency_async.stores.base import (
     CLAIMED,
     DEFAULT_MAX_RESPONSE_BYTES,
     Extended,
-    State,
+    Found,
     Verdict,
     Written,
     judge,
@@ -362,7 +362,7 @@ class RedisStore:
                 acquired = await self._client.set(lock, "True", ex=seconds, nx=True)
         if not acquired:
             self._check_key(claim.key, answer[3] if len(answer) > 3 else None)
-            return Verdict(State.IN_PROGRESS, self._decode(claim.key, answer[1]), float(seconds))
+            return Verdict(Found.IN_PROGRESS, self._decode(claim.key, answer[1]), float(seconds))
         return await self._claim(claim.key, (*args[:-1], b"held"))
 
     async def _claim(self, key: str, args: tuple[Any, ...]) -> Any:
@@ -390,10 +390,10 @@ class RedisStore:
         record = self._decode(key, raw)
         now = float(now_text)
         if state == _COMPLETED:
-            return Verdict(State.COMPLETED, record, None, record.expiration - now)
+            return Verdict(Found.COMPLETED, record, None, record.expiration - now)
         if state == _IN_PROGRESS:
             end = record.expiration if record.lease_end is None else record.lease_end
-            return Verdict(State.IN_PROGRESS, record, max(end - now, 0.0))
+            return Verdict(Found.IN_PROGRESS, record, max(end - now, 0.0))
         raise InconsistentStateError(
             f"the record of key {key!r} (status {record.status.value}) cannot be judged by "
             "the server: it was not written by this library or a Powertools port; check "
