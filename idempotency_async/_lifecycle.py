@@ -76,7 +76,7 @@ from idempotency_async.errors import (
 )
 from idempotency_async.options import Options
 from idempotency_async.record import Completion, Record
-from idempotency_async.stores.base import CLAIMED, State, Store, Verdict, Written, check_key
+from idempotency_async.stores.base import CLAIMED, Found, Store, Verdict, Written, check_key
 
 __all__ = ["Lifecycle", "TransactionalStore"]
 
@@ -87,7 +87,7 @@ _CLAIM_RETRIES = 2
 # processed): nothing was written.  Any other failure may hide a claim that applied.
 _REFUSALS = (StoreAccessDeniedError, StoreValidationError)
 
-_COMPLETED = State.COMPLETED  # a global reads faster than an Enum member (Python 3.11)
+_COMPLETED = Found.COMPLETED  # a global reads faster than an Enum member (Python 3.11)
 _RETURNED = Ended.RETURNED
 _NONE, _ANSWERED, _RELEASE = Answer.NONE, Answer.COMPLETED, Answer.RELEASE
 
@@ -210,7 +210,7 @@ class Lifecycle:
             if verdict is not CLAIMED:
                 if (
                     verdict.__class__ is Verdict
-                    and verdict.state is _COMPLETED
+                    and verdict.found is _COMPLETED
                     and verdict.record is not None
                 ):
                     return self.replays.record(verdict, flight)  # type: ignore[no-any-return]
@@ -331,19 +331,19 @@ class Lifecycle:
                 # Whether the claim applied is unknown.
                 await self.mode.unknown_claim(lease, nonsense, cutoffs)
                 raise nonsense
-            state, record = verdict.state, verdict.record
-            if state is State.CLAIMED:
+            state, record = verdict.found, verdict.record
+            if state is Found.CLAIMED:
                 return lease  # the claim applied after all
-            if state is State.COMPLETED and record is not None:
+            if state is Found.COMPLETED and record is not None:
                 return _Replay(self.replays.record(verdict, flight))
-            if state is State.IN_PROGRESS and record is not None:
+            if state is Found.IN_PROGRESS and record is not None:
                 self.keys.validate(record.validation, flight.keys)
                 if wait_until is None:
                     wait_until = self.waiting.limit(deadline, loop)
                 verdict, flight.sent = await self.waiting.poll(
                     self.store, flight.keys, verdict, wait_until, loop
                 )
-                if verdict.state is State.COMPLETED:
+                if verdict.found is Found.COMPLETED:
                     continue  # replayed above
             else:
                 # CLAIMABLE after a refused claim: it expired between the write and the
@@ -596,10 +596,10 @@ class Lifecycle:
                 f"the read of key {key} got no answer before its deadline", key=key
             ) from exc
         record = verdict.record
-        if record is None or verdict.state is State.CLAIMABLE:
+        if record is None or verdict.found is Found.CLAIMABLE:
             return default
         self.keys.validate(record.validation, keys)
-        if verdict.state is State.IN_PROGRESS:
+        if verdict.found is Found.IN_PROGRESS:
             self.waiting.refuse(key, verdict.retry_after)
         if not record.response_stored:
             raise not_stored_error(record)
@@ -740,7 +740,7 @@ def _renewal_refused(key: str) -> DeadlineExceededError:
     return DeadlineExceededError(
         f"the call for key {key} was cut off because the store refused to renew its lease: "
         "the lease had lapsed and the key may be claimed by another worker. Nothing was "
-        "recorded; renew more often (Options(renew_every=...)) or give renew_lease more slack",
+        "recorded; renew more often (Renewal(every=...)) or give Renewal(lease=...) more slack",
         key=key,
     )
 

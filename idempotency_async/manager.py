@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from idempotency_async._call import Call, Unprotected
+from idempotency_async._disabled import disabled_by_environment
 from idempotency_async._emission import Emitter
 from idempotency_async._keys import Keys, key_deriver
 from idempotency_async._lease import effective_deadline
@@ -26,7 +27,7 @@ from idempotency_async._lifecycle import Lifecycle
 from idempotency_async.errors import ConfigError
 from idempotency_async.events import EventKind
 from idempotency_async.instrumentation import Observer
-from idempotency_async.options import Options, disabled_by_environment
+from idempotency_async.options import Options
 from idempotency_async.record import Record
 from idempotency_async.stores.base import Store
 

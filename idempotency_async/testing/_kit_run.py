@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from idempotency_async.record import Claim, Completion, Record, Status
-from idempotency_async.stores.base import Extended, State, Store, Verdict, Written
+from idempotency_async.stores.base import Extended, Found, Store, Verdict, Written
 from idempotency_async.testing._faults import CALL, FaultyStore, ServerClockStore
 from idempotency_async.testing._kit_scenario import Call, Scenario
 from idempotency_async.testing._kit_targets import Sender, Target
@@ -121,7 +121,7 @@ class _Sampling:
             self.mark(f"{name} failed", owner)
             raise
         if name == "claim":
-            claimed = isinstance(answer, Verdict) and answer.state is State.CLAIMED
+            claimed = isinstance(answer, Verdict) and answer.found is Found.CLAIMED
             self.mark("claimed" if claimed else "refused", owner)
         else:
             self.mark(f"{name} done", owner)
