@@ -27,7 +27,8 @@ __all__ = ["UNANSWERED", "Unanswered", "Waiting"]
 _FIRST_POLL = 0.05
 _MAX_POLL = 1.0
 # While the store would wake the waiter, polls are only the safety net (a lost message, a
-# writer that does not publish), and a poll is due at the holder's lease end anyway.
+# writer that does not publish): 1 s, doubling to 4 s, and never past the holder's lease end.
+_LISTENING_POLL = 1.0
 _MAX_LISTENING_POLL = 4.0
 
 
@@ -106,7 +107,12 @@ class Waiting:
                 # Not past the holder's lease end (+ a first poll), by the store's count.
                 pause = min(pause, max(sent + verdict.retry_after - loop.time(), 0) + _FIRST_POLL)
             await watch.wait(pause)
-            delay = min(delay * 2, _MAX_LISTENING_POLL if watch.listening else _MAX_POLL)
+            if watch.listening:
+                # The first poll closed the race with the subscription; the rest are the
+                # safety net.
+                delay = min(max(delay * 2, _LISTENING_POLL), _MAX_LISTENING_POLL)
+            else:
+                delay = min(delay * 2, _MAX_POLL)
             sent = loop.time()
             # Bounded like the wait: a read stuck behind a lock (a migration's) ends the
             # wait, not the call's deadline — by the store itself when its reads say so
