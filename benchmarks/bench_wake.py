@@ -96,24 +96,33 @@ async def _chunk(url: str, wake: bool, rng: random.Random) -> tuple[list[float],
     return latencies, requests
 
 
-async def _writer_cost(url: str, calls: int) -> dict[str, float]:
-    """Per first call (claim + complete), µs, with and without the PUBLISH in the script."""
+async def _writer_cost(url: str, chunks: int = 20, calls: int = 100) -> str:
+    """Per first call (claim + complete), µs, with and without the PUBLISH in the script:
+    chunks of ``calls`` calls, the two alternating (order rotated); the ratio is taken
+    within each pair of chunks."""
     client = redis_asyncio.Redis.from_url(url)
     costs: dict[str, list[float]] = {"publish": [], "no publish": []}
+    ratios: list[float] = []
     try:
-        for _ in range(5):
-            for name in ("publish", "no publish") if _ % 2 == 0 else ("no publish", "publish"):
+        for chunk in range(chunks):
+            order = ("publish", "no publish") if chunk % 2 == 0 else ("no publish", "publish")
+            for name in order:
                 store = RedisStore(client, key_prefix=f"bench-wake-w{uuid.uuid4().hex[:6]}:")
                 if name == "no publish":
                     store._publish = b""  # what the store sends on a cluster
                 manager = Manager(store, Options(event_key_jmespath="id"))
                 started = time.perf_counter()
-                for index in range(calls // 5):
+                for index in range(calls):
                     await manager.execute({"id": index}, _answer, timeout=10)
-                costs[name].append((time.perf_counter() - started) / (calls // 5) * 1e6)
+                costs[name].append((time.perf_counter() - started) / calls * 1e6)
+            ratios.append(costs["publish"][-1] / costs["no publish"][-1])
     finally:
         await client.aclose()
-    return {name: statistics.median(values) for name, values in costs.items()}
+    medians = ", ".join(f"{name} {statistics.median(v):.0f} µs" for name, v in costs.items())
+    return (
+        f"{medians}; publish / no publish within pairs {statistics.median(ratios):.2f} "
+        f"({min(ratios):.2f}-{max(ratios):.2f})"
+    )
 
 
 async def _answer() -> int:
@@ -146,11 +155,8 @@ async def _main(url: str, rounds: int) -> None:
             f"{_percentile(latencies, 0.99) * 1e3:>8.1f} {max(latencies) * 1e3:>8.1f} "
             f"{statistics.mean(requests):>14.2f}"
         )
-    cost = await _writer_cost(url, 2000)
-    print(
-        "writer, first call (claim + complete), median of 5 chunks: "
-        + ", ".join(f"{name} {value:.0f} µs" for name, value in cost.items())
-    )
+    print("writer, first call (claim + complete), median of 20 chunks of 100:")
+    print("  " + await _writer_cost(url))
 
 
 def _start_server() -> tuple[subprocess.Popen[bytes], int]:
