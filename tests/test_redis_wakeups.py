@@ -78,6 +78,40 @@ async def test_redis_store_offers_wakeups_and_cluster_stores_do_not(server: Redi
         assert isinstance(store, Wakes) and store.wake_waiters
     async with _store(server, "p:", wake_waiters=False) as store:
         assert not store.wake_waiters
+    # (No connection is made: the cluster client connects on first use.)
+    cluster = server.cluster_client()
+    assert not RedisStore(cluster).wake_waiters
+    await cluster.aclose()
+    one = server.client(max_connections=1)
+    assert not RedisStore(one).wake_waiters  # the pub/sub connection would starve calls
+    await one.aclose()
+
+
+async def test_valkey_client_waiters_are_woken(server: RedisServer) -> None:
+    valkey_asyncio = pytest.importorskip("valkey.asyncio")
+    prefix = f"w{uuid.uuid4().hex[:8]}:"
+    holder_client = valkey_asyncio.Valkey(host="127.0.0.1", port=server.port)
+    waiter_client = valkey_asyncio.Valkey(host="127.0.0.1", port=server.port)
+    holder_store = RedisStore(holder_client, key_prefix=prefix)
+    waiter_store = RedisStore(waiter_client, key_prefix=prefix)
+    try:
+        holder, waiter = Manager(holder_store, _options()), Manager(waiter_store, _options())
+        payload = {"id": "order-v"}
+        release = asyncio.Event()
+        holding = await start_holding(holder, payload, until=release, result="done")
+        waiting = asyncio.create_task(waiter.execute(payload, _never, timeout=30))
+        await _until(lambda: _listening(waiter_store))
+        await asyncio.sleep(_SETTLE)
+        release.set()
+        await holding
+        completed = time.monotonic()
+        assert await waiting == "done"
+        assert time.monotonic() - completed < _WOKEN
+    finally:
+        await holder_store.aclose()
+        await waiter_store.aclose()
+        await holder_client.aclose()
+        await waiter_client.aclose()
 
 
 async def test_waiter_in_another_manager_is_woken_after_completion(server: RedisServer) -> None:
