@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +27,14 @@ from idempotency_async.stores.redis import RedisStore
 pytestmark = pytest.mark.redis
 
 _TASK = "idempotency-async redis wake-ups"
+_WORKER = Path(__file__).with_name("_redis_worker.py")
+# The worker imports this checkout's package, whatever is installed.
+_ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+    ),
+}
 # Waiting this long makes the next poll of a waiter that is not woken at least ~1.5 s
 # away (its polls back off: 0.05, 0.1, 0.2, 0.4, 0.8, … s), so "woken" is told apart.
 _SETTLE = 1.7
@@ -157,6 +168,41 @@ async def test_waiter_in_another_manager_is_woken_after_release(server: RedisSer
         released = time.monotonic()
         assert await waiting == "charged"
         assert ran_at[0] - released < _WOKEN
+
+
+async def test_waiter_in_another_process_is_woken_after_completion(server: RedisServer) -> None:
+    prefix = f"w{uuid.uuid4().hex[:8]}:"
+    options = Options(key_prefix="wake", event_key_jmespath="id", wait=True, wait_timeout=30)
+    async with _store(server, prefix) as holder_store:
+        holder = Manager(holder_store, options)
+        payload = {"id": "waited"}
+        channel = prefix + str(holder.key_for(payload))
+        release = asyncio.Event()
+        holding = await start_holding(holder, payload, until=release, result="done", timeout=30)
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(_WORKER),
+            "wait",
+            str(server.port),
+            prefix,
+            env=_ENV,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            await _until(lambda: _has_subscriber(server, channel), seconds=20)
+            await asyncio.sleep(_SETTLE)
+            release.set()
+            assert await holding == "done"
+            completed = time.time()
+            output, _ = await asyncio.wait_for(worker.communicate(), 20)
+        finally:
+            if worker.returncode is None:
+                worker.kill()
+                await worker.wait()
+        result, replayed_at = output.decode().split()
+        assert result == "done"
+        assert float(replayed_at) - completed < _WOKEN
+        assert worker.returncode == 0
 
 
 async def test_one_subscription_per_store_wakes_every_waiter(server: RedisServer) -> None:
@@ -303,6 +349,10 @@ async def _never() -> Any:
 async def _listening(store: RedisStore) -> bool:
     wakeups = store._wakeups
     return wakeups is not None and bool(wakeups.live)
+
+
+async def _has_subscriber(server: RedisServer, channel: str) -> bool:
+    return await _subscribers(server, channel) > 0
 
 
 async def _no_subscriber(server: RedisServer, channel: str) -> bool:
