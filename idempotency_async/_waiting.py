@@ -96,6 +96,8 @@ class Waiting:
         watch: Watch,
         sent: float,
     ) -> tuple[Verdict, float]:
+        """The reads of :meth:`poll`, each after a pause ``watch`` may end early; ``sent``
+        is when the read behind ``verdict`` was sent (its ``retry_after`` counts from it)."""
         delay = _FIRST_POLL
         bounded = getattr(store, "reads_bounded", False)
         while True:
