@@ -1,6 +1,7 @@
 """Waiting on another call's claim: in this process (a duplicate joins the call that claims
 or holds its key) and across processes (reads of an in-progress record with backoff),
-bounded by ``Options.wait`` (its ``timeout``) and the caller's deadline; and refusing with
+bounded by ``Options.wait`` (its ``timeout``) and the caller's deadline — woken early by stores that
+can (:class:`~idempotency_async.stores.base.Wakes`: Redis pub/sub); and refusing with
 :class:`~idempotency_async.errors.AlreadyInProgressError` when waiting is off or over.
 """
 
@@ -19,12 +20,16 @@ from idempotency_async.errors import (
     StoreUnavailableError,
 )
 from idempotency_async.options import Options
-from idempotency_async.stores.base import Found, Store, Verdict, check_key
+from idempotency_async.stores.base import Found, Store, Verdict, Wakes, Watch, check_key
 
 __all__ = ["UNANSWERED", "Unanswered", "Waiting"]
 
 _FIRST_POLL = 0.05
 _MAX_POLL = 1.0
+# While the store would wake the waiter, polls are only the safety net (a lost message, a
+# writer that does not publish): 1 s, doubling to 4 s, and never past the holder's lease end.
+_LISTENING_POLL = 1.0
+_MAX_LISTENING_POLL = 4.0
 
 
 class Unanswered:
@@ -32,6 +37,25 @@ class Unanswered:
 
 
 UNANSWERED = Unanswered()
+
+
+class _Sleep:
+    """A store without wake-ups: a waiter sleeps until its next poll."""
+
+    __slots__ = ()
+    listening = False
+
+    async def wait(self, timeout: float) -> None:
+        await asyncio.sleep(timeout)
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_SLEEP = _Sleep()
 
 
 class Waiting:
@@ -53,47 +77,71 @@ class Waiting:
         """Read an in-progress record with bounded backoff until the store judges it
         completed or claimable; returns that verdict and when its read was sent.  Reads, not
         claim attempts: in DynamoDB a refused conditional write costs write capacity, a
-        strongly consistent read a fifth of it."""
-        delay = _FIRST_POLL
+        strongly consistent read a fifth of it.  A store that wakes waiters (:class:`Wakes`)
+        makes a read follow a completion or release at once, and polls rarer."""
         started = loop.time()
-        bounded = getattr(store, "reads_bounded", False)
         try:
-            while True:
-                left = wait_until - loop.time()
-                if self._options.wait is None or left <= 0:
-                    self.refuse(keys.key, verdict.retry_after)
-                await asyncio.sleep(min(delay, left))
-                delay = min(delay * 2, _MAX_POLL)
-                sent = loop.time()
-                # Bounded like the wait: a read stuck behind a lock (a migration's) ends the
-                # wait, not the call's deadline — by the store itself when its reads say so
-                # (a cancellation there could hurt its transaction).
-                bound = asyncio.timeout_at(None if bounded else wait_until)
-                try:
-                    async with bound:
-                        verdict = await store.get(keys.key, now=self._options.clock())
-                    if verdict.__class__ is Verdict:
-                        check_key(verdict, keys.key)
-                except InconsistentStateError as exc:
-                    self._emitter.emit("record_unreadable", keys.key, error=exc)
-                    raise
-                except TimeoutError:
-                    # (Asked, not judged by the clock: the loop runs a timer up to its clock
-                    # resolution early.)
-                    if not bound.expired():
-                        raise  # the store's own timeout, not the wait's end
-                    self.refuse(keys.key, verdict.retry_after)
-                if verdict.__class__ is not Verdict:
-                    raise StoreUnavailableError(
-                        f"the store answered a read of key {keys.key} with {verdict!r}, not a "
-                        "verdict"
-                    )
-                if verdict.found is not Found.IN_PROGRESS:
-                    return verdict, sent
-                if verdict.record is not None:
-                    self._keys.validate(verdict.record.validation, keys)
+            with store.watch(keys.key) if isinstance(store, Wakes) else _SLEEP as watch:
+                return await self._poll(store, keys, verdict, wait_until, loop, watch, started)
         finally:
             self._emitter.waited(loop.time() - started)
+
+    async def _poll(
+        self,
+        store: Store,
+        keys: Keys,
+        verdict: Verdict,
+        wait_until: float,
+        loop: asyncio.AbstractEventLoop,
+        watch: Watch,
+        sent: float,
+    ) -> tuple[Verdict, float]:
+        """The reads of :meth:`poll`, each after a pause ``watch`` may end early; ``sent``
+        is when the read behind ``verdict`` was sent (its ``retry_after`` counts from it)."""
+        delay = _FIRST_POLL
+        bounded = getattr(store, "reads_bounded", False)
+        while True:
+            left = wait_until - loop.time()
+            if self._options.wait is None or left <= 0:
+                self.refuse(keys.key, verdict.retry_after)
+            pause = min(delay, left)
+            if watch.listening and verdict.retry_after is not None:
+                # Not past the holder's lease end (+ a first poll), by the store's count.
+                pause = min(pause, max(sent + verdict.retry_after - loop.time(), 0) + _FIRST_POLL)
+            await watch.wait(pause)
+            if watch.listening:
+                # The first poll closed the race with the subscription; the rest are the
+                # safety net.
+                delay = min(max(delay * 2, _LISTENING_POLL), _MAX_LISTENING_POLL)
+            else:
+                delay = min(delay * 2, _MAX_POLL)
+            sent = loop.time()
+            # Bounded like the wait: a read stuck behind a lock (a migration's) ends the
+            # wait, not the call's deadline — by the store itself when its reads say so
+            # (a cancellation there could hurt its transaction).
+            bound = asyncio.timeout_at(None if bounded else wait_until)
+            try:
+                async with bound:
+                    verdict = await store.get(keys.key, now=self._options.clock())
+                if verdict.__class__ is Verdict:
+                    check_key(verdict, keys.key)
+            except InconsistentStateError as exc:
+                self._emitter.emit("record_unreadable", keys.key, error=exc)
+                raise
+            except TimeoutError:
+                # (Asked, not judged by the clock: the loop runs a timer up to its clock
+                # resolution early.)
+                if not bound.expired():
+                    raise  # the store's own timeout, not the wait's end
+                self.refuse(keys.key, verdict.retry_after)
+            if verdict.__class__ is not Verdict:
+                raise StoreUnavailableError(
+                    f"the store answered a read of key {keys.key} with {verdict!r}, not a verdict"
+                )
+            if verdict.found is not Found.IN_PROGRESS:
+                return verdict, sent
+            if verdict.record is not None:
+                self._keys.validate(verdict.record.validation, keys)
 
     def limit(self, deadline: float | None, loop: asyncio.AbstractEventLoop) -> float:
         """Until when (loop time) a call may wait: ``Wait.timeout`` from now (now, with

@@ -8,7 +8,10 @@ Usage:
       (the test SIGKILLs the process);
   python _redis_worker.py hold PORT PREFIX LEASE RENEW
       the same, with Options(renewal=Renewal(lease=RENEW)): the short lease is renewed
-      while it holds.
+      while it holds;
+  python _redis_worker.py wait PORT PREFIX
+      a duplicate of key {"id": "waited"} (key_prefix "wake") waiting with Options(wait=Wait());
+      prints what it replayed and the wall-clock time it got it, then closes its store.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 
 import redis.asyncio as redis_asyncio
 
@@ -63,9 +67,23 @@ async def hold(port: int, prefix: str, lease: float, renew: float | None = None)
         await manager.execute({"id": "held"}, forever, timeout=lease)
 
 
+async def wait(port: int, prefix: str) -> None:
+    async with redis_asyncio.Redis(host="127.0.0.1", port=port) as client:
+        options = Options(key_prefix="wake", event_key_jmespath="id", wait=Wait(timeout=30))
+        async with RedisStore(client, key_prefix=prefix) as store:
+
+            async def never() -> str:
+                return "ran"
+
+            result = await Manager(store, options).execute({"id": "waited"}, never, timeout=30)
+            print(result, time.time(), flush=True)
+
+
 if __name__ == "__main__":
     mode, port, prefix, *rest = sys.argv[1:]
-    if mode == "run":
+    if mode == "wait":
+        asyncio.run(wait(int(port), prefix))
+    elif mode == "run":
         path, worker, tasks, keys = rest
         asyncio.run(run(int(port), prefix, path, worker, int(tasks), int(keys)))
     else:

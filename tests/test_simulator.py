@@ -9,6 +9,7 @@ The generator features that still find an open defect are left out (``_open_defe
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -168,6 +169,63 @@ async def test_redis_store_keeps_the_guarantee_by_its_server_clock(
         await client.aclose()
     record("RedisStore (server clock), real time", report, pairs=False)
     assert report.scenarios == REDIS_SEEDS
+
+
+class _CountingWakes(RedisStore):
+    """A RedisStore counting the waits it watched and the wake-ups that ended one early."""
+
+    watched = 0
+    woken = 0
+
+    def watch(self, key: str) -> Any:
+        _CountingWakes.watched += 1
+        return _CountedWatch(super().watch(key))
+
+
+class _CountedWatch:
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    @property
+    def listening(self) -> bool:
+        return bool(self._inner.listening)
+
+    async def wait(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await self._inner.wait(timeout)
+        if loop.time() - started < timeout * 0.9:
+            _CountingWakes.woken += 1
+
+    def __enter__(self) -> _CountedWatch:
+        self._inner.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._inner.__exit__(*exc_info)
+
+
+async def test_redis_store_keeps_the_guarantee_when_waiters_are_woken(
+    redis_server: RedisServer,
+) -> None:
+    # The wait paths with pub/sub wake-ups on (the runs above have them too): every store
+    # a scenario opens subscribes for its waiters and is closed after it.
+    client = redis_server.client()
+    try:
+        report = await simulate_live(
+            lambda: _CountingWakes(client, judged_by="client"),
+            range(REDIS_SEEDS, 2 * REDIS_SEEDS),
+            scale=0.05,
+            concurrency=8,
+            tolerance=1.0,
+            exclude=EXCLUDE,
+        )
+    finally:
+        await client.aclose()
+    record("RedisStore (client clock, waiters woken), real time", report, pairs=False)
+    assert report.scenarios == REDIS_SEEDS
+    assert _CountingWakes.watched > 0 and _CountingWakes.woken > 0
+    assert [t for t in asyncio.all_tasks() if "wake-ups" in t.get_name()] == []
 
 
 class _IdleExtendStore(MemoryStore):

@@ -34,6 +34,13 @@ force release ``{deleted record or nil, key}``; release exactly ``1`` (deleted) 
 truncates Lua numbers to integers.  Every answer that carries a record carries ``KEYS[1]``
 too, so the client can tell an answer about another key (a proxy or connection that mixed
 answers up) from one about its own.
+
+Wake-ups: a completion that wrote and a release that deleted publish ``completed`` /
+``released`` on the channel named like the record's Redis key (``KEYS[1]``), in the same
+script and round trip, with the command the client names (``ARGV[6]`` of complete,
+``ARGV[2]`` of release: ``PUBLISH``, or empty for none).  ``redis.pcall``: a server or ACL
+that refuses it (Redis 7 users get no channel permissions by default) never fails the
+write, it only leaves waiters to their next poll.
 """
 
 from __future__ import annotations
@@ -67,6 +74,9 @@ end
 local function int(n) return string.format('%.0f', n) end
 local function store(key, value, expiration, now)
   redis.call('SET', key, value, 'PX', math.max(math.ceil((expiration - now) * 1000), 0) + 1000)
+end
+local function wake(command, what)
+  if command ~= '' then redis.pcall(command, KEYS[1], what) end
 end
 """
 
@@ -122,6 +132,7 @@ local now = clock(ARGV[2])
 local expiration = math.ceil(now + math.max(tonumber(ARGV[3]), 0))
 store(KEYS[1], '{"status":"COMPLETED","expiration":' .. int(expiration) .. ARGV[4],
   expiration, now)
+wake(ARGV[6], 'completed')
 return 1
 """
 )
@@ -134,6 +145,7 @@ if not raw then return 1 end
 local rec = head(raw)
 if rec ~= nil and rec.owner == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  wake(ARGV[2], 'released')
   return 1
 end
 return 0

@@ -10,6 +10,7 @@ Each method is one atomic operation.
 from __future__ import annotations
 
 import enum
+from contextlib import AbstractContextManager
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from idempotency_async.errors import InconsistentStateError
@@ -22,6 +23,8 @@ __all__ = [
     "Found",
     "Store",
     "Verdict",
+    "Wakes",
+    "Watch",
     "Written",
     "check_key",
     "judge",
@@ -204,4 +207,39 @@ class Store(Protocol):
 
     async def aclose(self) -> None:
         """Release what the store owns (clients it opened itself)."""
+        ...
+
+
+class Watch(Protocol):
+    """One waiter's view of a key's wake-ups (see :class:`Wakes`)."""
+
+    @property
+    def listening(self) -> bool:
+        """True while a completion or release of the key would wake this watch (the
+        store's subscription to it is confirmed).  A waiter polls less often then."""
+        ...
+
+    async def wait(self, timeout: float) -> None:
+        """Return when the key's record may have changed — it was completed or released,
+        or the subscription was confirmed or lost (either may have hidden a change) — or
+        after ``timeout`` seconds, whichever is first.  The caller re-reads the record
+        either way: a wake-up is a hint, never a verdict."""
+        ...
+
+
+@runtime_checkable
+class Wakes(Protocol):
+    """An optional store capability: waking the duplicates that wait on a key in progress
+    when its holder completes or releases it, instead of leaving them to their next poll.
+
+    A waiting call enters ``store.watch(key)`` for as long as it waits and leaves it on
+    every path (a ``with`` block, cancellation included).  Polling stays on underneath: a
+    lost wake-up only means waiting until the next read.  Whatever a store runs to deliver
+    wake-ups (a subscription, a task) is its own and ends in :meth:`Store.aclose`; leaving
+    a watch sends nothing on the caller's behalf.
+    """
+
+    def watch(self, key: str) -> AbstractContextManager[Watch]:
+        """Wake-ups of ``key`` (the logical key, as given to :meth:`Store.get`) while the
+        returned context is entered."""
         ...

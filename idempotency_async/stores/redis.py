@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Final, Literal, Self
 
@@ -44,12 +45,14 @@ from idempotency_async.stores._redis_records import (
     decode_record,
     python_data,
 )
+from idempotency_async.stores._redis_wakeups import Wakeups, sleeping
 from idempotency_async.stores.base import (
     CLAIMED,
     DEFAULT_MAX_RESPONSE_BYTES,
     Extended,
     Found,
     Verdict,
+    Watch,
     Written,
     judge,
 )
@@ -108,6 +111,12 @@ class RedisStore:
     a claim fewer replicas acknowledged raises ``StoreUnavailableError`` and its callback
     does not run.
 
+    A completion or release publishes on the key's channel (``PUBLISH``, in the same
+    script; not on a cluster), and with ``wake_waiters=True`` (the default) duplicates
+    waiting on a key in progress (``Options(wait=Wait(...))``) are woken by it: one pub/sub
+    connection per store, taken from the client's pool on the first wait and closed by
+    :meth:`aclose`; polling stays underneath (``docs/redis.md``).
+
     ``record_format="powertools-python"`` reads and writes the records of
     aws-lambda-powertools (Python)'s Redis layer: the response is JSON text in ``data``,
     and taking over a lapsed record first takes Powertools' ``<key>:lock``.  Use it with
@@ -124,6 +133,7 @@ class RedisStore:
         min_replicas: int = 0,
         replica_timeout: float = 1.0,
         record_format: RecordFormat = "typescript",
+        wake_waiters: bool = True,
     ) -> None:
         if client is None or not callable(getattr(client, "evalsha", None)):
             raise ConfigError(
@@ -145,6 +155,8 @@ class RedisStore:
             raise ConfigError(f"min_replicas must be an integer >= 0, got {min_replicas}")
         if not replica_timeout > 0:
             raise ConfigError(f"replica_timeout must be positive seconds, got {replica_timeout!r}")
+        if not isinstance(wake_waiters, bool):
+            raise ConfigError(f"wake_waiters must be True or False, got {wake_waiters!r}")
         if min_replicas and _is_cluster(client):
             raise ConfigError(
                 "min_replicas is not supported with RedisCluster: WAIT must run on the "
@@ -173,6 +185,16 @@ class RedisStore:
         self._gate: asyncio.Semaphore | None = None
         self._owns_client = False
         self._closed = False
+        cluster = _is_cluster(client)
+        # PUBLISH on a cluster goes to every node over the cluster bus: a cost to writers.
+        self._publish = b"" if cluster else b"PUBLISH"
+        # The pub/sub connection comes out of the client's pool: one of one would starve it.
+        limit = _pool_limit(client)
+        wakes = wake_waiters and not cluster and (limit is None or limit >= 2)
+        self._wakeups = Wakeups(client) if wakes else None
+        self.wake_waiters = wakes
+        """Whether waiters are woken by pub/sub (``wake_waiters``, off on a cluster and on
+        a pool of one connection)."""
 
     @classmethod
     def from_url(
@@ -187,6 +209,7 @@ class RedisStore:
         min_replicas: int = 0,
         replica_timeout: float = 1.0,
         record_format: RecordFormat = "typescript",
+        wake_waiters: bool = True,
     ) -> RedisStore:
         """A store on a redis-py client built from ``url`` (``redis://``, ``rediss://`` for
         TLS, ``unix://``), owned by the store and closed in :meth:`aclose`.
@@ -225,6 +248,7 @@ class RedisStore:
             min_replicas=min_replicas,
             replica_timeout=replica_timeout,
             record_format=record_format,
+            wake_waiters=wake_waiters,
         )
         store._owns_client = True
         return store
@@ -244,10 +268,13 @@ class RedisStore:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the client if the store built it (:meth:`from_url`); a caller's client is
-        left open.  The store refuses use afterwards."""
+        """Stop waking waiters (its task and pub/sub connection), and close the client if
+        the store built it (:meth:`from_url`); a caller's client is left open.  The store
+        refuses use afterwards."""
         self._closed = True
         self._ready = False
+        if self._wakeups is not None:
+            await self._wakeups.aclose()
         if self._owns_client:
             self._owns_client = False
             await self._client.aclose()
@@ -274,7 +301,8 @@ class RedisStore:
                 await initialize()
         limit = _pool_limit(self._client)
         if limit is not None and self._gate is None:
-            self._gate = asyncio.Semaphore(limit)
+            # One connection of the pool is the pub/sub one while waiters are woken.
+            self._gate = asyncio.Semaphore(limit - 1 if self._wakeups else limit)
         self._ready = True
         return self._client
 
@@ -429,6 +457,7 @@ class RedisStore:
             completion.ttl,
             tail,
             b"bare" if encoded is None else b"",
+            self._publish,
         )
         if answer == 0:
             return Written.NOTHING
@@ -442,7 +471,7 @@ class RedisStore:
         )
 
     async def release(self, key: str, owner: str) -> bool:
-        answer = await self._eval("release", _RELEASE, key, owner)
+        answer = await self._eval("release", _RELEASE, key, owner, self._publish)
         return bool(answer == 1)
 
     async def extend(self, claim: Claim) -> Extended:
@@ -481,6 +510,14 @@ class RedisStore:
             raise InconsistentStateError(
                 f"the record was deleted, but it could not be read: {exc}"
             ) from exc.__cause__
+
+    def watch(self, key: str) -> AbstractContextManager[Watch]:
+        """Wake-ups of ``key`` while the context is entered (the waiting loop's, see
+        :class:`~idempotency_async.stores.base.Wakes`): woken by the key's completion or
+        release, from this store's one pub/sub subscription."""
+        if self._wakeups is None:
+            return sleeping()  # the waiter polls
+        return self._wakeups.watch(self.key_prefix + key)
 
     async def release_exactly(self, record: Record) -> bool:
         """Delete the record of ``record.key`` only if it is still ``record``: the same

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import contextvars
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,15 @@ from idempotency_async.errors import (
     StoreValidationError,
 )
 from idempotency_async.record import Claim, Completion, Record
-from idempotency_async.stores.base import Extended, Found, Store, Verdict, Written
+from idempotency_async.stores.base import (
+    Extended,
+    Found,
+    Store,
+    Verdict,
+    Wakes,
+    Watch,
+    Written,
+)
 from idempotency_async.testing._plans import Fault
 
 __all__ = ["CALL", "Application", "FaultyStore", "Op", "ServerClockStore"]
@@ -85,7 +94,12 @@ class Op:
 
 
 class FaultyStore:
-    """Wraps a real store: logs every operation and injects the faults of each call."""
+    """Wraps a real store: logs every operation and injects the faults of each call.
+
+    A store that wakes waiters (:class:`Wakes`) keeps doing so through the wrapper: its
+    wake-ups are hints the waiter checks with a read, which is logged and faulted."""
+
+    watch: Callable[[str], AbstractContextManager[Watch]]
 
     def __init__(
         self,
@@ -95,6 +109,8 @@ class FaultyStore:
     ) -> None:
         self.inner = inner
         self.max_response_bytes = inner.max_response_bytes
+        if isinstance(inner, Wakes):
+            self.watch = inner.watch
         self.ops: list[Op] = []
         self.claimed: dict[int, str] = {}
         """The owner of each call's last claim that the manager was told succeeded."""
@@ -255,10 +271,14 @@ class ServerClockStore:
     """A store judging by a clock of its own (as Redis ``TIME`` does): every ``now`` the
     managers send is replaced by ``clock()``, so their skew no longer moves leases."""
 
+    watch: Callable[[str], AbstractContextManager[Watch]]
+
     def __init__(self, inner: Store, clock: Callable[[], float]) -> None:
         self.inner = inner
         self.clock = clock
         self.max_response_bytes = inner.max_response_bytes
+        if isinstance(inner, Wakes):
+            self.watch = inner.watch
 
     async def claim(self, claim: Claim) -> Verdict:
         return await self.inner.claim(claim._replace(now=self.clock()))
