@@ -30,6 +30,7 @@ from typing import TypeVar, cast
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from idempotency_async._stored_redaction import Redaction
 from idempotency_async.errors import ConfigError
 from idempotency_async.integrations._aiohttp_adapter import STATE_KEY, AiohttpAdapter
 from idempotency_async.integrations._aiohttp_routing import DomainRouting
@@ -164,6 +165,7 @@ def idempotency_middleware(
     wait: bool | None = None,
     wait_timeout: float | None = None,
     replayed_header: str = DEFAULT_REPLAYED_HEADER,
+    redaction: Redaction | None = None,
 ) -> Middleware:
     """A middleware running each idempotent request once per ``Idempotency-Key``.
 
@@ -190,6 +192,7 @@ def idempotency_middleware(
             wait=wait,
             wait_timeout=wait_timeout,
             replayed_header=replayed_header,
+            redaction=redaction,
         ),
     )
 

@@ -19,6 +19,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Host, Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from idempotency_async._stored_redaction import Redaction
 from idempotency_async.errors import ConfigError
 from idempotency_async.integrations._http import (
     DEFAULT_MAX_BODY_BYTES,
@@ -87,6 +88,10 @@ class IdempotencyMiddleware:
         the manager's ``Options.wait_timeout``.
     :param replayed_header: the header (value ``true``) that marks a replayed response,
         and a duplicate's "not stored" answer (default ``Idempotent-Replayed``).
+    :param redaction: response fields kept out of the store, e.g.
+        ``Redaction(fields=("body.credentials.secret", 'headers."x-token"'))`` (replays
+        carry ``Idempotency-Response-Redacted: true``), or ``Redaction(never_store=True)``
+        (no response is stored; duplicates get the not-stored answer).  See ``docs/http.md``.
     """
 
     def __init__(
@@ -107,6 +112,7 @@ class IdempotencyMiddleware:
         wait: bool | None = None,
         wait_timeout: float | None = None,
         replayed_header: str = DEFAULT_REPLAYED_HEADER,
+        redaction: Redaction | None = None,
     ) -> None:
         self.app = app
         self.rules = HttpIdempotency(
@@ -125,6 +131,7 @@ class IdempotencyMiddleware:
                 wait=wait,
                 wait_timeout=wait_timeout,
                 replayed_header=replayed_header,
+                redaction=redaction,
             ),
         )
         self._marked: dict[int, tuple[BaseRoute, Marks]] = {}

@@ -196,6 +196,7 @@ class ResponseGate:
             replay_headers=self.rules.settings.replay_headers,
             max_body_bytes=self.rules.max_response_bytes,
             max_stored_bytes=self.rules.manager.store.max_response_bytes,
+            redaction=self.rules.settings.redaction,
         )
 
     async def _complete(self, result: dict[str, object]) -> None:

@@ -13,8 +13,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from idempotency_async._stored_redaction import Redaction
 from idempotency_async.canonical import MAX_DEPTH
 from idempotency_async.errors import ConfigError
+from idempotency_async.integrations._http._redacting import check_redaction
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -25,6 +27,7 @@ __all__ = [
     "DEFAULT_REQUEST_TIMEOUT",
     "NEVER_REPLAYED",
     "REPLAYED_ATTRIBUTE",
+    "REDACTED_HEADER",
     "REPLAYED_HEADER",
     "STORED_HEADER",
     "CallerScope",
@@ -39,6 +42,9 @@ REPLAYED_ATTRIBUTE: Final = "idempotency.http.replayed"
 """Set on the current (server) span when a stored response is replayed."""
 STORED_HEADER: Final = "idempotency-response-stored"
 """``Idempotency-Response-Stored: false`` marks a response that will not be replayed."""
+REDACTED_HEADER: Final = "idempotency-response-redacted"
+"""``Idempotency-Response-Redacted: true`` marks a replay whose declared fields were
+removed before it was stored."""
 DEFAULT_METHODS: Final = ("POST", "PATCH")
 DEFAULT_REPLAY_HEADERS: Final = ("cache-control", "content-type", "etag", "link", "location")
 DEFAULT_MAX_BODY_BYTES: Final = 1024 * 1024
@@ -60,6 +66,7 @@ NEVER_REPLAYED: Final = frozenset(
         "server",
         REPLAYED_HEADER,
         STORED_HEADER,
+        REDACTED_HEADER,
     }
 )
 
@@ -90,6 +97,9 @@ class HttpSettings:
     wait_timeout: float | None = None
     replayed_header: str = DEFAULT_REPLAYED_HEADER
     """The header (value ``true``) that marks a replayed response; lower-cased here."""
+    redaction: Redaction | None = None
+    """Header and body fields kept out of the store (``body.credentials.secret``,
+    ``headers."x-token"``), or ``Redaction(never_store=True)``: see ``docs/http.md``."""
 
     def __post_init__(self) -> None:
         if not _positive(self.request_timeout):
@@ -116,6 +126,7 @@ class HttpSettings:
         if self.wait_timeout is not None and not _positive(self.wait_timeout):
             raise ConfigError(f"wait_timeout must be positive seconds, got {self.wait_timeout!r}")
         replayed = _replayed_header(self.replayed_header, self.replay_headers)
+        check_redaction(self.redaction)
         # Normalized in place: the dataclass is frozen for its users, not for itself.
         normalized = {
             "replayed_header": replayed,
