@@ -111,8 +111,8 @@ def _steps(node: dict[str, Any], text: str) -> tuple[Step, ...]:
         return (node["value"],)
     if kind == "identity":
         return ()
-    if kind == "subexpression":
-        return _steps(children[0], text) + _steps(children[1], text)
+    if kind == "subexpression":  # n-ary: a.b.c is one node of three fields
+        return tuple(step for child in children for step in _steps(child, text))
     if kind == "index_expression" and children[1]["type"] == "index":
         return (*_steps(children[0], text), children[1]["value"])
     if kind == "projection" and children[0]["type"] != "flatten":

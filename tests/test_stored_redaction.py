@@ -98,6 +98,12 @@ def test_a_lone_string_is_one_field_not_its_characters() -> None:
     assert Redaction(fields="credentials.secret").fields == ("credentials.secret",)
 
 
+def test_a_long_path_keeps_every_step() -> None:
+    (path,) = Redaction(fields='a.b[0].c.*.d[*]."e-f"').paths
+    assert path.steps[:4] == ("a", "b", 0, "c")
+    assert path.steps[-1] == "e-f" and len(path.steps) == 8
+
+
 def test_removal_copies_only_what_it_changes_and_never_the_input() -> None:
     value = copy.deepcopy(RESULT)
     redacted, found = Redaction(fields=(*FIELDS, "absent.member")).apply(value)
