@@ -86,7 +86,7 @@ def serve(request: pytest.FixtureRequest) -> Serve:
     return _serve_fastapi if request.param == "fastapi" else _serve_aiohttp  # type: ignore[return-value]
 
 
-def _middleware(store: Store, redaction: Redaction, **options: Any) -> dict[str, Any]:
+def _middleware(store: Store, redaction: Any, **options: Any) -> dict[str, Any]:
     return {
         "manager": Manager(store),
         "caller_scope": lambda _: "t1",
@@ -214,3 +214,58 @@ def test_a_manager_that_redacts_is_refused_by_the_middleware() -> None:
     manager = Manager(MemoryStore(), Options(redaction=Redaction(fields="secret")))
     with pytest.raises(errors.ConfigError, match="redaction"):
         idempotency_middleware(manager)
+
+
+async def test_redaction_per_route_applies_to_the_routes_it_names(serve: Serve) -> None:
+    store = MemoryStore()
+    per_route = {"/credentials/{kind}": Redaction(fields=FIELDS)}
+    async with (
+        serve(_middleware(store, per_route)) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        await client.post("/credentials/json", headers=KEY)
+        again = await client.post("/credentials/json", headers=KEY)
+    assert again.json() == {"credentials": {"id": "AKIA1"}, "run": 1}
+    assert again.headers["idempotency-response-redacted"] == "true"
+
+
+async def test_a_route_the_mapping_does_not_name_is_stored_whole(serve: Serve) -> None:
+    others = {"/other": Redaction(never_store=True)}
+    async with (
+        serve(_middleware(MemoryStore(), others)) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        first = await client.post("/credentials/json", headers=KEY)
+        again = await client.post("/credentials/json", headers=KEY)
+    assert again.content == first.content
+    assert again.headers["x-token"] == TOKEN
+    assert "idempotency-response-redacted" not in again.headers
+
+
+async def test_a_route_declared_never_stored_in_the_mapping(serve: Serve) -> None:
+    never = {"/credentials/{kind}": Redaction(never_store=True)}
+    async with (
+        serve(_middleware(MemoryStore(), never)) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        first = await client.post("/credentials/json", headers=KEY)
+        again = await client.post("/credentials/json", headers=KEY)
+    assert first.json()["credentials"]["secret"] == SECRET
+    assert again.headers["idempotency-response-stored"] == "false"
+    assert SECRET not in again.text
+
+
+@pytest.mark.parametrize(
+    "redaction",
+    [
+        ("body.a",),
+        {"/r": ("body.a",)},
+        {3: Redaction(fields="body.a")},
+        {"/r": Redaction(fields="a")},
+    ],
+)
+def test_a_mapping_of_anything_but_route_templates_to_redactions_is_refused(
+    redaction: Any,
+) -> None:
+    with pytest.raises(errors.ConfigError, match=r"redaction|redacted field"):
+        HttpSettings(redaction=redaction)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TypeVar, cast
 
 from aiohttp import web
@@ -165,7 +165,7 @@ def idempotency_middleware(
     wait: bool | None = None,
     wait_timeout: float | None = None,
     replayed_header: str = DEFAULT_REPLAYED_HEADER,
-    redaction: Redaction | None = None,
+    redaction: Redaction | Mapping[str, Redaction] | None = None,
 ) -> Middleware:
     """A middleware running each idempotent request once per ``Idempotency-Key``.
 

@@ -12,7 +12,7 @@ The behaviour is described in ``docs/http.md``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -91,7 +91,8 @@ class IdempotencyMiddleware:
     :param redaction: response fields kept out of the store, e.g.
         ``Redaction(fields=("body.credentials.secret", 'headers."x-token"'))`` (replays
         carry ``Idempotency-Response-Redacted: true``), or ``Redaction(never_store=True)``
-        (no response is stored; duplicates get the not-stored answer).  See ``docs/http.md``.
+        (no response is stored; duplicates get the not-stored answer); or a mapping of
+        route templates (as ``key_for`` takes them) to one.  See ``docs/http.md``.
     """
 
     def __init__(
@@ -112,7 +113,7 @@ class IdempotencyMiddleware:
         wait: bool | None = None,
         wait_timeout: float | None = None,
         replayed_header: str = DEFAULT_REPLAYED_HEADER,
-        redaction: Redaction | None = None,
+        redaction: Redaction | Mapping[str, Redaction] | None = None,
     ) -> None:
         self.app = app
         self.rules = HttpIdempotency(

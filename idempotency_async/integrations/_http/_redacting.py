@@ -10,6 +10,8 @@ looked for in — not JSON, or sent compressed — is not stored at all (fail cl
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Final
 
 import orjson
@@ -17,7 +19,7 @@ import orjson
 from idempotency_async._stored_redaction import Redaction, remove
 from idempotency_async.errors import ConfigError
 
-__all__ = ["NEVER_STORED", "Redacted", "check_redaction", "redact_response"]
+__all__ = ["NEVER_STORED", "Redacted", "RouteRedaction", "check_redaction", "redact_response"]
 
 NEVER_STORED: Final = "never stored: the route is declared Redaction(never_store=True)"
 _IDENTITY: Final = frozenset({"", "identity"})
@@ -25,9 +27,31 @@ _IDENTITY: Final = frozenset({"", "identity"})
 Redacted = tuple[list[tuple[str, str]], bytes, bool]
 """The headers and body to store, and whether anything was removed."""
 
+RouteRedaction = Redaction | Mapping[str, Redaction]
+"""One redaction for every route, or one per route template (routes not named: none)."""
 
-def check_redaction(redaction: Any) -> Redaction | None:
-    """``redaction`` if every field it declares is a header or a body field, else ConfigError."""
+
+def check_redaction(redaction: Any) -> RouteRedaction | None:
+    """``redaction`` (a mapping frozen) if every field it declares is a header or a body
+    field, else ConfigError."""
+    if redaction is None or isinstance(redaction, Redaction):
+        return _checked(redaction)
+    if not isinstance(redaction, Mapping):
+        raise ConfigError(
+            "redaction must be an idempotency_async.Redaction, or a mapping of route "
+            f"templates to one, got {type(redaction).__name__}"
+        )
+    routes: dict[str, Redaction] = {}
+    for route, declared in redaction.items():
+        if not isinstance(route, str):
+            raise ConfigError(f"redaction's routes are route templates (str), got {route!r:.60}")
+        checked = _checked(declared)
+        if checked is not None:
+            routes[route] = checked
+    return MappingProxyType(routes)
+
+
+def _checked(redaction: Any) -> Redaction | None:
     if redaction is None:
         return None
     if not isinstance(redaction, Redaction):

@@ -16,7 +16,7 @@ from typing import Any, Final
 from idempotency_async._stored_redaction import Redaction
 from idempotency_async.canonical import MAX_DEPTH
 from idempotency_async.errors import ConfigError
-from idempotency_async.integrations._http._redacting import check_redaction
+from idempotency_async.integrations._http._redacting import RouteRedaction, check_redaction
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -97,9 +97,10 @@ class HttpSettings:
     wait_timeout: float | None = None
     replayed_header: str = DEFAULT_REPLAYED_HEADER
     """The header (value ``true``) that marks a replayed response; lower-cased here."""
-    redaction: Redaction | None = None
+    redaction: RouteRedaction | None = None
     """Header and body fields kept out of the store (``body.credentials.secret``,
-    ``headers."x-token"``), or ``Redaction(never_store=True)``: see ``docs/http.md``."""
+    ``headers."x-token"``), or ``Redaction(never_store=True)``; for every route, or per
+    route template (``{"/credentials": Redaction(...)}``): see ``docs/http.md``."""
 
     def __post_init__(self) -> None:
         if not _positive(self.request_timeout):
@@ -126,7 +127,7 @@ class HttpSettings:
         if self.wait_timeout is not None and not _positive(self.wait_timeout):
             raise ConfigError(f"wait_timeout must be positive seconds, got {self.wait_timeout!r}")
         replayed = _replayed_header(self.replayed_header, self.replay_headers)
-        check_redaction(self.redaction)
+        redaction = check_redaction(self.redaction)
         # Normalized in place: the dataclass is frozen for its users, not for itself.
         normalized = {
             "replayed_header": replayed,
@@ -136,9 +137,17 @@ class HttpSettings:
             "replay_headers": frozenset(DEFAULT_REPLAY_HEADERS)
             | {name.lower() for name in self.replay_headers} - NEVER_REPLAYED,
             "wait_timeout": None if self.wait_timeout is None else float(self.wait_timeout),
+            "redaction": redaction,
         }
         for name, value in normalized.items():
             object.__setattr__(self, name, value)
+
+    def redaction_for(self, route: str) -> Redaction | None:
+        """The redaction of responses of ``route`` (a route template, as keys use it)."""
+        redaction = self.redaction
+        if redaction is None or isinstance(redaction, Redaction):
+            return redaction
+        return redaction.get(route)
 
     def applies(self, method: str, path: str, *, marked: bool) -> bool:
         """Whether a request is handled: opt-in routes always, others by method and path."""
