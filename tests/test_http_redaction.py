@@ -15,15 +15,18 @@ from typing import Any
 import httpx
 import pytest
 from _http_apps import serve_aio, serve_asgi
+from _postgres import PostgresServer, fresh_table_name
 from aiohttp import web
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 
 from idempotency_async import Manager, MemoryStore, Options, Redaction, errors
 from idempotency_async.integrations._http import HttpIdempotency, HttpSettings
 from idempotency_async.integrations.aiohttp import idempotency_middleware
-from idempotency_async.integrations.fastapi import IdempotencyKey
+from idempotency_async.integrations.fastapi import IdempotencyKey, IdempotentTransaction
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
 from idempotency_async.stores.base import Store
+from idempotency_async.stores.postgres import PostgresStore, create_table
 
 SECRET = "wJalrXUtnFEMI-secret"
 TOKEN = "tok-1"
@@ -269,3 +272,43 @@ def test_a_mapping_of_anything_but_route_templates_to_redactions_is_refused(
 ) -> None:
     with pytest.raises(errors.ConfigError, match=r"redaction|redacted field"):
         HttpSettings(redaction=redaction)
+
+
+async def test_a_transactional_route_records_the_redacted_response(
+    postgres_server: PostgresServer,
+) -> None:
+    pool = await postgres_server.pool()
+    try:
+        table = fresh_table_name()
+        await create_table(pool, table=table)
+        store = PostgresStore(pool, table=table)
+        app = FastAPI()
+        per_route = {"/grants": Redaction(fields=FIELDS)}
+        app.add_middleware(IdempotencyMiddleware, **_middleware(store, per_route))
+        runs = [0]
+
+        @app.post("/grants", status_code=201)
+        async def grant(tx: IdempotentTransaction) -> Response:
+            async with pool.acquire() as connection, connection.transaction():
+
+                async def work() -> Response:
+                    runs[0] += 1
+                    body = {"credentials": {"id": "AKIA1", "secret": SECRET}, "run": runs[0]}
+                    return JSONResponse(body, status_code=201, headers={"x-token": TOKEN})
+
+                response: Response = await tx.run(connection, work)
+            return response
+
+        async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url) as client:
+            first = await client.post("/grants", headers=KEY)
+            again = await client.post("/grants", headers=KEY)
+        assert first.json()["credentials"]["secret"] == SECRET
+        assert first.headers["x-token"] == TOKEN
+        assert again.status_code == 201
+        assert again.json() == {"credentials": {"id": "AKIA1"}, "run": 1}
+        assert "x-token" not in again.headers
+        assert again.headers["idempotency-response-redacted"] == "true"
+        assert runs == [1]
+        assert SECRET not in repr(await _stored(store, "/grants"))
+    finally:
+        await pool.close()
