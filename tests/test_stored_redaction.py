@@ -1,7 +1,7 @@
 """Redaction of stored results: declared fields never reach the store, duplicates or the
 cache; the caller whose call ran gets its whole result; never-stored calls complete
-without a response.  Against MemoryStore, a real Redis (both record layouts) and a real
-Postgres."""
+without a response.  Against MemoryStore, a real Redis (both record layouts), a real
+Postgres, and DynamoDB on the moto server."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from _moto import fresh_store, open_client
 from _postgres import PostgresServer, fresh_postgres_store
 from _redis import RedisServer, fresh_redis_store
 
@@ -44,7 +45,7 @@ def _options(store: Store | None, **options: Any) -> Options:
     return Options(key_format=getattr(store, "record_format", "typescript"), **options)
 
 
-@pytest.fixture(params=["memory", "redis", "redis-powertools", "postgres"])
+@pytest.fixture(params=["memory", "redis", "redis-powertools", "postgres", "dynamodb"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if request.param == "memory":
         yield MemoryStore()
@@ -53,6 +54,11 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
         layout = "powertools-python" if request.param == "redis-powertools" else "typescript"
         async with fresh_redis_store(server, record_format=layout) as redis_store:
             yield redis_store
+    elif request.param == "dynamodb":  # native AttributeValues, the TypeScript port's layout
+        async with open_client(request.getfixturevalue("moto_endpoint")) as client:
+            dynamodb = await fresh_store(client)
+            yield dynamodb
+            await dynamodb.aclose()
     else:
         postgres: PostgresServer = request.getfixturevalue("postgres_server")
         async with fresh_postgres_store(postgres) as postgres_store:
