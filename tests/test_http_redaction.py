@@ -20,7 +20,7 @@ from aiohttp import web
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from idempotency_async import Manager, MemoryStore, Options, Redaction, errors
+from idempotency_async import Manager, MemoryStore, Options, Redaction, Wait, errors
 from idempotency_async.integrations._http import HttpIdempotency, HttpSettings
 from idempotency_async.integrations.aiohttp import idempotency_middleware
 from idempotency_async.integrations.fastapi import IdempotencyKey, IdempotentTransaction
@@ -150,7 +150,7 @@ async def test_another_server_over_the_store_replays_the_redacted_response(serve
 async def test_a_waiting_duplicate_in_the_same_process_gets_the_redacted_response(
     serve: Serve,
 ) -> None:
-    options = _middleware(MemoryStore(), Redaction(fields=FIELDS), wait=True, wait_timeout=5)
+    options = _middleware(MemoryStore(), Redaction(fields=FIELDS), wait=Wait(timeout=5.0))
     async with serve(options) as url, httpx.AsyncClient(base_url=url) as client:
         first = asyncio.create_task(client.post("/credentials/json?delay=0.3", headers=KEY))
         await asyncio.sleep(0.1)

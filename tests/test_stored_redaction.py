@@ -17,7 +17,16 @@ from _moto import fresh_store, open_client
 from _postgres import PostgresServer, fresh_postgres_store
 from _redis import RedisServer, fresh_redis_store
 
-from idempotency_async import Call, Event, Manager, MemoryStore, Options, Redaction
+from idempotency_async import (
+    Call,
+    Event,
+    LocalCache,
+    Manager,
+    MemoryStore,
+    Options,
+    Redaction,
+    Wait,
+)
 from idempotency_async._stored_redaction import remove
 from idempotency_async.errors import ConfigError, ResponseNotStoredError
 from idempotency_async.stores.base import Store
@@ -176,7 +185,7 @@ async def test_a_never_stored_call_completes_without_its_response(
 async def test_the_local_cache_holds_the_redacted_form() -> None:
     events: list[Event] = []
     store = MemoryStore()
-    manager = Manager(store, _redacting(use_local_cache=True, on_event=events.append))
+    manager = Manager(store, _redacting(local_cache=LocalCache(), on_event=events.append))
     runs = Runs()
     assert await manager.execute({"c": 1}, runs.run, timeout=10) == RESULT
     key = manager.key_for({"c": 1})
@@ -188,7 +197,7 @@ async def test_the_local_cache_holds_the_redacted_form() -> None:
 
 
 async def test_an_in_process_waiter_gets_the_redacted_form() -> None:
-    manager = Manager(MemoryStore(), _redacting(wait=True))
+    manager = Manager(MemoryStore(), _redacting(wait=Wait(timeout=10.0)))
     release = asyncio.Event()
     runs = Runs()
 

@@ -10,7 +10,16 @@ from typing import Any, assert_type
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from idempotency_async import Call, Manager, MemoryStore, Options, idempotent_function
+from idempotency_async import (
+    Call,
+    LocalCache,
+    Manager,
+    MemoryStore,
+    Options,
+    Renewal,
+    Wait,
+    idempotent_function,
+)
 
 manager = Manager(MemoryStore(), Options(key_prefix="typing"))
 
@@ -62,8 +71,16 @@ async def optional_key(key: OptionalIdempotencyKey) -> None:
     assert_type(key, str | None)
 
 
-IdempotencyMiddleware(api, manager=manager, wait=True, wait_timeout=5.0)
+IdempotencyMiddleware(api, manager=manager, wait=Wait(timeout=5.0))
+IdempotencyMiddleware(api, manager=manager, wait=False)
 IdempotencyMiddleware(api, manager=manager, wait=5.0)  # type: ignore[arg-type]
+IdempotencyMiddleware(api, manager=manager, wait=True)  # type: ignore[arg-type]
+Options(renewal=Renewal(lease=30.0, every=10.0), wait=Wait(timeout=10.0))
+Options(local_cache=LocalCache(max_items=1000), renewal=None, wait=None)
+Options(wait=True)  # type: ignore[arg-type]
+Options(renew_lease=30.0)  # type: ignore[call-arg]
+assert_type(Options().renewal, Renewal | None)
+assert_type(Wait().timeout, float)
 
 
 def telemetry_is_an_instrumentation() -> None:
