@@ -312,3 +312,17 @@ async def test_a_transactional_route_records_the_redacted_response(
         assert SECRET not in repr(await _stored(store, "/grants"))
     finally:
         await pool.close()
+
+
+async def test_a_declared_header_that_is_never_stored_anyway_does_not_mark_the_replay(
+    serve: Serve,
+) -> None:
+    # x-token is sent, declared, and not replayed (not in replay_headers): never stored.
+    redaction = Redaction(fields=('headers."set-cookie"', 'headers."x-token"'))
+    options = _middleware(MemoryStore(), redaction, replay_headers=())
+    async with serve(options) as url, httpx.AsyncClient(base_url=url) as client:
+        first = await client.post("/credentials/json", headers=KEY)
+        again = await client.post("/credentials/json", headers=KEY)
+    assert first.headers["x-token"] == TOKEN
+    assert again.content == first.content and "x-token" not in again.headers
+    assert "idempotency-response-redacted" not in again.headers

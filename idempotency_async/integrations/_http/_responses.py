@@ -134,17 +134,20 @@ def stored_response(
         return None, (
             f"too large: the body ({len(body)} bytes) is over the limit of {max_body_bytes}"
         )
+    kept = _with_body(headers, replay_headers)
+    headers = [(name, value) for name, value in headers if name in kept]
     redacted = False
     if redaction is not None and redaction.paths:
+        # After the allow-list: a declared header that is never stored anyway (Set-Cookie,
+        # one not replayed) does not mark the response redacted.
         outcome = redact_response(redaction, headers, body)
         if isinstance(outcome, str):
             return None, outcome
         headers, body, redacted = outcome
-    kept = _with_body(headers, replay_headers)
     result: dict[str, Any] = {
         "v": _FORMAT,
         "status": status,
-        "headers": [[name, value] for name, value in headers if name in kept],
+        "headers": [[name, value] for name, value in headers],
         "body_b64": base64.b64encode(body).decode("ascii"),
     }
     if redacted:
