@@ -25,7 +25,7 @@ from jmespath.exceptions import JMESPathError
 
 from idempotency_async.errors import ConfigError
 
-__all__ = ["FieldPath", "Redaction", "Step", "remove"]
+__all__ = ["Each", "FieldPath", "Redaction", "Step", "compile_path", "remove"]
 
 
 class Each(enum.Enum):
@@ -57,6 +57,8 @@ class Redaction:
     (:class:`~idempotency_async.errors.ResponseNotStoredError`, HTTP: the original status
     with ``Idempotency-Response-Stored: false``).  A path that is not a field path is a
     :class:`~idempotency_async.errors.ConfigError` here.
+
+    .. versionadded:: 0.1.0
     """
 
     fields: Iterable[str] = ()
