@@ -24,9 +24,11 @@ HTTP_OWNED = (
     "serialize_key",
     "response_codec",
     "response_hook",
+    "redaction",
 )
 """What the HTTP middleware owns: the key is the request's scope, the validation its
-fingerprint, and the stored value is the response as the middleware encodes it."""
+fingerprint, and the stored value is the response as the middleware encodes it (and
+redacts it: the middleware's own ``redaction`` names header and body fields)."""
 
 
 def derive(

@@ -470,7 +470,7 @@ class Lifecycle:
     def completion_for(self, lease: Lease, result: Any) -> Completion:
         """The completion recording ``result`` (encoded once; a failure becomes a reason)."""
         claim = lease.claim
-        encoded = self.replays.responses.encode(result, self.store.max_response_bytes)
+        encoded = self.replays.responses.encode(result, self.store.max_response_bytes, claim.key)
         reason = None
         if encoded.reason is not None:
             reason = not_stored_reason(encoded.reason)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from idempotency_async._cache import CachedResponse, ResponseCache
 from idempotency_async._emission import Emitter
@@ -17,6 +17,7 @@ from idempotency_async.record import JSONValue, Record
 from idempotency_async.stores.base import Verdict
 
 __all__ = [
+    "NEVER_STORED",
     "Encoded",
     "Replays",
     "Responses",
@@ -26,6 +27,9 @@ __all__ = [
 ]
 
 _log = logging.getLogger("idempotency_async")
+
+NEVER_STORED: Final = "never stored: the call is declared Redaction(never_store=True)"
+"""The reason a record keeps when its call is declared never-stored."""
 
 
 class Encoded(NamedTuple):
@@ -37,17 +41,28 @@ class Encoded(NamedTuple):
 
 
 class Responses:
-    """Applies a manager's response codec and hook, and the store's size limit."""
+    """Applies a manager's response codec, redaction and hook, and the store's size limit."""
 
     def __init__(self, options: Options) -> None:
         self._codec = options.response_codec
         self._hook = options.response_hook
+        self._redaction = options.redaction
 
-    def encode(self, result: Any, limit: int) -> Encoded:
-        """Encode ``result`` once; a failure is a reason, never an exception, because the
-        side effect has happened and the record must complete all the same."""
+    def encode(self, result: Any, limit: int, key: str) -> Encoded:
+        """Encode ``result`` once for the store of ``key``; a failure is a reason, never an
+        exception, because the side effect has happened and the record must complete all
+        the same.  Declared fields are removed here, before the store write: the store, the
+        local cache and this process's waiting duplicates all get the redacted value, and
+        ``result`` itself is never changed (the caller whose call ran gets it whole)."""
+        redaction = self._redaction
+        if redaction is not None and redaction.never_store:
+            return Encoded(
+                None, None, ResponseNotStoredError(NEVER_STORED, key=key, reason=NEVER_STORED)
+            )
         try:
             value = result if self._codec is None else self._codec.encode(result)
+            if redaction is not None:
+                value = redaction.apply(value)[0]
             encoded = encode_json(value)
         except Exception as exc:  # a failing codec too
             return Encoded(None, None, exc)
@@ -150,6 +165,8 @@ def not_stored_reason(reason: Exception) -> str:
     """The short text a record keeps about why its response was not stored."""
     if isinstance(reason, ResponseTooLargeError):
         return f"too large ({reason.size} bytes of JSON, over the limit of {reason.limit})"
+    if isinstance(reason, ResponseNotStoredError) and reason.reason == NEVER_STORED:
+        return NEVER_STORED
     return f"not storable as JSON ({type(reason).__name__}: {reason})"[:300]
 
 
@@ -164,6 +181,8 @@ def not_stored_error(record: Record) -> ResponseNotStoredError:
 
 
 def log_not_stored(key: str, reason: Exception) -> None:
+    if isinstance(reason, ResponseNotStoredError) and reason.reason == NEVER_STORED:
+        return  # declared: nothing to warn about (the response_not_stored event says it)
     # The reason may quote the result, lone surrogates included: a handler writing UTF-8
     # would drop the whole line ("--- Logging error ---"), so they are escaped here.
     text = str(reason).encode("utf-8", "backslashreplace").decode("utf-8")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from idempotency_async._disabled import DISABLED_ENV
 from idempotency_async._key_formats import KEY_FORMATS, POWERTOOLS_PYTHON
 from idempotency_async._prefixes import has_explicit_prefix, js_trim
+from idempotency_async._stored_redaction import Redaction
 from idempotency_async.canonical import HASH_ALGORITHMS, Serializer
 from idempotency_async.errors import ConfigError
 from idempotency_async.events import EventHook
@@ -204,6 +205,11 @@ class Options:
     are stored as JSON as they are), e.g. :mod:`idempotency_async.codecs`."""
     response_hook: ResponseHook | None = None
     """Called as ``hook(response, record)`` on every replay; its return value is replayed."""
+    redaction: Redaction | None = None
+    """What of a result is kept out of the store: ``Redaction(fields=("credentials.secret",))``
+    removes those members (from the ``response_codec``'s JSON value) before the store write,
+    ``Redaction(never_store=True)`` stores no response at all.  The caller whose call ran
+    gets its whole result; duplicates the redacted one (see ``docs/manager.md``)."""
     on_event: EventHook | None = None
     """Called with a typed :class:`~idempotency_async.Event` at every step of a call
     (claimed, completed, replayed, ...); ``None``: events are only logged."""
@@ -238,6 +244,11 @@ class Options:
                 "telemetry must be an instrumentation such as "
                 "idempotency_async.otel.Telemetry(), got "
                 f"{type(self.telemetry).__name__}"
+            )
+        if self.redaction is not None and not isinstance(self.redaction, Redaction):
+            raise ConfigError(
+                "redaction must be an idempotency_async.Redaction, got "
+                f"{type(self.redaction).__name__}"
             )
         if self.key_prefix is not None and not isinstance(self.key_prefix, str):
             raise ConfigError(f"key_prefix must be a string, got {type(self.key_prefix).__name__}")

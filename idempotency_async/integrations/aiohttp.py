@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Literal, TypeVar, cast
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from idempotency_async._stored_redaction import Redaction
 from idempotency_async.errors import ConfigError
 from idempotency_async.integrations._aiohttp_adapter import STATE_KEY, AiohttpAdapter
 from idempotency_async.integrations._aiohttp_routing import DomainRouting
@@ -164,6 +165,7 @@ def idempotency_middleware(
     replay_headers: Iterable[str] = (),
     wait: Wait | Literal[False] | None = None,
     replayed_header: str = DEFAULT_REPLAYED_HEADER,
+    redaction: Redaction | Mapping[str, Redaction] | None = None,
 ) -> Middleware:
     """A middleware running each idempotent request once per ``Idempotency-Key``.
 
@@ -189,6 +191,7 @@ def idempotency_middleware(
             replay_headers=replay_headers,
             wait=wait,
             replayed_header=replayed_header,
+            redaction=redaction,
         ),
     )
 

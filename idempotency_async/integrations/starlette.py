@@ -12,7 +12,7 @@ The behaviour is described in ``docs/http.md``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 from starlette.requests import Request
@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Host, Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from idempotency_async._stored_redaction import Redaction
 from idempotency_async.errors import ConfigError
 from idempotency_async.integrations._http import (
     DEFAULT_MAX_BODY_BYTES,
@@ -87,6 +88,11 @@ class IdempotencyMiddleware:
         its response; ``False``: answer 409 at once; None: as the manager's ``Options.wait``.
     :param replayed_header: the header (value ``true``) that marks a replayed response,
         and a duplicate's "not stored" answer (default ``Idempotent-Replayed``).
+    :param redaction: response fields kept out of the store, e.g.
+        ``Redaction(fields=("body.credentials.secret", 'headers."x-token"'))`` (replays
+        carry ``Idempotency-Response-Redacted: true``), or ``Redaction(never_store=True)``
+        (no response is stored; duplicates get the not-stored answer); or a mapping of
+        route templates (as ``key_for`` takes them) to one.  See ``docs/http.md``.
     """
 
     def __init__(
@@ -106,6 +112,7 @@ class IdempotencyMiddleware:
         replay_headers: Iterable[str] = (),
         wait: Wait | Literal[False] | None = None,
         replayed_header: str = DEFAULT_REPLAYED_HEADER,
+        redaction: Redaction | Mapping[str, Redaction] | None = None,
     ) -> None:
         self.app = app
         self.rules = HttpIdempotency(
@@ -123,6 +130,7 @@ class IdempotencyMiddleware:
                 replay_headers=replay_headers,
                 wait=wait,
                 replayed_header=replayed_header,
+                redaction=redaction,
             ),
         )
         self._marked: dict[int, tuple[BaseRoute, Marks]] = {}

@@ -75,6 +75,8 @@ AXES: dict[str, tuple[str, ...]] = {
         "server_error",
     ),
     "deadline": ("none", "timeout", "deadline", "ambient", "lambda", "several"),
+    # The manager's Redaction: off, a declared field removed, or no response stored.
+    "redaction": ("off", "fields", "never_store"),
 }
 """Every axis and its values, in a fixed order (the covering array depends on it)."""
 
@@ -165,6 +167,8 @@ VALUE_FEATURES: dict[tuple[str, str], str] = {
     ("outcome", "server_error"): "http",
     ("deadline", "lambda"): "lambda_context",
     ("deadline", "several"): "deadline_sources",
+    ("redaction", "fields"): "redaction",
+    ("redaction", "never_store"): "redaction",
 }
 """The generator feature a value needs: with the feature left out, no pair of it is due."""
 
@@ -223,6 +227,8 @@ def conflict(values: Mapping[str, str]) -> str | None:
         return "an HTTP request always has its request_timeout (with an ambient: several)"
     if door == "decorated" and deadline in ("deadline", "lambda"):
         return "a decorated function takes a timeout"
+    if door == "http" and get("redaction") not in (None, "off"):
+        return "the HTTP middleware redacts its own envelope (a manager that redacts is refused)"
     return None
 
 
@@ -279,7 +285,7 @@ def feasible_pairs(excluded: frozenset[str] = frozenset()) -> frozenset[Pair]:
 
 
 # The axes the rules constrain; the others (cache, clock, skew) take any value.
-_RULED = ("door", "place", "fault", "outcome", "shape", "deadline", "renewal")
+_RULED = ("door", "place", "fault", "outcome", "shape", "deadline", "renewal", "redaction")
 
 
 @functools.lru_cache(maxsize=1)

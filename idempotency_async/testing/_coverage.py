@@ -62,6 +62,8 @@ def call_values(scenario: Scenario, index: int, refused: Collection[int] = ()) -
         "cache": "on" if manager.use_local_cache else "off",
         "clock": "server" if scenario.server_clock else "client",
         "skew": "skewed" if manager.skew or manager.jump else "none",
+        # The HTTP door redacts nothing of the manager's (the middleware owns redaction).
+        "redaction": "off" if plan.door == "http" else manager.redaction,
     }
     if plan.door == "operator":
         return values

@@ -69,6 +69,7 @@ def cross(
     else:
         plan = replace(plan, renew_lease=None, renew_every=None)
     plan = replace(plan, use_local_cache=row.get("cache") == "on")
+    plan = replace(plan, redaction=row.get("redaction", "off"))
     if row.get("skew") == "skewed":
         if rng.random() < 0.7 or live:
             skew = _ms(rng, 0.1, 2.0, scale) * rng.choice([-1, 1])

@@ -8,11 +8,12 @@ import asyncio
 import time
 from typing import Any
 
+from idempotency_async._stored_redaction import Redaction
 from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
 from idempotency_async.options import LocalCache, Options, Renewal, Wait
 from idempotency_async.stores.base import Store
-from idempotency_async.testing._plans import ManagerPlan, Scenario
+from idempotency_async.testing._plans import REDACTED_FIELD, ManagerPlan, Scenario
 
 __all__ = ["clock_offset", "managers_of", "plain_keys"]
 
@@ -72,8 +73,17 @@ def _options(
         renewal=renewal,
         wait=Wait(timeout=plan.wait_timeout) if plan.wait else None,
         local_cache=LocalCache() if plan.use_local_cache else None,
+        redaction=_redaction(plan),
         clock=clock,
     )
+
+
+def _redaction(plan: ManagerPlan) -> Redaction | None:
+    if plan.redaction == "fields":
+        return Redaction(fields=(REDACTED_FIELD,))
+    if plan.redaction == "never_store":
+        return Redaction(never_store=True)
+    return None
 
 
 def _manager(

@@ -28,7 +28,12 @@ from idempotency_async.record import Claim, Record, Status
 from idempotency_async.stores.base import Found, Verdict
 from idempotency_async.testing._faults import Application, Op
 from idempotency_async.testing._managers import clock_offset
-from idempotency_async.testing._plans import ManagerPlan, can_renew, renewal_reserve
+from idempotency_async.testing._plans import (
+    REDACTED_FIELD,
+    ManagerPlan,
+    can_renew,
+    renewal_reserve,
+)
 from idempotency_async.testing._store_checks import BOUNDARY, StoreChecks, renewed, same, shape
 from idempotency_async.testing._trace import (
     CallbackExit,
@@ -1491,6 +1496,82 @@ class _Checker:
                     "operator's: only an operator's release is exempt from the guarantee"
                 )
 
+    # ------------------------------------------------------------------ redaction
+
+    def redaction_of(self, call: int) -> str:
+        """The ``redaction`` of the call's manager as the call used it (the HTTP door's
+        middleware redacts nothing of the manager's)."""
+        if self.http(call):
+            return "off"
+        return str(self.scenario.managers[self.plan_of(call).manager].redaction)
+
+    def check_redaction(self) -> None:
+        """What reached the store holds no declared field (``never_store``: no response),
+        no duplicate sees one, and the caller whose callback ran gets its result whole.
+
+        Every object a simulated callback returns names its call in ``REDACTED_FIELD``: a
+        call that gets an object naming a call whose manager redacts it got that call's
+        result unredacted, through the store, the cache or an in-process wait."""
+        for op in self.trace.store.ops:
+            if op.name != "complete" or op.call is None or self.batch(op.call):
+                continue
+            redaction, completion = self.redaction_of(op.call), op.arg
+            if redaction == "never_store" and completion.encoded is not None:
+                self.fail(
+                    f"redaction: call {op.call}'s manager stores no response, but its "
+                    f"completion of {op.key} carries {completion.response!r}"
+                )
+            elif redaction == "fields" and _holds_field(completion.response):
+                self.fail(
+                    f"redaction: call {op.call}'s completion of {op.key} stores the redacted "
+                    f"field {REDACTED_FIELD!r}: {completion.response!r}"
+                )
+        for outcome in self.outcomes:
+            if outcome.error is not None or self.http(outcome.call) or self.batch(outcome.call):
+                continue
+            if self.operator(outcome.call):
+                continue
+            value = outcome.value
+            own = [run for run in outcome.runs if run.returned]
+            for run in own:
+                if value is run.value and _lost_field(value):
+                    self.fail(
+                        f"redaction: call {outcome.call} got its own result with "
+                        f"{REDACTED_FIELD!r} removed ({value!r}): redacted in place"
+                    )
+            if any(value is run.value for run in own):
+                continue  # its own result, whole
+            for run in own:
+                if _holds_field(run.value) and value == _without_field(run.value):
+                    self.fail(
+                        f"redaction: call {outcome.call}'s callback returned {run.value!r}, "
+                        f"but the call got the redacted {value!r}"
+                    )
+            writer = value.get(REDACTED_FIELD) if isinstance(value, dict) else None
+            if (
+                isinstance(writer, int)
+                and 0 <= writer < len(self.scenario.calls)
+                and self.redaction_of(writer) != "off"
+            ):
+                self.fail(
+                    f"redaction: call {outcome.call} got {value!r}, the unredacted result of "
+                    f"call {writer}, whose manager keeps {REDACTED_FIELD!r} out of the store"
+                )
+
+
+def _holds_field(value: Any) -> bool:
+    return isinstance(value, dict) and REDACTED_FIELD in value
+
+
+def _lost_field(value: Any) -> bool:
+    """Every object a simulated callback returns names its call (the odd ``{"wide": n}``
+    aside): one without it lost the field after the callback returned it."""
+    return isinstance(value, dict) and not {REDACTED_FIELD, "wide"} & value.keys()
+
+
+def _without_field(value: dict[str, Any]) -> dict[str, Any]:
+    return {name: item for name, item in value.items() if name != REDACTED_FIELD}
+
 
 def _store_failure(error: BaseException | None) -> bool:
     """An error a store may raise for a request it could not carry out.  Anything else
@@ -1549,4 +1630,5 @@ def check(trace: Trace, *, tolerance: float = 1e-6) -> list[str]:
     checker.check_operators()
     checker.check_one_answer()
     checker.check_cache_life()
+    checker.check_redaction()
     return checker.violations

@@ -25,6 +25,7 @@ __all__ = [
     "Fault",
     "FaultKind",
     "ManagerPlan",
+    "REDACTED_FIELD",
     "Scenario",
     "Shape",
     "RENEWAL_ROOM",
@@ -120,6 +121,15 @@ class ManagerPlan:
     renew_lease: float | None = None
     """``Renewal(lease=...)``: a short lease renewed while the callback runs."""
     renew_every: float | None = None
+    redaction: str = "off"
+    """``Options(redaction=...)``: ``"fields"`` removes :data:`REDACTED_FIELD` from stored
+    results, ``"never_store"`` stores none (HTTP calls: the middleware's own, not this)."""
+
+
+REDACTED_FIELD = "call"
+"""The member a ``redaction="fields"`` manager keeps out of the store: every simulated
+result that is an object names the call that produced it there, so a duplicate that sees
+it saw another call's unredacted result."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,6 +67,7 @@ FEATURES = frozenset(
         "renewal",  # managers renewing a short lease, with faults on extend
         # Issue "Where features meet": features crossed, not tried one at a time.
         "cross",  # each seed's focus call realizes a row of a covering array of the axes
+        "redaction",  # managers declaring Options(redaction=...): a field kept out, or all
         "http",  # the HTTP gate (an Idempotency-Key request through the ASGI adapter)
         "http_middleware",  # ... with a compressing middleware between the gate and the app
         "lambda_context",  # a batch with a Lambda context (remaining time in milliseconds)

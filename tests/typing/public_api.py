@@ -126,3 +126,12 @@ async def transactional_calls(pool: Any, engine: AsyncEngine, session: AsyncSess
 
     assert_type(await retry_transaction(session, work, isolation="serializable"), str)
     await retry_transaction(session, work, isolation="snapshot")  # type: ignore[arg-type]
+
+
+def redaction() -> None:
+    from idempotency_async import Redaction
+
+    declared = Redaction(fields=("credentials.secret", "items[*].token"))
+    assert_type(declared.apply({"a": 1}), tuple[Any, tuple[str, ...]])
+    Options(redaction=Redaction(never_store=True))
+    Options(redaction=("a.b",))  # type: ignore[arg-type]

@@ -137,7 +137,7 @@ async def exchange(rules: HttpIdempotency, adapter: Adapter[R]) -> R:
                 state.transaction = transaction
                 return await _in_transaction(rules, adapter, state, transaction, body)
         else:
-            gate = ResponseGate(rules, state, adapter.marked)
+            gate = ResponseGate(rules, state, adapter.marked, adapter.template)
             answer = await run(
                 rules, payload, lambda: adapter.run_endpoint(body, gate), gate, deadline
             )

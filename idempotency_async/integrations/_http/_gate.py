@@ -75,10 +75,14 @@ _OWING: Final = frozenset({Phase.RECORDING_HEAD, Phase.STREAMING, Phase.OVERFLOW
 class ResponseGate:
     """The point of no return of one response (see the module's phases)."""
 
-    def __init__(self, rules: HttpIdempotency, state: RequestState, marked: bool) -> None:
+    def __init__(
+        self, rules: HttpIdempotency, state: RequestState, marked: bool, route: str = ""
+    ) -> None:
         self.rules = rules
         self.state = state
         self.marked = marked
+        self.redaction = rules.settings.redaction_for(route)
+        """What of the response is kept out of the record (the route's redaction)."""
         self.call: Call | None = None
         """The manager's handle once the endpoint runs (None: it did not run here)."""
         self.phase = Phase.AWAITING_HEAD
@@ -196,6 +200,7 @@ class ResponseGate:
             replay_headers=self.rules.settings.replay_headers,
             max_body_bytes=self.rules.max_response_bytes,
             max_stored_bytes=self.rules.manager.store.max_response_bytes,
+            redaction=self.redaction,
         )
 
     async def _complete(self, result: dict[str, object]) -> None:

@@ -1,6 +1,7 @@
 """The middleware's own answers, and the stored form of a response (written and read here).
 
-A stored response is the JSON value ``{"v": 1, "status", "headers", "body_b64"}`` (or,
+A stored response is the JSON value ``{"v": 1, "status", "headers", "body_b64"}`` (with
+``"redacted": true`` when declared fields were removed from it: :mod:`._redacting`) (or,
 when its body could not be stored, ``{"v": 1, "status", "stored": false, "reason"}``); its
 writers (:func:`stored_response`, :func:`not_stored_response`) and its reader
 (:func:`replay`) sit side by side so the format has one definition.  Every other answer
@@ -18,8 +19,11 @@ from typing import Any, Final
 
 import orjson
 
+from idempotency_async._stored_redaction import Redaction
+from idempotency_async.integrations._http._redacting import NEVER_STORED, redact_response
 from idempotency_async.integrations._http._settings import (
     NEVER_REPLAYED,
+    REDACTED_HEADER,
     REPLAYED_HEADER,
     STORED_HEADER,
 )
@@ -113,12 +117,16 @@ def stored_response(
     replay_headers: Iterable[str],
     max_body_bytes: int,
     max_stored_bytes: int,
+    redaction: Redaction | None = None,
 ) -> tuple[dict[str, Any] | None, str]:
     """The JSON value to store for a whole response, or why it cannot be stored.
 
     ``max_body_bytes`` bounds the body, ``max_stored_bytes`` (the store's limit) the
-    encoded value; only the ``replay_headers`` are kept.
+    encoded value; only the ``replay_headers`` are kept, without the fields ``redaction``
+    declares (or nothing, when it declares the route never-stored).
     """
+    if redaction is not None and redaction.never_store:
+        return None, NEVER_STORED
     declared = content_length(headers)
     if declared is not None and declared != len(body):
         return None, f"the body ({len(body)} bytes) did not match its Content-Length"
@@ -127,12 +135,23 @@ def stored_response(
             f"too large: the body ({len(body)} bytes) is over the limit of {max_body_bytes}"
         )
     kept = _with_body(headers, replay_headers)
-    result = {
+    headers = [(name, value) for name, value in headers if name in kept]
+    redacted = False
+    if redaction is not None and redaction.paths:
+        # After the allow-list: a declared header that is never stored anyway (Set-Cookie,
+        # one not replayed) does not mark the response redacted.
+        outcome = redact_response(redaction, headers, body)
+        if isinstance(outcome, str):
+            return None, outcome
+        headers, body, redacted = outcome
+    result: dict[str, Any] = {
         "v": _FORMAT,
         "status": status,
-        "headers": [[name, value] for name, value in headers if name in kept],
+        "headers": [[name, value] for name, value in headers],
         "body_b64": base64.b64encode(body).decode("ascii"),
     }
+    if redacted:
+        result["redacted"] = True
     size = len(orjson.dumps(result))
     if size > max_stored_bytes:
         return (
@@ -205,6 +224,8 @@ def _replay(stored: Any, replay_headers: Iterable[str]) -> HttpResponse:
         return not_available(f"HTTP {status}: the stored response has no valid body")
     if body and status in NO_BODY:
         return not_available(f"HTTP {status}: the stored response has a body it cannot carry")
+    if stored.get("redacted") is True:
+        headers = (*headers, (REDACTED_HEADER, "true"))
     return HttpResponse(status, (*headers, (REPLAYED_HEADER, "true")), body)
 
 

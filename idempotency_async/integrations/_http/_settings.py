@@ -13,8 +13,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from idempotency_async._stored_redaction import Redaction
 from idempotency_async.canonical import MAX_DEPTH
 from idempotency_async.errors import ConfigError
+from idempotency_async.integrations._http._redacting import RouteRedaction, check_redaction
 from idempotency_async.options import Wait
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "DEFAULT_REQUEST_TIMEOUT",
     "NEVER_REPLAYED",
     "REPLAYED_ATTRIBUTE",
+    "REDACTED_HEADER",
     "REPLAYED_HEADER",
     "STORED_HEADER",
     "CallerScope",
@@ -40,6 +43,9 @@ REPLAYED_ATTRIBUTE: Final = "idempotency.http.replayed"
 """Set on the current (server) span when a stored response is replayed."""
 STORED_HEADER: Final = "idempotency-response-stored"
 """``Idempotency-Response-Stored: false`` marks a response that will not be replayed."""
+REDACTED_HEADER: Final = "idempotency-response-redacted"
+"""``Idempotency-Response-Redacted: true`` marks a replay whose declared fields were
+removed before it was stored."""
 DEFAULT_METHODS: Final = ("POST", "PATCH")
 DEFAULT_REPLAY_HEADERS: Final = ("cache-control", "content-type", "etag", "link", "location")
 DEFAULT_MAX_BODY_BYTES: Final = 1024 * 1024
@@ -61,6 +67,7 @@ NEVER_REPLAYED: Final = frozenset(
         "server",
         REPLAYED_HEADER,
         STORED_HEADER,
+        REDACTED_HEADER,
     }
 )
 
@@ -92,6 +99,10 @@ class HttpSettings:
     ``None``: as the manager's ``Options.wait``."""
     replayed_header: str = DEFAULT_REPLAYED_HEADER
     """The header (value ``true``) that marks a replayed response; lower-cased here."""
+    redaction: RouteRedaction | None = None
+    """Header and body fields kept out of the store (``body.credentials.secret``,
+    ``headers."x-token"``), or ``Redaction(never_store=True)``; for every route, or per
+    route template (``{"/credentials": Redaction(...)}``): see ``docs/http.md``."""
 
     def __post_init__(self) -> None:
         if not _positive(self.request_timeout):
@@ -116,6 +127,7 @@ class HttpSettings:
                 f"Options.wait), got {self.wait!r}: e.g. wait=Wait(timeout=10.0)"
             )
         replayed = _replayed_header(self.replayed_header, self.replay_headers)
+        redaction = check_redaction(self.redaction)
         # Normalized in place: the dataclass is frozen for its users, not for itself.
         normalized = {
             "replayed_header": replayed,
@@ -124,9 +136,17 @@ class HttpSettings:
             "request_timeout": float(self.request_timeout),
             "replay_headers": frozenset(DEFAULT_REPLAY_HEADERS)
             | {name.lower() for name in self.replay_headers} - NEVER_REPLAYED,
+            "redaction": redaction,
         }
         for name, value in normalized.items():
             object.__setattr__(self, name, value)
+
+    def redaction_for(self, route: str) -> Redaction | None:
+        """The redaction of responses of ``route`` (a route template, as keys use it)."""
+        redaction = self.redaction
+        if redaction is None or isinstance(redaction, Redaction):
+            return redaction
+        return redaction.get(route)
 
     def applies(self, method: str, path: str, *, marked: bool) -> bool:
         """Whether a request is handled: opt-in routes always, others by method and path."""

@@ -148,6 +148,7 @@ class HttpTransaction(Generic[Resp]):
                 replay_headers=settings.replay_headers,
                 max_body_bytes=rules.max_response_bytes,
                 max_stored_bytes=rules.manager.store.max_response_bytes,
+                redaction=settings.redaction_for(str(self.scope.get("route", ""))),
             )
             if stored is None:
                 not_stored.append(True)
