@@ -2,6 +2,7 @@
 
 from idempotency_async import errors
 from idempotency_async._call import Call
+from idempotency_async._replayed import ReplayErrors
 from idempotency_async.deadlines import current_deadline, deadline
 from idempotency_async.decorators import idempotent_function
 from idempotency_async.downstream import downstream_key
@@ -20,6 +21,7 @@ __all__ = [
     "MemoryStore",
     "Options",
     "Record",
+    "ReplayErrors",
     "ResponseCodec",
     "Status",
     "Store",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from idempotency_async._key_formats import KEY_FORMATS, POWERTOOLS_PYTHON
 from idempotency_async._prefixes import has_explicit_prefix, js_trim
+from idempotency_async._replayed import ReplayErrorsSetting, declared_errors
 from idempotency_async.canonical import HASH_ALGORITHMS, Serializer
 from idempotency_async.errors import ConfigError
 from idempotency_async.events import EventHook
@@ -109,6 +110,12 @@ class Options:
     response_codec: ResponseCodec | None = None
     response_hook: ResponseHook | None = None
     """Called as ``hook(response, record)`` on every replay; its return value is replayed."""
+    replay_errors: ReplayErrorsSetting | None = None
+    """Errors the callback may raise that are its result (a declined card): a
+    :class:`~idempotency_async.ReplayErrors`, or just a tuple of exception classes (a base
+    class covers its subclasses).  Such an error completes the record instead of releasing
+    it, and every duplicate gets it raised again.  Held as ``ReplayErrors`` once built.
+    Refused with ``key_format="powertools-python"`` (see ``docs/manager.md``)."""
     on_event: EventHook | None = None
     telemetry: Instrumentation | None = None
     """Traces and metrics for every call, e.g. :class:`idempotency_async.otel.Telemetry`
@@ -122,6 +129,7 @@ class Options:
                 f"expires_after must be a positive number of seconds, got {self.expires_after!r}"
             )
         self._check_key_format()
+        self._check_replay_errors()
         if (
             isinstance(self.local_cache_max_items, bool)
             or not isinstance(self.local_cache_max_items, int)
@@ -155,6 +163,16 @@ class Options:
             )
         if self.key_prefix is not None and not isinstance(self.key_prefix, str):
             raise ConfigError(f"key_prefix must be a string, got {type(self.key_prefix).__name__}")
+
+    def _check_replay_errors(self) -> None:
+        settings = declared_errors(self.replay_errors)
+        object.__setattr__(self, "replay_errors", settings)  # held as ReplayErrors
+        if settings is not None and self.key_format == POWERTOOLS_PYTHON:
+            raise ConfigError(
+                "replay_errors cannot be used with key_format='powertools-python': its "
+                "records are read by Powertools, which would replay a stored error as the "
+                "function's successful return value"
+            )
 
     def _check_renewal(self) -> None:
         if self.renew_lease is None:
