@@ -8,11 +8,13 @@ import asyncio
 import time
 from typing import Any
 
+from idempotency_async._replayed import ReplayErrors
 from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
 from idempotency_async.options import Options
 from idempotency_async.stores.base import Store
 from idempotency_async.testing._plans import ManagerPlan, Scenario
+from idempotency_async.testing._trace import CallbackDeclined
 
 __all__ = ["clock_offset", "managers_of", "plain_keys"]
 
@@ -73,8 +75,14 @@ def _options(
         wait=plan.wait,
         wait_timeout=plan.wait_timeout,
         use_local_cache=plan.use_local_cache,
+        # Every process declares the same deterministic failure (only callbacks planned
+        # "declared" raise it); the records are read by this library only.
+        replay_errors=_DECLARED,
         clock=clock,
     )
+
+
+_DECLARED = ReplayErrors((CallbackDeclined,), private_records=True)
 
 
 def _manager(
