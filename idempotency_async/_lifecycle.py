@@ -271,7 +271,7 @@ class Lifecycle:
             except BaseException as exc:
                 # 5. Decide (the ending was not a plain return), 6. settle: raises.
                 ending = decide(
-                    _ended(exc, self._declared),
+                    _ended(exc, self._declared, cutoff),
                     cutoff.cut_off,
                     cutoff.cancelled_elsewhere(),
                     _said(call),
@@ -736,15 +736,18 @@ def _awaitable(pending: Awaitable[T]) -> Awaitable[T]:
     return pending if hasattr(pending, "__await__") else awaitable(pending)
 
 
-def _ended(exc: BaseException, declared: tuple[type[Exception], ...]) -> Ended:
+def _ended(exc: BaseException, declared: tuple[type[Exception], ...], cutoff: Cutoff) -> Ended:
     """How a callback that raised ``exc`` ended (for the decision table); ``declared``:
-    the classes of errors that are results (``replay_errors``)."""
+    the classes of errors that are results (``replay_errors``) — unless its cutoff fired:
+    raised after that, the error may be how it took the cutoff, not a deterministic one."""
     if isinstance(exc, ReturnedNotAwaitable):
         return Ended.NOT_AWAITABLE
     if isinstance(exc, asyncio.CancelledError):
         return Ended.CANCELLED
     if isinstance(exc, Exception):
-        return Ended.DECLARED if isinstance(exc, declared) else Ended.RAISED
+        if isinstance(exc, declared) and not cutoff.expired:
+            return Ended.DECLARED
+        return Ended.RAISED
     return Ended.CRASHED
 
 

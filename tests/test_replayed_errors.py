@@ -238,3 +238,54 @@ async def test_ts_layout_stores_refuse_declared_errors_unless_private(store: Sto
     with pytest.raises(ConfigError, match="private_records=True"):
         Manager(store, Options(replay_errors=(CardDeclined,)))
     Manager(store, Options(replay_errors=ReplayErrors((CardDeclined,), private_records=True)))
+
+
+async def test_manager_replay_raises_the_stored_error(store: Store) -> None:
+    manager = _manager(store)
+    payload = _payload()
+    assert await manager.replay(payload, default="none") == "none"
+    with pytest.raises(Invalid):
+        await manager.execute(payload, Effect(Invalid("bad amount")))
+    with pytest.raises(Invalid, match="bad amount"):
+        await manager.replay(payload, default="none")
+
+
+async def test_a_cut_off_declared_error_releases_the_key() -> None:
+    # A declared error raised because the cutoff cancelled the work is not deterministic.
+    manager = _manager(MemoryStore())
+    payload, runs = _payload(), 0
+
+    async def converts_its_cutoff() -> None:
+        nonlocal runs
+        runs += 1
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise Invalid("gave up") from None
+
+    for _ in range(2):
+        # Its own exception, as any callback that raised after its cutoff; released.
+        with pytest.raises(Invalid, match="gave up"):
+            await manager.execute(payload, converts_its_cutoff, timeout=0.2)
+    assert runs == 2
+
+
+@pytest.mark.postgres
+async def test_in_a_transaction_a_declared_error_rolls_back(postgres_server: Any) -> None:
+    from _postgres import fresh_postgres_store
+
+    async with fresh_postgres_store(postgres_server) as store:
+        manager = _manager(store)
+        payload, effect = _payload(), Effect(CardDeclined("declined"))
+        pool = await postgres_server.pool()
+        try:
+            for _ in range(2):
+                async with pool.acquire() as conn:
+                    with pytest.raises(CardDeclined):
+                        async with conn.transaction():
+                            await manager.execute_in_transaction(conn, payload, effect)
+        finally:
+            await pool.close()
+        # Rolled back like any other exception: the retry ran it again.
+        assert effect.runs == 2
+        assert (await store.get(manager.key_for(payload) or "", now=0)).record is None

@@ -6,11 +6,20 @@ breaks this file under mypy, not at a user's call site.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any, assert_type
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from idempotency_async import Call, Manager, MemoryStore, Options, idempotent_function
+from idempotency_async import (
+    Call,
+    Manager,
+    MemoryStore,
+    Options,
+    ReplayErrors,
+    errors,
+    idempotent_function,
+)
 
 manager = Manager(MemoryStore(), Options(key_prefix="typing"))
 
@@ -109,3 +118,22 @@ async def transactional_calls(pool: Any, engine: AsyncEngine, session: AsyncSess
 
     assert_type(await retry_transaction(session, work, isolation="serializable"), str)
     await retry_transaction(session, work, isolation="snapshot")  # type: ignore[arg-type]
+
+
+class Declined(Exception):
+    pass
+
+
+@idempotent_function(manager, payload="order", replay_errors=(Declined,))
+async def decline(order: str) -> int:
+    raise Declined(order)
+
+
+def declared_errors() -> None:
+    Options(replay_errors=(Declined, ValueError))
+    Options(replay_errors=ReplayErrors((Declined,), data=lambda exc: str(exc), max_bytes=512))
+    Options(replay_errors=Declined)
+    Options(replay_errors=(int,))  # type: ignore[arg-type]
+    assert_type(decline("o-1"), Awaitable[int])
+    error = errors.ReplayedError("x", key="k", error_type="m:C", error_message="x", data=None)
+    assert_type(error.error_type, str)
