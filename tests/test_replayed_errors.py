@@ -289,3 +289,13 @@ async def test_in_a_transaction_a_declared_error_rolls_back(postgres_server: Any
         # Rolled back like any other exception: the retry ran it again.
         assert effect.runs == 2
         assert (await store.get(manager.key_for(payload) or "", now=0)).record is None
+
+
+def test_the_http_middleware_refuses_declared_errors() -> None:
+    from starlette.applications import Starlette
+
+    from idempotency_async.integrations.starlette import IdempotencyMiddleware
+
+    manager = _manager(MemoryStore())
+    with pytest.raises(ConfigError, match="return the 4xx response"):
+        IdempotencyMiddleware(Starlette(), manager=manager)
