@@ -53,7 +53,7 @@ from _stats import interleaved, paired, parse_args
 from idempotency_async import Manager, Options
 from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion
-from idempotency_async.stores.base import State, Written
+from idempotency_async.stores.base import Found, Written
 from idempotency_async.stores.dynamodb import DynamoDBStore, create_table
 
 BUDGET = 1.10
@@ -162,7 +162,7 @@ def raw_boto3_replay(client: Any, table: str, key: str) -> None:
 async def store_first_call(store: DynamoDBStore, key: str, now: float) -> None:
     owner = uuid.uuid4().hex
     claim = Claim(key, owner, now, 30.0, 3600.0)
-    assert (await store.claim(claim)).state is State.CLAIMED
+    assert (await store.claim(claim)).found is Found.CLAIMED
     done = Completion(key, owner, now, 3600.0, None, encode_json(RESPONSE), RESPONSE)
     assert await store.complete(done) is Written.RESPONSE
 

@@ -7,10 +7,10 @@ A route on ``IdempotentTransaction`` uses two pools: the **application's** (the 
 opens its transaction on it; the claim, the work and the completion run there) and the
 **store's** (the middleware reads the committed record there before the endpoint runs,
 one statement, no transaction).  Scenario, on a local PostgreSQL (fsync off), served by
-uvicorn, with ``wait=True``: one slow request (its work takes ``SLOW`` s) and ``DUPLICATES``
-concurrent duplicates of it, then ``OTHERS`` requests with keys of their own.  Printed:
-the peak connections checked out of each pool, and the latency of the other requests,
-for application pools of several sizes.
+uvicorn, with ``wait=Wait(timeout=30)``: one slow request (its work takes ``SLOW`` s) and
+``DUPLICATES`` concurrent duplicates of it, then ``OTHERS`` requests with keys of their
+own.  Printed: the peak connections checked out of each pool, and the latency of the other
+requests, for application pools of several sizes.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from _http_apps import serve_asgi
 from bench_postgres import start_postgres
 from fastapi import FastAPI, Response
 
-from idempotency_async import Manager
+from idempotency_async import Manager, Wait
 from idempotency_async.integrations.fastapi import IdempotentTransaction
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
 from idempotency_async.stores.postgres import PostgresStore, create_table
@@ -69,8 +69,7 @@ def app(app_pool: Counted, store_pool: Any, slow: float) -> FastAPI:
         IdempotencyMiddleware,
         manager=manager,
         paths=(),
-        wait=True,
-        wait_timeout=30,
+        wait=Wait(timeout=30),
         caller_scope=lambda request: "bench",
     )
 
@@ -157,7 +156,7 @@ async def main_async(dsn: str, smoke: bool) -> None:
     sizes = (6,) if smoke else (4, 8, 10, 20)
     print(
         f"one request whose work takes {slow} s, {duplicates} duplicates waiting on it, "
-        f"then {others} requests with keys of their own (wait=True)"
+        f"then {others} requests with keys of their own (wait=Wait(timeout=30))"
     )
     for size in sizes:
         print(await scenario(dsn, size, duplicates, others, slow))

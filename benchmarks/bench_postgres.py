@@ -77,7 +77,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _stats import paired, parse_args
 
-from idempotency_async import Manager, Options
+from idempotency_async import LocalCache, Manager, Options
 from idempotency_async.stores._postgres_sql import statements
 from idempotency_async.stores.postgres import PostgresStore, create_table
 
@@ -647,7 +647,7 @@ def round_trips(loop: asyncio.AbstractEventLoop, pool: Any) -> dict[str, int]:
     async def count() -> dict[str, int]:
         counting = CountingPool(pool)
         store = PostgresStore(counting, table=TABLE)
-        cached = Manager(store, Options(key_prefix="trips", use_local_cache=True))
+        cached = Manager(store, Options(key_prefix="trips", local_cache=LocalCache()))
         other = Manager(store, Options(key_prefix="trips"))
         payload = order(uuid.uuid4().hex)
         trips = {}

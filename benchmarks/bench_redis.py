@@ -52,7 +52,7 @@ import redis
 import redis.asyncio as redis_asyncio
 from _stats import interleaved, paired, parse_args
 
-from idempotency_async import Manager, MemoryStore, Options
+from idempotency_async import LocalCache, Manager, MemoryStore, Options
 from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion
 from idempotency_async.stores._redis_records import claim_tail, completion_tail
@@ -255,7 +255,7 @@ def round_trips(loop: asyncio.AbstractEventLoop, port: int) -> dict[str, int]:
         try:
             store = RedisStore(client)
             await store.load_scripts()
-            cached = Manager(store, Options(key_prefix="trips", use_local_cache=True))
+            cached = Manager(store, Options(key_prefix="trips", local_cache=LocalCache()))
             other = Manager(store, Options(key_prefix="trips"))
             payload = order(uuid.uuid4().hex)
             trips = {}

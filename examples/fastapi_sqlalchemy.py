@@ -14,8 +14,8 @@ after the COMMIT replays::
 
 The second answer carries ``Idempotent-Replayed: true`` and the first one's body, and
 ``GET /orders`` lists one order.  Duplicates sent while the first request's transaction is
-open wait for its COMMIT and replay it (``wait=True``).  The tables are created at start-up
-here for the demo; in production create them with a migration (``idempotency-async
+open wait for its COMMIT and replay it (``wait=Wait(timeout=10.0)``).  The tables are created
+at start-up here for the demo; in production create them with a migration (``idempotency-async
 create-table --print-sql``, docs/postgres.md).  Needs the ``postgres`` and ``fastapi``
 extras and the ``sqlalchemy`` extra (``pip install -e '.[postgres,sqlalchemy,fastapi]'``).
 """
@@ -36,7 +36,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from idempotency_async import Manager, Options
+from idempotency_async import Manager, Options, Wait
 from idempotency_async.integrations.fastapi import IdempotentTransaction
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
 from idempotency_async.stores.postgres import PostgresStore, create_table
@@ -89,8 +89,7 @@ app.add_middleware(
     manager=Manager(store, Options(key_prefix="orders-api")),
     paths=(),  # only routes that declare an idempotency dependency
     caller_scope=caller,
-    wait=True,  # a duplicate waits for the first request's COMMIT, then replays it
-    wait_timeout=10.0,
+    wait=Wait(timeout=10.0),  # a duplicate waits for the first request's COMMIT, then replays it
 )
 
 

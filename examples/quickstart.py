@@ -12,7 +12,7 @@ import itertools
 import logging
 from typing import Any
 
-from idempotency_async import Manager, MemoryStore, Options, errors
+from idempotency_async import Manager, MemoryStore, Options, Wait, errors
 
 _charge_ids = itertools.count(1)
 
@@ -51,7 +51,9 @@ async def main() -> None:
         print(f"    PayloadValidationError: {exc}")
 
     print("4. five concurrent duplicates, waiting for the first one: one charge")
-    waiting = Manager(store, Options(key_prefix="quickstart", event_key_jmespath="id", wait=True))
+    waiting = Manager(
+        store, Options(key_prefix="quickstart", event_key_jmespath="id", wait=Wait(timeout=10.0))
+    )
     second = {"id": "ord-2", "amount": 7}
     results = await asyncio.gather(
         *(waiting.execute(second, lambda: charge_card(second), timeout=5) for _ in range(5))

@@ -8,7 +8,7 @@ from idempotency_async.decorators import idempotent_function
 from idempotency_async.downstream import downstream_key
 from idempotency_async.events import Event, EventKind
 from idempotency_async.manager import Manager
-from idempotency_async.options import Options, ResponseCodec
+from idempotency_async.options import LocalCache, Options, Renewal, ResponseCodec, Wait
 from idempotency_async.record import Record, Status
 from idempotency_async.stores.base import Store
 from idempotency_async.stores.memory import MemoryStore
@@ -17,14 +17,17 @@ __all__ = [
     "Call",
     "Event",
     "EventKind",
+    "LocalCache",
     "Manager",
     "MemoryStore",
     "Options",
     "Record",
+    "Renewal",
     "ReplayErrors",
     "ResponseCodec",
     "Status",
     "Store",
+    "Wait",
     "current_deadline",
     "deadline",
     "downstream_key",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from idempotency_async.record import Record
 
-__all__ = ["CachedResponse", "LocalCache"]
+__all__ = ["CachedResponse", "ResponseCache"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +20,7 @@ class CachedResponse:
     store judged it, counted from when the request that brought it was sent."""
 
 
-class LocalCache:
+class ResponseCache:
     """A bounded LRU of COMPLETED records; in-progress records are never cached.
 
     Entries die at their ``expires_at`` on the event loop's monotonic clock — never by

@@ -41,6 +41,7 @@ class Cutoff:
     """
 
     __slots__ = (
+        "_at",
         "_cancelling",
         "_consumed",
         "_expired",
@@ -53,12 +54,14 @@ class Cutoff:
     )
 
     def __lt__(self, other: Cutoff) -> bool:
-        # Heap entries are (when, cutoff): cutoffs due at the same instant are equals.
-        return False
+        # The heap of a Cutoffs holds the cutoffs themselves, ordered by the time each was
+        # queued for (``_at``, fixed while it is queued; ``when`` may move later).
+        return self._at < other._at
 
     def __init__(self, owner: Cutoffs, task: asyncio.Task[object], when: float) -> None:
         self._owner = owner
         self.when = when
+        self._at = when
         self._task = task
         self._cancelling = task.cancelling()
         self._expired = False
@@ -77,7 +80,14 @@ class Cutoff:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if kind is not None and issubclass(kind, asyncio.CancelledError):
+        self.leave(error)
+
+    def leave(self, error: BaseException | None) -> None:
+        """Leave the scope (what ``__exit__`` does), ``error`` propagating out of it: judge
+        whether a CancelledError is ours (:attr:`cut_off`), then close.  For a scope written
+        as ``try``/``except``/``else`` where a ``with`` would hold a bound ``__exit__`` for
+        as long as the block awaits (64 bytes per call in flight)."""
+        if error is not None and isinstance(error, asyncio.CancelledError):
             self.cut_off = self.fired()
         self.close()
 
@@ -163,9 +173,10 @@ class Cutoffs:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        # (when, cutoff): no tie-breaking counter, whose int would be one more object per
-        # call in flight (``Cutoff.__lt__`` answers the rare tie).
-        self._heap: list[tuple[float, Cutoff]] = []
+        # The cutoffs themselves, by the time each is queued for: no (when, cutoff) tuple,
+        # which would be one more object per call in flight.  A postponed cutoff stays where
+        # it is and is queued again for its new time when it surfaces.
+        self._heap: list[Cutoff] = []
         self._timer: asyncio.TimerHandle | None = None
         self._armed_at = math.inf
         self._closed_in_heap = 0
@@ -177,7 +188,7 @@ class Cutoffs:
         if task is None:
             raise RuntimeError("a cutoff must be started inside a task")
         cutoff = Cutoff(self, task, when)
-        heapq.heappush(self._heap, (when, cutoff))
+        heapq.heappush(self._heap, cutoff)
         if when < self._armed_at:
             self._arm(when)
         return cutoff
@@ -189,27 +200,24 @@ class Cutoffs:
         if task is None:
             raise RuntimeError("a cutoff must be started inside a task")
         cutoff = InsistingCutoff(self, task, when)
-        heapq.heappush(self._heap, (when, cutoff))
+        heapq.heappush(self._heap, cutoff)
         if when < self._armed_at:
             self._arm(when)
         return cutoff
 
     def postpone(self, cutoff: Cutoff, when: float) -> None:
-        """Move an open cutoff later, to ``when`` (a renewed lease).  The earlier heap entry
-        stays and is skipped when it surfaces: only the entry at ``cutoff.when`` counts."""
+        """Move an open cutoff later, to ``when`` (a renewed lease).  It stays queued for
+        its earlier time; when that comes, it is queued again for ``when``."""
         if cutoff.closed or cutoff.expired or when <= cutoff.when:
             return
         cutoff.when = when
-        heapq.heappush(self._heap, (when, cutoff))
-        if when < self._armed_at:
-            self._arm(when)
 
     def closed_one(self) -> None:
         self._closed_in_heap += 1
         if self._closed_in_heap >= _COMPACT_AT and self._closed_in_heap * 2 > len(self._heap):
-            for entry in self._heap:
-                entry[1].queued = not entry[1].closed
-            self._heap = [entry for entry in self._heap if entry[1].queued]
+            for cutoff in self._heap:
+                cutoff.queued = not cutoff.closed
+            self._heap = [cutoff for cutoff in self._heap if cutoff.queued]
             heapq.heapify(self._heap)
             self._closed_in_heap = 0
 
@@ -224,14 +232,16 @@ class Cutoffs:
         self._armed_at = math.inf
         heap = self._heap
         now = self.loop.time()
-        while heap and (heap[0][0] <= now or heap[0][1].closed):
-            when, cutoff = heapq.heappop(heap)
-            if when != cutoff.when:
-                continue  # an entry a postponement left behind
-            cutoff.queued = False
+        while heap and (heap[0]._at <= now or heap[0].closed):
+            cutoff = heapq.heappop(heap)
             if cutoff.closed:
+                cutoff.queued = False
                 self._closed_in_heap -= 1
+            elif cutoff.when > now:  # postponed: queued again for its new time
+                cutoff._at = cutoff.when
+                heapq.heappush(heap, cutoff)
             else:
+                cutoff.queued = False
                 cutoff.expire()
         if heap:
-            self._arm(heap[0][0])
+            self._arm(heap[0]._at)

@@ -14,7 +14,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from idempotency_async._keys import Keys
-from idempotency_async._lease import Deadline, Lease
+from idempotency_async._lease import Lease
 from idempotency_async.record import Record
 
 __all__ = ["Flight", "Outcome", "Phase", "wait_for"]
@@ -53,7 +53,6 @@ class Flight:
     """
 
     keys: Keys
-    deadline: Deadline
     owner: str
     phase: Phase = _CLAIMING
     lease: Lease | None = None
@@ -65,10 +64,6 @@ class Flight:
     sent: float = 0.0
     """When (loop time) its latest claim or read was sent: the remaining life a store
     reports in the answer counts from here (for the local cache)."""
-    wait_until: float | None = None
-    """While its claim meets another worker's record: how long (loop time) it may wait."""
-    raced: int = 0
-    """Claims refused on a record the store judged claimable (a clock problem past a few)."""
 
     @property
     def lease_end(self) -> float | None:

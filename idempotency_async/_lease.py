@@ -106,7 +106,7 @@ class Lease:
             left + margin,
             options.expires_after,
             keys.validation,
-            options.wait_timeout if options.wait else 0.0,
+            0.0 if options.wait is None else options.wait.timeout,
         )
         ends = now + left
         lease = cls(claim, ends - reserve, ends, reserve, margin, ends)

@@ -10,8 +10,9 @@ every entry point is a door into it (``Manager.execute`` runs a zero-argument ca
 2. **Claim**: one conditional write; the store answers CLAIMED or the record it met, which
    is replayed, waited on (``_contend``) or claimed again.
 3. **Hold**: the key is in progress here; a claim answered after its cutoff is abandoned.
-4. **Work**: the callback runs inside ``with cutoffs.at(lease.cutoff_at)`` — a scope that
-   closes on every path — with its lease renewed or not (``_renewal``).
+4. **Work**: the callback runs under ``cutoffs.at(lease.cutoff_at)`` — a scope left on
+   every path (``try``/``except``/``else`` and :meth:`Cutoff.leave`: a ``with`` would hold
+   a bound ``__exit__`` per call in flight) — with its lease renewed or not (``_renewal``).
 5. **Decide**: how the callback ended, whether the cutoff fired, whether the caller was
    cancelled and what the callback said through its ``Call`` go to one pure table
    (``_endings.decide``) that answers what to write and what to raise.
@@ -76,7 +77,7 @@ from idempotency_async.errors import (
 )
 from idempotency_async.options import Options
 from idempotency_async.record import Completion, Record
-from idempotency_async.stores.base import CLAIMED, State, Store, Verdict, Written, check_key
+from idempotency_async.stores.base import CLAIMED, Found, Store, Verdict, Written, check_key
 
 __all__ = ["Lifecycle", "TransactionalStore"]
 
@@ -87,7 +88,7 @@ _CLAIM_RETRIES = 2
 # processed): nothing was written.  Any other failure may hide a claim that applied.
 _REFUSALS = (StoreAccessDeniedError, StoreValidationError)
 
-_COMPLETED = State.COMPLETED  # a global reads faster than an Enum member (Python 3.11)
+_COMPLETED = Found.COMPLETED  # a global reads faster than an Enum member (Python 3.11)
 _RETURNED = Ended.RETURNED
 _NONE, _ANSWERED, _RELEASE = Answer.NONE, Answer.COMPLETED, Answer.RELEASE
 
@@ -96,19 +97,6 @@ class _Replay(NamedTuple):
     """A claim that found the key completed: the value to return instead of running."""
 
     value: Any
-
-
-class _Step:
-    """What a contended claim does next (``_contend``), besides replaying."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-_AGAIN = _Step("claim again")  # with a fresh lease
-_HELD = _Step("held")  # the claim applied after all
 
 
 class _Shared:
@@ -202,73 +190,68 @@ class Lifecycle:
     ) -> T:
         """Replay, join, or claim the key and run ``callback`` — ``callback(call)`` when
         ``held``, ``callback()`` otherwise — then complete or release the record."""
-        key, mode, replays = keys.key, self.mode, self.replays
+        key = keys.key
         # 1. Answer early: the local cache, then a call of this process with the key.
-        if replays.cache is not None:
-            entry = replays.cache.get(key, loop.time())
+        if self.replays.cache is not None:
+            entry = self.replays.cache.get(key, loop.time())
             if entry is not None:
-                return replays.hit(entry, keys)  # type: ignore[no-any-return]
+                return self.replays.hit(entry, keys)  # type: ignore[no-any-return]
         while (flight := self.inflight.get(key)) is not None:
-            outcome = await self.waiting.join(flight, keys, deadline, loop)
-            if outcome is UNANSWERED:
+            joined = await self.waiting.join(flight, keys, deadline, loop)
+            if joined is UNANSWERED:
                 break  # the other call's claim is still unanswered: ask the store ourselves
-            if outcome is not None:
-                return self._joined(outcome, keys)  # type: ignore[no-any-return]
-        flight = self.inflight[key] = Flight(keys, deadline, self._shared.owner())
+            if joined is not None:
+                return self._joined(joined, keys)  # type: ignore[no-any-return]
+        flight = self.inflight[key] = Flight(keys, self._shared.owner())
         renewing = NOT_RENEWING
         try:
-            # 2. Claim, until the store confirms it or answers what to replay.
-            while True:
-                flight.sent = loop.time()  # a verdict it brings counts from here
-                if deadline is None:
-                    mode.without_deadline()
-                lease = Lease.claiming(
-                    keys, flight.owner, deadline, self.options, flight.sent, mode.leases.renew
-                )
-                try:
-                    verdict = await mode.claim(lease, loop)
-                    if verdict is not CLAIMED and verdict.__class__ is Verdict:
-                        check_key(verdict, key)
-                except Exception as exc:
-                    await self._claim_failed(lease, exc, self._shared.cutoffs(loop))
-                    raise
-                if verdict is CLAIMED:
-                    break
+            # 2. Claim: one conditional write.  The store confirms it, or answers with the
+            # record it met: the common replay is answered here, any other by _contend.
+            lease = self._lease(flight, deadline, loop)
+            try:
+                verdict = await self.mode.claim(lease, loop)
+                if verdict is not CLAIMED and verdict.__class__ is Verdict:
+                    check_key(verdict, key)
+            except Exception as exc:
+                await self._claim_failed(lease, exc, self._shared.cutoffs(loop))
+                raise
+            if verdict is not CLAIMED:
                 if (
                     verdict.__class__ is Verdict
-                    and verdict.state is _COMPLETED
+                    and verdict.found is _COMPLETED
                     and verdict.record is not None
-                ):  # the common replay, answered here
-                    return replays.record(verdict, flight)  # type: ignore[no-any-return]
-                step = await self._contend(flight, lease, verdict, self._shared.cutoffs(loop))
-                if step is _HELD:
-                    break
-                if step is not _AGAIN:
-                    return step.value  # type: ignore[union-attr, no-any-return]
+                ):
+                    return self.replays.record(verdict, flight)  # type: ignore[no-any-return]
+                step = await self._contend(flight, lease, verdict, deadline, loop)
+                if isinstance(step, _Replay):
+                    return step.value  # type: ignore[no-any-return]
+                lease = step
             # 3. Hold the key; a claim answered after its cutoff must not run.
             cutoffs = self._shared.cutoffs(loop)
             self._hold(flight, lease, loop)
             if loop.time() >= lease.cutoff_at:
                 await self._too_late(lease, cutoffs)
-            # 4. Run the work under its cutoff, a scope closed on every path out.
+            # 4. Run the work under its cutoff: a scope left on every path out of it (as
+            # try/except/else, not ``with``: no bound method held while the callback runs).
             started = loop.time()
+            cutoff = cutoffs.at(lease.cutoff_at)
             try:
-                with cutoffs.at(lease.cutoff_at) as cutoff:
-                    call = Call(self, flight, loop, cutoff) if held else None
-                    renewing = mode.leases.start(lease, cutoffs, cutoff, flight.sent)
-                    run = Run(key)  # what downstream keys see while the callback runs
-                    try:
-                        pending = callback() if call is None else callback(call)
-                        if not hasattr(pending, "__await__"):
-                            pending = awaitable(pending)  # a plain function: it has run
-                        result = await pending
-                    finally:
-                        run.end()
-                        # No renewal after the callback ends: cancelled without yielding
-                        # (the cutoff could fire in between and undo a callback that returned).
-                        renewing.cancel()
-                        self.emitter.ran(started, loop)
+                call = Call(self, flight, loop, cutoff) if held else None
+                renewing = self.mode.leases.start(lease, cutoffs, cutoff, flight.sent)
+                run = Run(key)  # what downstream keys see while the callback runs
+                try:
+                    result: Any = callback() if call is None else callback(call)
+                    if not hasattr(result, "__await__"):
+                        result = awaitable(result)  # a plain function: it has run
+                    result = await result
+                finally:
+                    run.end()
+                    # No renewal after the callback ends: cancelled without yielding
+                    # (the cutoff could fire in between and undo a callback that returned).
+                    renewing.cancel()
+                    self.emitter.ran(started, loop)
             except BaseException as exc:
+                cutoff.leave(exc)
                 # 5. Decide (the ending was not a plain return), 6. settle: raises.
                 ending = decide(
                     _ended(exc, self._declared, cutoff),
@@ -278,23 +261,37 @@ class Lifecycle:
                 )
                 await self._settle_failure(ending, exc, flight, renewing, cutoffs, started)
                 raise
+            cutoff.close()
             # 5. Decide.
-            said = _NONE if call is None else _said(call)
-            ending = decide(_RETURNED, False, cutoff.cancelled_elsewhere(), said)
+            ending = decide(
+                _RETURNED,
+                False,
+                cutoff.cancelled_elsewhere(),
+                _NONE if call is None else _said(call),
+            )
             if ending is not COMPLETE:
                 return await self._settle_return(ending, result, flight, cutoffs)  # type: ignore[no-any-return]
             # 6. Settle: the one completion write, bounded at the lease end.
             completion = self.completion_for(lease, result)
             sent = loop.time()  # the completion's life counts from (before) its write
             with _Completing(cutoffs, lease.write_bound(sent), key, result):
-                written = await mode.store.complete(completion)
+                written = await self.mode.store.complete(completion)
             self.completed(completion, written, result, flight, loop.time() - started, sent)
-            return result
+            return result  # type: ignore[no-any-return]
         finally:
             if self.inflight.get(key) is flight:
                 del self.inflight[key]
             flight.settle(None)
             await renewing.stop()
+
+    def _lease(self, flight: Flight, deadline: Deadline, loop: asyncio.AbstractEventLoop) -> Lease:
+        """The lease of a claim about to be sent for ``flight``."""
+        flight.sent = loop.time()  # a verdict it brings counts from here
+        if deadline is None:
+            self.mode.without_deadline()
+        return Lease.claiming(
+            flight.keys, flight.owner, deadline, self.options, flight.sent, self.mode.leases.renew
+        )
 
     # ------------------------------------------------------------------ 1. answer early
 
@@ -323,43 +320,62 @@ class Lifecycle:
         await self.mode.unknown_claim(lease, exc, cutoffs)
 
     async def _contend(
-        self, flight: Flight, lease: Lease, verdict: Verdict, cutoffs: Cutoffs
-    ) -> _Replay | _Step:
-        """The claim met a record: replay it, wait for it and claim again (``_AGAIN``), or
-        find the claim applied after all (``_HELD``)."""
-        if not isinstance(verdict, Verdict):  # a store that broke its protocol
-            nonsense = StoreUnavailableError(  # type: ignore[unreachable]
-                f"the store answered a claim of key {flight.keys.key} with {verdict!r}, "
-                "not a verdict: the callback was not run"
-            )
-            # Whether the claim applied is unknown.
-            await self.mode.unknown_claim(lease, nonsense, cutoffs)
-            raise nonsense
-        state, record = verdict.state, verdict.record
-        if state is State.CLAIMED:
-            return _HELD
-        if state is State.COMPLETED and record is not None:
-            return _Replay(self.replays.record(verdict, flight))
-        if state is State.IN_PROGRESS and record is not None:
-            loop = cutoffs.loop
-            self.keys.validate(record.validation, flight.keys)
-            if flight.wait_until is None:
-                flight.wait_until = self.waiting.limit(flight.deadline, loop)
-            verdict, flight.sent = await self.waiting.poll(
-                self.store, flight.keys, verdict, flight.wait_until, loop
-            )
-            if verdict.state is State.COMPLETED:
-                return await self._contend(flight, lease, verdict, cutoffs)
-        else:
-            # CLAIMABLE after a refused claim: it expired between the write and the
-            # store's answer.
-            flight.raced += 1
-            if flight.raced > _CLAIM_RETRIES:
-                raise InconsistentStateError(
-                    f"key {flight.keys.key}: the store kept refusing claims on a record it "
-                    "judged claimable; check that every worker's clock is synchronised"
+        self,
+        flight: Flight,
+        lease: Lease,
+        verdict: Verdict,
+        deadline: Deadline,
+        loop: asyncio.AbstractEventLoop,
+    ) -> Lease | _Replay:
+        """The claim of ``lease`` met a record: replay it, or wait for it and claim again
+        (a fresh lease each time), until a claim is held — its lease returned — or a record
+        replayed.  The contended path's own frame: the uncontended one never enters it."""
+        cutoffs = self._shared.cutoffs(loop)
+        wait_until: float | None = None  # how long (loop time) it may wait on another worker
+        raced = 0  # claims refused on a record the store judged claimable
+        while True:
+            if not isinstance(verdict, Verdict):  # a store that broke its protocol
+                nonsense = StoreUnavailableError(  # type: ignore[unreachable]
+                    f"the store answered a claim of key {flight.keys.key} with {verdict!r}, "
+                    "not a verdict: the callback was not run"
                 )
-        return _AGAIN
+                # Whether the claim applied is unknown.
+                await self.mode.unknown_claim(lease, nonsense, cutoffs)
+                raise nonsense
+            state, record = verdict.found, verdict.record
+            if state is Found.CLAIMED:
+                return lease  # the claim applied after all
+            if state is Found.COMPLETED and record is not None:
+                return _Replay(self.replays.record(verdict, flight))
+            if state is Found.IN_PROGRESS and record is not None:
+                self.keys.validate(record.validation, flight.keys)
+                if wait_until is None:
+                    wait_until = self.waiting.limit(deadline, loop)
+                verdict, flight.sent = await self.waiting.poll(
+                    self.store, flight.keys, verdict, wait_until, loop
+                )
+                if verdict.found is Found.COMPLETED:
+                    continue  # replayed above
+            else:
+                # CLAIMABLE after a refused claim: it expired between the write and the
+                # store's answer.
+                raced += 1
+                if raced > _CLAIM_RETRIES:
+                    raise InconsistentStateError(
+                        f"key {flight.keys.key}: the store kept refusing claims on a record it "
+                        "judged claimable; check that every worker's clock is synchronised"
+                    )
+            # Claim again, with a fresh lease.
+            lease = self._lease(flight, deadline, loop)
+            try:
+                verdict = await self.mode.claim(lease, loop)
+                if verdict is not CLAIMED and verdict.__class__ is Verdict:
+                    check_key(verdict, flight.keys.key)
+            except Exception as exc:
+                await self._claim_failed(lease, exc, cutoffs)
+                raise
+            if verdict is CLAIMED:
+                return lease
 
     # ------------------------------------------------------------------ 3. hold
 
@@ -624,10 +640,10 @@ class Lifecycle:
                 f"the read of key {key} got no answer before its deadline", key=key
             ) from exc
         record = verdict.record
-        if record is None or verdict.state is State.CLAIMABLE:
+        if record is None or verdict.found is Found.CLAIMABLE:
             return default
         self.keys.validate(record.validation, keys)
-        if verdict.state is State.IN_PROGRESS:
+        if verdict.found is Found.IN_PROGRESS:
             self.waiting.refuse(key, verdict.retry_after)
         if not record.response_stored:
             raise not_stored_error(record)
@@ -772,7 +788,7 @@ def _renewal_refused(key: str) -> DeadlineExceededError:
     return DeadlineExceededError(
         f"the call for key {key} was cut off because the store refused to renew its lease: "
         "the lease had lapsed and the key may be claimed by another worker. Nothing was "
-        "recorded; renew more often (Options(renew_every=...)) or give renew_lease more slack",
+        "recorded; renew more often (Renewal(every=...)) or give Renewal(lease=...) more slack",
         key=key,
     )
 

@@ -88,7 +88,7 @@ class Plain:
         self._emitter = emitter
         self._warned_no_deadline = False
         self.leases: Leases = (
-            FixedLeases() if options.renew_lease is None else RenewedLeases(store, options, emitter)
+            FixedLeases() if options.renewal is None else RenewedLeases(store, options, emitter)
         )
 
     def claim(self, lease: Lease, loop: asyncio.AbstractEventLoop) -> Awaitable[Verdict]:

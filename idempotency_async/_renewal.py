@@ -8,7 +8,7 @@ lease a claim writes (``Lease.claiming`` shapes it), ``start`` hands back the ca
 ``start`` creates it after the claim, :meth:`Renewal.cancel` cancels it as soon as the
 callback ends (without yielding to the loop), and :meth:`Renewal.stop` is awaited before
 the call returns.  Renewals go out
-every ``renew_every`` seconds counted from the claim's send.  Each confirmed renewal moves
+every ``Renewal.every`` seconds counted from the claim's send.  Each confirmed renewal moves
 the call's :class:`~idempotency_async._lease.Lease` (which every door reads) and
 postpones the callback's cutoff to a reserve before the new lease end, counted from when
 the ``extend`` was sent.  A refused renewal (the lease is lost) cuts the callback off at
@@ -118,17 +118,17 @@ class FixedLeases:
 
 
 class RenewedLeases:
-    """A short lease (``Options.renew_lease``), renewed every ``renew_every`` seconds while
+    """A short lease (``Options.renewal.lease``), renewed every ``renewal.every`` seconds while
     the callback runs, up to the call's hard bound."""
 
     __slots__ = ("_emitter", "_options", "_store", "renew")
 
     def __init__(self, store: Store, options: Options, emitter: Emitter) -> None:
-        assert options.renew_lease is not None
+        assert options.renewal is not None
         self._store = store
         self._options = options
         self._emitter = emitter
-        self.renew: float | None = options.renew_lease
+        self.renew: float | None = options.renewal.lease
 
     def start(self, lease: Lease, cutoffs: Cutoffs, cutoff: Cutoff, claimed_at: float) -> Renewing:
         renewal = Renewal(self._store, self._options, self._emitter, lease, cutoffs, cutoff)
@@ -162,14 +162,14 @@ class Renewal:
         cutoffs: Cutoffs,
         cutoff: Cutoff,
     ) -> None:
-        assert options.renew_lease is not None
+        assert options.renewal is not None
         self._store = store
         self._options = options
         self._emitter = emitter
         self._lease = lease
         self._cutoffs = cutoffs
         self._cutoff = cutoff
-        self._every = options.renew_every or options.renew_lease / 3
+        self._every = options.renewal.interval
         self._loop = cutoffs.loop
         self._task: asyncio.Task[None] | None = None
         self.lost = False
@@ -178,7 +178,7 @@ class Renewal:
         """How many renewals the store confirmed."""
 
     def start(self, claimed_at: float) -> None:
-        """Start renewing; the first renewal is due ``renew_every`` after ``claimed_at``,
+        """Start renewing; the first renewal is due ``renewal.every`` after ``claimed_at``,
         the loop time the claim was sent (the short lease counts from there too)."""
         self._task = self._loop.create_task(self._run(claimed_at + self._every))
 
@@ -211,8 +211,8 @@ class Renewal:
     async def _run(self, at: float) -> None:
         options, loop, lease, cutoffs = self._options, self._loop, self._lease, self._cutoffs
         key = lease.claim.key
-        renew = options.renew_lease
-        assert renew is not None
+        assert options.renewal is not None
+        renew = options.renewal.lease
         while True:
             await asyncio.sleep(max(0.0, at - loop.time()))
             if self._over():
@@ -240,7 +240,7 @@ class Renewal:
                     "renew_failed",
                     key,
                     error=TimeoutError(
-                        f"the store did not answer the renewal within renew_every "
+                        f"the store did not answer the renewal within Renewal.every "
                         f"({self._every:g} s): abandoned"
                     ),
                 )

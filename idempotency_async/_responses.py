@@ -6,7 +6,7 @@ import logging
 import math
 from typing import Any, NamedTuple
 
-from idempotency_async._cache import CachedResponse, LocalCache
+from idempotency_async._cache import CachedResponse, ResponseCache
 from idempotency_async._emission import Emitter
 from idempotency_async._flight import Flight, Outcome
 from idempotency_async._json import decode_json, encode_json
@@ -90,7 +90,8 @@ class Replays:
 
     def __init__(self, options: Options, keys: KeyDeriver, emitter: Emitter) -> None:
         self.responses = Responses(options)
-        self.cache = LocalCache(options.local_cache_max_items) if options.use_local_cache else None
+        cache = options.local_cache
+        self.cache = None if cache is None else ResponseCache(cache.max_items)
         self._keys = keys
         self._emitter = emitter
         # force_release: how many are under way, and when (loop time) the last one ended.

@@ -1,6 +1,6 @@
 """Waiting on another call's claim: in this process (a duplicate joins the call that claims
 or holds its key) and across processes (reads of an in-progress record with backoff),
-bounded by ``Options.wait_timeout`` and the caller's deadline; and refusing with
+bounded by ``Options.wait`` (its ``timeout``) and the caller's deadline; and refusing with
 :class:`~idempotency_async.errors.AlreadyInProgressError` when waiting is off or over.
 """
 
@@ -19,7 +19,7 @@ from idempotency_async.errors import (
     StoreUnavailableError,
 )
 from idempotency_async.options import Options
-from idempotency_async.stores.base import State, Store, Verdict, check_key
+from idempotency_async.stores.base import Found, Store, Verdict, check_key
 
 __all__ = ["UNANSWERED", "Unanswered", "Waiting"]
 
@@ -60,7 +60,7 @@ class Waiting:
         try:
             while True:
                 left = wait_until - loop.time()
-                if not self._options.wait or left <= 0:
+                if self._options.wait is None or left <= 0:
                     self.refuse(keys.key, verdict.retry_after)
                 await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, _MAX_POLL)
@@ -88,7 +88,7 @@ class Waiting:
                         f"the store answered a read of key {keys.key} with {verdict!r}, not a "
                         "verdict"
                     )
-                if verdict.state is not State.IN_PROGRESS:
+                if verdict.found is not Found.IN_PROGRESS:
                     return verdict, sent
                 if verdict.record is not None:
                     self._keys.validate(verdict.record.validation, keys)
@@ -96,23 +96,27 @@ class Waiting:
             self._emitter.waited(loop.time() - started)
 
     def limit(self, deadline: float | None, loop: asyncio.AbstractEventLoop) -> float:
-        """Until when (loop time) a call may wait: ``wait_timeout`` from now, or its
-        deadline if earlier."""
-        limit = loop.time() + self._options.wait_timeout
+        """Until when (loop time) a call may wait: ``Wait.timeout`` from now (now, with
+        waiting off), or its deadline if earlier."""
+        limit = loop.time() + self._timeout()
         return limit if deadline is None else min(limit, deadline)
 
     def lock_wait(self, cutoff_at: float, loop: asyncio.AbstractEventLoop) -> float:
         """How long (seconds) a transactional claim may wait for a row another transaction
-        holds: ``wait_timeout``, but not past the call's cutoff; none with ``wait=False``."""
-        if not self._options.wait:
+        holds: ``Wait.timeout``, but not past the call's cutoff; none with ``wait=None``."""
+        if self._options.wait is None:
             return 0.0
-        return max(min(self._options.wait_timeout, cutoff_at - loop.time()), 0.0)
+        return max(min(self._timeout(), cutoff_at - loop.time()), 0.0)
+
+    def _timeout(self) -> float:
+        wait = self._options.wait
+        return 0.0 if wait is None else wait.timeout
 
     def refuse(self, key: str, retry_after: float | None) -> NoReturn:
         self._emitter.emit("rejected_in_progress", key)
         raise AlreadyInProgressError(
             f"key {key} is being processed by another call: retry after its lease ends, or "
-            "set Options(wait=True, wait_timeout=...) to wait for its result",
+            "set Options(wait=Wait(timeout=...)) to wait for its result",
             key=key,
             lease_end=None if retry_after is None else self._options.clock() + retry_after,
             retry_after=retry_after,
@@ -136,7 +140,7 @@ class Waiting:
             if not flight.holding():
                 return flight.result
         self._keys.validate(flight.keys.validation, keys)
-        if not self._options.wait:
+        if self._options.wait is None:
             # The lease as renewed so far (the holder's), not the one its claim wrote.
             lease_end = flight.lease_end
             retry_after = None
@@ -156,10 +160,10 @@ class Waiting:
         deadline: float | None,
         loop: asyncio.AbstractEventLoop,
     ) -> bool:
-        """Wait for ``future`` at most min(wait_timeout, own deadline) — own deadline only
+        """Wait for ``future`` at most min(``Wait.timeout``, own deadline) — own deadline only
         while the other call's claim is unanswered and waiting is off.  False when it did
         not resolve and the other call's claim is still unanswered."""
-        if self._options.wait or flight.holding():
+        if self._options.wait is not None or flight.holding():
             limit = self.limit(deadline, loop)
         else:
             limit = float("inf") if deadline is None else deadline
@@ -184,7 +188,7 @@ class Waiting:
                 retry_after = max(lease_end - self._options.clock(), 0.0)
             self._emitter.emit("rejected_in_progress", key)
             raise AlreadyInProgressError(
-                f"key {key} was still in progress after waiting {self._options.wait_timeout} s",
+                f"key {key} was still in progress after waiting {self._timeout()} s",
                 key=key,
                 lease_end=lease_end,
                 retry_after=retry_after,

@@ -15,12 +15,7 @@ from contextlib import asynccontextmanager
 from idempotency_async._lease import AMBIENT, check_duration, check_instant
 from idempotency_async.errors import ConfigError
 
-__all__ = [
-    "check_duration",
-    "check_instant",
-    "current_deadline",
-    "deadline",
-]
+__all__ = ["current_deadline", "deadline"]
 
 
 @asynccontextmanager

@@ -9,8 +9,8 @@ from typing import Generic, ParamSpec, Protocol, TypeVar, cast
 
 from idempotency_async._derive import derive
 from idempotency_async._function_manager import function_manager
+from idempotency_async._lease import check_duration
 from idempotency_async._replayed import ReplayErrorsSetting, declared_errors
-from idempotency_async.deadlines import check_duration
 from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
 

@@ -101,8 +101,8 @@ class AlreadyInProgressError(IdempotencyError):
 
 class LockTimeoutError(AlreadyInProgressError):
     """A transactional call (``Manager.execute_in_transaction``) waited for the row of its
-    key, held by another open transaction, as long as it may (``Options.wait_timeout`` or
-    its deadline; at once with ``wait=False``).  Only the library's savepoint was rolled
+    key, held by another open transaction, as long as it may (``Options.wait``'s ``timeout`` or
+    its deadline; at once with ``wait=None``).  Only the library's savepoint was rolled
     back: the caller's transaction is intact and may go on, or retry the call later."""
 
 

@@ -39,7 +39,7 @@ class Event:
     store holds a record for the key whose control fields (status, expiry, lease, owner)
     are malformed — a foreign or damaged record; ``error`` is the
     ``InconsistentStateError`` the caller got.  Delete the record to free the key.
-    ``renew_failed``: a lease renewal (``Options(renew_lease=...)``) got no answer; ``error``
+    ``renew_failed``: a lease renewal (``Options(renewal=Renewal(...))``) got no answer; ``error``
     says why (a ``TimeoutError`` when it was abandoned unanswered at the next interval), and
     the next renewal goes out at the next interval.  A renewal the store refused is
     ``lease_lost``.  ``transaction_not_run``: an HTTP route that declares a

@@ -11,13 +11,15 @@ call; without telemetry neither is there.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from idempotency_async._call import Call, Unprotected
+from idempotency_async._disabled import disabled_by_environment
 from idempotency_async._emission import Emitter
 from idempotency_async._keys import Keys, key_deriver
 from idempotency_async._lease import effective_deadline
@@ -26,7 +28,7 @@ from idempotency_async._replayed import declared_errors
 from idempotency_async.errors import ConfigError
 from idempotency_async.events import EventKind
 from idempotency_async.instrumentation import Observer
-from idempotency_async.options import Options, disabled_by_environment
+from idempotency_async.options import Options
 from idempotency_async.record import Record
 from idempotency_async.stores.base import Store
 
@@ -125,31 +127,36 @@ class Manager:
         keys = self._keys.derive(payload)
         return None if keys is None else keys.key
 
-    async def execute(
+    def execute(
         self,
         payload: Any,
         callback: Callable[[], Awaitable[T]],
         *,
         deadline: float | None = None,
         timeout: float | None = None,
-    ) -> T:
+    ) -> Coroutine[Any, Any, T]:
         """Run ``callback`` once for this payload's key, or replay the stored result.
 
         ``result = await manager.execute(order, lambda: charge(order))``.  ``timeout``
         (seconds from this call) and ``deadline`` (``loop.time()`` units) bound the call;
         with the ambient :func:`~idempotency_async.deadline`, the earliest wins and becomes
         the record's lease.  Cancellation propagates and leaves no store write behind.
-        """
-        return await self._enter(payload, callback, deadline, timeout, False)
 
-    async def execute_call(
+        The deadline is taken and the key derived when ``execute`` is called; what it
+        refuses is raised when the coroutine it returns is awaited.
+        """
+        # A plain function handing back the lifecycle's coroutine: a call in flight holds
+        # one coroutine frame, not two (see _door).
+        return self._enter(payload, callback, deadline, timeout, False)
+
+    def execute_call(
         self,
         payload: Any,
         callback: Callable[[Call], Awaitable[T]],
         *,
         deadline: float | None = None,
         timeout: float | None = None,
-    ) -> T:
+    ) -> Coroutine[Any, Any, T]:
         """As :meth:`execute`, for work that knows its answer before it has finished.
 
         ``callback(call)`` may complete the record while it goes on running, with
@@ -162,7 +169,12 @@ class Manager:
         ``call.release(reason)`` is released instead.  Returns the callback's return value,
         or the replay of the stored result.
         """
-        return await self._enter(payload, callback, deadline, timeout, True)
+        return self._enter(payload, callback, deadline, timeout, True)
+
+    if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12+
+        # Callers (and frameworks) that ask see what they get back: a coroutine to await.
+        execute = inspect.markcoroutinefunction(execute)
+        execute_call = inspect.markcoroutinefunction(execute_call)
 
     def _door(
         self,
@@ -171,16 +183,19 @@ class Manager:
         deadline: float | None,
         timeout: float | None,
         held: bool,
-    ) -> Awaitable[T]:
+    ) -> Coroutine[Any, Any, T]:
         """The call into the lifecycle, for :meth:`execute` (``held`` False) and
         :meth:`execute_call`: a plain function handing back the lifecycle's coroutine, so
         the door costs the call no frame of its own (with thousands of calls in flight,
         each frame is memory and garbage-collector work).  What it refuses is raised when
         the coroutine is awaited; the store is not touched before that."""
         try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # asyncio.run(manager.execute(...)): the loop starts later
+            return self._in_loop(payload, callback, deadline, timeout, held)
+        try:
             if not callable(callback):
                 raise _not_callable(callback, held)
-            loop = asyncio.get_running_loop()
             when = effective_deadline(loop, deadline=deadline, timeout=timeout)
             keys = None if self._disabled else self._keys.derive(payload)
         except Exception as exc:
@@ -189,6 +204,17 @@ class Manager:
             run = (lambda: callback(Unprotected())) if held else callback
             return self._lifecycle.unprotected(run, when, loop)
         return self._lifecycle.run(keys, when, callback, loop, held)
+
+    async def _in_loop(
+        self,
+        payload: Any,
+        callback: Callable[..., Awaitable[T]],
+        deadline: float | None,
+        timeout: float | None,
+        held: bool,
+    ) -> T:
+        """:meth:`_door` for a call made before its event loop runs."""
+        return await self._door(payload, callback, deadline, timeout, held)
 
     async def _observed(
         self,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from idempotency_async._disabled import DISABLED_ENV
 from idempotency_async._key_formats import KEY_FORMATS, POWERTOOLS_PYTHON
 from idempotency_async._prefixes import has_explicit_prefix, js_trim
 from idempotency_async._replayed import ReplayErrorsSetting, declared_errors
@@ -23,10 +24,16 @@ from idempotency_async.selection import Expression
 if TYPE_CHECKING:
     from jmespath.functions import Functions
 
-__all__ = ["DISABLED_ENV", "KeyFormat", "Options", "ResponseCodec", "disabled_by_environment"]
+__all__ = [
+    "DISABLED_ENV",
+    "KeyFormat",
+    "LocalCache",
+    "Options",
+    "Renewal",
+    "ResponseCodec",
+    "Wait",
+]
 
-DISABLED_ENV = "POWERTOOLS_IDEMPOTENCY_DISABLED"
-_TRUE_WORDS = frozenset({"1", "true", "yes", "on", "y"})
 # The share of a renewed short lease kept free for a renewal's round trip (see
 # Options._check_renewal_fits).
 _RENEWAL_ROOM = 0.1
@@ -46,10 +53,99 @@ KeyFormat = Literal["typescript", "powertools-python"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Renewal:
+    """Lease renewal: hold a short lease and renew it while the callback runs, so a crashed
+    worker blocks its key for about ``lease`` seconds instead of its whole deadline.
+
+    ``Options(renewal=Renewal(lease=30.0))``; ``Options(renewal=None)`` (the default) holds
+    one lease, the deadline's.  The callback's own bound does not change: the deadline, else
+    ``Options.lease`` (or ``expires_after``).  See ``docs/manager.md``.
+
+    .. versionadded:: 0.1.0
+    """
+
+    lease: float
+    """Seconds of each short lease, counted from when the claim (or renewal) was sent."""
+    every: float | None = None
+    """Seconds between renewals, counted from the claim's send (default: a third of
+    ``lease``).  Each renewal is one store round trip, abandoned if unanswered when the
+    next is due.  One lost renewal must be survivable: ``2 * every`` plus the completion
+    reserve must fit in 90 % of ``lease``, else ``ConfigError`` (checked by ``Options``)."""
+
+    def __post_init__(self) -> None:
+        if not _positive(self.lease):
+            raise ConfigError(
+                f"Renewal(lease=...) must be a positive number of seconds, got {self.lease!r}"
+            )
+        if self.every is not None and not (_positive(self.every) and self.every < self.lease):
+            raise ConfigError(
+                f"Renewal(every=...) must be a positive number of seconds below its lease "
+                f"({self.lease!r}), got {self.every!r}: e.g. a third of it"
+            )
+
+    @property
+    def interval(self) -> float:
+        """Seconds between renewals: ``every``, else a third of ``lease``."""
+        return self.every or self.lease / 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Wait:
+    """Waiting for an in-progress duplicate: instead of raising
+    :class:`~idempotency_async.errors.AlreadyInProgressError`, a duplicate waits for the
+    call holding its key to finish and replays its result.
+
+    ``Options(wait=Wait(timeout=10.0))``; ``Options(wait=None)`` (the default) raises at
+    once.  A wait never outlasts the caller's own deadline.
+
+    .. versionadded:: 0.1.0
+    """
+
+    timeout: float = 10.0
+    """The most seconds a duplicate waits before it raises ``AlreadyInProgressError``
+    (a transactional call on Postgres: ``LockTimeoutError``)."""
+
+    def __post_init__(self) -> None:
+        if not _positive(self.timeout):
+            raise ConfigError(
+                f"Wait(timeout=...) must be a positive number of seconds, got {self.timeout!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LocalCache:
+    """An in-process cache of completed results: a replay the cache holds costs no store
+    round trip.  It keeps an entry for the record's remaining life as the store judged it,
+    and never in-progress records.
+
+    ``Options(local_cache=LocalCache(max_items=1000))``; ``Options(local_cache=None)`` (the
+    default) asks the store every time.  Each manager owns its own cache.
+
+    .. versionadded:: 0.1.0
+    """
+
+    max_items: int = 1000
+    """The most results kept; the least recently used is dropped first."""
+
+    def __post_init__(self) -> None:
+        items = self.max_items
+        if isinstance(items, bool) or not isinstance(items, int) or items < 0:
+            raise ConfigError(f"LocalCache(max_items=...) must be an integer >= 0, got {items!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Options:
     """How a :class:`~idempotency_async.Manager` derives keys, stores results and waits.
 
     Validated at construction: invalid values raise :class:`~idempotency_async.errors.ConfigError`.
+
+    A feature with settings of its own is one group, a frozen value object that is ``None``
+    when the feature is off (as httpx groups ``Timeout`` and ``Limits``):
+    ``renewal=Renewal(...)``, ``wait=Wait(...)``, ``local_cache=LocalCache(...)``.  How keys
+    are derived stays flat, under the names aws-lambda-powertools uses
+    (``event_key_jmespath``, ``payload_validation_jmespath``, ``raise_on_no_key``,
+    ``key_prefix``, ``hash_function``...): those settings are read together on every call,
+    are always on, and users coming from Powertools find them where they look.
     """
 
     key_format: KeyFormat = "typescript"
@@ -78,28 +174,25 @@ class Options:
     expires_after: float = 3600.0
     """Seconds a completed record is replayed for."""
     hash_function: str = "md5"
-    use_local_cache: bool = False
-    local_cache_max_items: int = 1000
+    """The digest of keys and validation hashes: ``md5``, ``sha1``, ``sha256``, ``sha384``
+    or ``sha512`` (``powertools-python`` also takes ``sha224``, ``sha3_*``, ``blake2b``,
+    ``blake2s``)."""
+    local_cache: LocalCache | None = None
+    """An in-process cache of completed results, e.g. ``LocalCache(max_items=1000)``;
+    ``None``: every call asks the store."""
     lease: float | None = None
     """Lease in seconds when a call has no deadline at all (default: ``expires_after``)."""
-    renew_lease: float | None = None
-    """Lease renewal (off by default): the claim holds a lease of this many seconds, renewed
-    every ``renew_every`` seconds while the callback runs, so a crashed worker blocks its key
-    for about this long instead of its whole deadline.  The callback's own bound does not
-    change: the deadline, else ``lease`` (or ``expires_after``).  See ``docs/manager.md``."""
-    renew_every: float | None = None
-    """Seconds between renewals, counted from the claim's send (default: a third of
-    ``renew_lease``).  Each renewal is one store round trip, abandoned if unanswered when
-    the next is due.  One lost renewal must be survivable: ``2 * renew_every`` plus the
-    completion reserve must fit in 90 % of ``renew_lease``, else ``ConfigError``."""
+    renewal: Renewal | None = None
+    """Lease renewal, e.g. ``Renewal(lease=30.0)``: hold a short lease and renew it while the
+    callback runs; ``None``: one lease, until the deadline."""
     lease_margin: float = 0.0
     """Seconds added to every lease for clock skew between workers."""
     completion_reserve: float | None = None
     """Seconds kept between the callback's cutoff and the lease end for the completion write
     (default: min(0.5 s, 20 % of the time left at the claim))."""
-    wait: bool = False
-    """Wait for an in-progress duplicate to finish and replay its result, instead of raising."""
-    wait_timeout: float = 10.0
+    wait: Wait | None = None
+    """Wait for an in-progress duplicate to finish and replay its result, e.g.
+    ``Wait(timeout=10.0)``; ``None``: raise ``AlreadyInProgressError`` at once."""
     integer_precision: Literal["strict", "float64"] = "strict"
     """``strict`` rejects integers beyond ±(2**53-1) in the key and validation selections;
     ``float64`` hashes them as JavaScript would (TypeScript parity; distinct ids may collide)."""
@@ -108,6 +201,8 @@ class Options:
     serialize_key: Callable[[Any], str | bytes] | None = None
     """Replaces canonical JSON for both hashes: a deliberate custom key contract."""
     response_codec: ResponseCodec | None = None
+    """Turns results into JSON values for the store and stored values back (``None``: results
+    are stored as JSON as they are), e.g. :mod:`idempotency_async.codecs`."""
     response_hook: ResponseHook | None = None
     """Called as ``hook(response, record)`` on every replay; its return value is replayed."""
     replay_errors: ReplayErrorsSetting | None = None
@@ -117,6 +212,8 @@ class Options:
     it, and every duplicate gets it raised again.  Held as ``ReplayErrors`` once built.
     Refused with ``key_format="powertools-python"`` (see ``docs/manager.md``)."""
     on_event: EventHook | None = None
+    """Called with a typed :class:`~idempotency_async.Event` at every step of a call
+    (claimed, completed, replayed, ...); ``None``: events are only logged."""
     telemetry: Instrumentation | None = None
     """Traces and metrics for every call, e.g. :class:`idempotency_async.otel.Telemetry`
     (``pip install 'idempotency-async[otel]'``); None: nothing is observed or paid."""
@@ -130,14 +227,7 @@ class Options:
             )
         self._check_key_format()
         self._check_replay_errors()
-        if (
-            isinstance(self.local_cache_max_items, bool)
-            or not isinstance(self.local_cache_max_items, int)
-            or self.local_cache_max_items < 0
-        ):
-            raise ConfigError(
-                f"local_cache_max_items must be an integer >= 0, got {self.local_cache_max_items!r}"
-            )
+        self._check_groups()
         if self.lease is not None and not _positive(self.lease):
             raise ConfigError(f"lease must be a positive number of seconds, got {self.lease!r}")
         self._check_renewal()
@@ -146,10 +236,6 @@ class Options:
         if self.completion_reserve is not None and not _non_negative(self.completion_reserve):
             raise ConfigError(
                 f"completion_reserve must be None or >= 0 seconds, got {self.completion_reserve!r}"
-            )
-        if not _positive(self.wait_timeout):
-            raise ConfigError(
-                f"wait_timeout must be a positive number of seconds, got {self.wait_timeout!r}"
             )
         if self.integer_precision not in ("strict", "float64"):
             raise ConfigError(
@@ -174,25 +260,24 @@ class Options:
                 "function's successful return value"
             )
 
-    def _check_renewal(self) -> None:
-        if self.renew_lease is None:
-            if self.renew_every is not None:
+    def _check_groups(self) -> None:
+        """Each group is one value object (validated when it was built) or None."""
+        groups = (
+            ("local_cache", LocalCache, "LocalCache(max_items=1000)"),
+            ("renewal", Renewal, "Renewal(lease=30.0)"),
+            ("wait", Wait, "Wait(timeout=10.0)"),
+        )
+        for name, kind, example in groups:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
                 raise ConfigError(
-                    "renew_every needs renew_lease: set Options(renew_lease=30.0) to renew "
-                    "a short lease while the callback runs"
+                    f"{name} takes a {kind.__name__} or None, got {value!r}: "
+                    f"e.g. Options({name}={example})"
                 )
+
+    def _check_renewal(self) -> None:
+        if self.renewal is None:
             return
-        if not _positive(self.renew_lease):
-            raise ConfigError(
-                f"renew_lease must be a positive number of seconds, got {self.renew_lease!r}"
-            )
-        if self.renew_every is not None and not (
-            _positive(self.renew_every) and self.renew_every < self.renew_lease
-        ):
-            raise ConfigError(
-                f"renew_every must be a positive number of seconds below renew_lease "
-                f"({self.renew_lease!r}), got {self.renew_every!r}: e.g. a third of it"
-            )
         if self.completion_reserve is not None and not _non_negative(self.completion_reserve):
             return  # refused below, with its own message
         self._check_renewal_fits()
@@ -203,34 +288,33 @@ class Options:
         arrive before the cutoff, a reserve before the short lease ends, leaving room for a
         round trip (``_RENEWAL_ROOM`` of the short lease).  The same rule covers settings
         under which not even the first renewal could be confirmed."""
-        lease = self.renew_lease
-        assert lease is not None
-        every, reserve = self.renew_every, self.completion_reserve
+        assert self.renewal is not None
+        lease, every = self.renewal.lease, self.renewal.every
+        reserve = self.completion_reserve
         if _renewal_fits(lease, every, reserve):
             return
-        interval = every or lease / 3
+        interval = self.renewal.interval
         cut = min(reserve, lease) if reserve is not None else _default_reserve(lease)
         usable = (1 - _RENEWAL_ROOM) * lease
-        what = [f"renew_lease={lease:g}"]
-        what += [] if every is None else [f"renew_every={every:g}"]
-        what += [] if reserve is None else [f"completion_reserve={reserve:g}"]
+        what = f"renewal=Renewal(lease={lease:g}" + ("" if every is None else f", every={every:g}")
+        what += ")" if reserve is None else f"), completion_reserve={reserve:g}"
         advice = []
         if usable - cut > 0:
-            advice.append(f"renew_every to at most {_down((usable - cut) / 2)} s")
+            advice.append(f"renewal.every to at most {_down((usable - cut) / 2)} s")
         if reserve is not None and usable - 2 * interval > 0:
             advice.append(f"completion_reserve to at most {_down(usable - 2 * interval)} s")
-        advice.append(f"renew_lease to at least {_up(_shortest_lease(every, reserve))} s")
+        advice.append(f"renewal.lease to at least {_up(_shortest_lease(every, reserve))} s")
         raise ConfigError(
-            f"{', '.join(what)} cannot survive a lost renewal: the callback is cut off "
+            f"{what} cannot survive a lost renewal: the callback is cut off "
             f"{_s(cut)} s (the completion reserve) before the short lease ends, and after "
             f"one lost renewal the next goes out two intervals ({_s(interval)} s each) after "
             f"the claim; both intervals, the reserve and a round trip "
-            f"({_RENEWAL_ROOM:.0%} of renew_lease) must fit in renew_lease "
+            f"({_RENEWAL_ROOM:.0%} of renewal.lease) must fit in renewal.lease "
             f"({_s(2 * interval + cut)} s > {_s(usable)} s). Set "
             + ", ".join(advice[:-1])
             + (", or " if len(advice) > 1 else "")
             + advice[-1]
-            + (" (renew_every left out is a third of renew_lease)" if every is not None else "")
+            + (" (renewal.every left out is a third of renewal.lease)" if every is not None else "")
         )
 
     def _check_key_format(self) -> None:
@@ -288,10 +372,6 @@ def _python_rules() -> ModuleType:
     return _powertools_python
 
 
-def disabled_by_environment() -> bool:
-    return os.environ.get(DISABLED_ENV, "").strip().lower() in _TRUE_WORDS
-
-
 def _default_reserve(lease: float) -> float:
     # The largest reserve a renewed call takes by default: min(0.5 s, 20 % of its lease).
     return min(0.5, 0.2 * lease)
@@ -305,9 +385,9 @@ def _renewal_fits(lease: float, every: float | None, reserve: float | None) -> b
 
 
 def _shortest_lease(every: float | None, reserve: float | None) -> float:
-    """The shortest ``renew_lease`` that fits ``every`` and ``reserve`` (None: defaults)."""
+    """The shortest ``Renewal.lease`` that fits ``every`` and ``reserve`` (None: defaults)."""
     usable = 1 - _RENEWAL_ROOM
-    if every is None:  # renew_lease / 3; with the default reserve every lease fits
+    if every is None:  # lease / 3; with the default reserve every lease fits
         return 0.0 if reserve is None else reserve / (usable - 2 / 3)
     if reserve is not None:
         return (2 * every + reserve) / usable

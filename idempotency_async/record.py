@@ -85,8 +85,8 @@ class Claim(NamedTuple):
     validation: str | None = None
     wait: float = math.inf
     """How long the claim may wait for a record another transaction holds locked, before it
-    answers "in progress" (stores with row locks, Postgres): ``Options.wait_timeout`` with
-    ``wait=True``, else 0; the store also bounds it by ``lease``."""
+    answers "in progress" (stores with row locks, Postgres): ``Options.wait``'s ``timeout``
+    (``Wait.timeout``), else 0; the store also bounds it by ``lease``."""
 
     def to_record(self, now: float) -> Record:
         """The INPROGRESS record this claim writes when the store's clock reads ``now``."""

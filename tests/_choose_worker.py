@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from idempotency_async import Manager, Options, downstream_key
+from idempotency_async import Manager, Options, Renewal, downstream_key
 from idempotency_async.stores.postgres import PostgresStore
 
 # What each mode's worker and the test's retry use (docs/choose.md, "How each row is tested").
@@ -28,7 +28,7 @@ from idempotency_async.stores.postgres import PostgresStore
 LEASE = 2.0
 OPTIONS = {
     "lease": {},
-    "renewal": {"renew_lease": LEASE},
+    "renewal": {"renewal": Renewal(lease=LEASE)},
     "transactional": {},
     "downstream": {},
 }

@@ -28,7 +28,7 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
-from idempotency_async import Manager, MemoryStore
+from idempotency_async import Manager, MemoryStore, Wait
 from idempotency_async.integrations.aiohttp import (
     idempotency_middleware,
     idempotent_endpoint,
@@ -62,7 +62,7 @@ def _options(wait: float | None) -> dict[str, Any]:
         "request_timeout": REQUEST_TIMEOUT,
         "max_body_bytes": MAX_BODY,
         "max_response_bytes": MAX_RESPONSE,
-        **({"wait": True, "wait_timeout": wait} if wait else {}),
+        **({"wait": Wait(timeout=wait)} if wait else {}),
     }
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import asyncpg
 
-from idempotency_async import Manager, Options
+from idempotency_async import LocalCache, Manager, Options, Wait
 from idempotency_async.stores.postgres import PostgresStore
 
 FAULTS = (
@@ -49,9 +49,8 @@ def _options(wait: str) -> Options:
     return Options(
         key_prefix="tx",
         event_key_jmespath="id",
-        wait=wait != "off",
-        wait_timeout=0.03 if wait == "short" else 20.0,
-        use_local_cache=True,  # never read nor filled by a transactional call
+        wait=None if wait == "off" else Wait(timeout=0.03 if wait == "short" else 20.0),
+        local_cache=LocalCache(),  # never read nor filled by a transactional call
     )
 
 

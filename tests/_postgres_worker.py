@@ -7,7 +7,8 @@ Usage:
       claims key {"id": "held"} and prints "holding" from a callback that never returns
       (the test SIGKILLs the process);
   python _postgres_worker.py hold DSN TABLE LEASE RENEW
-      the same, with Options(renew_lease=RENEW): the short lease is renewed while it holds.
+      the same, with Options(renewal=Renewal(lease=RENEW)): the short lease is renewed
+      while it holds.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ import asyncio
 import os
 import sys
 
-from idempotency_async import Manager, Options
+from idempotency_async import Manager, Options, Renewal, Wait
 from idempotency_async.stores.postgres import PostgresStore
 
 
 async def run(dsn: str, table: str, path: str, worker: str, tasks: int, keys: int) -> None:
     async with PostgresStore.from_url(dsn, table=table) as store:
         manager = Manager(
-            store, Options(key_prefix="multi", event_key_jmespath="id", wait=True, wait_timeout=60)
+            store, Options(key_prefix="multi", event_key_jmespath="id", wait=Wait(timeout=60))
         )
         descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
@@ -47,7 +48,10 @@ async def run(dsn: str, table: str, path: str, worker: str, tasks: int, keys: in
 
 async def hold(dsn: str, table: str, lease: float, renew: float | None = None) -> None:
     async with PostgresStore.from_url(dsn, table=table) as store:
-        manager = Manager(store, Options(key_prefix="kill", renew_lease=renew))
+        manager = Manager(
+            store,
+            Options(key_prefix="kill", renewal=None if renew is None else Renewal(lease=renew)),
+        )
 
         async def forever() -> None:
             print("holding", flush=True)

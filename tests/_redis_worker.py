@@ -7,7 +7,8 @@ Usage:
       claims key {"id": "held"} and prints "holding" from a callback that never returns
       (the test SIGKILLs the process);
   python _redis_worker.py hold PORT PREFIX LEASE RENEW
-      the same, with Options(renew_lease=RENEW): the short lease is renewed while it holds.
+      the same, with Options(renewal=Renewal(lease=RENEW)): the short lease is renewed
+      while it holds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 
 import redis.asyncio as redis_asyncio
 
-from idempotency_async import Manager, Options
+from idempotency_async import Manager, Options, Renewal, Wait
 from idempotency_async.stores.redis import RedisStore
 
 
@@ -26,7 +27,7 @@ async def run(port: int, prefix: str, path: str, worker: str, tasks: int, keys: 
     async with redis_asyncio.Redis(host="127.0.0.1", port=port) as client:
         store = RedisStore(client, key_prefix=prefix)
         manager = Manager(
-            store, Options(key_prefix="multi", event_key_jmespath="id", wait=True, wait_timeout=60)
+            store, Options(key_prefix="multi", event_key_jmespath="id", wait=Wait(timeout=60))
         )
         descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
@@ -50,7 +51,9 @@ async def run(port: int, prefix: str, path: str, worker: str, tasks: int, keys: 
 
 async def hold(port: int, prefix: str, lease: float, renew: float | None = None) -> None:
     async with redis_asyncio.Redis(host="127.0.0.1", port=port) as client:
-        options = Options(key_prefix="kill", renew_lease=renew)
+        options = Options(
+            key_prefix="kill", renewal=None if renew is None else Renewal(lease=renew)
+        )
         manager = Manager(RedisStore(client, key_prefix=prefix), options)
 
         async def forever() -> None:

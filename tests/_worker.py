@@ -12,7 +12,7 @@ import sys
 
 from _moto import open_transport
 
-from idempotency_async import Manager, Options
+from idempotency_async import Manager, Options, Wait
 from idempotency_async.stores.dynamodb import DynamoDBStore
 
 
@@ -24,7 +24,7 @@ async def main(
     )
     async with store:
         manager = Manager(
-            store, Options(key_prefix="multi", event_key_jmespath="id", wait=True, wait_timeout=60)
+            store, Options(key_prefix="multi", event_key_jmespath="id", wait=Wait(timeout=60))
         )
         descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:

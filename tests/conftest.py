@@ -76,13 +76,13 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     elif request.param == "postgres":
         # The client's clock, as for Redis: the suites run in simulated time.
         server = request.getfixturevalue("postgres_server")
-        async with fresh_postgres_store(server, clock="client") as postgres_store:
+        async with fresh_postgres_store(server, judged_by="client") as postgres_store:
             yield postgres_store
     elif request.param.startswith("redis"):
         # The client's clock: the suites run in simulated time (NOW is in 2023).
         cluster = request.param == "redis-cluster"
         server = request.getfixturevalue("redis_cluster" if cluster else "redis_server")
-        async with fresh_redis_store(server, cluster=cluster, clock="client") as redis_store:
+        async with fresh_redis_store(server, cluster=cluster, judged_by="client") as redis_store:
             yield redis_store
     elif request.param == "dynamodb-light":
         endpoint = request.getfixturevalue("moto_endpoint")

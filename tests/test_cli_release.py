@@ -28,7 +28,7 @@ from _postgres import PostgresServer, fresh_table_name, postgres_server
 from _redis import RedisServer, redis_server
 
 from idempotency_async.record import Claim, Completion, Status
-from idempotency_async.stores.base import State
+from idempotency_async.stores.base import Found
 from idempotency_async.stores.dynamodb import DynamoDBStore, create_table
 from idempotency_async.stores.postgres import PostgresStore
 from idempotency_async.stores.postgres import create_table as create_sql_table
@@ -67,7 +67,7 @@ async def _store(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[
 
 async def _claim(store: Any, owner: str, lease: float) -> None:
     verdict = await store.claim(Claim(KEY, owner, time.time(), lease, TTL, "v"))
-    assert verdict.state is State.CLAIMED, verdict
+    assert verdict.found is Found.CLAIMED, verdict
 
 
 async def _complete(store: Any, owner: str) -> None:

@@ -28,7 +28,7 @@ from support import MemoryWrapper
 
 from idempotency_async import Manager, MemoryStore, Options, errors
 from idempotency_async.record import Claim, Completion, Status
-from idempotency_async.stores.base import State, Verdict, Written
+from idempotency_async.stores.base import Found, Verdict, Written
 from idempotency_async.testing import SimulationFailure, StoreContract, simulate
 from idempotency_async.testing._contract import _prepare_race, _race_has_one_owner, claim
 
@@ -40,7 +40,7 @@ class ReadThenWriteTakeover(MemoryWrapper):
 
     async def claim(self, claim: Claim) -> Verdict:
         read = await self.inner.get(claim.key, now=claim.now)
-        if read.record is None or read.state is not State.CLAIMABLE:
+        if read.record is None or read.found is not Found.CLAIMABLE:
             return await self.inner.claim(claim)  # a fresh key: one conditional write
         await asyncio.sleep(0)  # the round trip between the read and the write
         await self.inner.force_release(claim.key)  # the unconditional put, in two steps

@@ -14,11 +14,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from idempotency_async import Manager, MemoryStore, Options, idempotent_function
+from idempotency_async import LocalCache, Manager, MemoryStore, Options, idempotent_function
 from idempotency_async.errors import ConfigError
 from idempotency_async.integrations.aiohttp import idempotency_middleware
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
-from idempotency_async.stores.base import State, Store
+from idempotency_async.options import Wait
+from idempotency_async.stores.base import Found, Store
 
 
 class _Codec:
@@ -49,16 +50,22 @@ def test_http_middleware_refuses_options_it_owns(name: str) -> None:
 
 def test_http_middleware_keeps_every_other_option() -> None:
     options = Options(
-        key_prefix="orders-api", expires_after=60, use_local_cache=True, wait=True, lease_margin=1
+        key_prefix="orders-api",
+        expires_after=60,
+        local_cache=LocalCache(),
+        wait=Wait(timeout=3.0),
+        lease_margin=1,
     )
     middleware = IdempotencyMiddleware(Starlette(), manager=Manager(MemoryStore(), options))
     kept = middleware.manager.options
-    assert (kept.key_prefix, kept.expires_after, kept.use_local_cache) == ("orders-api", 60, True)
-    assert (kept.wait, kept.lease_margin) == (True, 1)
+    assert (kept.key_prefix, kept.expires_after) == ("orders-api", 60)
+    assert (kept.local_cache, kept.wait, kept.lease_margin) == (LocalCache(), Wait(timeout=3.0), 1)
     assert kept.event_key_jmespath == "scope"
     # The middleware's own wait arguments adjust what the manager has.
     aio = idempotency_middleware(Manager(MemoryStore(), options), wait=False)
-    assert aio.manager.options.wait is False  # type: ignore[attr-defined]
+    assert aio.manager.options.wait is None  # type: ignore[attr-defined]
+    aio = idempotency_middleware(Manager(MemoryStore(), options), wait=Wait(timeout=1.0))
+    assert aio.manager.options.wait == Wait(timeout=1.0)  # type: ignore[attr-defined]
 
 
 async def _orders(request: Request) -> JSONResponse:
@@ -88,7 +95,7 @@ async def test_middleware_key_for_is_the_stored_key(framework: str, store: Store
         first = await client.post("/orders/7", headers={"Idempotency-Key": "k-1"})
         key = middleware.key_for("POST", "/orders/{order_id}", "k-1")
         verdict = await store.get(key, now=time.time())
-        assert verdict.state is State.COMPLETED
+        assert verdict.found is Found.COMPLETED
         await middleware.manager.force_release(key)
         again = await client.post("/orders/7", headers={"Idempotency-Key": "k-1"})
     assert first.json() == {"run": 1} and again.json() == {"run": 2}
@@ -106,4 +113,4 @@ async def test_decorated_function_exposes_the_manager_it_runs(store: Store) -> N
     assert derived is not manager and derived.key_prefix.endswith("charge")
     key = derived.key_for({"amount": 5})
     assert manager.key_for({"amount": 5}) != key  # the given manager keys differently
-    assert (await store.get(key, now=time.time())).state is State.COMPLETED
+    assert (await store.get(key, now=time.time())).found is Found.COMPLETED

@@ -46,6 +46,7 @@ GUIDES = [
     "cli.md",
     "observability.md",
     "migrate-from-powertools.md",
+    "testing-your-handler.md",
 ]
 
 _FENCE = re.compile(r"^```(\w*)([^\n]*)\n(.*?)^```$", re.S | re.M)

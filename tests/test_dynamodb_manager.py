@@ -13,7 +13,7 @@ from _moto import fresh_store, fresh_table
 from support import start_holding
 from test_dynamodb_store import sent_requests
 
-from idempotency_async import Manager, Options, errors
+from idempotency_async import LocalCache, Manager, Options, errors
 
 pytestmark = pytest.mark.dynamodb
 
@@ -24,7 +24,7 @@ async def _value() -> dict[str, Any]:
 
 async def test_store_round_trips_per_path(dynamodb_client: Any, store_client: Any) -> None:
     store = await fresh_store(dynamodb_client, store_client=store_client)
-    first = Manager(store, Options(key_prefix="rt", use_local_cache=True))
+    first = Manager(store, Options(key_prefix="rt", local_cache=LocalCache()))
     second = Manager(store, Options(key_prefix="rt"))
 
     with sent_requests(store_client) as sent:

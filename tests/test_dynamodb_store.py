@@ -24,7 +24,7 @@ from idempotency_async.errors import (
     StoreValidationError,
 )
 from idempotency_async.record import Claim, Completion, Record, Status
-from idempotency_async.stores.base import State, Store, Written
+from idempotency_async.stores.base import Found, Store, Written
 from idempotency_async.stores.dynamodb import DynamoDBStore, create_table
 from idempotency_async.stores.dynamodb_light import LightDynamoDBClient
 
@@ -53,7 +53,7 @@ async def try_claim(store: Store, claim: Claim, now: float) -> Record | None:
     else the record that blocked it."""
     shifted = claim._replace(now=now, lease=claim.lease - (now - claim.now))
     verdict = await store.claim(shifted)
-    return None if verdict.state is State.CLAIMED else verdict.record
+    return None if verdict.found is Found.CLAIMED else verdict.record
 
 
 async def get_record(store: Store, key: str, now: float = NOW) -> Record | None:

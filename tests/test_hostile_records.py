@@ -26,7 +26,7 @@ from support import MemoryWrapper
 from idempotency_async import Manager, Options
 from idempotency_async.errors import InconsistentStateError
 from idempotency_async.record import Claim, Completion, Record
-from idempotency_async.stores.base import State, Verdict
+from idempotency_async.stores.base import Found, Verdict
 from idempotency_async.stores.redis import RedisStore
 
 __all__ = ["postgres_server", "redis_server"]
@@ -46,7 +46,7 @@ def _completion(key: str, owner: str = "writer") -> Completion:
 
 async def _complete(store: Any, key: str) -> None:
     claimed = await store.claim(_claim(key))
-    assert claimed.state is State.CLAIMED
+    assert claimed.found is Found.CLAIMED
     await store.complete(_completion(key))
 
 
@@ -243,7 +243,7 @@ async def test_postgres_refuses_the_row_of_another_key(
 
     pool, table = await _case_insensitive_table(postgres_server)
     try:
-        store = PostgresStore(pool, table=table, clock="client")
+        store = PostgresStore(pool, table=table, judged_by="client")
         await _complete(store, "p#Ab")
         assert (await store.get("p#Ab", now=NOW)).record is not None  # its own row is fine
         with pytest.raises(InconsistentStateError, match=r"'p#aB'.*'p#Ab'"):

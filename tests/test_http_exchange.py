@@ -66,7 +66,6 @@ def _rules(manager: FakeManager) -> HttpIdempotency:
             store_server_errors=False,
             replay_headers=(),
             wait=None,
-            wait_timeout=None,
         ),
     )
     rules.manager = manager  # type: ignore[assignment]

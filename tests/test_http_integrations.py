@@ -31,7 +31,7 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from support import RecordingStore, checkout_env
 
-from idempotency_async import Manager, MemoryStore, Options, errors
+from idempotency_async import Manager, MemoryStore, Options, Wait, errors
 from idempotency_async.canonical import canonical_bytes
 from idempotency_async.integrations._http import HttpIdempotency, Rejection
 from idempotency_async.integrations._http._fingerprint import _sliced
@@ -711,12 +711,16 @@ async def test_fastapi_required_key_type_is_enforced_per_route() -> None:
 
 
 def test_wait_options_match_the_manager_options() -> None:
-    with pytest.raises(errors.ConfigError, match="wait_timeout"):
+    with pytest.raises(errors.ConfigError, match=r"wait takes a Wait, False .* got 5.0"):
         IdempotencyMiddleware(_no_app, manager=Manager(MemoryStore()), wait=5.0)  # type: ignore[arg-type]
-    with pytest.raises(errors.ConfigError, match="wait_timeout"):
-        idempotency_middleware(Manager(MemoryStore()), wait=True, wait_timeout=0)
-    rules = idempotency_middleware_rules(wait=True, wait_timeout=2.5)
-    assert (rules.manager.options.wait, rules.manager.options.wait_timeout) == (True, 2.5)
-    waiting = Manager(MemoryStore(), Options(wait=True, wait_timeout=7.0))
+    with pytest.raises(errors.ConfigError, match=r"wait takes a Wait, False .* got True"):
+        idempotency_middleware(Manager(MemoryStore()), wait=True)  # type: ignore[arg-type]
+    with pytest.raises(errors.ConfigError, match=r"Wait\(timeout=...\)"):
+        idempotency_middleware(Manager(MemoryStore()), wait=Wait(timeout=0))
+    rules = idempotency_middleware_rules(wait=Wait(timeout=2.5))
+    assert rules.manager.options.wait == Wait(timeout=2.5)
+    waiting = Manager(MemoryStore(), Options(wait=Wait(timeout=7.0)))
     inherited = IdempotencyMiddleware(_no_app, manager=waiting, caller_scope=_tenant_of).rules
-    assert (inherited.manager.options.wait, inherited.manager.options.wait_timeout) == (True, 7.0)
+    assert inherited.manager.options.wait == Wait(timeout=7.0)
+    refusing = IdempotencyMiddleware(_no_app, manager=waiting, wait=False).rules
+    assert refusing.manager.options.wait is None

@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
-from idempotency_async import Manager
+from idempotency_async import Manager, Wait
 from idempotency_async.integrations.aiohttp import (
     idempotency_middleware,
     request_transaction,
@@ -125,8 +125,7 @@ def _settings(wait: bool) -> dict[str, Any]:
         "paths": (),
         "caller_scope": lambda request: request.headers.get("x-tenant"),
         "request_timeout": REQUEST_TIMEOUT,
-        "wait": wait,
-        "wait_timeout": REQUEST_TIMEOUT,
+        "wait": Wait(timeout=REQUEST_TIMEOUT) if wait else False,
         "max_response_bytes": MAX_RESPONSE,
     }
 

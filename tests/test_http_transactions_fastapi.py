@@ -27,7 +27,7 @@ from fastapi import APIRouter, BackgroundTasks, FastAPI, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, Field
 
-from idempotency_async import Manager, Options
+from idempotency_async import Manager, Options, Wait
 from idempotency_async.events import Event
 from idempotency_async.integrations.fastapi import IdempotentTransaction
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
@@ -113,7 +113,7 @@ class App:
             manager=manager,
             paths=(),
             request_timeout=10.0,
-            wait=True,
+            wait=Wait(),
             replay_headers=("x-trace",),
         )
         for name, (options, value, edits) in CASES.items():

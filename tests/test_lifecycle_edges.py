@@ -25,16 +25,19 @@ from test_dynamodb_store import _answer_with_error, _Proxy
 
 from idempotency_async import (
     Event,
+    LocalCache,
     Manager,
     MemoryStore,
     Options,
+    Renewal,
+    Wait,
     deadline,
     errors,
     idempotent_function,
 )
 from idempotency_async.integrations.aws_lambda import idempotent_handler
 from idempotency_async.record import Status
-from idempotency_async.stores.base import State, Store
+from idempotency_async.stores.base import Found, Store
 from idempotency_async.stores.dynamodb import DynamoDBStore
 
 
@@ -165,7 +168,7 @@ async def test_a_claim_with_an_unknown_outcome_is_released_before_the_error(
 
 async def test_wait_does_not_wait_on_its_own_resent_claim(store: Store) -> None:
     recording = RecordingStore(store, resend={"claim"})
-    manager = make(recording, wait=True, wait_timeout=30)
+    manager = make(recording, wait=Wait(timeout=30))
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert await manager.execute({"id": 1}, Runs("fast"), timeout=60) == "fast"
@@ -272,7 +275,7 @@ async def test_a_response_the_store_cannot_keep_gives_one_answer_everywhere(
     store: Store,
 ) -> None:
     events: list[Event] = []
-    local = make(store, use_local_cache=True, on_event=events.append)
+    local = make(store, local_cache=LocalCache(), on_event=events.append)
     if isinstance(store, MemoryStore):
         big = "x" * (store.max_response_bytes + 1)
     else:  # under max_response_bytes, but no DynamoDB item holds it even compressed
@@ -484,7 +487,7 @@ async def test_a_duplicate_stops_waiting_for_an_unanswered_claim_and_asks_the_st
     store: Store,
 ) -> None:
     await make(store).execute({"id": 1}, Runs("paid"), timeout=5)
-    manager = make(_FirstClaimStalls(store), wait=True, wait_timeout=0.2)
+    manager = make(_FirstClaimStalls(store), wait=Wait(timeout=0.2))
     stalled = asyncio.create_task(manager.execute({"id": 1}, Runs(), timeout=60))
     await asyncio.sleep(0.05)  # its claim is unanswered
     # Completed key: the duplicate must replay, not report "in progress" after waiting.
@@ -498,7 +501,7 @@ async def test_an_execute_call_duplicate_stops_waiting_for_an_unanswered_claim(
     store: Store,
 ) -> None:
     await make(store).execute({"id": 1}, Runs("paid"), timeout=5)
-    manager = make(_FirstClaimStalls(store), wait=True, wait_timeout=0.2)
+    manager = make(_FirstClaimStalls(store), wait=Wait(timeout=0.2))
     stalled = asyncio.create_task(manager.execute_call({"id": 1}, _ignore_call, timeout=60))
     await asyncio.sleep(0.05)  # its claim is unanswered
     assert await manager.execute_call({"id": 1}, _ignore_call, timeout=5) == "paid"
@@ -707,7 +710,7 @@ async def test_force_release_leaves_no_cache_entry_after_a_replay_during_the_rel
     store: Store,
 ) -> None:
     slow = RecordingStore(store, delay={"force_release": 0.3})
-    manager = make(slow, use_local_cache=True)
+    manager = make(slow, local_cache=LocalCache())
     await manager.execute({"id": 1}, Runs("first"), timeout=5)
     key = manager.key_for({"id": 1}) or ""
     releasing = asyncio.create_task(manager.force_release(key))
@@ -735,7 +738,7 @@ async def test_force_release_leaves_no_cache_entry_after_a_replay_answered_later
     store: Store,
 ) -> None:
     await make(store).execute({"id": 1}, Runs("first"), timeout=5)
-    manager = make(_ClaimAnswersLate(store), use_local_cache=True)
+    manager = make(_ClaimAnswersLate(store), local_cache=LocalCache())
     key = manager.key_for({"id": 1}) or ""
     replay = asyncio.create_task(manager.execute({"id": 1}, Runs(), timeout=5))
     await asyncio.sleep(0.05)  # the claim met the completed record; its answer is late
@@ -830,11 +833,11 @@ async def test_the_local_cache_keeps_a_server_clock_record_as_long_as_the_server
     redis_server: RedisServer,
 ) -> None:
     async with fresh_redis_store(redis_server) as store:  # judges by the server's TIME
-        assert store.clock == "server"
+        assert store.judged_by == "server"
         events: list[Event] = []
         behind = make(
             store,
-            use_local_cache=True,
+            local_cache=LocalCache(),
             on_event=events.append,
             clock=lambda: time.time() - 120,  # two minutes behind the server
         )
@@ -870,7 +873,7 @@ async def test_the_local_cache_counts_a_replayed_records_life_from_the_request(
     await make(store, expires_after=3, clock=clock).execute({"id": 1}, Runs("first"))
     clock.advance(2)
     recording = RecordingStore(store)
-    cached = make(recording, use_local_cache=True, clock=clock)
+    cached = make(recording, local_cache=LocalCache(), clock=clock)
     assert await cached.execute({"id": 1}, Runs(), timeout=5) == "first"
     claims = recording.calls.count("claim")
     assert await cached.execute({"id": 1}, Runs(), timeout=5) == "first"
@@ -972,27 +975,37 @@ async def test_a_replay_without_a_remaining_life_is_not_cached(store: Store) -> 
             verdict = await super().claim(claim)
             return (
                 verdict
-                if verdict.state is not State.COMPLETED
+                if verdict.found is not Found.COMPLETED
                 else verdict._replace(expires_in=None)
             )
 
     await make(store).execute({"id": 1}, Runs("first"), timeout=5)
     lifeless = Lifeless(store)
-    manager = make(lifeless, use_local_cache=True)
+    manager = make(lifeless, local_cache=LocalCache())
     for _ in range(2):
         assert await manager.execute({"id": 1}, Runs(), timeout=5) == "first"
     assert lifeless.calls == ["claim", "claim"]  # never judged by this process's clock
 
 
-@pytest.mark.parametrize(
-    "option", ["lease", "expires_after", "wait_timeout", "lease_margin", "completion_reserve"]
-)
+@pytest.mark.parametrize("option", ["lease", "expires_after", "lease_margin", "completion_reserve"])
 @pytest.mark.parametrize("value", [math.inf, math.nan, -math.inf], ids=repr)
 def test_a_lease_or_duration_option_that_is_not_finite_is_a_config_error(
     option: str, value: float
 ) -> None:
     with pytest.raises(errors.ConfigError, match=option):
         Options(**{option: value})
+
+
+@pytest.mark.parametrize(
+    ("group", "field"), [(Wait, "timeout"), (Renewal, "lease"), (Renewal, "every")]
+)
+@pytest.mark.parametrize("value", [math.inf, math.nan, -math.inf], ids=repr)
+def test_a_duration_in_an_option_group_that_is_not_finite_is_a_config_error(
+    group: Any, field: str, value: float
+) -> None:
+    settings = {"lease": 30.0} if group is Renewal else {}
+    with pytest.raises(errors.ConfigError, match=rf"{group.__name__}\({field}="):
+        group(**{**settings, field: value})
 
 
 # -- cancellation: the caller's, or the callback's own (a review of the merged lifecycle) ---

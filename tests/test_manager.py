@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from support import Clock, RecordingStore, on_stores, record_of, start_holding
 
-from idempotency_async import Event, Manager, MemoryStore, Options, errors
+from idempotency_async import Event, LocalCache, Manager, MemoryStore, Options, Wait, errors
 from idempotency_async.record import Status
-from idempotency_async.stores.base import State, Store, Verdict
+from idempotency_async.stores.base import Found, Store, Verdict
 
 
 def make(store: Store, clock: Clock | None = None, **options: Any) -> Manager:
@@ -57,7 +57,7 @@ async def test_replay_returns_falsy_result_unchanged(store: Store, result: Any) 
 
 
 async def test_replays_are_independent_copies(store: Store) -> None:
-    manager = make(store, use_local_cache=True)
+    manager = make(store, local_cache=LocalCache())
     await manager.execute({"id": 1}, Counter({"items": [1]}), timeout=5)
     first = await manager.execute({"id": 1}, Counter(), timeout=5)
     first["items"].append(2)
@@ -279,7 +279,7 @@ async def test_record_that_stays_claimable_ends_in_inconsistent_state(store: Sto
     class StaleStore(RecordingStore):
         async def claim(self, claim: Any) -> Any:
             self.calls.append("claim")
-            return Verdict(State.CLAIMABLE)
+            return Verdict(Found.CLAIMABLE)
 
     stale = StaleStore(store)
     manager = make(stale)
@@ -291,7 +291,7 @@ async def test_record_that_stays_claimable_ends_in_inconsistent_state(store: Sto
 @on_stores("memory", "dynamodb", "redis")
 async def test_local_cache_replays_without_a_store_call(store: Store, clock: Clock) -> None:
     recording = RecordingStore(store)
-    manager = make(recording, clock, use_local_cache=True, expires_after=1)
+    manager = make(recording, clock, local_cache=LocalCache(), expires_after=1)
     await manager.execute({"id": 1}, Counter("v"), timeout=5)
     calls = len(recording.calls)
     assert await manager.execute({"id": 1}, Counter(), timeout=5) == "v"
@@ -307,7 +307,7 @@ async def test_local_cache_replays_without_a_store_call(store: Store, clock: Clo
 
 async def test_clear_cache_leaves_the_store_alone(store: Store) -> None:
     recording = RecordingStore(store)
-    manager = make(recording, use_local_cache=True)
+    manager = make(recording, local_cache=LocalCache())
     work = Counter("v")
     await manager.execute({"id": 1}, work, timeout=5)
     manager.clear_cache()
@@ -339,7 +339,7 @@ async def test_in_process_duplicate_is_rejected_without_a_store_call(store: Stor
 
 
 async def test_wait_joins_the_in_process_call_and_replays(store: Store) -> None:
-    manager = make(store, wait=True)
+    manager = make(store, wait=Wait())
     work = Counter({"v": 1}, delay=0.05)
     results = await asyncio.gather(
         *(manager.execute({"id": 1}, work, timeout=5) for _ in range(10))
@@ -351,7 +351,7 @@ async def test_wait_joins_the_in_process_call_and_replays(store: Store) -> None:
 
 
 async def test_waiting_duplicate_claims_for_itself_when_the_first_call_fails(store: Store) -> None:
-    manager = make(store, wait=True)
+    manager = make(store, wait=Wait())
     first = await start_holding(
         manager, {"id": 1}, seconds=0.02, error=RuntimeError("first failed")
     )
@@ -365,7 +365,7 @@ async def test_waiting_duplicate_claims_for_itself_when_the_first_call_fails(sto
 
 async def test_wait_polls_another_process_until_it_completes(store: Store) -> None:
     holder = make(store)
-    waiter = make(store, wait=True, wait_timeout=5)
+    waiter = make(store, wait=Wait(timeout=5))
     task = await start_holding(holder, {"id": 1}, seconds=0.2, result="from-holder")
     work = Counter()
     assert await waiter.execute({"id": 1}, work, timeout=5) == "from-holder"
@@ -373,16 +373,16 @@ async def test_wait_polls_another_process_until_it_completes(store: Store) -> No
     await task
 
 
-async def test_wait_gives_up_after_wait_timeout(store: Store) -> None:
+async def test_wait_gives_up_after_its_timeout(store: Store) -> None:
     holder = make(store)
-    waiter = make(store, wait=True, wait_timeout=0.15)
+    waiter = make(store, wait=Wait(timeout=0.15))
     release = asyncio.Event()
     task = await start_holding(holder, {"id": 1}, until=release, result="late")
     loop = asyncio.get_running_loop()
     begun = loop.time()
     with pytest.raises(errors.AlreadyInProgressError):
         await waiter.execute({"id": 1}, Counter(), timeout=5)
-    # Without wait_timeout the waiter would poll until its own 5 s deadline: 2 s leaves a
+    # Without Wait.timeout the waiter would poll until its own 5 s deadline: 2 s leaves a
     # slow machine's store round trips plenty of room and still tells the two apart.
     assert loop.time() - begun < 2.0
     release.set()
@@ -485,7 +485,7 @@ async def test_cancellation_propagates_with_no_store_call_after_it(store: Store)
 async def test_cancelled_holder_lets_a_waiting_duplicate_proceed_after_the_lease(
     store: Store,
 ) -> None:
-    manager = make(store, wait=True, wait_timeout=2)
+    manager = make(store, wait=Wait(timeout=2))
     holder = await start_holding(manager, {"id": 1}, seconds=10, timeout=0.3)
     work = Counter("after lease")
     waiter = asyncio.create_task(manager.execute({"id": 1}, work, timeout=2))
@@ -499,7 +499,7 @@ async def test_cancelled_holder_lets_a_waiting_duplicate_proceed_after_the_lease
 
 async def test_events_report_the_lifecycle(store: Store) -> None:
     events: list[Event] = []
-    manager = make(store, on_event=events.append, use_local_cache=True)
+    manager = make(store, on_event=events.append, local_cache=LocalCache())
     await manager.execute({"id": 1}, Counter(), timeout=5)
     await manager.execute({"id": 1}, Counter(), timeout=5)
     other = make(store, on_event=events.append)
@@ -558,7 +558,7 @@ async def test_operator_release_unsticks_a_key(store: Store) -> None:
 
 async def test_many_concurrent_tasks_run_each_key_once(store: Store) -> None:
     # Four "processes" sharing one store; duplicates wait for the result.
-    managers = [make(store, wait=True, wait_timeout=30) for _ in range(4)]
+    managers = [make(store, wait=Wait(timeout=30)) for _ in range(4)]
     runs: dict[int, int] = {}
 
     async def call(n: int) -> int:
@@ -581,8 +581,18 @@ def test_options_reject_invalid_values() -> None:
         Options(expires_after=0)
     with pytest.raises(errors.ConfigError, match="expires_after"):
         Options(expires_after=-5)
-    with pytest.raises(errors.ConfigError, match="local_cache_max_items"):
-        Options(local_cache_max_items=-1)
+    with pytest.raises(errors.ConfigError, match="max_items"):
+        LocalCache(max_items=-1)
+    with pytest.raises(errors.ConfigError, match="max_items"):
+        LocalCache(max_items=True)
+    with pytest.raises(errors.ConfigError, match="Wait"):
+        Wait(timeout=0)
+    with pytest.raises(errors.ConfigError, match=r"local_cache takes a LocalCache"):
+        Options(local_cache=True)  # type: ignore[arg-type]
+    with pytest.raises(errors.ConfigError, match=r"Options\(wait=Wait\(timeout=10.0\)\)"):
+        Options(wait=True)  # type: ignore[arg-type]
+    with pytest.raises(errors.ConfigError, match=r"renewal takes a Renewal"):
+        Options(renewal=30.0)  # type: ignore[arg-type]
     with pytest.raises(errors.ConfigError, match="sha999"):
         Options(hash_function="sha999")
     with pytest.raises(errors.ConfigError, match="lease"):
@@ -617,7 +627,7 @@ async def test_raced_expiry_is_retried_and_then_claimed(store: Store) -> None:
         async def claim(self, claim: Any) -> Any:
             if not self.calls:
                 self.calls.append("stale")
-                return Verdict(State.CLAIMABLE)
+                return Verdict(Found.CLAIMABLE)
             return await super().claim(claim)
 
     racy = RacyStore(store)
@@ -629,7 +639,7 @@ async def test_raced_expiry_is_retried_and_then_claimed(store: Store) -> None:
 
 
 async def test_joined_duplicates_of_an_unstorable_result_get_not_stored(store: Store) -> None:
-    manager = make(store, wait=True)
+    manager = make(store, wait=Wait())
     sentinel = object()
     work = Counter(sentinel, delay=0.05)
     first = asyncio.create_task(manager.execute({"id": 1}, work, timeout=5))
@@ -641,7 +651,7 @@ async def test_joined_duplicates_of_an_unstorable_result_get_not_stored(store: S
 
 
 async def test_joined_duplicate_gives_up_at_its_own_deadline(store: Store) -> None:
-    manager = make(store, wait=True, wait_timeout=10)
+    manager = make(store, wait=Wait(timeout=10))
     work = Counter("slow", delay=0.5)
     first = asyncio.create_task(manager.execute({"id": 1}, work, timeout=5))
     await asyncio.sleep(0.01)
@@ -737,7 +747,7 @@ async def test_outside_cancellation_wins_over_the_cutoff(store: Store) -> None:
 
 async def test_cached_none_result_replays_without_a_store_call(store: Store) -> None:
     recording = RecordingStore(store)
-    manager = make(recording, use_local_cache=True)
+    manager = make(recording, local_cache=LocalCache())
     await manager.execute({"id": 1}, Counter(None), timeout=5)
     calls = list(recording.calls)
     work = Counter("not run")
@@ -748,7 +758,7 @@ async def test_cached_none_result_replays_without_a_store_call(store: Store) -> 
 async def test_waiting_on_another_process_polls_with_reads_not_claims(store: Store) -> None:
     holder = make(store)
     recording = RecordingStore(store)
-    waiter = make(recording, wait=True, wait_timeout=5)
+    waiter = make(recording, wait=Wait(timeout=5))
     task = await start_holding(holder, {"id": 1}, seconds=0.3, result="from-holder")
     assert await waiter.execute({"id": 1}, Counter(), timeout=5) == "from-holder"
     await task
@@ -758,7 +768,7 @@ async def test_waiting_on_another_process_polls_with_reads_not_claims(store: Sto
 
 async def test_waiter_claims_when_the_other_process_releases(store: Store) -> None:
     holder = make(store)
-    waiter = make(store, wait=True, wait_timeout=5)
+    waiter = make(store, wait=Wait(timeout=5))
     task = await start_holding(holder, {"id": 1}, seconds=0.15, error=RuntimeError("holder failed"))
     work = Counter("waiter ran")
     assert await waiter.execute({"id": 1}, work, timeout=5) == "waiter ran"

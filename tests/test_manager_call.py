@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 
-from idempotency_async import Call, Manager, Options, errors
+from idempotency_async import Call, Manager, Options, Wait, errors
 from idempotency_async.record import Completion
 from idempotency_async.stores.base import Store, Written
 
 
 async def test_completed_call_replays_while_its_work_goes_on(store: Store) -> None:
-    manager = Manager(store, Options(wait=False))
+    manager = Manager(store, Options(wait=None))
     answered = asyncio.Event()
     finish = asyncio.Event()
 
@@ -187,7 +187,7 @@ async def test_a_kept_response_is_what_waiters_in_this_process_get(store: Store)
     # The response landed, its answer lost; the callback then completes without one, and
     # the store keeps the response (final).  A duplicate waiting in this process must be
     # given what the store holds, not the "not stored" completion this call sent.
-    manager = Manager(_LostCompletionAnswer(store), Options(wait=True, wait_timeout=5))  # type: ignore[arg-type]
+    manager = Manager(_LostCompletionAnswer(store), Options(wait=Wait(timeout=5)))  # type: ignore[arg-type]
     entered = asyncio.Event()
     go_on = asyncio.Event()
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from _postgres import PostgresServer, fresh_postgres_store
 
-from idempotency_async import Manager, MemoryStore, Options, errors
+from idempotency_async import Manager, MemoryStore, Options, Wait, errors
 from idempotency_async.stores.base import Store
 
 _NOTHING = object()
@@ -58,7 +58,7 @@ async def test_another_payloads_record_is_a_validation_error(store: Store) -> No
 
 
 async def test_a_record_in_progress_is_refused_at_once_even_with_wait(store: Store) -> None:
-    manager = _manager(store, wait=True, wait_timeout=30)
+    manager = _manager(store, wait=Wait(timeout=30))
     started, release = asyncio.Event(), asyncio.Event()
 
     async def slow() -> int:

@@ -10,7 +10,7 @@ from idempotency_async import MemoryStore
 from idempotency_async._json import encode_json
 from idempotency_async.errors import ConfigError, StoreUnavailableError
 from idempotency_async.record import Claim, Completion
-from idempotency_async.stores.base import State, Written
+from idempotency_async.stores.base import Found, Written
 
 NOW = 1_700_000_000.0
 
@@ -22,10 +22,10 @@ def _claim(key: str, now: float, ttl: float = 10, owner: str = "owner") -> Claim
 async def test_expired_records_are_dropped_as_new_ones_arrive() -> None:
     store = MemoryStore()
     for n in range(1000):
-        assert (await store.claim(_claim(f"old-{n}", NOW))).state is State.CLAIMED
+        assert (await store.claim(_claim(f"old-{n}", NOW))).found is Found.CLAIMED
     later = NOW + 60
     for n in range(600):
-        assert (await store.claim(_claim(f"new-{n}", later))).state is State.CLAIMED
+        assert (await store.claim(_claim(f"new-{n}", later))).found is Found.CLAIMED
     assert len(store) == 600
     assert (await store.get("old-0", now=later)).record is None
 
@@ -36,8 +36,8 @@ async def test_mixed_ttls_drop_whatever_expired_first() -> None:
     await store.claim(_claim("short-1", NOW, ttl=10))
     await store.claim(_claim("short-2", NOW, ttl=10))
     later = NOW + 60  # both short records expired behind a long-lived one
-    assert (await store.claim(_claim("fresh-1", later))).state is State.CLAIMED
-    assert (await store.claim(_claim("fresh-2", later))).state is State.CLAIMED
+    assert (await store.claim(_claim("fresh-1", later))).found is Found.CLAIMED
+    assert (await store.claim(_claim("fresh-2", later))).found is Found.CLAIMED
     assert len(store) == 3
     assert (await store.get("long", now=later)).record is not None
 
@@ -52,12 +52,12 @@ async def test_a_full_store_refuses_new_claims_and_keeps_live_records() -> None:
     )
     with pytest.raises(StoreUnavailableError, match="max_records"):
         await store.claim(_claim("c", NOW + 1))
-    assert (await store.get("a", now=NOW + 1)).state is State.IN_PROGRESS
-    assert (await store.get("b", now=NOW + 1)).state is State.COMPLETED
+    assert (await store.get("a", now=NOW + 1)).found is Found.IN_PROGRESS
+    assert (await store.get("b", now=NOW + 1)).found is Found.COMPLETED
     # a key already held is judged, not refused
-    assert (await store.claim(_claim("a", NOW + 1, owner="other"))).state is State.IN_PROGRESS
+    assert (await store.claim(_claim("a", NOW + 1, owner="other"))).found is Found.IN_PROGRESS
     # once a record expires, room is made
-    assert (await store.claim(_claim("c", NOW + 30))).state is State.CLAIMED
+    assert (await store.claim(_claim("c", NOW + 30))).found is Found.CLAIMED
 
 
 async def test_a_completed_record_moves_behind_records_that_expire_sooner() -> None:

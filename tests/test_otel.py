@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from support import RecordingStore, run, start_holding
 
-from idempotency_async import Manager, MemoryStore, Options, errors
+from idempotency_async import LocalCache, Manager, MemoryStore, Options, Wait, errors
 from idempotency_async.otel import Telemetry
 from idempotency_async.stores.base import Store
 
@@ -179,7 +179,7 @@ async def test_in_progress_rejection_from_another_manager(store: Store, otel: Ot
 async def test_waiting_on_another_manager_records_the_wait(store: Store, otel: Otel) -> None:
     holder = manager_of(store, otel)
     task = await start_holding(holder, PAYLOAD, seconds=1.0, result=1)
-    waiter = manager_of(store, otel, wait=True, wait_timeout=5)
+    waiter = manager_of(store, otel, wait=Wait(timeout=5))
     assert await waiter.execute(PAYLOAD, lambda: run(2), timeout=5) == 1
     await task
 
@@ -192,7 +192,7 @@ async def test_waiting_on_another_manager_records_the_wait(store: Store, otel: O
 
 
 async def test_joined_duplicate_in_the_same_process(otel: Otel) -> None:
-    manager = manager_of(MemoryStore(), otel, wait=True)
+    manager = manager_of(MemoryStore(), otel, wait=Wait())
     task = await start_holding(manager, PAYLOAD, seconds=0.1, result=1)
     assert await manager.execute(PAYLOAD, lambda: run(2), timeout=5) == 1
     await task
@@ -288,7 +288,7 @@ async def test_lease_lost(otel: Otel) -> None:
 
 
 async def test_cache_hit_and_unprotected_calls(otel: Otel) -> None:
-    manager = manager_of(MemoryStore(), otel, use_local_cache=True, event_key_jmespath="order")
+    manager = manager_of(MemoryStore(), otel, local_cache=LocalCache(), event_key_jmespath="order")
     await manager.execute(PAYLOAD, lambda: run(1), timeout=5)
     assert await manager.execute(PAYLOAD, lambda: run(2), timeout=5) == 1
     assert await manager.execute({"no": "order"}, lambda: run(3), timeout=5) == 3
@@ -361,9 +361,18 @@ async def test_without_providers_nothing_is_observed_and_calls_work() -> None:
     assert await manager.execute(PAYLOAD, lambda: run(1), timeout=5) == 1
     assert await manager.execute(PAYLOAD, lambda: run(2), timeout=5) == 1
     assert not telemetry.active()
-    # No method swap: execute is a coroutine function with telemetry as without.
-    assert inspect.iscoroutinefunction(manager.execute)
-    assert inspect.iscoroutinefunction(Manager(store).execute)
+    # No method swap: execute is the class's own function with telemetry as without, and
+    # it hands back a coroutine either way (marked a coroutine function where Python can).
+    assert manager.execute.__func__ is Manager.execute
+    coroutines = [
+        manager.execute(PAYLOAD, lambda: run(3)),
+        Manager(store).execute(PAYLOAD, lambda: run(3)),
+    ]
+    assert all(inspect.iscoroutine(c) for c in coroutines)
+    assert [await c for c in coroutines] == [1, 1]
+    if sys.version_info >= (3, 12):
+        assert inspect.iscoroutinefunction(manager.execute)
+        assert inspect.iscoroutinefunction(Manager(store).execute)
 
 
 def test_the_core_package_never_imports_opentelemetry() -> None:

@@ -25,7 +25,7 @@ from _postgres import (
 )
 from support import start_holding
 
-from idempotency_async import Manager, Options, errors
+from idempotency_async import LocalCache, Manager, Options, Wait, errors
 from idempotency_async.stores.postgres import PostgresStore, create_table
 from idempotency_async.testing import simulate_live
 
@@ -81,7 +81,7 @@ async def test_store_round_trips_per_path(postgres_server: PostgresServer) -> No
     try:
         counting = CountingPool(pool)
         store = PostgresStore(counting, table=await _table(postgres_server))
-        first = Manager(store, Options(key_prefix="rt", use_local_cache=True))
+        first = Manager(store, Options(key_prefix="rt", local_cache=LocalCache()))
         second = Manager(store, Options(key_prefix="rt"))
 
         await first.execute({"id": 1}, _value, timeout=10)
@@ -146,7 +146,7 @@ async def test_calls_through_pgbouncer_in_transaction_mode_run_each_key_once(
     async with PostgresStore.from_url(pgbouncer.dsn, table=table, pool_options=options) as store:
         manager = Manager(
             store,
-            Options(key_prefix="bouncer", event_key_jmespath="id", wait=True, wait_timeout=30),
+            Options(key_prefix="bouncer", event_key_jmespath="id", wait=Wait(timeout=30)),
         )
 
         async def call(n: int) -> None:
@@ -325,7 +325,7 @@ async def test_postgres_store_keeps_the_guarantee_in_real_time(
     pool = await postgres_server.pool(max_size=16)
     try:
         report = await simulate_live(
-            lambda: PostgresStore(pool, table=table, clock="client"),
+            lambda: PostgresStore(pool, table=table, judged_by="client"),
             range(POSTGRES_SEEDS),
             scale=0.05,
             concurrency=8,

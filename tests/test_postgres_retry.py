@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from _postgres import PostgresServer, fresh_table_name
 
-from idempotency_async import Manager, Options, errors
+from idempotency_async import Manager, Options, Wait, errors
 from idempotency_async.stores.postgres import PostgresStore, create_table, retry_transaction
 
 pytestmark = pytest.mark.postgres
@@ -23,7 +23,7 @@ class Setup:
         self.table = table
         self.manager = Manager(
             PostgresStore(pool, table=table),
-            Options(key_prefix="retry", event_key_jmespath="id", wait=True, wait_timeout=10),
+            Options(key_prefix="retry", event_key_jmespath="id", wait=Wait(timeout=10)),
         )
 
     async def effects(self) -> list[str]:

@@ -17,7 +17,7 @@ from _postgres import PostgresServer, fresh_postgres_store, fresh_table_name
 from idempotency_async import errors
 from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion, Status
-from idempotency_async.stores.base import CLAIMED, State, Written
+from idempotency_async.stores.base import CLAIMED, Found, Written
 from idempotency_async.stores.postgres import (
     SCHEMA_VERSION,
     PostgresStore,
@@ -46,13 +46,13 @@ async def test_the_server_clock_judges_whatever_now_the_client_sends(
         # A client clock years behind: the lease still ends 5 s after the server's now.
         assert await store.claim(_claim(now=NOW, lease=5)) is CLAIMED
         verdict = await store.claim(_claim(owner="b", now=time.time() + 3600))
-        assert verdict.state is State.IN_PROGRESS
+        assert verdict.found is Found.IN_PROGRESS
         assert verdict.retry_after is not None and 4 < verdict.retry_after <= 5
         record = verdict.record
         assert record is not None and record.lease_end is not None
         assert abs(record.lease_end - (time.time() + verdict.retry_after)) < 2
         read = await store.get("k", now=0)
-        assert read.state is State.IN_PROGRESS
+        assert read.found is Found.IN_PROGRESS
 
 
 async def test_a_completed_verdict_counts_its_life_by_the_server_clock(
@@ -62,7 +62,7 @@ async def test_a_completed_verdict_counts_its_life_by_the_server_clock(
         await store.claim(_claim(now=0))
         assert await store.complete(_done("k", 1, now=0)) is Written.RESPONSE
         verdict = await store.claim(_claim(owner="b", now=0))
-        assert verdict.state is State.COMPLETED
+        assert verdict.found is Found.COMPLETED
         assert verdict.expires_in is not None and 3598 < verdict.expires_in <= 3601
 
 
@@ -84,7 +84,7 @@ async def test_a_completed_verdict_counts_its_life_by_the_server_clock(
 async def test_numbers_survive_jsonb_exactly_with_their_types(
     postgres_server: PostgresServer, value: Any
 ) -> None:
-    async with fresh_postgres_store(postgres_server, clock="client") as store:
+    async with fresh_postgres_store(postgres_server, judged_by="client") as store:
         await store.claim(_claim())
         assert await store.complete(_done("k", value)) is Written.RESPONSE
         record = (await store.get("k", now=NOW)).record
@@ -108,7 +108,7 @@ def _typed(value: Any) -> Any:
 async def test_a_response_jsonb_cannot_hold_completes_without_it(
     postgres_server: PostgresServer, encoded: bytes, why: str
 ) -> None:
-    async with fresh_postgres_store(postgres_server, clock="client") as store:
+    async with fresh_postgres_store(postgres_server, judged_by="client") as store:
         await store.claim(_claim())
         done = Completion("k", "a", NOW, 3600.0, "v", encoded, None)
         assert await store.complete(done) is Written.WITHOUT_RESPONSE
@@ -121,7 +121,7 @@ async def test_a_response_jsonb_cannot_hold_completes_without_it(
 async def test_an_escaped_backslash_before_u0000_is_ordinary_text(
     postgres_server: PostgresServer,
 ) -> None:
-    async with fresh_postgres_store(postgres_server, clock="client") as store:
+    async with fresh_postgres_store(postgres_server, judged_by="client") as store:
         await store.claim(_claim())
         assert await store.complete(_done("k", "\\u0000")) is Written.RESPONSE
         record = (await store.get("k", now=NOW)).record
@@ -132,7 +132,7 @@ async def test_a_response_over_max_response_bytes_completes_without_it(
     postgres_server: PostgresServer,
 ) -> None:
     async with fresh_postgres_store(
-        postgres_server, clock="client", max_response_bytes=100
+        postgres_server, judged_by="client", max_response_bytes=100
     ) as store:
         await store.claim(_claim())
         assert await store.complete(_done("k", "x" * 200)) is Written.WITHOUT_RESPONSE
@@ -172,7 +172,7 @@ async def test_a_claim_racing_an_uncommitted_insert_answers_with_the_committed_r
             verdict = await claim
         finally:
             await other.close()
-        assert verdict.state is State.IN_PROGRESS
+        assert verdict.found is Found.IN_PROGRESS
         assert verdict.record is not None and verdict.record.owner == "other"
         assert verdict.retry_after is not None and 50 < verdict.retry_after <= 60
 
@@ -202,7 +202,7 @@ async def test_a_claim_racing_a_completion_replays_it(postgres_server: PostgresS
             verdict = await claim
         finally:
             await other.close()
-        assert verdict.state is State.COMPLETED
+        assert verdict.found is Found.COMPLETED
         assert verdict.record is not None and verdict.record.response == {"paid": True}
         record = (await store.get("k", now=0)).record
         assert record is not None and record.owner == "a" and record.response == {"paid": True}
@@ -216,7 +216,7 @@ async def test_a_refused_claim_writes_nothing(postgres_server: PostgresServer) -
         try:
             before = await other.fetchval(f"SELECT ctid::text FROM {store.table}")
             for _ in range(3):
-                assert (await store.claim(_claim(owner="b", now=0))).state is State.COMPLETED
+                assert (await store.claim(_claim(owner="b", now=0))).found is Found.COMPLETED
             # The same row version: no rewrite, no lock (a replay is a read).
             assert await other.fetchval(f"SELECT ctid::text FROM {store.table}") == before
             assert await other.fetchval(f"SELECT xmax::text FROM {store.table}") == "0"
@@ -227,7 +227,7 @@ async def test_a_refused_claim_writes_nothing(postgres_server: PostgresServer) -
 async def test_a_stored_response_nested_too_deep_answers_not_stored(
     postgres_server: PostgresServer,
 ) -> None:
-    async with fresh_postgres_store(postgres_server, clock="client") as store:
+    async with fresh_postgres_store(postgres_server, judged_by="client") as store:
         deep = "[" * 600 + "]" * 600
         await _sql(
             postgres_server,
@@ -235,7 +235,7 @@ async def test_a_stored_response_nested_too_deep_answers_not_stored(
             f"to_timestamp({NOW + 60}), NULL, NULL, '{deep}', NULL)",
         )
         verdict = await store.claim(_claim(owner="b"))
-        assert verdict.state is State.COMPLETED
+        assert verdict.found is Found.COMPLETED
         assert verdict.record is not None and verdict.record.response_stored is False
         assert "nested" in (verdict.record.not_stored or "")
 
@@ -243,7 +243,7 @@ async def test_a_stored_response_nested_too_deep_answers_not_stored(
 async def test_a_row_with_an_unknown_status_is_inconsistent_state(
     postgres_server: PostgresServer,
 ) -> None:
-    async with fresh_postgres_store(postgres_server, clock="client") as store:
+    async with fresh_postgres_store(postgres_server, judged_by="client") as store:
         table = store.table
         await _sql(
             postgres_server,
@@ -276,7 +276,7 @@ async def test_vacuum_deletes_expired_rows_in_bounded_batches(
         assert await store.vacuum(batch_size=10, max_batches=2) == 20
         assert await store.vacuum(batch_size=10) == 5
         assert await store.vacuum() == 0
-        assert (await store.get("live", now=0)).state is State.IN_PROGRESS
+        assert (await store.get("live", now=0)).found is Found.IN_PROGRESS
 
 
 async def test_create_table_is_idempotent_and_prints_the_same_sql(
@@ -361,7 +361,7 @@ async def test_an_owned_pool_closes_with_the_store_and_a_callers_pool_does_not(
     pool = await postgres_server.pool()
     try:
         async with PostgresStore(pool, table=table) as store:
-            assert (await store.get("k", now=0)).state is State.IN_PROGRESS
+            assert (await store.get("k", now=0)).found is Found.IN_PROGRESS
         assert await pool.fetchval("SELECT 1") == 1
     finally:
         await pool.close()
@@ -382,8 +382,8 @@ def test_bad_arguments_are_config_errors() -> None:
         PostgresStore.from_url("redis://localhost")
     with pytest.raises(errors.ConfigError, match="pool"):
         PostgresStore(object())
-    with pytest.raises(errors.ConfigError, match="clock"):
-        PostgresStore.from_url("postgres://x/y", clock="local")  # type: ignore[arg-type]
+    with pytest.raises(errors.ConfigError, match="judged_by"):
+        PostgresStore.from_url("postgres://x/y", judged_by="local")  # type: ignore[arg-type]
 
 
 async def test_a_single_connection_is_refused(postgres_server: PostgresServer) -> None:
@@ -437,7 +437,7 @@ class TestPsycopgPool(StoreContract):
         try:
             table = fresh_table_name()
             await create_table(pool, table=table)
-            yield PostgresStore(pool, table=table, clock="client")
+            yield PostgresStore(pool, table=table, judged_by="client")
         finally:
             await pool.close()
 

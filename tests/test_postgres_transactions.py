@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from _postgres import PostgresServer, fresh_table_name
 
-from idempotency_async import Call, Manager, MemoryStore, Options, errors
+from idempotency_async import Call, LocalCache, Manager, MemoryStore, Options, Wait, errors
 from idempotency_async.stores.postgres import PostgresStore, create_table
 
 pytestmark = pytest.mark.postgres
@@ -119,7 +119,7 @@ async def test_the_record_and_the_effect_commit_together_and_replay(setup: Setup
 
 
 async def test_a_rollback_after_the_call_returned_leaves_nothing(setup: Setup) -> None:
-    manager = setup.manager(use_local_cache=True)
+    manager = setup.manager(local_cache=LocalCache())
     payload = {"id": "k"}
 
     class Abort(Exception):
@@ -248,7 +248,7 @@ async def test_a_cut_off_callback_is_rolled_back(setup: Setup) -> None:
 
 
 async def test_the_callers_lock_timeout_is_put_back(setup: Setup) -> None:
-    manager = setup.manager(wait=True, wait_timeout=3)
+    manager = setup.manager(wait=Wait(timeout=3))
     async with setup.pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL lock_timeout = '7s'")
         await manager.execute_in_transaction(conn, {"id": "a"}, effect(conn, setup.table, "a", 1))
@@ -272,7 +272,7 @@ async def _hold(setup: Setup, manager: Manager, payload: Any, n: int) -> tuple[A
 
 
 async def test_a_duplicate_waits_for_the_commit_and_replays(setup: Setup) -> None:
-    manager = setup.manager(wait=True, wait_timeout=10)
+    manager = setup.manager(wait=Wait(timeout=10))
     payload = {"id": "k"}
     conn, tx, _ = await _hold(setup, manager, payload, 1)
     try:
@@ -300,7 +300,7 @@ async def test_a_duplicate_waits_for_the_commit_and_replays(setup: Setup) -> Non
 
 
 async def test_a_duplicate_runs_when_the_holder_rolls_back(setup: Setup) -> None:
-    manager = setup.manager(wait=True, wait_timeout=10)
+    manager = setup.manager(wait=Wait(timeout=10))
     payload = {"id": "k"}
     conn, tx, _ = await _hold(setup, manager, payload, 1)
     try:
@@ -326,7 +326,7 @@ async def test_a_duplicate_runs_when_the_holder_rolls_back(setup: Setup) -> None
 async def test_a_lock_wait_is_bounded_and_keeps_the_callers_transaction(
     setup: Setup, wait: bool
 ) -> None:
-    manager = setup.manager(wait=wait, wait_timeout=0.4)
+    manager = setup.manager(wait=Wait(timeout=0.4) if wait else None)
     payload = {"id": "k"}
     conn, tx, _ = await _hold(setup, manager, payload, 1)
     try:
@@ -348,7 +348,7 @@ async def test_a_lock_wait_is_bounded_and_keeps_the_callers_transaction(
 
 
 async def test_repeatable_read_gets_a_serialization_failure(setup: Setup) -> None:
-    manager = setup.manager(wait=True, wait_timeout=5)
+    manager = setup.manager(wait=Wait(timeout=5))
     payload = {"id": "k"}
     async with setup.pool.acquire() as other, other.transaction(isolation="repeatable_read"):
         await other.fetchval("SELECT 1")  # the snapshot is taken here
@@ -362,7 +362,7 @@ async def test_repeatable_read_gets_a_serialization_failure(setup: Setup) -> Non
 
 
 async def test_a_deadlock_is_a_typed_error(setup: Setup) -> None:
-    manager = setup.manager(wait=True, wait_timeout=10)
+    manager = setup.manager(wait=Wait(timeout=10))
     first, tx1, _ = await _hold(setup, manager, {"id": "a"}, 1)
     second, tx2, _ = await _hold(setup, manager, {"id": "b"}, 2)
     try:
@@ -529,7 +529,7 @@ async def test_transactional_calls_through_pgbouncer_in_transaction_mode(
 ) -> None:
     import asyncpg
 
-    manager = setup.manager(wait=True, wait_timeout=5)
+    manager = setup.manager(wait=Wait(timeout=5))
     calls = 0
 
     async def one(n: int) -> Any:

@@ -6,7 +6,7 @@ failed on the code before it:
    commits, or leaves a savepoint of the library's old name) has its COMMIT refused; a
    row committed that way anyway (the guard disabled) frees its key at once;
 2. a SQLAlchemy session bound to several engines (or none) is ``ConfigError``;
-3. a lease-mode duplicate with ``wait=False`` does not wait for an open transactional call;
+3. a lease-mode duplicate with ``wait=None`` does not wait for an open transactional call;
 4. a migration's table lock does not outlive ``timeout=`` (claims and ``Manager.replay``);
 5. rows are read back bounded (a 20 MB response, reason, owner or validation column);
 6. a caller's ``statement_timeout`` during the claim's lock wait is ``LockTimeoutError``;
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from _postgres import PostgresServer, fresh_table_name
 
-from idempotency_async import Manager, Options, errors
+from idempotency_async import Manager, Options, Wait, errors
 from idempotency_async.stores.postgres import PostgresStore, create_table
 
 pytestmark = pytest.mark.postgres
@@ -293,13 +293,13 @@ async def test_a_session_bound_to_two_engines_or_none_is_refused(setup: Setup) -
         await payments.dispose()
 
 
-# -- 3. lease mode follows wait=False ---------------------------------------------------
+# -- 3. lease mode follows wait=None ----------------------------------------------------
 
 
 async def test_a_lease_mode_duplicate_with_wait_off_does_not_wait_for_an_open_transaction(
     setup: Setup,
 ) -> None:
-    transactional, leased = setup.manager(), setup.manager(wait=False)
+    transactional, leased = setup.manager(), setup.manager(wait=None)
     payload = {"id": "held"}
     claimed = asyncio.Event()
     release = asyncio.Event()
@@ -364,7 +364,7 @@ _BOUND = 1 + 0.2 + 1.5
 
 async def test_a_table_lock_does_not_outlive_the_deadline(setup: Setup) -> None:
     lease_mode = setup.manager()
-    waiting = setup.manager(wait=True, wait_timeout=30)
+    waiting = setup.manager(wait=Wait(timeout=30))
 
     async def transactional() -> None:
         async with setup.pool.acquire() as conn, conn.transaction():
@@ -444,7 +444,7 @@ async def test_rows_are_read_back_bounded(setup: Setup) -> None:
 
 
 async def test_a_statement_timeout_during_the_lock_wait_is_a_lock_timeout(setup: Setup) -> None:
-    manager = setup.manager(wait=True, wait_timeout=10)
+    manager = setup.manager(wait=Wait(timeout=10))
     claimed, release = asyncio.Event(), asyncio.Event()
 
     async def hold() -> None:
@@ -477,7 +477,7 @@ async def test_repeatable_read_meeting_a_lease_mode_holder_is_a_serialization_fa
     setup: Setup,
 ) -> None:
     lease_mode = setup.manager()
-    transactional = setup.manager(wait=True, wait_timeout=5)
+    transactional = setup.manager(wait=Wait(timeout=5))
     started_holding, release = asyncio.Event(), asyncio.Event()
 
     async def held() -> str:

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from _postgres import PostgresServer, fresh_table_name
 
-from idempotency_async import Manager, Options, errors
+from idempotency_async import Manager, Options, Wait, errors
 from idempotency_async.stores.postgres import PostgresStore, create_table
 
 pytestmark = pytest.mark.postgres
@@ -204,7 +204,7 @@ async def test_a_sigkilled_holder_frees_its_key_at_once_for_a_blocked_duplicate(
         line = await asyncio.wait_for(process.stdout.readline(), timeout=30)
         assert line.strip() == b"holding"
         manager = Manager(
-            PostgresStore(pool, table=table), Options(key_prefix="kill", wait=True, wait_timeout=30)
+            PostgresStore(pool, table=table), Options(key_prefix="kill", wait=Wait(timeout=30))
         )
         ran_at: list[float] = []
 
@@ -254,7 +254,7 @@ async def test_a_duplicate_under_snapshot_isolation_gets_a_serialization_failure
     try:
         manager = Manager(
             PostgresStore(pool, table=table),
-            Options(key_prefix="iso", wait=True, wait_timeout=30),
+            Options(key_prefix="iso", wait=Wait(timeout=30)),
         )
         effects = f'"{table}_effects"'
 

@@ -20,7 +20,7 @@ import redis.asyncio as redis_asyncio
 from _redis import RedisServer
 from support import start_holding
 
-from idempotency_async import Manager, Options, errors
+from idempotency_async import LocalCache, Manager, Options, errors
 from idempotency_async.record import Status
 from idempotency_async.stores.redis import RedisStore
 
@@ -79,7 +79,7 @@ async def _value() -> dict[str, Any]:
 
 async def test_store_round_trips_per_path(redis_server: RedisServer) -> None:
     async with counting_store(redis_server) as (store, sent):
-        first = Manager(store, Options(key_prefix="rt", use_local_cache=True))
+        first = Manager(store, Options(key_prefix="rt", local_cache=LocalCache()))
         second = Manager(store, Options(key_prefix="rt"))
 
         await first.execute({"id": 1}, _value, timeout=10)

@@ -113,7 +113,7 @@ def manager(
     store = RedisStore(
         client,
         record_format="powertools-python",
-        clock="server" if clock is None else "client",
+        judged_by="server" if clock is None else "client",
         **store_options,
     )
     options = Options(

@@ -2,7 +2,7 @@
 
 After the failover the new primary has never seen the store's scripts (Redis does not
 replicate its script cache): the store reloads them, and a claim the replica acknowledged
-(``wait_replicas=1``) is still held after the failover.
+(``min_replicas=1``) is still held after the failover.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from redis.exceptions import ResponseError
 from idempotency_async import errors
 from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion
-from idempotency_async.stores.base import CLAIMED, State, Written
+from idempotency_async.stores.base import CLAIMED, Found, Written
 from idempotency_async.stores.redis import _CLAIM, RedisStore
 
 pytestmark = pytest.mark.redis
@@ -43,7 +43,7 @@ async def test_a_sentinel_master_survives_a_failover() -> None:
                 assert time.monotonic() < deadline, "the replica did not connect"
                 await asyncio.sleep(0.05)
         # A generous WAIT: on a loaded machine a replica can take a while to acknowledge.
-        store = RedisStore(client, key_prefix="s:", wait_replicas=1, wait_timeout=1.5)
+        store = RedisStore(client, key_prefix="s:", min_replicas=1, replica_timeout=1.5)
         assert await store.claim(claim("held")) is CLAIMED
         assert await store.claim(claim("done")) is CLAIMED
         done = Completion("done", "a", time.time(), 3600.0, None, encode_json([1, 2]), [1, 2])
@@ -76,10 +76,10 @@ async def test_a_sentinel_master_survives_a_failover() -> None:
                 # The demoted primary refuses writes until the client follows the sentinel.
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.1)
-        assert verdict.state is State.IN_PROGRESS
+        assert verdict.found is Found.IN_PROGRESS
         assert verdict.record is not None and verdict.record.owner == "a"
         replay = await store.claim(claim("done", owner="b"))
-        assert replay.state is State.COMPLETED and replay.record is not None
+        assert replay.found is Found.COMPLETED and replay.record is not None
         assert replay.record.response == [1, 2]
     finally:
         await client.aclose()

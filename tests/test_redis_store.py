@@ -22,7 +22,7 @@ from redis.backoff import NoBackoff
 from idempotency_async import errors
 from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion, Status
-from idempotency_async.stores.base import CLAIMED, State, Written
+from idempotency_async.stores.base import CLAIMED, Found, Written
 from idempotency_async.stores.redis import RedisStore
 
 pytestmark = pytest.mark.redis
@@ -121,7 +121,7 @@ async def test_typescript_records_are_read_and_judged(redis_server: RedisServer)
         }
         await client.set(store.key_prefix + "ts-1", json.dumps(in_progress, separators=(",", ":")))
         verdict = await store.claim(claim("ts-1"))
-        assert verdict.state is State.IN_PROGRESS and verdict.record is not None
+        assert verdict.found is Found.IN_PROGRESS and verdict.record is not None
         assert verdict.record.owner is None and verdict.retry_after is not None
         assert 55 < verdict.retry_after <= 60
 
@@ -132,7 +132,7 @@ async def test_typescript_records_are_read_and_judged(redis_server: RedisServer)
         done = '{"status":"COMPLETED","expiration":%d,"data":{"a":[1,"x"],"data":2}}' % (now + 60)  # noqa: UP031
         await client.set(store.key_prefix + "ts-3", done)
         verdict = await store.claim(claim("ts-3"))
-        assert verdict.state is State.COMPLETED and verdict.record is not None
+        assert verdict.found is Found.COMPLETED and verdict.record is not None
         assert verdict.record.response == {"a": [1, "x"], "data": 2}
         assert verdict.record.validation is None
 
@@ -146,7 +146,7 @@ async def test_typescript_records_are_read_and_judged(redis_server: RedisServer)
         reordered = json.dumps({"data": {"x": 1}, "status": "COMPLETED", "expiration": now + 60})
         await client.set(store.key_prefix + "ts-5", reordered)
         verdict = await store.claim(claim("ts-5"))
-        assert verdict.state is State.COMPLETED and verdict.record is not None
+        assert verdict.found is Found.COMPLETED and verdict.record is not None
         assert verdict.record.response == {"x": 1}
 
 
@@ -178,23 +178,23 @@ async def test_server_clock_ignores_the_clients_now(redis_server: RedisServer) -
         assert abs(record.lease_end - (time.time() + 5)) < 1  # by TIME, not by `behind`
         # A worker two minutes ahead cannot take the live lease.
         verdict = await store.claim(claim(owner="b", now=ahead))
-        assert verdict.state is State.IN_PROGRESS
+        assert verdict.found is Found.IN_PROGRESS
         assert verdict.retry_after is not None and 4 < verdict.retry_after <= 5.01
-        assert (await store.get("k", now=ahead)).state is State.IN_PROGRESS
+        assert (await store.get("k", now=ahead)).found is Found.IN_PROGRESS
         assert await store.complete(completion(owner="a", now=behind)) is Written.RESPONSE
         item = await raw_record(redis_server, store)
         assert abs(item["expiration"] - (time.time() + TTL)) < 2
 
 
 async def test_client_clock_uses_the_managers_now(redis_server: RedisServer) -> None:
-    async with fresh_redis_store(redis_server, clock="client") as store:
+    async with fresh_redis_store(redis_server, judged_by="client") as store:
         past = 1_700_000_000.0
         await store.claim(claim(now=past, lease=5))
         item = await raw_record(redis_server, store)
         assert item["in_progress_expiration"] == (past + 5) * 1000
         # The key's TTL is a duration, so it lives although its instants are in the past.
         assert await pttl(redis_server, store) > (TTL - 5) * 1000
-        assert (await store.claim(claim(owner="b", now=past + 6))).state is State.CLAIMED
+        assert (await store.claim(claim(owner="b", now=past + 6))).found is Found.CLAIMED
 
 
 # -- faults --------------------------------------------------------------------------
@@ -204,11 +204,11 @@ async def test_script_flush_mid_run_reloads_the_scripts(redis_server: RedisServe
     async with fresh_redis_store(redis_server) as store, redis_server.client() as admin:
         assert await store.claim(claim("a")) is CLAIMED
         await admin.script_flush()
-        assert (await store.claim(claim("a", owner="b"))).state is State.IN_PROGRESS
+        assert (await store.claim(claim("a", owner="b"))).found is Found.IN_PROGRESS
         await admin.script_flush()
         assert await store.complete(completion("a")) is Written.RESPONSE
         await admin.script_flush()
-        assert (await store.get("a", now=time.time())).state is State.COMPLETED
+        assert (await store.get("a", now=time.time())).found is Found.COMPLETED
         await admin.script_flush()
         assert await store.release("a", "b") is False
         await admin.script_flush()
@@ -247,7 +247,7 @@ async def test_answers_lost_after_the_script_ran_are_retried_safely(
             assert (await store.get("r", now=time.time())).record is None
             assert proxy.answers_lost == 3
             # A second owner still cannot take the completed key.
-            assert (await store.claim(claim("k", owner="b"))).state is State.COMPLETED
+            assert (await store.claim(claim("k", owner="b"))).found is Found.COMPLETED
         finally:
             await client.aclose()
 
@@ -320,7 +320,7 @@ async def test_decode_responses_clients_work(redis_server: RedisServer) -> None:
     store = RedisStore(client, key_prefix=f"dec{time.time_ns()}:")
     try:
         await store.claim(claim())
-        assert (await store.claim(claim(owner="b"))).state is State.IN_PROGRESS
+        assert (await store.claim(claim(owner="b"))).found is Found.IN_PROGRESS
         value = {"wide": 2**70, "text": "café"}
         assert await store.complete(completion(response=value)) is Written.RESPONSE
         verdict = await store.claim(claim(owner="b"))
@@ -350,10 +350,10 @@ async def test_a_callers_client_stays_open(redis_server: RedisServer) -> None:
     [
         (lambda: RedisStore(object()), "asyncio Redis client"),
         (lambda: RedisStore.from_url("http://localhost"), "redis://"),
-        (lambda: RedisStore.from_url("redis://x", clock="wall"), "clock"),  # type: ignore[arg-type]
+        (lambda: RedisStore.from_url("redis://x", judged_by="wall"), "judged_by"),  # type: ignore[arg-type]
         (lambda: RedisStore.from_url("redis://x", max_response_bytes=0), "positive"),
-        (lambda: RedisStore.from_url("redis://x", wait_replicas=-1), "wait_replicas"),
-        (lambda: RedisStore.from_url("redis://x", cluster=True, wait_replicas=1), "Cluster"),
+        (lambda: RedisStore.from_url("redis://x", min_replicas=-1), "min_replicas"),
+        (lambda: RedisStore.from_url("redis://x", cluster=True, min_replicas=1), "Cluster"),
     ],
 )
 async def test_bad_configuration_is_a_config_error(make: Any, match: str) -> None:
@@ -369,7 +369,7 @@ async def test_valkey_client(redis_server: RedisServer) -> None:
     try:
         assert await store.claim(claim()) is CLAIMED
         await client.script_flush()
-        assert (await store.claim(claim(owner="b"))).state is State.IN_PROGRESS
+        assert (await store.claim(claim(owner="b"))).found is Found.IN_PROGRESS
         assert await store.complete(completion(response=[1.5, 2**64])) is Written.RESPONSE
         record = (await store.get("k", now=time.time())).record
         assert record is not None and record.response == [1.5, 2**64]
@@ -407,7 +407,7 @@ async def test_a_fresh_cluster_client_takes_concurrent_first_calls(
 # -- replicas ------------------------------------------------------------------------
 
 
-async def test_wait_replicas_confirms_a_claim_on_a_replica(redis_server: RedisServer) -> None:
+async def test_min_replicas_confirms_a_claim_on_a_replica(redis_server: RedisServer) -> None:
     primary = start_redis()
     replica = start_redis("--replicaof", "127.0.0.1", str(primary.port))
     try:
@@ -416,12 +416,12 @@ async def test_wait_replicas_confirms_a_claim_on_a_replica(redis_server: RedisSe
             while (await reader.info("replication"))["master_link_status"] != "up":
                 assert time.monotonic() < deadline, "the replica did not connect"
                 await asyncio.sleep(0.05)
-            store = RedisStore(client, wait_replicas=1, wait_timeout=2)
+            store = RedisStore(client, min_replicas=1, replica_timeout=2)
             assert await store.claim(claim()) is CLAIMED
             assert await reader.get("k") is not None  # on the replica already
-            assert (await store.claim(claim(owner="b"))).state is State.IN_PROGRESS
-            demanding = RedisStore(client, wait_replicas=2, wait_timeout=0.1)
-            with pytest.raises(errors.StoreUnavailableError, match="fewer than wait_replicas"):
+            assert (await store.claim(claim(owner="b"))).found is Found.IN_PROGRESS
+            demanding = RedisStore(client, min_replicas=2, replica_timeout=0.1)
+            with pytest.raises(errors.StoreUnavailableError, match="fewer than min_replicas"):
                 await demanding.claim(claim("k2"))
             await client.script_flush()
             assert await store.claim(claim("k3")) is CLAIMED
@@ -458,7 +458,7 @@ async def test_the_documented_minimal_acl_user_can_run_the_store(
     async with RedisStore.from_url(url) as store:
         assert await store.claim(claim("orders#1")) is CLAIMED
         assert await store.complete(completion("orders#1")) is Written.RESPONSE
-        assert (await store.get("orders#1", now=0)).state is State.COMPLETED
+        assert (await store.get("orders#1", now=0)).found is Found.COMPLETED
         assert await store.release("orders#2", "a") is True
         assert await store.force_release("orders#1") is not None
         with pytest.raises(errors.StoreAccessDeniedError):
@@ -473,7 +473,7 @@ async def test_responses_that_look_like_record_members_round_trip(
         await store.claim(claim())
         assert await store.complete(completion(response=tricky)) is Written.RESPONSE
         verdict = await store.claim(claim(owner="b"))
-        assert verdict.state is State.COMPLETED and verdict.record is not None
+        assert verdict.found is Found.COMPLETED and verdict.record is not None
         assert verdict.record.response == tricky and verdict.record.owner == "a"
         assert await store.release("k", "b") is False
         assert await store.complete(completion(owner="b")) is Written.NOTHING

@@ -1,4 +1,4 @@
-"""Lease renewal (Options(renew_lease=..., renew_every=...)) on every store: a short lease
+"""Lease renewal (Options(renewal=Renewal(lease=..., every=...))) on every store: a short lease
 renewed through the owner-fenced extend while the callback runs."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from support import RecordingStore, on_stores, record_of
 
-from idempotency_async import Event, Manager, MemoryStore, Options, errors
+from idempotency_async import Event, Manager, MemoryStore, Options, Renewal, errors
 from idempotency_async.record import Claim, Status
 from idempotency_async.stores.base import Extended, Store
 from idempotency_async.testing._vloop import VirtualClockLoop
@@ -25,7 +25,7 @@ def make(store: Any, **options: Any) -> Manager:
 
 
 def renewing(store: Any, **options: Any) -> Manager:
-    return make(store, renew_lease=RENEW, renew_every=EVERY, **options)
+    return make(store, renewal=Renewal(lease=RENEW, every=EVERY), **options)
 
 
 class Extends(RecordingStore):
@@ -194,18 +194,21 @@ async def test_a_short_call_sends_no_renewal(store: Store) -> None:
 
 
 @pytest.mark.parametrize(
-    "options",
+    "settings",
     [
-        {"renew_every": 1.0},
-        {"renew_lease": 0},
-        {"renew_lease": float("nan")},
-        {"renew_lease": 10.0, "renew_every": 10.0},
-        {"renew_lease": 10.0, "renew_every": -1.0},
+        {"lease": 0},
+        {"lease": float("nan")},
+        {"lease": 10.0, "every": 10.0},
+        {"lease": 10.0, "every": -1.0},
     ],
 )
-def test_bad_renewal_options_are_config_errors(options: dict[str, Any]) -> None:
-    with pytest.raises(errors.ConfigError, match="renew"):
-        Options(**options)
+def test_bad_renewal_settings_are_config_errors(settings: dict[str, Any]) -> None:
+    with pytest.raises(errors.ConfigError, match=r"Renewal\((lease|every)=\.\.\.\)"):
+        Renewal(**settings)
+
+
+def _renewing(lease: float, every: float | None = None, **options: Any) -> Options:
+    return Options(renewal=Renewal(lease=lease, every=every), **options)
 
 
 def _sleeps(seconds: float) -> Any:
@@ -400,46 +403,49 @@ def test_the_first_renewal_counts_from_the_claims_send(claim_takes: float, first
 
 
 @pytest.mark.parametrize(
-    ("options", "advice"),
+    ("settings", "advice"),
     [
         # The first renewal comes after the cutoff (a reserve before the short lease).
-        ({"renew_lease": 1.0, "renew_every": 0.9}, "renew_every"),
+        ({"lease": 1.0, "every": 0.9}, "every"),
         # Cut off at the claim: the reserve is the whole short lease.
-        ({"renew_lease": 1.0, "completion_reserve": 1.0}, "completion_reserve"),
+        ({"lease": 1.0, "completion_reserve": 1.0}, "completion_reserve"),
         # One lost renewal is not survived: the next is due after the cutoff.
-        ({"renew_lease": 1.0, "renew_every": 0.45}, "renew_every"),
-        ({"renew_lease": 30.0, "renew_every": 15.0}, "renew_every"),
+        ({"lease": 1.0, "every": 0.45}, "every"),
+        ({"lease": 30.0, "every": 15.0}, "every"),
         # No room for the renewal's round trip after one is lost.
-        ({"renew_lease": 1.0, "renew_every": 0.4}, "renew_every"),
-        ({"renew_lease": 2.0, "completion_reserve": 0.6}, "completion_reserve"),
+        ({"lease": 1.0, "every": 0.4}, "every"),
+        ({"lease": 2.0, "completion_reserve": 0.6}, "completion_reserve"),
     ],
 )
 def test_renewal_settings_that_cannot_renew_are_config_errors(
-    options: dict[str, Any], advice: str
+    settings: dict[str, Any], advice: str
 ) -> None:
     with pytest.raises(errors.ConfigError, match="cannot survive a lost renewal") as refused:
-        Options(**options)
+        _renewing(**settings)
     message = str(refused.value)
-    assert f"{advice} to at most" in message and "renew_lease to at least" in message
+    named = "completion_reserve" if advice == "completion_reserve" else f"renewal.{advice}"
+    assert f"{named} to at most" in message and "renewal.lease to at least" in message
+    assert message.startswith("renewal=Renewal(lease=")
     # What it advises is accepted.
-    at_most = float(message.split(f"{advice} to at most ")[1].split(" s")[0])
-    assert Options(**{**options, advice: at_most}).renew_lease == options["renew_lease"]
-    at_least = float(message.split("renew_lease to at least ")[1].split(" s")[0])
-    assert Options(**{**options, "renew_lease": at_least}).renew_lease == at_least
+    at_most = float(message.split(f"{named} to at most ")[1].split(" s")[0])
+    options = _renewing(**{**settings, advice: at_most})
+    assert options.renewal == Renewal(lease=settings["lease"], every=options.renewal.every)
+    at_least = float(message.split("renewal.lease to at least ")[1].split(" s")[0])
+    assert _renewing(**{**settings, "lease": at_least}).renewal.lease == at_least  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
-    "options",
+    "settings",
     [
-        {"renew_lease": 1.0},  # a third of it, and a reserve of 0.2 s
-        {"renew_lease": RENEW, "renew_every": EVERY},
-        {"renew_lease": 30.0, "renew_every": 10.0},
-        {"renew_lease": 30.0, "renew_every": 13.0},
-        {"renew_lease": 5.0, "completion_reserve": 1.0},
-        {"renew_lease": 1.0, "renew_every": 0.3, "completion_reserve": 0.2},
+        {"lease": 1.0},  # a third of it, and a reserve of 0.2 s
+        {"lease": RENEW, "every": EVERY},
+        {"lease": 30.0, "every": 10.0},
+        {"lease": 30.0, "every": 13.0},
+        {"lease": 5.0, "completion_reserve": 1.0},
+        {"lease": 1.0, "every": 0.3, "completion_reserve": 0.2},
     ],
 )
 def test_renewal_settings_that_survive_a_lost_renewal_are_accepted(
-    options: dict[str, Any],
+    settings: dict[str, Any],
 ) -> None:
-    assert Options(**options).renew_lease == options["renew_lease"]
+    assert _renewing(**settings).renewal.lease == settings["lease"]  # type: ignore[union-attr]

@@ -25,7 +25,7 @@ from _tcp_proxy import LossyProxy, lossy_proxy
 from aiobotocore.config import AioConfig
 from support import RecordingStore
 
-from idempotency_async import Event, Manager, Options
+from idempotency_async import Event, Manager, Options, Renewal
 from idempotency_async.record import Claim, Status
 from idempotency_async.stores.base import Extended, Store
 from idempotency_async.stores.dynamodb import DynamoDBStore
@@ -146,7 +146,9 @@ async def test_an_abandoned_renewal_leaves_nothing_unread_on_its_client(
         manager = Manager(
             delayed,
             Options(
-                key_prefix="abandoned", renew_lease=RENEW, renew_every=EVERY, on_event=events.append
+                key_prefix="abandoned",
+                renewal=Renewal(lease=RENEW, every=EVERY),
+                on_event=events.append,
             ),
         )
         loop = asyncio.get_running_loop()

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from support import RecordingStore, on_stores, record_of
 
-from idempotency_async import Call, Manager, MemoryStore, Options, errors
+from idempotency_async import Call, Manager, MemoryStore, Options, Renewal, errors
 from idempotency_async.integrations.aiohttp import idempotency_middleware, idempotent_endpoint
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
 from idempotency_async.record import Status
@@ -34,7 +34,7 @@ WORK = 1.2  # past the first short lease
 
 def _renewing(store: Any, **options: Any) -> Manager:
     return Manager(
-        store, Options(key_prefix="doors", renew_lease=RENEW, renew_every=EVERY, **options)
+        store, Options(key_prefix="doors", renewal=Renewal(lease=RENEW, every=EVERY), **options)
     )
 
 

@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from idempotency_async import Manager, MemoryStore, Options, ReplayErrors, idempotent_function
+from idempotency_async import (
+    LocalCache,
+    Manager,
+    MemoryStore,
+    Options,
+    ReplayErrors,
+    Wait,
+    idempotent_function,
+)
 from idempotency_async.errors import (
     ConfigError,
     ReplayedError,
@@ -126,7 +134,7 @@ async def test_a_reader_that_does_not_declare_the_type_gets_replayed_error(store
 
 async def test_declared_error_replays_from_the_local_cache() -> None:
     events: list[Event] = []
-    manager = _manager(MemoryStore(), use_local_cache=True, on_event=events.append)
+    manager = _manager(MemoryStore(), local_cache=LocalCache(), on_event=events.append)
     payload, effect = _payload(), Effect(Invalid("amount must be positive"))
     for _ in range(3):
         with pytest.raises(Invalid, match="amount must be positive"):
@@ -136,7 +144,7 @@ async def test_declared_error_replays_from_the_local_cache() -> None:
 
 
 async def test_in_process_waiters_get_the_declared_error(store: Store) -> None:
-    manager = _manager(store, wait=True)
+    manager = _manager(store, wait=Wait())
     payload, gate = _payload(), asyncio.Event()
     runs = 0
 

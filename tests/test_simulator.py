@@ -136,7 +136,7 @@ async def test_redis_store_keeps_the_guarantee_in_real_time(redis_server: RedisS
     client = redis_server.client()
     try:
         report = await simulate_live(
-            lambda: RedisStore(client, clock="client"),
+            lambda: RedisStore(client, judged_by="client"),
             range(REDIS_SEEDS),
             scale=0.05,
             concurrency=8,

@@ -14,7 +14,7 @@ ORACLE = [TESTING / "_oracle.py", TESTING / "_store_checks.py", TESTING / "_tx_o
 
 ALLOWED_NAMES = {
     "idempotency_async.record": {"Claim", "Completion", "Record", "Status"},
-    "idempotency_async.stores.base": {"Extended", "State", "Verdict", "Written"},
+    "idempotency_async.stores.base": {"Extended", "Found", "Verdict", "Written"},
     # The simulated processes' clocks (the simulator's own arithmetic, not the library's).
     "idempotency_async.testing._managers": {"clock_offset"},
 }
@@ -77,7 +77,7 @@ def test_the_oracle_imports_no_judgement_of_the_library(path: Path) -> None:
 def test_the_import_check_can_fail(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text(
-        "from idempotency_async.stores.base import State, judge\n"
+        "from idempotency_async.stores.base import Found, judge\n"
         "from idempotency_async.record import expiration_for\n"
         "import idempotency_async.deadlines\n"
         "x = manager._keys.derive({})\n"

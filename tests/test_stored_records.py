@@ -27,7 +27,7 @@ from _redis import RedisServer, fresh_redis_store
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idempotency_async import Manager, Options, errors
+from idempotency_async import LocalCache, Manager, Options, errors
 from idempotency_async._json import _stored_depth, decode_json, encode_json, nesting_depth
 from idempotency_async.events import Event
 from idempotency_async.record import Status
@@ -99,7 +99,7 @@ async def assert_not_stored_everywhere(
         await alone.execute(payload, never, timeout=10)
     assert caught.value.reason is not None and reason in caught.value.reason
     # An in-process duplicate waiting for the first call's answer, with the local cache on.
-    cached, events = make(store, python=python, use_local_cache=True)
+    cached, events = make(store, python=python, local_cache=LocalCache())
     answers = await asyncio.gather(
         cached.execute(payload, never, timeout=10),
         cached.execute(payload, never, timeout=10),
@@ -397,13 +397,13 @@ async def test_a_result_any_store_cannot_encode_natively_replays_exactly(
         # jsonb cannot hold a lone surrogate (docs/postgres.md): the record completes
         # without its response, and every duplicate hears so; nothing runs again.
         assert "response_not_stored" in [event.kind for event in events]
-        for manager in (make(store)[0], make(store, use_local_cache=True)[0]):
+        for manager in (make(store)[0], make(store, local_cache=LocalCache())[0]):
             with pytest.raises(errors.ResponseNotStoredError):
                 await manager.execute(payload, work, timeout=10)
         assert calls == 1
         return
     assert "response_not_stored" not in [event.kind for event in events]
-    for manager in (make(store)[0], make(store, use_local_cache=True)[0]):
+    for manager in (make(store)[0], make(store, local_cache=LocalCache())[0]):
         assert await manager.execute(payload, work, timeout=10) == response
         assert await manager.execute(payload, work, timeout=10) == response
     assert calls == 1

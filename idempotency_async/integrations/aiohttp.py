@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Iterable
-from typing import TypeVar, cast
+from typing import Literal, TypeVar, cast
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -49,6 +49,7 @@ from idempotency_async.integrations._http import (
     host_route,
 )
 from idempotency_async.manager import Manager
+from idempotency_async.options import Wait
 
 __all__ = [
     "HttpTransaction",
@@ -161,8 +162,7 @@ def idempotency_middleware(
     max_response_bytes: int | None = None,
     store_server_errors: bool = False,
     replay_headers: Iterable[str] = (),
-    wait: bool | None = None,
-    wait_timeout: float | None = None,
+    wait: Wait | Literal[False] | None = None,
     replayed_header: str = DEFAULT_REPLAYED_HEADER,
 ) -> Middleware:
     """A middleware running each idempotent request once per ``Idempotency-Key``.
@@ -188,7 +188,6 @@ def idempotency_middleware(
             store_server_errors=store_server_errors,
             replay_headers=replay_headers,
             wait=wait,
-            wait_timeout=wait_timeout,
             replayed_header=replayed_header,
         ),
     )

@@ -38,7 +38,7 @@ from mcp.server.mcpserver.utilities.context_injection import find_context_parame
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from idempotency_async._derive import derive
-from idempotency_async.deadlines import check_duration
+from idempotency_async._lease import check_duration
 from idempotency_async.errors import (
     AlreadyInProgressError,
     ConfigError,

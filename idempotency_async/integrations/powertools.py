@@ -38,7 +38,7 @@ from aws_lambda_powertools.shared.json_encoder import Encoder
 
 from idempotency_async._call import Call
 from idempotency_async._function_manager import function_manager
-from idempotency_async.deadlines import check_duration
+from idempotency_async._lease import check_duration
 from idempotency_async.errors import (
     AlreadyInProgressError,
     PayloadError,

@@ -13,6 +13,7 @@ The behaviour is described in ``docs/http.md``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -42,6 +43,7 @@ from idempotency_async.integrations._http import (
     route_marks,
 )
 from idempotency_async.manager import Manager
+from idempotency_async.options import Wait
 
 __all__ = ["HttpTransaction", "IdempotencyMiddleware", "RequestState", "request_state"]
 
@@ -80,11 +82,9 @@ class IdempotencyMiddleware:
     :param store_server_errors: store and replay 5xx responses instead of releasing the key.
     :param replay_headers: response headers replayed besides content-type, location,
         etag, cache-control and link (``Set-Cookie`` never is).
-    :param wait: whether a duplicate that finds the key in progress waits for the first
-        request to finish and replays its response (False: answer 409 at once); None:
-        as the manager's ``Options.wait``.
-    :param wait_timeout: the longest such a wait lasts, in seconds (then 409); None: as
-        the manager's ``Options.wait_timeout``.
+    :param wait: ``Wait(timeout=...)``: a duplicate that finds the key in progress waits
+        (at most ``timeout`` seconds, then 409) for the first request to finish and replays
+        its response; ``False``: answer 409 at once; None: as the manager's ``Options.wait``.
     :param replayed_header: the header (value ``true``) that marks a replayed response,
         and a duplicate's "not stored" answer (default ``Idempotent-Replayed``).
     """
@@ -104,8 +104,7 @@ class IdempotencyMiddleware:
         max_response_bytes: int | None = None,
         store_server_errors: bool = False,
         replay_headers: Iterable[str] = (),
-        wait: bool | None = None,
-        wait_timeout: float | None = None,
+        wait: Wait | Literal[False] | None = None,
         replayed_header: str = DEFAULT_REPLAYED_HEADER,
     ) -> None:
         self.app = app
@@ -123,7 +122,6 @@ class IdempotencyMiddleware:
                 store_server_errors=store_server_errors,
                 replay_headers=replay_headers,
                 wait=wait,
-                wait_timeout=wait_timeout,
                 replayed_header=replayed_header,
             ),
         )

@@ -93,7 +93,7 @@ class ObservedStore:
 def _describe(result: object) -> str | None:
     """``idempotency.store.result``: what the store answered, in one word."""
     if isinstance(result, Verdict):
-        return str(result.state.value)
+        return str(result.found.value)
     if isinstance(result, Written):
         return str(result.value)
     if isinstance(result, bool):

@@ -1,7 +1,7 @@
 """The SQL of the Postgres store: the table, and one statement per operation.
 
 Every statement is one round trip and judges by one instant, ``now`` (Unix seconds as
-``float8``): the parameter the manager sent (``clock="client"``) or, when that is NULL,
+``float8``): the parameter the manager sent (``judged_by="client"``) or, when that is NULL,
 the server's ``clock_timestamp()`` — never ``now()``, which is the start of the
 transaction and stands still behind a pooler that keeps transactions open.
 

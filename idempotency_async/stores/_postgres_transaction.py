@@ -44,7 +44,7 @@ from idempotency_async.stores._postgres_values import (
     record_from_row,
     text_column,
 )
-from idempotency_async.stores.base import CLAIMED, Extended, State, Verdict, Written, judge
+from idempotency_async.stores.base import CLAIMED, Extended, Found, Verdict, Written, judge
 
 __all__ = ["TransactionStore"]
 
@@ -132,7 +132,7 @@ class TransactionStore:
         if answer == "read":
             check_key(key, row[10])
             verdict = judge(record_from_row(key, row[1:8], self.max_response_bytes), row[8])
-            if verdict.state is State.IN_PROGRESS and row[9] and wait > 0:
+            if verdict.found is Found.IN_PROGRESS and row[9] and wait > 0:
                 # A lease-mode call holds the key: this transaction's snapshot will never see
                 # it complete, so waiting could only time out.
                 raise SerializationFailureError(
@@ -308,7 +308,7 @@ def _caught(answer: Any, message: Any, key: str, operation: str = "claim") -> Ex
         return LockTimeoutError(
             f"key {key} stayed locked by another open transaction (a transactional call on "
             "the same key, or a lock on the whole table) past this call's wait "
-            "(Options(wait=..., wait_timeout=...), its deadline, or your statement_timeout); "
+            "(Options(wait=Wait(timeout=...)), its deadline, or your statement_timeout); "
             "nothing of the call was written: your transaction is intact, retry later",
             key=key,
         )

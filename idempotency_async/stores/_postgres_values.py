@@ -26,7 +26,7 @@ from idempotency_async.canonical import MAX_DEPTH
 from idempotency_async.errors import InconsistentStateError, StoreUnavailableError
 from idempotency_async.record import Claim, Completion, Record, Status
 from idempotency_async.stores._postgres_sql import TOKEN_LIMIT, read_limit
-from idempotency_async.stores.base import CLAIMED, State, Verdict
+from idempotency_async.stores.base import CLAIMED, Found, Verdict
 
 __all__ = [
     "check_key",
@@ -63,9 +63,9 @@ def claim_verdict(claim: Claim, row: Any, limit: int) -> Verdict:
     record = record_from_row(claim.key, row, limit)
     now = row[7]
     if record.status is Status.COMPLETED:
-        return Verdict(State.COMPLETED, record, None, record.expiration - now)
+        return Verdict(Found.COMPLETED, record, None, record.expiration - now)
     end = record.expiration if record.lease_end is None else record.lease_end
-    return Verdict(State.IN_PROGRESS, record, max(end - now, 0.0))
+    return Verdict(Found.IN_PROGRESS, record, max(end - now, 0.0))
 
 
 def check_key(key: str, stored: Any) -> None:

@@ -19,7 +19,7 @@ __all__ = [
     "CLAIMED",
     "DEFAULT_MAX_RESPONSE_BYTES",
     "Extended",
-    "State",
+    "Found",
     "Store",
     "Verdict",
     "Written",
@@ -31,8 +31,13 @@ __all__ = [
 DEFAULT_MAX_RESPONSE_BYTES = 350_000
 
 
-class State(enum.Enum):
-    """What a store found when it judged a key."""
+class Found(enum.Enum):
+    """What a store found when it judged a key (a :class:`Verdict`'s ``found``).
+
+    Not a record's :class:`~idempotency_async.record.Status`, which is what the record
+    says: an ``INPROGRESS`` record whose lease ended is found ``CLAIMABLE``, and an expired
+    ``COMPLETED`` one too.
+    """
 
     CLAIMED = "claimed"
     """The claim was written (or was found already written under its own owner token)."""
@@ -45,14 +50,14 @@ class State(enum.Enum):
 
 
 class Verdict(NamedTuple):
-    """A store's answer about one key: the state, the record it judged, and how long that
-    state lasts by the store's own clock.
+    """A store's answer about one key: what it found, the record it judged, and how long
+    that lasts by the store's own clock.
 
     Durations, never instants: a worker whose wall clock differs from the store's still
     counts them right (from when it sent the request, on its monotonic clock).
     """
 
-    state: State
+    found: Found
     record: Record | None = None
     retry_after: float | None = None
     """``IN_PROGRESS``: seconds until the holder's lease ends."""
@@ -60,7 +65,7 @@ class Verdict(NamedTuple):
     """``COMPLETED``: seconds until the record expires (how long a local cache may keep it)."""
 
 
-CLAIMED = Verdict(State.CLAIMED)
+CLAIMED = Verdict(Found.CLAIMED)
 """The verdict of a successful claim (shared: building one per call costs time)."""
 
 
@@ -93,15 +98,15 @@ class Extended(enum.Enum):
 def judge(record: Record | None, now: float) -> Verdict:
     """The verdict on ``record`` at ``now`` (Unix seconds), for stores judging in Python."""
     if record is None or record.expiration < now:
-        return Verdict(State.CLAIMABLE, record)
+        return Verdict(Found.CLAIMABLE, record)
     if record.status is Status.COMPLETED:
-        return Verdict(State.COMPLETED, record, None, record.expiration - now)
+        return Verdict(Found.COMPLETED, record, None, record.expiration - now)
     end = record.lease_end
     if end is None:  # a foreign writer without a lease: held until the record expires
         end = record.expiration
     elif end < now:
-        return Verdict(State.CLAIMABLE, record)
-    return Verdict(State.IN_PROGRESS, record, end - now)
+        return Verdict(Found.CLAIMABLE, record)
+    return Verdict(Found.IN_PROGRESS, record, end - now)
 
 
 def check_key(verdict: Verdict, key: str) -> None:

@@ -12,7 +12,7 @@ from idempotency_async.stores.base import (
     CLAIMED,
     DEFAULT_MAX_RESPONSE_BYTES,
     Extended,
-    State,
+    Found,
     Verdict,
     Written,
     judge,
@@ -69,7 +69,7 @@ class MemoryStore:
         current = self._entries.get(key)
         if current is not None and not (current[0] is _INPROGRESS and current[1] == claim.owner):
             verdict = judge(_record(key, current), now)
-            if verdict.state is not State.CLAIMABLE:
+            if verdict.found is not Found.CLAIMABLE:
                 return verdict
         if self._expiry and self._expiry[0][0] < now:
             self._drop_expired(now)

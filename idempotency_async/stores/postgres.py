@@ -1,6 +1,6 @@
 """A PostgreSQL record store on asyncpg: one table, one statement per operation.
 
-Leases and expiry are judged by the server's ``clock_timestamp()`` (``clock="client"``
+Leases and expiry are judged by the server's ``clock_timestamp()`` (``judged_by="client"``
 judges by the ``now`` the manager sends, for simulated time).  Each operation is one
 statement in its own implicit transaction — no session state, no ``SET``, no advisory
 locks — so the store works behind PgBouncer in transaction mode.  See ``docs/postgres.md``.
@@ -98,8 +98,8 @@ class PostgresStore:
     :func:`create_table` (or ``idempotency-async create-table postgres://…``; the SQL is in
     :func:`table_sql` for migrations).
 
-    ``clock="server"`` (the default) judges leases and expiry by the server's
-    ``clock_timestamp()``, so workers with skewed clocks agree; ``clock="client"`` uses
+    ``judged_by="server"`` (the default) judges leases and expiry by the server's
+    ``clock_timestamp()``, so workers with skewed clocks agree; ``judged_by="client"`` uses
     the ``now`` the manager sends (for simulated time).  ``table`` is ``"name"`` or
     ``"schema.name"``, quoted as given.
     """
@@ -112,7 +112,7 @@ class PostgresStore:
         pool: Any,
         *,
         table: str = DEFAULT_TABLE,
-        clock: Literal["server", "client"] = "server",
+        judged_by: Literal["server", "client"] = "server",
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         if is_psycopg_pool(pool):
@@ -125,8 +125,8 @@ class PostgresStore:
                 f"psycopg AsyncConnectionPool, got {type(pool).__name__}; a single connection "
                 "cannot serve concurrent calls. Or use PostgresStore.from_url('postgres://…')"
             )
-        if clock not in ("server", "client"):
-            raise ConfigError(f"clock must be 'server' or 'client', got {clock!r}")
+        if judged_by not in ("server", "client"):
+            raise ConfigError(f"judged_by must be 'server' or 'client', got {judged_by!r}")
         if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int):
             raise ConfigError(f"max_response_bytes must be an integer, got {max_response_bytes!r}")
         if max_response_bytes <= 0:
@@ -137,10 +137,11 @@ class PostgresStore:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         self.table = table
-        self.clock = clock
+        self.judged_by = judged_by
+        """Whose clock judges leases and expiry: ``"server"`` or ``"client"`` (the manager's)."""
         self.max_response_bytes = max_response_bytes
         self._pool: Any = None if pool is _LATER else pool
-        self._client_clock = clock == "client"
+        self._client_clock = judged_by == "client"
         self._dsn: str | None = None
         self._pool_options: dict[str, Any] = {}
         self._opening: asyncio.Lock | None = None
@@ -160,7 +161,7 @@ class PostgresStore:
         *,
         pool_options: Mapping[str, Any] | None = None,
         table: str = DEFAULT_TABLE,
-        clock: Literal["server", "client"] = "server",
+        judged_by: Literal["server", "client"] = "server",
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> PostgresStore:
         """A store on an asyncpg pool built from ``dsn`` (``postgres://…`` or
@@ -175,7 +176,7 @@ class PostgresStore:
                 f"a Postgres DSN starts with postgres:// or postgresql://, got {_scheme(dsn)!r}"
             )
         _asyncpg()
-        store = cls(_LATER, table=table, clock=clock, max_response_bytes=max_response_bytes)
+        store = cls(_LATER, table=table, judged_by=judged_by, max_response_bytes=max_response_bytes)
         store._dsn = dsn
         store._pool_options = {**_DEFAULT_POOL, **(pool_options or {})}
         store._owns_pool = True
@@ -292,7 +293,7 @@ class PostgresStore:
             claim.validation,
             # A row lock is held for one statement by another claim, but for a whole
             # transaction by a transactional call: wait for it as the call may wait (not at
-            # all with wait=False), and no longer than the lease.
+            # all with wait=None), and no longer than the lease.
             lock_wait(min(claim.wait, lease)),
         )
         return claim_verdict(claim, row, self.max_response_bytes)
@@ -468,7 +469,7 @@ class PostgresStore:
 
         Expired rows never block a claim (a claim replaces them), so this only keeps the
         table small: run it from a scheduled job or ``idempotency-async vacuum``.  Expiry
-        is judged by the server's clock, whatever the store's ``clock``.
+        is judged by the server's clock, whatever the store's ``judged_by``.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")

@@ -48,7 +48,7 @@ from idempotency_async.stores.base import (
     CLAIMED,
     DEFAULT_MAX_RESPONSE_BYTES,
     Extended,
-    State,
+    Found,
     Verdict,
     Written,
     judge,
@@ -100,11 +100,11 @@ class RedisStore:
     (``Sentinel.master_for(...)``) or ``valkey.asyncio.Valkey``.  :meth:`from_url` builds
     a client that the store owns and closes in :meth:`aclose`.
 
-    ``clock="server"`` (the default) judges leases and expiry by the server's ``TIME``, so
-    workers with skewed clocks agree; ``clock="client"`` uses the ``now`` the manager
+    ``judged_by="server"`` (the default) judges leases and expiry by the server's ``TIME``, so
+    workers with skewed clocks agree; ``judged_by="client"`` uses the ``now`` the manager
     sends (for simulated time).  ``key_prefix`` is prepended to every Redis key (the
-    record keeps its logical key).  ``wait_replicas`` makes each claim wait (up to
-    ``wait_timeout`` seconds) until that many replicas hold it, in the same round trip;
+    record keeps its logical key).  ``min_replicas`` makes each claim wait (up to
+    ``replica_timeout`` seconds) until that many replicas hold it, in the same round trip;
     a claim fewer replicas acknowledged raises ``StoreUnavailableError`` and its callback
     does not run.
 
@@ -119,10 +119,10 @@ class RedisStore:
         client: Any,
         *,
         key_prefix: str = "",
-        clock: Literal["server", "client"] = "server",
+        judged_by: Literal["server", "client"] = "server",
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-        wait_replicas: int = 0,
-        wait_timeout: float = 1.0,
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
         record_format: RecordFormat = "typescript",
     ) -> None:
         if client is None or not callable(getattr(client, "evalsha", None)):
@@ -131,43 +131,44 @@ class RedisStore:
                 f"a Sentinel master or valkey.asyncio.Valkey), got {client!r}; or use "
                 "RedisStore.from_url('redis://…')"
             )
-        if clock not in ("server", "client"):
-            raise ConfigError(f"clock must be 'server' or 'client', got {clock!r}")
+        if judged_by not in ("server", "client"):
+            raise ConfigError(f"judged_by must be 'server' or 'client', got {judged_by!r}")
         if not isinstance(key_prefix, str):
             raise ConfigError(f"key_prefix must be a string, got {key_prefix!r}")
         if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int):
             raise ConfigError(f"max_response_bytes must be an integer, got {max_response_bytes!r}")
         if max_response_bytes <= 0:
             raise ConfigError(f"max_response_bytes must be positive, got {max_response_bytes}")
-        if isinstance(wait_replicas, bool) or not isinstance(wait_replicas, int):
-            raise ConfigError(f"wait_replicas must be an integer >= 0, got {wait_replicas!r}")
-        if wait_replicas < 0:
-            raise ConfigError(f"wait_replicas must be an integer >= 0, got {wait_replicas}")
-        if not wait_timeout > 0:
-            raise ConfigError(f"wait_timeout must be positive seconds, got {wait_timeout!r}")
-        if wait_replicas and _is_cluster(client):
+        if isinstance(min_replicas, bool) or not isinstance(min_replicas, int):
+            raise ConfigError(f"min_replicas must be an integer >= 0, got {min_replicas!r}")
+        if min_replicas < 0:
+            raise ConfigError(f"min_replicas must be an integer >= 0, got {min_replicas}")
+        if not replica_timeout > 0:
+            raise ConfigError(f"replica_timeout must be positive seconds, got {replica_timeout!r}")
+        if min_replicas and _is_cluster(client):
             raise ConfigError(
-                "wait_replicas is not supported with RedisCluster: WAIT must run on the "
+                "min_replicas is not supported with RedisCluster: WAIT must run on the "
                 "connection that wrote the claim, which a cluster client does not expose; use "
                 "a client per shard, or accept the failover risk (docs/redis.md)"
             )
         socket_timeout = _socket_timeout(client)
-        if wait_replicas and socket_timeout is not None and socket_timeout <= wait_timeout:
+        if min_replicas and socket_timeout is not None and socket_timeout <= replica_timeout:
             raise ConfigError(
-                f"wait_timeout ({wait_timeout} s) must be shorter than the client's "
+                f"replica_timeout ({replica_timeout} s) must be shorter than the client's "
                 f"socket_timeout ({socket_timeout} s): WAIT blocks the connection for up to "
-                "wait_timeout, and the client would give up on the claim's answer first"
+                "replica_timeout, and the client would give up on the claim's answer first"
             )
         self.record_format = check_record_format(record_format)
         """The record layout read and written: ``"typescript"`` or ``"powertools-python"``."""
         self._python = self.record_format == POWERTOOLS_PYTHON
         self.max_response_bytes = max_response_bytes
         self.key_prefix = key_prefix
-        self.clock = clock
-        self.wait_replicas = wait_replicas
-        self.wait_timeout = wait_timeout
+        self.judged_by = judged_by
+        """Whose clock judges leases and expiry: ``"server"`` or ``"client"`` (the manager's)."""
+        self.min_replicas = min_replicas
+        self.replica_timeout = replica_timeout
         self._client = client
-        self._client_clock = clock == "client"
+        self._client_clock = judged_by == "client"
         self._ready = False
         self._gate: asyncio.Semaphore | None = None
         self._owns_client = False
@@ -181,10 +182,10 @@ class RedisStore:
         cluster: bool = False,
         client_options: Mapping[str, Any] | None = None,
         key_prefix: str = "",
-        clock: Literal["server", "client"] = "server",
+        judged_by: Literal["server", "client"] = "server",
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-        wait_replicas: int = 0,
-        wait_timeout: float = 1.0,
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
         record_format: RecordFormat = "typescript",
     ) -> RedisStore:
         """A store on a redis-py client built from ``url`` (``redis://``, ``rediss://`` for
@@ -219,10 +220,10 @@ class RedisStore:
         store = cls(
             client,
             key_prefix=key_prefix,
-            clock=clock,
+            judged_by=judged_by,
             max_response_bytes=max_response_bytes,
-            wait_replicas=wait_replicas,
-            wait_timeout=wait_timeout,
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
             record_format=record_format,
         )
         store._owns_client = True
@@ -361,11 +362,11 @@ class RedisStore:
                 acquired = await self._client.set(lock, "True", ex=seconds, nx=True)
         if not acquired:
             self._check_key(claim.key, answer[3] if len(answer) > 3 else None)
-            return Verdict(State.IN_PROGRESS, self._decode(claim.key, answer[1]), float(seconds))
+            return Verdict(Found.IN_PROGRESS, self._decode(claim.key, answer[1]), float(seconds))
         return await self._claim(claim.key, (*args[:-1], b"held"))
 
     async def _claim(self, key: str, args: tuple[Any, ...]) -> Any:
-        if self.wait_replicas:
+        if self.min_replicas:
             with translate_errors("claim", key):
                 if not self._ready:
                     await self._open()
@@ -389,10 +390,10 @@ class RedisStore:
         record = self._decode(key, raw)
         now = float(now_text)
         if state == _COMPLETED:
-            return Verdict(State.COMPLETED, record, None, record.expiration - now)
+            return Verdict(Found.COMPLETED, record, None, record.expiration - now)
         if state == _IN_PROGRESS:
             end = record.expiration if record.lease_end is None else record.lease_end
-            return Verdict(State.IN_PROGRESS, record, max(end - now, 0.0))
+            return Verdict(Found.IN_PROGRESS, record, max(end - now, 0.0))
         raise InconsistentStateError(
             f"the record of key {key!r} (status {record.status.value}) cannot be judged by "
             "the server: it was not written by this library or a Powertools port; check "
@@ -517,11 +518,11 @@ class RedisStore:
     async def _claim_acknowledged(self, key: str, args: tuple[Any, ...]) -> Any:
         """The claim script and ``WAIT`` pipelined on one connection (one round trip)."""
         client = self._client
-        wait_ms = max(1, round(self.wait_timeout * 1000))
+        wait_ms = max(1, round(self.replica_timeout * 1000))
         for attempt in range(2):
             pipe = client.pipeline(transaction=False)
             pipe.evalsha(_CLAIM.sha, 1, key, *args)
-            pipe.execute_command("WAIT", self.wait_replicas, wait_ms)
+            pipe.execute_command("WAIT", self.min_replicas, wait_ms)
             answer, acknowledged = await pipe.execute(raise_on_error=False)
             if isinstance(answer, Exception):
                 if attempt == 0 and is_no_script(answer):
@@ -529,11 +530,11 @@ class RedisStore:
                     continue
                 raise answer
             break
-        short = isinstance(acknowledged, Exception) or acknowledged < self.wait_replicas
+        short = isinstance(acknowledged, Exception) or acknowledged < self.min_replicas
         if answer == 1 and short:
             raise StoreUnavailableError(
                 f"the claim of key {key!r} was acknowledged by {acknowledged!r} replicas within "
-                f"{self.wait_timeout} s, fewer than wait_replicas={self.wait_replicas}; the "
+                f"{self.replica_timeout} s, fewer than min_replicas={self.min_replicas}; the "
                 "callback was not run and the key stays claimed until its lease ends"
             )
         return answer

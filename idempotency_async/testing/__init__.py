@@ -15,6 +15,8 @@ with an oracle judging against the plan; a failing scenario is shrunk and printe
 ``StoreContract`` is the protocol's pytest suite, to subclass with a ``store`` fixture.
 ``StoreContract`` needs pytest and pytest-asyncio (imported when first used); the
 simulator needs nothing beyond the library.  See ``docs/stores.md`` and ``docs/guarantees.md``.
+``check_handler`` (the users' test kit, ``idempotency_async.testing.kit``) runs your own
+handler through duplicates, crashes and expiry: ``docs/testing-your-handler.md``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,14 @@ from idempotency_async.testing._transactions import (
     simulate_transactions,
 )
 from idempotency_async.testing._tx_scenario import TxScenario, generate_transactional
+from idempotency_async.testing.kit import (
+    HandlerCheckFailed,
+    KitReport,
+    asgi_route,
+    check_handler,
+    function_handler,
+    lambda_handler,
+)
 
 if TYPE_CHECKING:
     from idempotency_async.testing._contract import StoreContract
@@ -53,6 +63,8 @@ __all__ = [
     "FEATURES",
     "CallPlan",
     "Fault",
+    "HandlerCheckFailed",
+    "KitReport",
     "ManagerPlan",
     "Scenario",
     "SimulationFailure",
@@ -61,8 +73,12 @@ __all__ = [
     "StoreFactory",
     "TransactionSimulationFailure",
     "TxScenario",
+    "asgi_route",
+    "check_handler",
+    "function_handler",
     "generate",
     "generate_transactional",
+    "lambda_handler",
     "reproducer",
     "run_live",
     "run_one",

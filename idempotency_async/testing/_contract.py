@@ -22,7 +22,7 @@ import pytest
 
 from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion, Record, Status
-from idempotency_async.stores.base import CLAIMED, Extended, State, Store, Written
+from idempotency_async.stores.base import CLAIMED, Extended, Found, Store, Written
 
 __all__ = ["StoreContract"]
 
@@ -56,9 +56,9 @@ class StoreContract:
         raise NotImplementedError("override the store fixture: yield a fresh, empty store")
 
     async def test_claim_of_free_key_writes_an_in_progress_record(self, store: Store) -> None:
-        assert (await store.claim(claim())).state is State.CLAIMED
+        assert (await store.claim(claim())).found is Found.CLAIMED
         verdict = await store.get("k#1", now=NOW)
-        assert verdict.state is State.IN_PROGRESS
+        assert verdict.found is Found.IN_PROGRESS
         record = verdict.record
         assert record is not None
         assert record.status is Status.INPROGRESS
@@ -75,38 +75,38 @@ class StoreContract:
     ) -> None:
         await store.claim(claim(owner="owner-a"))
         verdict = await store.claim(claim(owner="owner-b", now=NOW + 1))
-        assert verdict.state is State.IN_PROGRESS
+        assert verdict.found is Found.IN_PROGRESS
         assert verdict.record is not None and verdict.record.owner == "owner-a"
         assert verdict.retry_after is not None and abs(verdict.retry_after - 29) < 0.01
         assert (await record_of(store)).owner == "owner-a"
 
     async def test_a_claim_sent_again_meets_itself_and_is_claimed(self, store: Store) -> None:
         # The first answer was lost and the client retried: the record it meets is its own.
-        assert (await store.claim(claim(owner="owner-a"))).state is State.CLAIMED
+        assert (await store.claim(claim(owner="owner-a"))).found is Found.CLAIMED
         again = await store.claim(claim(owner="owner-a", now=NOW + 0.2))
-        assert again.state is State.CLAIMED
+        assert again.found is Found.CLAIMED
         assert (await record_of(store)).owner == "owner-a"
 
     async def test_a_completed_record_is_not_reclaimed_by_its_own_token(self, store: Store) -> None:
         await store.claim(claim(owner="owner-a"))
         assert await store.complete(completion(response=1)) is Written.RESPONSE
         verdict = await store.claim(claim(owner="owner-a", now=NOW + 1))
-        assert verdict.state is State.COMPLETED
+        assert verdict.found is Found.COMPLETED
 
     async def test_claim_succeeds_once_the_lease_has_lapsed(self, store: Store) -> None:
         await store.claim(claim(owner="owner-a", lease_s=5))
-        assert (await store.claim(claim(owner="owner-b", now=NOW + 4))).state is State.IN_PROGRESS
-        assert (await store.claim(claim(owner="owner-b", now=NOW + 6))).state is State.CLAIMED
+        assert (await store.claim(claim(owner="owner-b", now=NOW + 4))).found is Found.IN_PROGRESS
+        assert (await store.claim(claim(owner="owner-b", now=NOW + 6))).found is Found.CLAIMED
         assert (await record_of(store, now=NOW + 6)).owner == "owner-b"
 
     async def test_completed_record_blocks_claims_until_it_expires(self, store: Store) -> None:
         await store.claim(claim())
         assert await store.complete(completion(response={"ok": 1})) is Written.RESPONSE
         verdict = await store.claim(claim(owner="owner-b", now=NOW + 100))
-        assert verdict.state is State.COMPLETED
+        assert verdict.found is Found.COMPLETED
         assert verdict.record is not None and verdict.record.response == {"ok": 1}
         later = NOW + 3601
-        assert (await store.claim(claim(owner="owner-b", now=later))).state is State.CLAIMED
+        assert (await store.claim(claim(owner="owner-b", now=later))).found is Found.CLAIMED
 
     async def test_sub_second_ttl_is_rounded_up_not_down(self, store: Store) -> None:
         short = Claim("k#1", "owner-a", NOW + 0.25, 0.5, 0.5, None)
@@ -115,7 +115,7 @@ class StoreContract:
         assert await store.complete(done) is Written.RESPONSE
         record = await record_of(store, now=NOW + 0.3)
         assert record.expiration == math.ceil(NOW + 0.8)
-        assert (await store.claim(claim(owner="owner-b", now=NOW + 0.5))).state is State.COMPLETED
+        assert (await store.claim(claim(owner="owner-b", now=NOW + 0.5))).found is Found.COMPLETED
 
     async def test_expiry_is_never_before_the_lease_end(self, store: Store) -> None:
         await store.claim(Claim("k#1", "owner-a", NOW, 7200.0, 60.0, None))
@@ -123,12 +123,12 @@ class StoreContract:
         assert record.expiration >= NOW + 7200
 
     async def test_get_judges_by_now(self, store: Store) -> None:
-        assert (await store.get("k#1", now=NOW)).state is State.CLAIMABLE
+        assert (await store.get("k#1", now=NOW)).found is Found.CLAIMABLE
         assert (await store.get("k#1", now=NOW)).record is None
         await store.claim(claim(lease_s=5))
-        assert (await store.get("k#1", now=NOW + 1)).state is State.IN_PROGRESS
+        assert (await store.get("k#1", now=NOW + 1)).found is Found.IN_PROGRESS
         lapsed = await store.get("k#1", now=NOW + 6)
-        assert lapsed.state is State.CLAIMABLE and lapsed.record is not None
+        assert lapsed.found is Found.CLAIMABLE and lapsed.record is not None
 
     async def test_complete_by_a_stale_owner_is_refused_and_changes_nothing(
         self, store: Store
@@ -196,7 +196,7 @@ class StoreContract:
         await store.claim(claim())
         assert await store.release("k#1", "owner-a") is True
         assert await record_of(store) is None
-        assert (await store.claim(claim(owner="owner-b"))).state is State.CLAIMED
+        assert (await store.claim(claim(owner="owner-b"))).found is Found.CLAIMED
 
     async def test_release_of_a_missing_record_counts_as_released(self, store: Store) -> None:
         assert await store.release("k#1", "owner-a") is True
@@ -292,7 +292,7 @@ class StoreContract:
         await store.claim(claim())
         await store.complete(completion(response=1))
         verdict = await store.claim(claim(owner="owner-b", now=NOW + 100))
-        assert verdict.state is State.COMPLETED
+        assert verdict.found is Found.COMPLETED
         assert verdict.expires_in is not None
         assert abs(verdict.expires_in - (math.ceil(NOW + 3600) - (NOW + 100))) < 0.01
         read = await store.get("k#1", now=NOW + 200)
@@ -304,13 +304,13 @@ class StoreContract:
         renewed = Claim("k#1", "owner-a", NOW + 4, 5.0, 60.0, "v-hash")
         assert await store.extend(renewed) is Extended.RENEWED
         # Held past the first lease's end, free once the renewed one ends.
-        assert (await store.claim(claim(owner="owner-b", now=NOW + 6))).state is State.IN_PROGRESS
+        assert (await store.claim(claim(owner="owner-b", now=NOW + 6))).found is Found.IN_PROGRESS
         record = await record_of(store, now=NOW + 6)
         assert record.owner == "owner-a" and record.status is Status.INPROGRESS
         assert record.lease_end is not None and abs(record.lease_end - (NOW + 9)) < 0.002
         assert record.validation == "v-hash"
         assert record.expiration == math.ceil(NOW + 4 + 60)
-        assert (await store.claim(claim(owner="owner-b", now=NOW + 9.5))).state is State.CLAIMED
+        assert (await store.claim(claim(owner="owner-b", now=NOW + 9.5))).found is Found.CLAIMED
 
     async def test_extend_of_a_lapsed_lease_nobody_took_is_still_the_owners(
         self, store: Store
@@ -318,7 +318,7 @@ class StoreContract:
         await store.claim(claim(lease_s=1))
         renewed = Claim("k#1", "owner-a", NOW + 3, 5.0, 3600.0, "v-hash")
         assert await store.extend(renewed) is Extended.RENEWED
-        assert (await store.claim(claim(owner="owner-b", now=NOW + 4))).state is State.IN_PROGRESS
+        assert (await store.claim(claim(owner="owner-b", now=NOW + 4))).found is Found.IN_PROGRESS
 
     async def test_extend_is_fenced_by_the_owner(self, store: Store) -> None:
         await store.claim(claim(owner="owner-a", lease_s=1))
@@ -352,7 +352,7 @@ class StoreContract:
         assert record.lease_end is not None and abs(record.lease_end - (NOW + 12)) < 0.002
         assert record.expiration == math.ceil(NOW + 2 + 60)
         verdict = await store.claim(claim(owner="owner-b", now=NOW + 11.5))
-        assert verdict.state is State.IN_PROGRESS
+        assert verdict.found is Found.IN_PROGRESS
         assert verdict.retry_after is not None and abs(verdict.retry_after - 0.5) < 0.01
 
     async def test_extend_sent_again_is_renewed_again(self, store: Store) -> None:
@@ -378,7 +378,7 @@ class StoreContract:
         verdicts = await asyncio.gather(
             *(store.claim(claim(owner=f"owner-{n}")) for n in range(20))
         )
-        winners = [v for v in verdicts if v.state is State.CLAIMED]
+        winners = [v for v in verdicts if v.found is Found.CLAIMED]
         assert len(winners) == 1
         record = await record_of(store)
         losers = {v.record.owner for v in verdicts if v.record is not None}
@@ -423,7 +423,7 @@ class StoreContract:
                 await store.get(key, now=NOW + 3),
                 await store.claim(claim(key, "owner-b", now=NOW + 3)),
             ):
-                assert verdict.state is State.COMPLETED
+                assert verdict.found is Found.COMPLETED
                 _has_fields(verdict.record, key, Status.COMPLETED, "owner-a", "v-claimed")
                 assert verdict.record is not None
                 assert verdict.record.response_stored is (encoded is not None)
@@ -462,13 +462,13 @@ async def _race_has_one_owner(store: Store, path: str, claims: list[Claim]) -> s
     resent claim meets itself), and every other claim meets that owner's record."""
     verdicts = await asyncio.gather(*(store.claim(each) for each in claims))
     pairs = list(zip(claims, verdicts, strict=True))
-    winners = {each.owner for each, verdict in pairs if verdict.state is State.CLAIMED}
+    winners = {each.owner for each, verdict in pairs if verdict.found is Found.CLAIMED}
     assert len(winners) == 1, f"{path}: {len(winners)} owners claimed one key at once"
     (winner,) = winners
     for each, verdict in pairs:
-        if verdict.state is not State.CLAIMED:
+        if verdict.found is not Found.CLAIMED:
             met = verdict.record.owner if verdict.record is not None else None
-            assert verdict.state is State.IN_PROGRESS and met == winner, (path, each, verdict)
+            assert verdict.found is Found.IN_PROGRESS and met == winner, (path, each, verdict)
     record = await record_of(store, claims[0].key, claims[0].now)
     assert record is not None and record.owner == winner, (path, record)
     assert record.status is Status.INPROGRESS, (path, record)

@@ -23,7 +23,7 @@ from idempotency_async.errors import (
     StoreValidationError,
 )
 from idempotency_async.record import Claim, Completion, Record
-from idempotency_async.stores.base import Extended, State, Store, Verdict, Written
+from idempotency_async.stores.base import Extended, Found, Store, Verdict, Written
 from idempotency_async.testing._plans import Fault
 
 __all__ = ["CALL", "Application", "FaultyStore", "Op", "ServerClockStore"]
@@ -161,7 +161,7 @@ class FaultyStore:
                 name == "claim"
                 and call is not None
                 and isinstance(answer, Verdict)
-                and answer.state is State.CLAIMED
+                and answer.found is Found.CLAIMED
             ):
                 self.claimed[call] = arg.owner
                 if op.task is not None:

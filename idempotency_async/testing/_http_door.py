@@ -52,7 +52,10 @@ def _rules_of(trace: Trace, manager_index: int, manager: Manager) -> HttpIdempot
     if rules is None:
         # The process's manager as the middleware takes it (it selects keys itself).
         options = dataclasses.replace(
-            manager.options, event_key_jmespath=None, payload_validation_jmespath=None
+            manager.options,
+            event_key_jmespath=None,
+            payload_validation_jmespath=None,
+            replay_errors=None,  # the middleware refuses it: an endpoint answers by status
         )
         rules = HttpIdempotency(Manager(manager.store, options), HttpSettings())
         trace.http_rules[manager_index] = rules

@@ -11,7 +11,7 @@ from typing import Any
 from idempotency_async._replayed import ReplayErrors
 from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
-from idempotency_async.options import Options
+from idempotency_async.options import LocalCache, Options, Renewal, Wait
 from idempotency_async.stores.base import Store
 from idempotency_async.testing._plans import ManagerPlan, Scenario
 from idempotency_async.testing._trace import CallbackDeclined
@@ -62,6 +62,7 @@ def _options(
     scenario: Scenario, plan: ManagerPlan, namespace: str, clock: Any, keying: bool = False
 ) -> Options:
     renew = plan.renew_lease
+    renewal = None if keying or renew is None else Renewal(lease=renew, every=plan.renew_every)
     return Options(
         key_prefix=f"sim{scenario.seed}{namespace}",
         event_key_jmespath="id",
@@ -70,11 +71,9 @@ def _options(
         lease=plan.lease,
         lease_margin=plan.lease_margin,
         completion_reserve=None if keying else plan.completion_reserve,
-        renew_lease=None if keying else renew,
-        renew_every=None if keying else plan.renew_every,
-        wait=plan.wait,
-        wait_timeout=plan.wait_timeout,
-        use_local_cache=plan.use_local_cache,
+        renewal=renewal,
+        wait=Wait(timeout=plan.wait_timeout) if plan.wait else None,
+        local_cache=LocalCache() if plan.use_local_cache else None,
         # Every process declares the same deterministic failure (only callbacks planned
         # "declared" raise it); the records are read by this library only.
         replay_errors=_DECLARED,

@@ -25,7 +25,7 @@ from typing import Any
 
 from idempotency_async import errors
 from idempotency_async.record import Claim, Record, Status
-from idempotency_async.stores.base import State, Verdict
+from idempotency_async.stores.base import Found, Verdict
 from idempotency_async.testing._faults import Application, Op
 from idempotency_async.testing._managers import clock_offset
 from idempotency_async.testing._plans import ManagerPlan, can_renew, renewal_reserve
@@ -101,7 +101,7 @@ class _Checker:
                 op.name == "claim"
                 and op.call is not None
                 and isinstance(op.delivered, Verdict)
-                and op.delivered.state is State.CLAIMED
+                and op.delivered.found is Found.CLAIMED
             ):
                 claim: Claim = op.arg
                 # The lease the plan gives the call — its deadline sources, its options —
@@ -809,7 +809,7 @@ class _Checker:
             if (
                 op.call is not None
                 and isinstance(verdict, Verdict)
-                and verdict.state is State.IN_PROGRESS
+                and verdict.found is Found.IN_PROGRESS
                 and verdict.record is not None
                 and verdict.record.owner in self.owners.get(op.call, ())
                 # An in-batch duplicate is another request of the same call.
@@ -822,7 +822,7 @@ class _Checker:
         for outcome in self.outcomes:
             self.check_left_unblocked(outcome)
         for key, verdict in self.trace.probes.items():
-            if verdict.state is State.IN_PROGRESS:
+            if verdict.found is Found.IN_PROGRESS:
                 self.fail(
                     f"G4: {key} is still in progress after every lease ended: {verdict.record}"
                 )
@@ -1390,9 +1390,9 @@ class _Checker:
             # Refused by the store: after an in-progress verdict, the last one it got (a
             # poll that read the record completed must replay it, G3).
             last = verdicts[-1]
-            if last.state is not State.IN_PROGRESS:
+            if last.found is not Found.IN_PROGRESS:
                 return (
-                    f"AlreadyInProgressError after the store last answered {last.state} "
+                    f"AlreadyInProgressError after the store last answered {last.found} "
                     "(a completed record replays; a free key is claimed)"
                 )
             record = last.record

@@ -100,7 +100,12 @@ class Fault:
 
 @dataclass(frozen=True, slots=True)
 class ManagerPlan:
-    """One process: its clock skew and the options of its manager."""
+    """One process: its clock skew and the options of its manager.
+
+    Flat, as scenarios are stored and reproduced as JSON: ``wait``/``wait_timeout`` become
+    ``Options(wait=Wait(timeout=...))``, ``use_local_cache`` ``LocalCache()``, and
+    ``renew_lease``/``renew_every`` ``Renewal(lease=..., every=...)`` (``_managers._options``).
+    """
 
     skew: float
     wait: bool
@@ -114,7 +119,7 @@ class ManagerPlan:
     """Loop time at which this process's wall clock jumps by ``jump`` seconds."""
     jump: float = 0.0
     renew_lease: float | None = None
-    """``Options(renew_lease=...)``: a short lease renewed while the callback runs."""
+    """``Renewal(lease=...)``: a short lease renewed while the callback runs."""
     renew_every: float | None = None
 
 
@@ -225,14 +230,14 @@ def renewal_reserve(plan: ManagerPlan) -> float:
 
 
 RENEWAL_ROOM = 0.1
-"""The share of ``renew_lease`` kept for a renewal's round trip (docs/manager.md)."""
+"""The share of ``Renewal.lease`` kept for a renewal's round trip (docs/manager.md)."""
 
 
 def can_renew(plan: ManagerPlan) -> bool:
     """Whether a manager's renewal settings can keep a lease, as the documentation states
     the rule: after one lost renewal the next goes out two intervals after the claim, and
     both intervals, the completion reserve and a round trip (``RENEWAL_ROOM`` of the short
-    lease) fit in it — ``2 x renew_every + reserve <= 90 % of renew_lease``.  Settings that
+    lease) fit in it — ``2 x every + reserve <= 90 % of the renewal's lease``.  Settings that
     do not must be refused with ConfigError at construction, and only those."""
     renew = plan.renew_lease
     if renew is None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from idempotency_async.record import Claim, Completion, Record, Status
-from idempotency_async.stores.base import Extended, State, Verdict, Written
+from idempotency_async.stores.base import Extended, Found, Verdict, Written
 from idempotency_async.testing._faults import Application, Op
 
 __all__ = [
@@ -32,17 +32,17 @@ BOUNDARY = 0.002
 (stores round to milliseconds and to whole seconds)."""
 
 
-def expected_state(record: Record | None, now: float) -> State:
+def expected_state(record: Record | None, now: float) -> Found:
     """The state a store owes for ``record`` at ``now``, from the contract: absent or past
     its expiry is claimable; completed and unexpired replays; in progress holds the key
     until its lease ends (a foreign record without a lease: until it expires)."""
     if record is None or record.expiration < now:
-        return State.CLAIMABLE
+        return Found.CLAIMABLE
     if record.status is Status.COMPLETED:
-        return State.COMPLETED
+        return Found.COMPLETED
     if record.lease_end is not None and record.lease_end < now:
-        return State.CLAIMABLE
-    return State.IN_PROGRESS
+        return Found.CLAIMABLE
+    return Found.IN_PROGRESS
 
 
 def expected_expiry(now: float, ttl: float, lease: float) -> int:
@@ -182,7 +182,7 @@ class StoreChecks:
         elif op.name == "get" and not self.near(before, self.now(application, op.arg)):
             now = self.now(application, op.arg)
             expected = expected_state(before, now)
-            if not isinstance(answer, Verdict) or answer.state is not expected:
+            if not isinstance(answer, Verdict) or answer.found is not expected:
                 self.fail(
                     f"store: get of {op.key} at {now} answered {answer!r}, expected "
                     f"{expected} for {before}"
@@ -265,12 +265,12 @@ class StoreChecks:
             and before.status is Status.INPROGRESS
             and before.owner == claim.owner
         )
-        free = before is None or own or expected_state(before, claim.now) is State.CLAIMABLE
+        free = before is None or own or expected_state(before, claim.now) is Found.CLAIMABLE
         if free:
             ok = (
                 answer is not None
                 and isinstance(answer, Verdict)
-                and answer.state is State.CLAIMED
+                and answer.found is Found.CLAIMED
                 and after is not None
                 and after.status is Status.INPROGRESS
                 and after.owner == claim.owner
@@ -289,7 +289,7 @@ class StoreChecks:
         expected = expected_state(before, claim.now)
         if (
             not isinstance(answer, Verdict)
-            or answer.state is not expected
+            or answer.found is not expected
             or shape(answer.record) != shape(before)
             or shape(after) != shape(before)
         ):
@@ -305,17 +305,17 @@ class StoreChecks:
         (in progress), counted from the ``now`` the store judged by."""
         if before is None:
             return
-        if answer.state is State.COMPLETED:
+        if answer.found is Found.COMPLETED:
             expected: float = before.expiration - now
             got = answer.expires_in
-        elif answer.state is State.IN_PROGRESS:
+        elif answer.found is Found.IN_PROGRESS:
             end = before.lease_end if before.lease_end is not None else before.expiration
             expected, got = end - now, answer.retry_after
         else:
             return
         if got is None or abs(got - expected) > self.boundary:
             self.fail(
-                f"store: {op.name} of {op.key} at {now} answered {answer.state} with "
+                f"store: {op.name} of {op.key} at {now} answered {answer.found} with "
                 f"{got!r} seconds left; the record ({before}) leaves {expected:.3f}"
             )
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from idempotency_async.errors import AlreadyInProgressError, DeadlineExceededError
 from idempotency_async.manager import Manager
-from idempotency_async.options import Options
+from idempotency_async.options import LocalCache, Options, Wait
 from idempotency_async.stores.postgres import PostgresStore, create_table
 from idempotency_async.testing._quiet import quiet_library
 from idempotency_async.testing._tx_scenario import TxCallPlan, TxScenario
@@ -125,9 +125,8 @@ async def run_transactional(
             Options(
                 key_prefix=f"tx{scenario.seed}",
                 event_key_jmespath="id",
-                wait=plan.wait,
-                wait_timeout=plan.wait_timeout,
-                use_local_cache=plan.use_local_cache,
+                wait=Wait(timeout=plan.wait_timeout) if plan.wait else None,
+                local_cache=LocalCache() if plan.use_local_cache else None,
             ),
         )
         for plan in scenario.managers

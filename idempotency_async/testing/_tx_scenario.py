@@ -81,7 +81,8 @@ _BEHAVIOURS: tuple[TxBehaviour, ...] = ("return", "raise", "hang")
 
 @dataclass(frozen=True, slots=True)
 class TxManagerPlan:
-    """One process's manager: ``wait`` on or off and its lock wait bound."""
+    """One process's manager: ``wait`` on or off and its lock wait bound (stored flat, as
+    JSON: ``Options(wait=Wait(timeout=wait_timeout))`` when ``wait``)."""
 
     wait: bool
     wait_timeout: float

@@ -13,10 +13,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from idempotency_async import (
     Call,
+    LocalCache,
     Manager,
     MemoryStore,
     Options,
+    Renewal,
     ReplayErrors,
+    Wait,
     errors,
     idempotent_function,
 )
@@ -71,8 +74,16 @@ async def optional_key(key: OptionalIdempotencyKey) -> None:
     assert_type(key, str | None)
 
 
-IdempotencyMiddleware(api, manager=manager, wait=True, wait_timeout=5.0)
+IdempotencyMiddleware(api, manager=manager, wait=Wait(timeout=5.0))
+IdempotencyMiddleware(api, manager=manager, wait=False)
 IdempotencyMiddleware(api, manager=manager, wait=5.0)  # type: ignore[arg-type]
+IdempotencyMiddleware(api, manager=manager, wait=True)  # type: ignore[arg-type]
+Options(renewal=Renewal(lease=30.0, every=10.0), wait=Wait(timeout=10.0))
+Options(local_cache=LocalCache(max_items=1000), renewal=None, wait=None)
+Options(wait=True)  # type: ignore[arg-type]
+Options(renew_lease=30.0)  # type: ignore[call-arg]
+assert_type(Options().renewal, Renewal | None)
+assert_type(Wait().timeout, float)
 
 
 def telemetry_is_an_instrumentation() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from idempotency_async._derive import HTTP_OWNED, derive
 from idempotency_async.errors import ConfigError
@@ -20,6 +20,7 @@ from idempotency_async.integrations._http._keys import request_scope
 from idempotency_async.integrations._http._responses import HttpResponse, replay
 from idempotency_async.integrations._http._settings import HttpSettings
 from idempotency_async.manager import Manager
+from idempotency_async.options import Wait
 
 __all__ = ["HttpIdempotency", "http_manager"]
 
@@ -36,7 +37,7 @@ class HttpIdempotency:
         if not isinstance(manager, Manager):
             raise ConfigError("manager must be an idempotency_async.Manager")
         self.settings = settings
-        self.manager = http_manager(manager, settings.wait, settings.wait_timeout)
+        self.manager = http_manager(manager, settings.wait)
         limit = settings.max_response_bytes
         self.max_response_bytes: int = (
             max((manager.store.max_response_bytes - _ENVELOPE_BYTES) * 3 // 4, 0)
@@ -98,16 +99,13 @@ class HttpIdempotency:
         return replay(stored, self.settings.replay_headers, self.settings.replayed_header)
 
 
-def http_manager(
-    manager: Manager, wait: bool | None = None, wait_timeout: float | None = None
-) -> Manager:
+def http_manager(manager: Manager, wait: Wait | Literal[False] | None = None) -> Manager:
     """The manager the middleware runs: ``manager``'s options, with the key and validation
-    selections, key serialization and response encoding the middleware owns."""
+    selections, key serialization and response encoding the middleware owns, and the
+    middleware's own ``wait`` (``False``: none; ``None``: the manager's)."""
     kept: dict[str, Any] = {}
     if wait is not None:
-        kept["wait"] = wait
-    if wait_timeout is not None:
-        kept["wait_timeout"] = float(wait_timeout)
+        kept["wait"] = wait or None
     if getattr(getattr(manager, "options", None), "replay_errors", None) is not None:
         # An endpoint's exception is the framework's 500, released (G2); its deterministic
         # refusals are responses, stored by the status policy (_responses.stores_status).

@@ -11,10 +11,11 @@ import fnmatch
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from idempotency_async.canonical import MAX_DEPTH
 from idempotency_async.errors import ConfigError
+from idempotency_async.options import Wait
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -86,8 +87,9 @@ class HttpSettings:
     max_response_bytes: int | None = None
     store_server_errors: bool = False
     replay_headers: Iterable[str] = field(default=())
-    wait: bool | None = None
-    wait_timeout: float | None = None
+    wait: Wait | Literal[False] | None = None
+    """``Wait(...)``: wait for an in-progress duplicate; ``False``: answer 409 at once;
+    ``None``: as the manager's ``Options.wait``."""
     replayed_header: str = DEFAULT_REPLAYED_HEADER
     """The header (value ``true``) that marks a replayed response; lower-cased here."""
 
@@ -108,13 +110,11 @@ class HttpSettings:
         limit = self.max_response_bytes
         if limit is not None and (not isinstance(limit, int) or limit < 0):
             raise ConfigError(f"max_response_bytes must be an integer >= 0, got {limit!r}")
-        if self.wait is not None and not isinstance(self.wait, bool):
+        if not (self.wait is None or self.wait is False or isinstance(self.wait, Wait)):
             raise ConfigError(
-                f"wait must be True, False or None (as the manager's options), got "
-                f"{self.wait!r}; the seconds to wait go in wait_timeout"
+                f"wait takes a Wait, False (answer 409 at once) or None (as the manager's "
+                f"Options.wait), got {self.wait!r}: e.g. wait=Wait(timeout=10.0)"
             )
-        if self.wait_timeout is not None and not _positive(self.wait_timeout):
-            raise ConfigError(f"wait_timeout must be positive seconds, got {self.wait_timeout!r}")
         replayed = _replayed_header(self.replayed_header, self.replay_headers)
         # Normalized in place: the dataclass is frozen for its users, not for itself.
         normalized = {
@@ -124,7 +124,6 @@ class HttpSettings:
             "request_timeout": float(self.request_timeout),
             "replay_headers": frozenset(DEFAULT_REPLAY_HEADERS)
             | {name.lower() for name in self.replay_headers} - NEVER_REPLAYED,
-            "wait_timeout": None if self.wait_timeout is None else float(self.wait_timeout),
         }
         for name, value in normalized.items():
             object.__setattr__(self, name, value)

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from idempotency_async._disabled import disabled_by_environment
 from idempotency_async.deadlines import deadline as ambient_deadline
 from idempotency_async.errors import (
     AlreadyInProgressError,
@@ -18,7 +19,6 @@ from idempotency_async.errors import (
 from idempotency_async.instrumentation import call_attributes
 from idempotency_async.integrations._lambda.events import Source
 from idempotency_async.manager import Manager
-from idempotency_async.options import disabled_by_environment
 
 __all__ = ["Item", "RecordRunner", "identified"]
 
