@@ -87,6 +87,12 @@ class ReplayErrors:
                     f"replay_errors declares exception classes (subclasses of Exception); "
                     f"got {cls!r}"
                 )
+            if cls is Exception:
+                raise ConfigError(
+                    "replay_errors cannot declare Exception itself: every failure (a timeout, "
+                    "a lost connection) would be stored and replayed until the record expires; "
+                    "declare the classes of deterministic failures, e.g. (CardDeclined,)"
+                )
             if issubclass(cls, IdempotencyError):
                 raise ConfigError(
                     f"replay_errors cannot declare {cls.__qualname__}: the library's own "

@@ -232,6 +232,8 @@ def test_library_errors_and_non_exceptions_cannot_be_declared() -> None:
         ReplayErrors((KeyboardInterrupt,))  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         ReplayErrors(())
+    with pytest.raises(ConfigError, match="Exception itself"):
+        ReplayErrors((Exception,))
     with pytest.raises(ConfigError):
         idempotent_function(Manager(MemoryStore()), payload="x", replay_errors=(int,))  # type: ignore[arg-type]
 
