@@ -309,3 +309,33 @@ def test_the_http_middleware_refuses_declared_errors() -> None:
     manager = _manager(MemoryStore())
     with pytest.raises(ConfigError, match="return the 4xx response"):
         IdempotencyMiddleware(Starlette(), manager=manager)
+
+
+async def test_a_batch_record_whose_declared_error_is_replayed_fails_again_without_running() -> (
+    None
+):
+    import json
+    from pathlib import Path
+
+    from idempotency_async.integrations.aws_lambda import process_batch
+
+    manager = Manager(
+        MemoryStore(),
+        Options(key_prefix="ship", event_key_jmespath="body.order_id", replay_errors=(Invalid,)),
+    )
+    shipped: list[str] = []
+
+    async def ship(record: dict[str, Any]) -> str:
+        order = record["body"]
+        shipped.append(order["order_id"])
+        if order["quantity"] <= 0:
+            raise Invalid("nothing to ship")
+        return str(order["order_id"])
+
+    event = json.loads((Path(__file__).parent / "events" / "sqs.json").read_text())
+    bad = event["Records"][1]["messageId"]
+    for _ in range(2):
+        answer = await process_batch(manager, event, ship)
+        assert [item["itemIdentifier"] for item in answer["batchItemFailures"]] == [bad]
+    # The declared failure ran once: its redelivery replayed the error.
+    assert sorted(shipped) == ["ord-1001", "ord-1002", "ord-1003"]
