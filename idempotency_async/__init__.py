@@ -2,6 +2,7 @@
 
 from idempotency_async import errors
 from idempotency_async._call import Call
+from idempotency_async._replayed import ReplayErrors
 from idempotency_async._stored_redaction import Redaction
 from idempotency_async.deadlines import current_deadline, deadline
 from idempotency_async.decorators import idempotent_function
@@ -24,6 +25,7 @@ __all__ = [
     "Record",
     "Redaction",
     "Renewal",
+    "ReplayErrors",
     "ResponseCodec",
     "Status",
     "Store",

@@ -21,6 +21,10 @@ The rules, in the order they apply:
   caller gets ``DeadlineExceededError``.
 - After its caller was cancelled, a call writes nothing (G6) and raises ``CancelledError``
   (the one it got, or a new one from whatever the callback turned it into).
+- A callback that raised an error its caller declared a result (``replay_errors``) and
+  was not cut off completes the record with that error, which propagates: its duplicates
+  get it raised again.  Cut off (the error may be how it took the cutoff) or after
+  ``Call.release``, it is released like any other exception.
 - Otherwise a callback that raised (or raised its own ``CancelledError``) releases the key
   and its exception propagates; one that returned completes the record, or releases it if
   it asked to (``Call.release``), and its value goes to the caller.
@@ -40,6 +44,8 @@ class Ended(Enum):
     RETURNED = "returned"
     RAISED = "raised"
     """An ``Exception``."""
+    DECLARED = "declared"
+    """An ``Exception`` declared a result (``replay_errors``): a deterministic failure."""
     CANCELLED = "cancelled"
     """A ``CancelledError`` (its cutoff's, its caller's, or its own)."""
     NOT_AWAITABLE = "not awaitable"
@@ -68,6 +74,8 @@ class Write(Enum):
     COMPLETE = "complete"
     COMPLETE_NOT_STORED = "complete not stored"
     """Complete the record without a response."""
+    COMPLETE_ERROR = "complete error"
+    """Complete the record with the declared error the callback raised."""
 
 
 class Outcome(Enum):
@@ -96,6 +104,7 @@ _ABANDON = Decision(Write.ABANDON, Outcome.CUT_OFF)
 _PROPAGATE = Decision(Write.NOTHING, Outcome.OWN)
 _RELEASE_AND_RAISE = Decision(Write.RELEASE, Outcome.OWN)
 _CANCELLED = Decision(Write.NOTHING, Outcome.CANCELLED)
+_COMPLETE_AND_RAISE = Decision(Write.COMPLETE_ERROR, Outcome.OWN)
 _RETURN = Decision(Write.NOTHING, Outcome.RESULT)
 _RELEASE_AND_RETURN = Decision(Write.RELEASE, Outcome.RESULT)
 COMPLETE = Decision(Write.COMPLETE, Outcome.RESULT)
@@ -106,9 +115,10 @@ _NOT_AWAITABLE = {
     Answer.RELEASE: Decision(Write.RELEASE, Outcome.NOT_AWAITABLE),
 }
 
-_RETURNED, _RAISED, _CANCELLED_END, _NOT_AWAITABLE_END, _CRASHED = (
+_RETURNED, _RAISED, _DECLARED, _CANCELLED_END, _NOT_AWAITABLE_END, _CRASHED = (
     Ended.RETURNED,
     Ended.RAISED,
+    Ended.DECLARED,
     Ended.CANCELLED,
     Ended.NOT_AWAITABLE,
     Ended.CRASHED,
@@ -139,7 +149,9 @@ def decide(ended: Ended, cut_off: bool, caller_cancelled: bool, answer: Answer) 
     if caller_cancelled:
         return _CANCELLED  # no store write after a cancellation (G6)
     if answer is _COMPLETED:
-        return _PROPAGATE if ended is _RAISED else _RETURN
+        return _RETURN if ended is _RETURNED else _PROPAGATE
+    if ended is _DECLARED:
+        return _COMPLETE_AND_RAISE if answer is _NONE and not cut_off else _RELEASE_AND_RAISE
     if ended is _RAISED:
         return _RELEASE_AND_RAISE
     return _RELEASE_AND_RETURN if answer is _RELEASE else COMPLETE

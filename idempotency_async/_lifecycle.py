@@ -55,6 +55,7 @@ from idempotency_async._keys import KeyDeriver, Keys
 from idempotency_async._lease import Deadline, Lease
 from idempotency_async._modes import InTransaction, Mode, Plain, TransactionalStore
 from idempotency_async._renewal import NOT_RENEWING, Renewing
+from idempotency_async._replayed import encode_error
 from idempotency_async._responses import (
     Replays,
     log_not_stored,
@@ -149,6 +150,9 @@ class Lifecycle:
         self.store = mode.store
         """Where round trips go (a timing wrapper when the manager has telemetry)."""
         self.replays = mode.replays
+        declared = self.replays.responses.declared
+        self._declared = () if declared is None else declared.classes
+        """Exception classes the callback's caller declared results (``replay_errors``)."""
         self.inflight: dict[str, Flight] = {}
         self._shared = shared if shared is not None else _Shared()
         self._uncached: Replays | None = None
@@ -160,7 +164,7 @@ class Lifecycle:
             self._uncached = Replays(self.options, self.keys, self.emitter)
             self._uncached.cache = None
         mode = InTransaction(store, self.waiting, self.emitter, self._uncached)
-        return Lifecycle(
+        view = Lifecycle(
             store,
             self.options,
             self.keys,
@@ -169,6 +173,10 @@ class Lifecycle:
             shared=self._shared,
             waiting=self.waiting,
         )
+        # A declared error rolls the savepoint back like any other: what the callback
+        # wrote before raising must not commit as its result (docs/manager.md).
+        view._declared = ()
+        return view
 
     # ------------------------------------------------------------------ the spine
 
@@ -246,7 +254,10 @@ class Lifecycle:
                 cutoff.leave(exc)
                 # 5. Decide (the ending was not a plain return), 6. settle: raises.
                 ending = decide(
-                    _ended(exc), cutoff.cut_off, cutoff.cancelled_elsewhere(), _said(call)
+                    _ended(exc, self._declared, cutoff),
+                    cutoff.cut_off,
+                    cutoff.cancelled_elsewhere(),
+                    _said(call),
                 )
                 await self._settle_failure(ending, exc, flight, renewing, cutoffs, started)
                 raise
@@ -409,6 +420,9 @@ class Lifecycle:
             await self._release_after_failure(lease, exc, cutoffs)
         elif write is Write.COMPLETE_NOT_STORED:
             await self._complete_not_awaitable(flight, exc, cutoffs.loop, started)
+        elif write is Write.COMPLETE_ERROR:
+            assert isinstance(exc, Exception)
+            await self._complete_error(flight, exc, cutoffs.loop, started)
         if outcome is Outcome.CUT_OFF:
             if renewing.lost:
                 raise _renewal_refused(key) from exc
@@ -455,6 +469,36 @@ class Lifecycle:
             await self.complete_held(flight, completion, None, loop, started)
         except CompletionError as failed:
             raise error from failed
+
+    async def _complete_error(
+        self,
+        flight: Flight,
+        error: Exception,
+        loop: asyncio.AbstractEventLoop,
+        started: float,
+    ) -> None:
+        """The callback raised an error declared a result (``replay_errors``): the record
+        completes with it, and the caller gets ``error`` itself.  A failed completion is a
+        note on it (the key stays in progress until its lease ends, or completed)."""
+        settings = self.replays.responses.declared
+        assert settings is not None and flight.lease is not None
+        value, encoded = encode_error(error, settings, self.store.max_response_bytes)
+        claim = flight.lease.claim
+        completion = Completion(
+            claim.key,
+            claim.owner,
+            self.options.clock(),
+            self.options.expires_after,
+            claim.validation,
+            encoded,
+            value,
+        )
+        try:
+            await self.complete_held(flight, completion, None, loop, started)
+        except CompletionError as failed:
+            error.add_note(
+                f"idempotency: recording this error as the call's result failed: {failed}"
+            )
 
     async def _release_after_failure(
         self, lease: Lease, exc: BaseException | None, cutoffs: Cutoffs
@@ -708,13 +752,17 @@ def _awaitable(pending: Awaitable[T]) -> Awaitable[T]:
     return pending if hasattr(pending, "__await__") else awaitable(pending)
 
 
-def _ended(exc: BaseException) -> Ended:
-    """How a callback that raised ``exc`` ended (for the decision table)."""
+def _ended(exc: BaseException, declared: tuple[type[Exception], ...], cutoff: Cutoff) -> Ended:
+    """How a callback that raised ``exc`` ended (for the decision table); ``declared``:
+    the classes of errors that are results (``replay_errors``) — unless its cutoff fired:
+    raised after that, the error may be how it took the cutoff, not a deterministic one."""
     if isinstance(exc, ReturnedNotAwaitable):
         return Ended.NOT_AWAITABLE
     if isinstance(exc, asyncio.CancelledError):
         return Ended.CANCELLED
     if isinstance(exc, Exception):
+        if isinstance(exc, declared) and not cutoff.expired:
+            return Ended.DECLARED
         return Ended.RAISED
     return Ended.CRASHED
 

@@ -11,7 +11,12 @@ from idempotency_async._emission import Emitter
 from idempotency_async._flight import Flight, Outcome
 from idempotency_async._json import decode_json, encode_json
 from idempotency_async._keys import KeyDeriver, Keys
-from idempotency_async.errors import ResponseNotStoredError, ResponseTooLargeError
+from idempotency_async._replayed import ENVELOPE, declared_errors, is_envelope, replayed
+from idempotency_async.errors import (
+    ResponseEncodingError,
+    ResponseNotStoredError,
+    ResponseTooLargeError,
+)
 from idempotency_async.options import Options
 from idempotency_async.record import JSONValue, Record
 from idempotency_async.stores.base import Verdict
@@ -47,6 +52,7 @@ class Responses:
         self._codec = options.response_codec
         self._hook = options.response_hook
         self._redaction = options.redaction
+        self.declared = declared_errors(options.replay_errors)
 
     def encode(self, result: Any, limit: int, key: str) -> Encoded:
         """Encode ``result`` once for the store of ``key``; a failure is a reason, never an
@@ -66,6 +72,8 @@ class Responses:
             encoded = encode_json(value)
         except Exception as exc:  # a failing codec too
             return Encoded(None, None, exc)
+        if value.__class__ is dict and ENVELOPE in value and is_envelope(value):
+            return Encoded(None, None, _takes_error_form())
         if len(encoded) > limit:
             return Encoded(
                 None,
@@ -80,7 +88,10 @@ class Responses:
         return Encoded(value, encoded)
 
     def present(self, stored: JSONValue, record: Record) -> Any:
-        """What a replay returns: the stored value decoded, then passed through the hook."""
+        """What a replay returns: the stored value decoded, then passed through the hook —
+        or, for a stored declared error, that error raised again."""
+        if stored.__class__ is dict and ENVELOPE in stored and is_envelope(stored):
+            raise replayed(stored, self.declared, record.key)
         response = stored if self._codec is None else self._codec.decode(stored)
         return response if self._hook is None else self._hook(response, record)
 
@@ -159,6 +170,13 @@ class Replays:
     def clear(self) -> None:
         if self.cache is not None:
             self.cache.clear()
+
+
+def _takes_error_form() -> ResponseEncodingError:
+    return ResponseEncodingError(
+        f"the result is an object whose only member is {ENVELOPE!r}, the form of a stored "
+        "declared error (replay_errors): stored, it would replay as an error"
+    )
 
 
 def not_stored_reason(reason: Exception) -> str:

@@ -7,8 +7,10 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Generic, ParamSpec, Protocol, TypeVar, cast
 
+from idempotency_async._derive import derive
 from idempotency_async._function_manager import function_manager
 from idempotency_async._lease import check_duration
+from idempotency_async._replayed import ReplayErrorsSetting, declared_errors
 from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
 
@@ -30,7 +32,11 @@ class IdempotentFunction(Protocol, Generic[P, T_co]):
 
 
 def idempotent_function(
-    manager: Manager, *, payload: str, timeout: float | None = None
+    manager: Manager,
+    *,
+    payload: str,
+    timeout: float | None = None,
+    replay_errors: ReplayErrorsSetting | None = None,
 ) -> Callable[[Callable[P, Awaitable[T]]], IdempotentFunction[P, T]]:
     """Decorate an ``async def`` so it runs once per value of its ``payload`` argument.
 
@@ -42,10 +48,14 @@ def idempotent_function(
     ``func.manager.key_for(value)`` is the key a call with that argument stores under.
     Dataclass arguments are hashed by their fields, pydantic models by
     ``model_dump(mode="json")``.  ``timeout`` bounds each call (and its lease): a finite
-    positive number of seconds, checked here, at decoration.
+    positive number of seconds, checked here, at decoration.  ``replay_errors`` declares
+    errors that are the function's result (e.g. ``(CardDeclined,)``): they complete the
+    record and are raised again to every duplicate, instead of releasing the key; it
+    replaces the manager's own ``Options.replay_errors`` for this function.
     """
     if timeout is not None:
         check_duration("idempotent_function(timeout=)", timeout)
+    declared = declared_errors(replay_errors)  # checked here, at decoration
 
     def decorate(func: Callable[P, Awaitable[T]]) -> IdempotentFunction[P, T]:
         if not inspect.iscoroutinefunction(func):
@@ -57,6 +67,10 @@ def idempotent_function(
                 f"identifies the request (one of: {', '.join(signature.parameters)})"
             )
         bound_manager = function_manager(manager, func)
+        if declared is not None:
+            bound_manager = derive(
+                bound_manager, "idempotent_function", {}, kept={"replay_errors": declared}
+            )
 
         @functools.wraps(func)
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:

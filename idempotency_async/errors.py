@@ -27,6 +27,7 @@ __all__ = [
     "ResponseNotStoredError",
     "ResponseTooLargeError",
     "ResponseEncodingError",
+    "ReplayedError",
     "PersistenceError",
     "StoreThrottledError",
     "StoreAccessDeniedError",
@@ -200,6 +201,26 @@ class ResponseTooLargeError(IdempotencyError):
 
 class ResponseEncodingError(IdempotencyError, TypeError):
     """A callback returned a value that cannot be stored as JSON."""
+
+
+class ReplayedError(IdempotencyError):
+    """The first call for the key raised an error it declared a result (``replay_errors``),
+    and that error's type cannot be rebuilt here: it is not one of the classes this
+    manager declares (or a loaded subclass of one), or building it failed.
+
+    ``error_type`` is the stored ``module:qualname`` (never imported), ``message`` its
+    text, ``data`` the JSON value the error declared (``None`` when it declared none).
+    All three come from the store: treat them as untrusted input.
+    """
+
+    def __init__(
+        self, message: str, *, key: str, error_type: str, error_message: str, data: Any = None
+    ) -> None:
+        super().__init__(message)
+        self.key = key
+        self.error_type = error_type
+        self.error_message = error_message
+        self.data = data
 
 
 class PersistenceError(IdempotencyError):

@@ -24,6 +24,7 @@ from idempotency_async._emission import Emitter
 from idempotency_async._keys import Keys, key_deriver
 from idempotency_async._lease import effective_deadline
 from idempotency_async._lifecycle import Lifecycle
+from idempotency_async._replayed import declared_errors
 from idempotency_async.errors import ConfigError
 from idempotency_async.events import EventKind
 from idempotency_async.instrumentation import Observer
@@ -442,6 +443,16 @@ def _check_record_format(store: Store, options: Options) -> None:
             f"the store writes {record_format!r} records but Options(key_format="
             f"{options.key_format!r}): use the same format on both, e.g. "
             f"{type(store).__name__}(..., record_format={options.key_format!r})"
+        )
+    declared = declared_errors(options.replay_errors)
+    if record_format is not None and declared is not None and not declared.private_records:
+        # Its readers (the TypeScript and Powertools ports) replay any completed record's
+        # data as the function's return value: a stored error would be a success there.
+        raise ConfigError(
+            f"replay_errors with {type(store).__name__}: its records use the "
+            f"{record_format!r} layout, whose other readers (the TypeScript and Powertools "
+            "ports) would replay a stored error as a successful result. If only this "
+            "library reads these records, say so: ReplayErrors(..., private_records=True)"
         )
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from idempotency_async._disabled import DISABLED_ENV
 from idempotency_async._key_formats import KEY_FORMATS, POWERTOOLS_PYTHON
 from idempotency_async._prefixes import has_explicit_prefix, js_trim
+from idempotency_async._replayed import ReplayErrorsSetting, declared_errors
 from idempotency_async._stored_redaction import Redaction
 from idempotency_async.canonical import HASH_ALGORITHMS, Serializer
 from idempotency_async.errors import ConfigError
@@ -210,6 +211,12 @@ class Options:
     removes those members (from the ``response_codec``'s JSON value) before the store write,
     ``Redaction(never_store=True)`` stores no response at all.  The caller whose call ran
     gets its whole result; duplicates the redacted one (see ``docs/manager.md``)."""
+    replay_errors: ReplayErrorsSetting | None = None
+    """Errors the callback may raise that are its result (a declined card): a
+    :class:`~idempotency_async.ReplayErrors`, or just a tuple of exception classes (a base
+    class covers its subclasses).  Such an error completes the record instead of releasing
+    it, and every duplicate gets it raised again.  Held as ``ReplayErrors`` once built.
+    Refused with ``key_format="powertools-python"`` (see ``docs/manager.md``)."""
     on_event: EventHook | None = None
     """Called with a typed :class:`~idempotency_async.Event` at every step of a call
     (claimed, completed, replayed, ...); ``None``: events are only logged."""
@@ -225,6 +232,7 @@ class Options:
                 f"expires_after must be a positive number of seconds, got {self.expires_after!r}"
             )
         self._check_key_format()
+        self._check_replay_errors()
         self._check_groups()
         if self.lease is not None and not _positive(self.lease):
             raise ConfigError(f"lease must be a positive number of seconds, got {self.lease!r}")
@@ -252,6 +260,16 @@ class Options:
             )
         if self.key_prefix is not None and not isinstance(self.key_prefix, str):
             raise ConfigError(f"key_prefix must be a string, got {type(self.key_prefix).__name__}")
+
+    def _check_replay_errors(self) -> None:
+        settings = declared_errors(self.replay_errors)
+        object.__setattr__(self, "replay_errors", settings)  # held as ReplayErrors
+        if settings is not None and self.key_format == POWERTOOLS_PYTHON:
+            raise ConfigError(
+                "replay_errors cannot be used with key_format='powertools-python': its "
+                "records are read by Powertools, which would replay a stored error as the "
+                "function's successful return value"
+            )
 
     def _check_groups(self) -> None:
         """Each group is one value object (validated when it was built) or None."""

@@ -110,7 +110,8 @@ def fastapi_app(calls: Counter[str], *, wait: float | None, store: Any = None) -
         if calls[label] == 1 and mode == "raise":
             raise RuntimeError("first attempt fails")
         if calls[label] == 1:
-            status = 500 if mode == "500" else 503  # 500: the boundary of "5xx releases"
+            # A status in the path (e.g. /flaky/429), else 503.
+            status = int(mode) if mode.isdigit() else 503
             return JSONResponse({"error": "unavailable"}, status_code=status)
         if mode == "http":
             raise HTTPException(409, "rejected by the endpoint")
@@ -203,7 +204,8 @@ def aiohttp_app(calls: Counter[str], *, wait: float | None, store: Any = None) -
         if calls[label] == 1 and mode == "raise":
             raise RuntimeError("first attempt fails")
         if calls[label] == 1:
-            status = 500 if mode == "500" else 503  # 500: the boundary of "5xx releases"
+            # A status in the path (e.g. /flaky/429), else 503.
+            status = int(mode) if mode.isdigit() else 503
             return web.json_response({"error": "unavailable"}, status=status)
         if mode == "http":
             raise web.HTTPConflict(text="rejected by the endpoint")

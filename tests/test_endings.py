@@ -18,9 +18,10 @@ from idempotency_async._endings import Answer, Decision, Ended, Outcome, Write, 
 
 ANY: Any = "*"
 
-R, X, C, N, B = (
+R, X, D, C, N, B = (
     Ended.RETURNED,
     Ended.RAISED,
+    Ended.DECLARED,
     Ended.CANCELLED,
     Ended.NOT_AWAITABLE,
     Ended.CRASHED,
@@ -49,10 +50,18 @@ TABLE: list[tuple[tuple[Any, Any, Any, Any], tuple[Write, Outcome]]] = [
     # Raised or returned after the caller was cancelled: no write, CancelledError.
     ((X, ANY, True, ANY), (Write.NOTHING, Outcome.CANCELLED)),
     ((R, ANY, True, ANY), (Write.NOTHING, Outcome.CANCELLED)),
+    ((D, ANY, True, ANY), (Write.NOTHING, Outcome.CANCELLED)),
     # Raised: released before the point of no return, left completed after it.
     ((X, ANY, False, NONE), (Write.RELEASE, Outcome.OWN)),
     ((X, ANY, False, GIVE_BACK), (Write.RELEASE, Outcome.OWN)),
     ((X, ANY, False, DONE), (Write.NOTHING, Outcome.OWN)),
+    # Raised a declared error (replay_errors): completed with it, so duplicates get it
+    # again — unless cut off (it may be how the callback took its cutoff) or the Call asked
+    # for a release; left completed after the point of no return.
+    ((D, False, False, NONE), (Write.COMPLETE_ERROR, Outcome.OWN)),
+    ((D, True, False, NONE), (Write.RELEASE, Outcome.OWN)),
+    ((D, ANY, False, GIVE_BACK), (Write.RELEASE, Outcome.OWN)),
+    ((D, ANY, False, DONE), (Write.NOTHING, Outcome.OWN)),
     # Returned: completed, or left as the Call completed it, or released on request.
     ((R, ANY, False, NONE), (Write.COMPLETE, Outcome.RESULT)),
     ((R, ANY, False, DONE), (Write.NOTHING, Outcome.RESULT)),
@@ -67,7 +76,7 @@ def _matches(pattern: tuple[Any, ...], case: tuple[Any, ...]) -> bool:
 
 
 def test_the_table_covers_every_case_once() -> None:
-    assert len(CASES) == 60
+    assert len(CASES) == 72
     for case in CASES:
         rows = [row for row, _ in TABLE if _matches(row, case)]
         assert len(rows) == 1, (case, rows)
@@ -94,3 +103,10 @@ def test_nothing_undoes_a_completed_call() -> None:
     # G2 read off the table: after Call.complete, never a release.
     for ended, cut_off, cancelled in itertools.product(Ended, (False, True), (False, True)):
         assert decide(ended, cut_off, cancelled, Answer.COMPLETED).write is Write.NOTHING
+
+
+def test_only_a_declared_error_completes_with_an_error() -> None:
+    # Write.COMPLETE_ERROR is reached from one row only: declared, not cut off, the caller
+    # not cancelled, nothing said through the Call.
+    rows = [case for case in CASES if decide(*case).write is Write.COMPLETE_ERROR]
+    assert rows == [(Ended.DECLARED, False, False, Answer.NONE)]

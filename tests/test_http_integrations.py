@@ -215,6 +215,32 @@ async def test_server_error_response_releases_the_key(
     assert served.calls == {f"flaky-{status}:t1:s": 2}
 
 
+@pytest.mark.parametrize("status", [408, 409, 425, 429])
+async def test_a_retry_later_status_releases_the_key(
+    client: httpx.AsyncClient, served: Served, status: int
+) -> None:
+    # The status policy (_responses.stores_status): these ask for the same request again,
+    # so storing them would replay the refusal to the retry they ask for.
+    first = await client.post(f"/flaky/{status}", json={}, headers=_key("l"))
+    retry = await client.post(f"/flaky/{status}", json={}, headers=_key("l"))
+
+    assert first.status_code == status
+    assert retry.status_code == 201 and not _replayed(retry)
+    assert served.calls == {f"flaky-{status}:t1:l": 2}
+
+
+@pytest.mark.parametrize("status", [400, 402, 404, 422])
+async def test_a_client_error_response_is_stored_and_replayed(
+    client: httpx.AsyncClient, served: Served, status: int
+) -> None:
+    first = await client.post(f"/flaky/{status}", json={}, headers=_key("c"))
+    retry = await client.post(f"/flaky/{status}", json={}, headers=_key("c"))
+
+    assert first.status_code == retry.status_code == status
+    assert _replayed(retry) and retry.json() == first.json()
+    assert served.calls == {f"flaky-{status}:t1:c": 1}
+
+
 async def test_http_exception_raised_by_the_endpoint_is_not_stored(
     client: httpx.AsyncClient, served: Served
 ) -> None:

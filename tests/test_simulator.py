@@ -62,6 +62,7 @@ def test_memory_store_keeps_the_guarantee() -> None:
         "CancelledError",
         "DeadlineExceededError",
         "CallbackFailed",
+        "CallbackDeclined",  # a declared error (replay_errors), its own or replayed
         "PayloadValidationError",
         "StoreUnavailableError",
         "ServerError",  # an HTTP endpoint's 5xx

@@ -73,6 +73,7 @@ AXES: dict[str, tuple[str, ...]] = {
         "odd_result",
         "stream",
         "server_error",
+        "declared",  # raises an error its manager declared a result (replay_errors)
     ),
     "deadline": ("none", "timeout", "deadline", "ambient", "lambda", "several"),
     # The manager's Redaction: off, a declared field removed, or no response stored.
@@ -165,6 +166,7 @@ VALUE_FEATURES: dict[tuple[str, str], str] = {
     ("outcome", "cancel_self"): "own_cancel",
     ("outcome", "stream"): "http",
     ("outcome", "server_error"): "http",
+    ("outcome", "declared"): "declared_errors",
     ("deadline", "lambda"): "lambda_context",
     ("deadline", "several"): "deadline_sources",
     ("redaction", "fields"): "redaction",
@@ -213,6 +215,8 @@ def conflict(values: Mapping[str, str]) -> str | None:
             return "a plain function cannot await its Call"
         if outcome not in (None, "return", "raise", "odd_result"):
             return "a plain function returns or raises"
+    if outcome == "declared" and door in ("batch", "http", "call_complete", "call_attach"):
+        return "a declared error is judged at execute's doors (a batch or an endpoint answers it)"
     if outcome in ("stream", "server_error") and door not in (None, "http"):
         return "only an HTTP endpoint streams or answers 5xx"
     if outcome == "odd_result" and door in ("http", "call_attach"):

@@ -274,6 +274,8 @@ def _focus(
         behaviour = "hang"
         timeout = round(renew * 6, 3)
         late: FaultKind = rng.choice(["late", "adrift"])
+        if kind in ("late", "adrift"):  # the row's own kind (the draw above kept: other
+            late = "late" if kind == "late" else "adrift"  # seeds stay as they were)
         faults = (
             Fault("extend", 0, late, round(renew * 2.5, 3)),
             *(Fault("extend", nth, "error") for nth in range(1, 8)),

@@ -20,6 +20,7 @@ from idempotency_async.integrations.aws_lambda import process_batch
 from idempotency_async.manager import Manager
 from idempotency_async.testing._plans import CallPlan
 from idempotency_async.testing._trace import (
+    CallbackDeclined,
     CallbackExit,
     CallbackFailed,
     Outcome,
@@ -394,6 +395,8 @@ async def behave(
         raise CallbackFailed(f"call {index} failed")
     if behaviour == "base_exception":
         raise CallbackExit(f"call {index} exited")
+    if behaviour == "declared":
+        raise CallbackDeclined(f"call {index} declined")
     if behaviour == "cancel_self":
         raise asyncio.CancelledError("own")
     if behaviour == "unstorable":

@@ -56,6 +56,7 @@ def _rules_of(trace: Trace, manager_index: int, manager: Manager) -> HttpIdempot
             event_key_jmespath=None,
             payload_validation_jmespath=None,
             redaction=None,  # the middleware redacts its own envelope (not crossed here)
+            replay_errors=None,  # the middleware refuses it: an endpoint answers by status
         )
         rules = HttpIdempotency(Manager(manager.store, options), HttpSettings())
         trace.http_rules[manager_index] = rules

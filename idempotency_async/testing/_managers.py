@@ -8,12 +8,14 @@ import asyncio
 import time
 from typing import Any
 
+from idempotency_async._replayed import ReplayErrors
 from idempotency_async._stored_redaction import Redaction
 from idempotency_async.errors import ConfigError
 from idempotency_async.manager import Manager
 from idempotency_async.options import LocalCache, Options, Renewal, Wait
 from idempotency_async.stores.base import Store
 from idempotency_async.testing._plans import REDACTED_FIELD, ManagerPlan, Scenario
+from idempotency_async.testing._trace import CallbackDeclined
 
 __all__ = ["clock_offset", "managers_of", "plain_keys"]
 
@@ -74,6 +76,9 @@ def _options(
         wait=Wait(timeout=plan.wait_timeout) if plan.wait else None,
         local_cache=LocalCache() if plan.use_local_cache else None,
         redaction=_redaction(plan),
+        # Every process declares the same deterministic failure (only callbacks planned
+        # "declared" raise it); the records are read by this library only.
+        replay_errors=_DECLARED,
         clock=clock,
     )
 
@@ -84,6 +89,9 @@ def _redaction(plan: ManagerPlan) -> Redaction | None:
     if plan.redaction == "never_store":
         return Redaction(never_store=True)
     return None
+
+
+_DECLARED = ReplayErrors((CallbackDeclined,), private_records=True)
 
 
 def _manager(

@@ -36,6 +36,7 @@ from idempotency_async.testing._plans import (
 )
 from idempotency_async.testing._store_checks import BOUNDARY, StoreChecks, renewed, same, shape
 from idempotency_async.testing._trace import (
+    CallbackDeclined,
     CallbackExit,
     CallbackFailed,
     Outcome,
@@ -45,6 +46,23 @@ from idempotency_async.testing._trace import (
 )
 
 __all__ = ["check"]
+
+# How a record holds an error declared a result (replay_errors): the record format, spelled
+# here again so that the oracle reads it without the library's own code.
+_ERROR_FORM = "__idempotency_error__"
+
+
+def _declared_message(record: Record | None) -> str | None:
+    """The message of the declared error ``record`` holds as its result (None: it holds
+    none — a result, no response, or not completed)."""
+    if record is None or record.status is not Status.COMPLETED or not record.response_stored:
+        return None
+    response = record.response
+    if not isinstance(response, dict) or set(response) != {_ERROR_FORM}:
+        return None
+    body = response[_ERROR_FORM]
+    message = body.get("message") if isinstance(body, dict) else None
+    return message if isinstance(message, str) else ""
 
 
 @dataclass(slots=True)
@@ -310,6 +328,23 @@ class _Checker:
                 )
             if run.returned:
                 self.check_no_way_back(run)
+            elif isinstance(run.error, CallbackDeclined):
+                self.check_declared_kept(run)
+
+    def check_declared_kept(self, run: Run) -> None:
+        """A declared error is a result: the key is completed with it, never released
+        (the simulated callback raises it only after its work, never from its cutoff)."""
+        for op in self.ops_of(run.call):
+            if (
+                op.name == "release"
+                and op.arg == run.owner
+                and run.ended
+                and op.started >= run.ended
+            ):
+                self.fail(
+                    f"call {run.call}'s callback raised a declared error (a result), and "
+                    f"{op.key} was released instead of completed with it"
+                )
 
     def check_no_way_back(self, run: Run) -> None:
         for op in self.ops_of(run.call):
@@ -321,14 +356,18 @@ class _Checker:
         by_key: dict[str, list[tuple[float, Record, Run]]] = {}
         for run in self.trace.runs:
             key = self.key_of(run.call)
-            if key is None or not run.returned or run.owner is None:
+            # A declared error that completed the record is a side effect that completed.
+            declared = isinstance(run.error, CallbackDeclined)
+            if key is None or not (run.returned or declared) or run.owner is None:
                 continue
             completed = self.completed_by(run.owner)
             if completed is None:
-                self.check_unrecorded(run)
+                if run.returned:
+                    self.check_unrecorded(run)
             else:
                 by_key.setdefault(key, []).append((completed[0], completed[1], run))
-                self.check_recorded_told(run)
+                if run.returned:
+                    self.check_recorded_told(run)
         for key, runs in by_key.items():
             runs.sort(key=lambda item: item[0])
             for (_, first, one), (_, _, two) in itertools.pairwise(runs):
@@ -621,6 +660,16 @@ class _Checker:
     def replayed(self, outcome: Outcome, record: Record) -> bool:
         error = outcome.error
         failed = self.failed_records(outcome)
+        declared = _declared_message(record)
+        if declared is not None:
+            # A stored declared error: the replay is that error raised again (a batch
+            # reports the record failed), never a value.
+            if failed is not None:
+                return bool(failed) or self.validation_of(outcome.call) != record.validation
+            if isinstance(error, CallbackDeclined):
+                return str(error) == declared and self.validation_matches(outcome.call, record)
+            if error is None:
+                return False
         if failed is not None:
             if not failed:
                 # A batch's answer says only which records failed: a replay is a success.
@@ -952,7 +1001,18 @@ class _Checker:
                 return None
             return f"got {outcome.value!r}, which no completed record of {key} held (G6)"
         mine = any(run.error is error for run in outcome.runs)
-        if isinstance(error, CallbackFailed | CallbackExit | ServerError):
+        if isinstance(error, CallbackDeclined) and not mine:
+            held = [
+                _declared_message(application.after)
+                for _, application in self.applications.get(key or "", ())
+                if application.done
+                and application.after is not None
+                and self.validation_matches(outcome.call, application.after)
+            ]
+            if str(error) in held:
+                return None
+            return f"got {error!r}, which no completed record of {key} held (G6)"
+        if isinstance(error, CallbackDeclined | CallbackFailed | CallbackExit | ServerError):
             return None if mine else "got a callback exception that is not its own"
         if isinstance(error, asyncio.CancelledError):
             if outcome.cancel_requested is not None or mine:

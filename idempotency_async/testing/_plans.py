@@ -62,6 +62,7 @@ Behaviour = Literal[
     "stream",
     "server_error",
     "complete_when_cut_off",
+    "declared",
 ]
 DeadlineMode = Literal["timeout", "deadline", "ambient", "lambda", "none"]
 Door = Literal["execute", "execute_call", "decorated", "operator", "batch", "http"]

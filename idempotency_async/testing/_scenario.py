@@ -78,6 +78,7 @@ FEATURES = frozenset(
         "renew_settings",  # renewal settings that can never renew (to be refused)
         "gate_late_completion",  # an HTTP stream's first completion landing late
         "redelivery",  # SQS batches keyed by message id, messages redelivered
+        "declared_errors",  # a callback raising an error declared a result (replay_errors)
         # Measured against a second blind set of mutants (tests/mutants/blind2).
         "cancel_at_cutoff",  # a caller cancelled the moment its cutoff or deadline fires
         "cleanup_completion",  # an execute_call callback completing in its cleanup

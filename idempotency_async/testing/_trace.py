@@ -12,6 +12,7 @@ from idempotency_async.testing._plans import Scenario
 
 __all__ = [
     "BASE_TIME",
+    "CallbackDeclined",
     "CallbackExit",
     "CallbackFailed",
     "HttpAnswer",
@@ -30,6 +31,12 @@ MISSING: Any = object()
 
 class CallbackFailed(Exception):
     """What a simulated callback raises (its own exception, to be re-raised to the caller)."""
+
+
+class CallbackDeclined(Exception):
+    """What a simulated callback raises for a deterministic failure: its managers declare
+    it a result (``replay_errors``), so it completes the record and every duplicate gets it
+    raised again (rebuilt from the record)."""
 
 
 class CallbackExit(BaseException):

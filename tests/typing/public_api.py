@@ -6,6 +6,7 @@ breaks this file under mypy, not at a user's call site.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any, assert_type
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
@@ -17,7 +18,9 @@ from idempotency_async import (
     MemoryStore,
     Options,
     Renewal,
+    ReplayErrors,
     Wait,
+    errors,
     idempotent_function,
 )
 
@@ -135,3 +138,22 @@ def redaction() -> None:
     assert_type(declared.apply({"a": 1}), tuple[Any, tuple[str, ...]])
     Options(redaction=Redaction(never_store=True))
     Options(redaction=("a.b",))  # type: ignore[arg-type]
+
+
+class Declined(Exception):
+    pass
+
+
+@idempotent_function(manager, payload="order", replay_errors=(Declined,))
+async def decline(order: str) -> int:
+    raise Declined(order)
+
+
+def declared_errors() -> None:
+    Options(replay_errors=(Declined, ValueError))
+    Options(replay_errors=ReplayErrors((Declined,), data=lambda exc: str(exc), max_bytes=512))
+    Options(replay_errors=Declined)
+    Options(replay_errors=(int,))  # type: ignore[arg-type]
+    assert_type(decline("o-1"), Awaitable[int])
+    error = errors.ReplayedError("x", key="k", error_type="m:C", error_message="x", data=None)
+    assert_type(error.error_type, str)

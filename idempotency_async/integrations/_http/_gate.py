@@ -3,9 +3,9 @@
 Its phases (every transition is one of these arrows; any other call leaves the phase as
 it is and writes nothing, except a second head, which raises)::
 
-    AWAITING_HEAD ─start: 5xx (not stored), or not the endpoint's─> PASSING (released at the end)
-        │
-        └─start: < 500─> RECORDING_HEAD  (the completion is written before the head goes out)
+    AWAITING_HEAD ─start: a status not stored (5xx, 408/409/425/429: stores_status), or
+        │            not the endpoint's─> PASSING (released at the end)
+        └─start: a stored status─> RECORDING_HEAD  (completed before the head goes out)
                            ├─ plain: the whole body in hand ──────────────────────> ENDED
                            ├─ stream ─> STREAMING ─end─> ENDED (the body attached)
                            │               │ too large, or sent from a file
@@ -29,7 +29,11 @@ from typing import Final
 from idempotency_async._call import Call
 from idempotency_async.integrations._http._answers import Answer, Stage, decide, respond
 from idempotency_async.integrations._http._markers import RequestState
-from idempotency_async.integrations._http._responses import content_length, stored_response
+from idempotency_async.integrations._http._responses import (
+    content_length,
+    stored_response,
+    stores_status,
+)
 from idempotency_async.integrations._http._rules import HttpIdempotency
 
 __all__ = ["Phase", "ResponseGate"]
@@ -52,8 +56,8 @@ class Phase(enum.Enum):
     AWAITING_HEAD = "awaiting head"
     """No response head yet: the endpoint may still raise and release the key."""
     PASSING = "passing"
-    """A head that is not the record's went out (a 5xx, or the endpoint did not run): the
-    key is released when the endpoint ends."""
+    """A head that is not the record's went out (a status not stored — a 5xx, 408, 409,
+    425, 429 — or the endpoint did not run): the key is released when the endpoint ends."""
     RECORDING_HEAD = "recording head"
     """Past the point of no return: the head's completion is being written; the head goes
     out once it is."""
@@ -108,7 +112,7 @@ class ResponseGate:
             raise RuntimeError(f"a second response head while {self.phase.value}")
         self.status, self.headers = status, headers
         ran = not self.marked or self.state.endpoint_ran
-        if not ran or (status >= 500 and not self.rules.settings.store_server_errors):
+        if not ran or not stores_status(status, self.rules.settings.store_server_errors):
             self.phase = Phase.PASSING
             return False  # released once the endpoint ends: the callback counts as raising
         # A cutoff during the write below leaves the head unsent: room for a 504.

@@ -31,6 +31,7 @@ from idempotency_async.integrations._http._settings import (
 __all__ = [
     "NO_BODY",
     "HttpResponse",
+    "RETRY_LATER",
     "Rejection",
     "content_length",
     "not_available",
@@ -38,6 +39,7 @@ __all__ = [
     "problem",
     "replay",
     "stored_response",
+    "stores_status",
 ]
 
 _FORMAT: Final = 1
@@ -47,6 +49,9 @@ _TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
 _FIELD_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 NO_BODY: Final = frozenset({204, 304})
 """Final statuses that carry no body (nor a Content-Length): a replay of one has none."""
+RETRY_LATER: Final = frozenset({408, 409, 425, 429})
+"""4xx statuses that ask for the same request again later (Request Timeout, Conflict, Too
+Early, Too Many Requests): never stored, so the retry they ask for runs again."""
 _REASON: Final = re.compile(r"HTTP ([1-5][0-9][0-9]): (.*)", re.DOTALL)
 _ENCODING: Final = "content-encoding"
 
@@ -96,6 +101,22 @@ def not_available(reason: str | None, replayed_header: str = REPLAYED_HEADER) ->
         "run the request again",
         headers=((STORED_HEADER, "false"), (replayed_header, "true")),
     )
+
+
+def stores_status(status: int, store_server_errors: bool) -> bool:
+    """The status policy, in one place: whether a response the endpoint produced with
+    ``status`` completes the record (and is replayed to every retry) or releases the key.
+
+    The Idempotency-Key draft (draft-ietf-httpapi-idempotency-key-header, "Idempotency
+    Enforcement Scenarios") has a retry answered with "the result of the previously
+    completed operation, success or an error", and leaves other 4xx/5xx to the server's
+    documentation.  Here: 2xx to 4xx are completed results, except the statuses that ask the
+    client to send the same request again (:data:`RETRY_LATER`); 5xx usually mean the work
+    did not happen and are released, unless ``store_server_errors`` (Stripe replays them).
+    """
+    if status >= 500:
+        return store_server_errors
+    return status not in RETRY_LATER
 
 
 def content_length(headers: list[tuple[str, str]]) -> int | None:

@@ -106,6 +106,14 @@ def http_manager(manager: Manager, wait: Wait | Literal[False] | None = None) ->
     kept: dict[str, Any] = {}
     if wait is not None:
         kept["wait"] = wait or None
+    if getattr(getattr(manager, "options", None), "replay_errors", None) is not None:
+        # An endpoint's exception is the framework's 500, released (G2); its deterministic
+        # refusals are responses, stored by the status policy (_responses.stores_status).
+        raise ConfigError(
+            "the HTTP idempotency middleware does not take replay_errors: return the 4xx "
+            "response instead of raising (2xx-4xx responses are stored and replayed, see "
+            "docs/http.md), and pass a manager without replay_errors"
+        )
     owned = dict.fromkeys(HTTP_OWNED)
     owned.update(event_key_jmespath="scope", payload_validation_jmespath="fingerprint")
     return derive(manager, "the HTTP idempotency middleware", owned, kept=kept)

@@ -35,6 +35,7 @@ from idempotency_async.integrations._http._responses import (
     Rejection,
     not_stored_response,
     stored_response,
+    stores_status,
 )
 from idempotency_async.integrations._http._rules import HttpIdempotency
 from idempotency_async.integrations._http._settings import REPLAYED_ATTRIBUTE
@@ -138,8 +139,8 @@ class HttpTransaction(Generic[Resp]):
             response = await self.kind.respond(await work())
             ran.append(response)
             status, headers, body = self.kind.parts(response)
-            if status >= 500 and not settings.store_server_errors:
-                call.release("a server error is not stored")  # its writes roll back
+            if not stores_status(status, settings.store_server_errors):
+                call.release(f"a {status} response is not stored")  # its writes roll back
                 return None
             stored, reason = stored_response(
                 status,
