@@ -55,6 +55,9 @@ def _instance(cls: type[BaseException]) -> BaseException:
         "limit": 1,
         "name": "n",
         "path": None,
+        "error_type": "orders:CardDeclined",
+        "error_message": "declined",
+        "data": None,
     }
     init = next(base.__init__ for base in cls.__mro__ if "__init__" in vars(base))
     if init is object.__init__ or not issubclass(cls, errors.IdempotencyError):
