@@ -134,7 +134,9 @@ async def test_dynamodb_store_keeps_the_guarantee_in_real_time(dynamodb_client: 
 
 async def test_redis_store_keeps_the_guarantee_in_real_time(redis_server: RedisServer) -> None:
     # Client clock: the simulator moves each manager's clock and judges by the now it sent.
-    client = redis_server.client()
+    # A socket timeout, as production clients have: redis-py then sends through
+    # asyncio.wait_for, whose lost cancellations (Python 3.11) the store must raise.
+    client = redis_server.client(socket_timeout=10.0)
     try:
         report = await simulate_live(
             lambda: RedisStore(client, judged_by="client"),
@@ -155,7 +157,7 @@ async def test_redis_store_keeps_the_guarantee_by_its_server_clock(
 ) -> None:
     # The server's clock (TIME) judges leases and expiry; the managers' clocks are skewed
     # and some keep local caches.  The oracle judges by true time.
-    client = redis_server.client()
+    client = redis_server.client(socket_timeout=10.0)
     try:
         report = await simulate_live(
             lambda: RedisStore(client),

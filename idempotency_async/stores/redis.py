@@ -308,12 +308,17 @@ class RedisStore:
 
     async def _eval(self, operation: str, script: _Script, key: str, *args: Any) -> Any:
         """Run ``script`` on the key ``key`` (logical) with ``args``; one round trip."""
+        task = asyncio.current_task()
+        asked = 0 if task is None else task.cancelling()
         if not self._ready:
             await self._open()
         if self._gate is None:
-            return await self._eval_now(operation, script, key, args)
-        async with self._gate:
-            return await self._eval_now(operation, script, key, args)
+            answer = await self._eval_now(operation, script, key, args)
+        else:
+            async with self._gate:
+                answer = await self._eval_now(operation, script, key, args)
+        _raise_swallowed_cancel(task, asked)
+        return answer
 
     async def _eval_now(
         self, operation: str, script: _Script, key: str, args: tuple[Any, ...]
@@ -369,9 +374,12 @@ class RedisStore:
             claim_tail(claim.owner, claim.validation),
             b"ask" if self._python else b"",
         )
+        task = asyncio.current_task()
+        asked = 0 if task is None else task.cancelling()
         answer = await self._claim(claim.key, args)
         if self._python and isinstance(answer, list) and answer and answer[0] == _TAKEOVER:
             answer = await self._take_over(claim, args, answer)
+        _raise_swallowed_cancel(task, asked)
         return self._verdict(claim.key, answer)
 
     async def _take_over(self, claim: Claim, args: tuple[Any, ...], answer: list[Any]) -> Any:
@@ -615,3 +623,13 @@ def _socket_timeout(client: Any) -> float | None:
     kwargs = getattr(pool, "connection_kwargs", None)
     timeout = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
     return timeout if isinstance(timeout, int | float) else None
+
+
+def _raise_swallowed_cancel(task: asyncio.Task[Any] | None, asked: int) -> None:
+    """Raise a cancellation the client lost.  redis-py sends a command through
+    ``asyncio.wait_for`` when the client has a ``socket_timeout``, and on Python 3.11 a
+    cancellation that arrives as the send finishes is swallowed there: the command goes on
+    and answers, and the cancelled call would carry on to run its callback.  The task still
+    counts the request (``cancelling()``), so a rise while the command ran is that loss."""
+    if task is not None and task.cancelling() > asked:
+        raise asyncio.CancelledError
