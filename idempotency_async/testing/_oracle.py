@@ -189,8 +189,12 @@ class _Checker:
         """The call's deadline includes an ``asyncio.timeout`` around it (a batch's timeout
         or deadline is one)."""
         sources = self.sources(call)
-        batch = self.batch(call) and bool(sources & {"timeout", "deadline"})
+        batch = self.timeout_is_ambient(call) and bool(sources & {"timeout", "deadline"})
         return "ambient" in sources or batch
+
+    def timeout_is_ambient(self, call: int) -> bool:
+        """A batch, an MCP tool call and a route take no timeout: theirs is ambient."""
+        return self.scenario.calls[call].door in ("batch", "mcp", "route")
 
     def http(self, call: int) -> bool:
         return bool(self.scenario.calls[call].door == "http")
@@ -1246,7 +1250,9 @@ class _Checker:
         outcome = self.trace.outcomes[call]
         plan = self.plan_of(call)
         for mode, seconds in ((plan.deadline, plan.timeout), *plan.also):
-            ambient = mode == "ambient" or (self.batch(call) and mode in ("timeout", "deadline"))
+            ambient = mode == "ambient" or (
+                self.timeout_is_ambient(call) and mode in ("timeout", "deadline")
+            )
             if ambient and outcome.entered + seconds <= when + self.tol:
                 return True
         return False
