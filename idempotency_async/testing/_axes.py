@@ -214,10 +214,10 @@ def conflict(values: Mapping[str, str]) -> str | None:
             return "a plain function cannot await its Call"
         if outcome not in (None, "return", "raise", "odd_result"):
             return "a plain function returns or raises"
-    if outcome == "server_error" and door == "route":
-        pass  # a route answers 5xx too (it releases the key, as the gate does)
-    elif outcome in ("stream", "server_error") and door not in (None, "http"):
-        return "only an HTTP endpoint streams or answers 5xx"
+    if outcome == "stream" and door not in (None, "http"):
+        return "only an HTTP endpoint streams"
+    if outcome == "server_error" and door not in (None, "http", "route"):
+        return "only an HTTP endpoint or a route answers 5xx (releasing the key)"
     if outcome == "odd_result" and door in ("http", "call_attach"):
         return "an HTTP response is bytes; an attached response is the callback's own"
     if door in _CALL_DOORS and outcome in ("hang", "ignore_cutoff", "crash", "cancel_self"):
@@ -241,8 +241,6 @@ _PEERS = ("mcp", "route")
 def _peer_conflict(values: Mapping[str, str]) -> str | None:
     """What an MCP tool call or a Powertools route cannot be (the rules above apply too)."""
     door, outcome, deadline = values.get("door"), values.get("outcome"), values.get("deadline")
-    if outcome == "stream":
-        return "only an HTTP endpoint streams"
     if outcome == "odd_result":
         return "the SDK turns a tool's result into content, a route's into a proxy response"
     if deadline in ("timeout", "deadline", "several", "lambda") and door == "mcp":
