@@ -44,6 +44,8 @@ AXES: dict[str, tuple[str, ...]] = {
         "batch",
         "http",
         "operator",
+        "mcp",  # a tool call through idempotent_tool, as the MCP SDK's server makes it
+        "route",  # an API Gateway event through a Powertools route with idempotent_route
     ),
     "renewal": ("off", "on"),
     "cache": ("off", "on"),
@@ -154,6 +156,8 @@ VALUE_FEATURES: dict[tuple[str, str], str] = {
     ("door", "batch"): "batches",
     ("door", "http"): "http",
     ("door", "operator"): "force_release",
+    ("door", "mcp"): "mcp",
+    ("door", "route"): "routes",
     ("renewal", "on"): "renewal",
     ("clock", "server"): "server_clock",
     ("fault", "late"): "late_resends",
@@ -179,6 +183,7 @@ Pair = tuple[tuple[str, str], tuple[str, str]]
 
 PAIR_FEATURES: dict[Pair, str] = {
     (("door", "batch"), ("deadline", "several")): "lambda_context",
+    (("door", "route"), ("deadline", "several")): "lambda_context",
 }
 """Pairs that need a feature neither value needs alone (a batch's second deadline source
 is its Lambda context)."""
@@ -208,7 +213,7 @@ def conflict(values: Mapping[str, str]) -> str | None:
             return "that callback never completes the record"
         if outcome == "raise" and door not in (None, *_CALL_DOORS):
             return "a callback that raises completes only through its Call first"
-    if shape in ("lambda", "plain") and door in ("batch", "http", "decorated"):
+    if shape in ("lambda", "plain") and door in ("batch", "http", "decorated", *_PEERS):
         return "that door takes an async def (or runs the app's own)"
     if shape == "plain":
         if door in _CALL_DOORS:
@@ -217,12 +222,16 @@ def conflict(values: Mapping[str, str]) -> str | None:
             return "a plain function returns or raises"
     if outcome == "declared" and door in ("batch", "http", "call_complete", "call_attach"):
         return "a declared error is judged at execute's doors (a batch or an endpoint answers it)"
-    if outcome in ("stream", "server_error") and door not in (None, "http"):
-        return "only an HTTP endpoint streams or answers 5xx"
+    if outcome == "stream" and door not in (None, "http"):
+        return "only an HTTP endpoint streams"
+    if outcome == "server_error" and door not in (None, "http", "route"):
+        return "only an HTTP endpoint or a route answers 5xx (releasing the key)"
     if outcome == "odd_result" and door in ("http", "call_attach"):
         return "an HTTP response is bytes; an attached response is the callback's own"
     if door in _CALL_DOORS and outcome in ("hang", "ignore_cutoff", "crash", "cancel_self"):
         return "a Call completed early is past its cutoff"
+    if door in _PEERS:
+        return _peer_conflict(values)
     if deadline == "lambda" and door not in (None, "batch"):
         return "a Lambda context comes with a batch"
     if door == "batch" and deadline in ("timeout", "deadline"):
@@ -233,6 +242,21 @@ def conflict(values: Mapping[str, str]) -> str | None:
         return "a decorated function takes a timeout"
     if door == "http" and get("redaction") not in (None, "off"):
         return "the HTTP middleware redacts its own envelope (a manager that redacts is refused)"
+    return None
+
+
+_PEERS = ("mcp", "route")
+
+
+def _peer_conflict(values: Mapping[str, str]) -> str | None:
+    """What an MCP tool call or a Powertools route cannot be (the rules above apply too)."""
+    door, outcome, deadline = values.get("door"), values.get("outcome"), values.get("deadline")
+    if outcome == "odd_result":
+        return "the SDK turns a tool's result into content, a route's into a proxy response"
+    if deadline in ("timeout", "deadline", "several", "lambda") and door == "mcp":
+        return "an MCP tool call's deadline is its server's (ambient): timeout= is fixed per tool"
+    if deadline in ("timeout", "deadline") and door == "route":
+        return "a route's deadline is the invocation's (its Lambda context) or ambient"
     return None
 
 

@@ -70,7 +70,7 @@ def call_values(scenario: Scenario, index: int, refused: Collection[int] = ()) -
     values["shape"] = plan.shape if plan.door in ("execute", "execute_call") else "coroutine"
     values["outcome"] = _OUTCOMES.get(plan.behaviour, plan.behaviour)
     sources = {plan.deadline, *(mode for mode, _ in plan.also)} - {"none"}
-    if plan.door == "batch":
+    if plan.door in ("batch", "mcp", "route"):
         sources = {"ambient" if mode in ("timeout", "deadline") else mode for mode in sources}
     values["deadline"] = "several" if len(sources) > 1 else next(iter(sources), "none")
     return values

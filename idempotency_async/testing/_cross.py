@@ -31,6 +31,8 @@ SOURCES: dict[str, tuple[DeadlineMode, ...]] = {
     "decorated": ("timeout", "ambient"),
     "batch": ("ambient", "lambda"),
     "http": ("ambient",),
+    "mcp": ("ambient",),
+    "route": ("ambient", "lambda"),
 }
 """The deadline sources each door takes besides its first."""
 
@@ -100,7 +102,7 @@ def cross(
             "return",
             _ms(rng, 1.0, 2.5, scale),
             None,
-            door="http" if focus.door == "http" else "execute",
+            door=_companion(focus.door),
         )
         extra.append(holder)
         if place == "get":
@@ -119,7 +121,7 @@ def cross(
                 "return",
                 0.0,
                 None,
-                door="http" if focus.door == "http" else "execute",
+                door=_companion(focus.door),
             )
         )
     if "event" in row and "extend_after_takeover" in row["event"]:
@@ -136,7 +138,7 @@ def cross(
                 "return",
                 _ms(rng, 0.5, 1.5, scale),
                 None,
-                door="http" if focus.door == "http" else "execute",
+                door=_companion(focus.door),
             )
         )
     if "event" in row and "after_expiry" in row["event"]:
@@ -164,6 +166,12 @@ def cross(
     managers = (*managers[:manager], plan, *managers[manager + 1 :])
     calls = [*calls[:index], focus, *calls[index + 1 :], *extra]
     return calls, managers, server_clock
+
+
+def _companion(door: Door) -> Door:
+    """The door of a companion of the focus: one that shares its key (an HTTP request's,
+    a tool call's and a route's keys are their doors' own)."""
+    return door if door in ("http", "mcp", "route") else "execute"
 
 
 def _allowed(row: dict[str, str], on: frozenset[str]) -> dict[str, str]:
@@ -236,7 +244,7 @@ def _focus(
     call_door: Door = "execute"
     if door.startswith("call_"):
         call_door = "execute_call"
-    elif door in ("decorated", "batch", "http", "operator"):
+    elif door in ("decorated", "batch", "http", "operator", "mcp", "route"):
         call_door = door  # type: ignore[assignment]
     deadline = row.get("deadline", "none")
     mode: DeadlineMode = "timeout"

@@ -94,8 +94,9 @@ def bounds_of(plan: CallPlan, now: float) -> tuple[Bounds, float | None]:
     for mode, seconds in ((plan.deadline, plan.timeout), *plan.also):
         if mode == "none":
             continue
-        if plan.door == "batch" and mode in ("timeout", "deadline"):
-            mode = "ambient"  # a batch takes no timeout: its caller's deadline is ambient
+        if plan.door in ("batch", "mcp", "route") and mode in ("timeout", "deadline"):
+            # A batch, a tool call, a route take no timeout: the caller's deadline is ambient.
+            mode = "ambient"
         # Two sources of one kind (a shrunk scenario may hold them): the earlier counts.
         if mode == "timeout":
             bounds.timeout = _earlier(bounds.timeout, seconds)

@@ -212,14 +212,28 @@ class _Checker:
         """The call's deadline includes an ``asyncio.timeout`` around it (a batch's timeout
         or deadline is one)."""
         sources = self.sources(call)
-        batch = self.batch(call) and bool(sources & {"timeout", "deadline"})
+        batch = self.timeout_is_ambient(call) and bool(sources & {"timeout", "deadline"})
         return "ambient" in sources or batch
+
+    def timeout_is_ambient(self, call: int) -> bool:
+        """A batch, an MCP tool call and a route take no timeout: theirs is ambient."""
+        return self.scenario.calls[call].door in ("batch", "mcp", "route")
 
     def http(self, call: int) -> bool:
         return bool(self.scenario.calls[call].door == "http")
 
     def batch(self, call: int) -> bool:
         return bool(self.scenario.calls[call].door == "batch")
+
+    def route(self, call: int) -> bool:
+        return bool(self.scenario.calls[call].door == "route")
+
+    def mcp(self, call: int) -> bool:
+        return bool(self.scenario.calls[call].door == "mcp")
+
+    def responds(self, call: int) -> bool:
+        """An HTTP request or a route: its caller reads a response, not the result."""
+        return self.http(call) or self.route(call)
 
     def failed_records(self, outcome: Outcome) -> list[str] | None:
         """The records a batch reported failed (``None``: not a batch's answer)."""
@@ -467,6 +481,9 @@ class _Checker:
         told = told or self.told_otherwise(run, outcome)
         # The HTTP gate cannot tell its client: the response went out (the gate logs it).
         told = told or (self.http(run.call) and run.answered is not None)
+        # A route's completion error goes out of resolve_async (its result is the stored
+        # proxy response, not the Response the route returned).
+        told = told or (self.route(run.call) and isinstance(error, errors.CompletionError))
         # process_batch logs a completion that failed and does not redeliver the record.
         told = told or (self.batch(run.call) and error is None)
         # An ambient deadline (asyncio.timeout) that fires with the completion's own bound
@@ -680,7 +697,7 @@ class _Checker:
                 or self.troubled(outcome.call)
                 or (outcome.deadline is not None and self.deadline_reached(outcome))
             )
-        if error is None and self.http(outcome.call):
+        if error is None and self.responds(outcome.call):
             return bool(
                 record.response_stored
                 and outcome.value == self.http_value(record)
@@ -765,6 +782,9 @@ class _Checker:
             # The gate always validates, by the request's fingerprint: one hash per body
             # (checked in check_validation), learned from the first claim carrying it.
             return self.http_hashes.get((plan.key, plan.amount))
+        if self.mcp(call):
+            # A tool validates by its arguments (all of them), whatever the options.
+            return validation_hash((("amount", plan.amount), ("id", plan.key)))
         if not self.scenario.validate:
             return None
         return validation_hash(plan.amount)
@@ -988,7 +1008,7 @@ class _Checker:
                 return "ran without idempotency but returned without running its callback"
             responses = [
                 self.http_value(application.after)
-                if self.http(outcome.call)
+                if self.responds(outcome.call)
                 else application.after.response
                 for _, application in self.applications.get(key, ())
                 if application.done
@@ -1295,7 +1315,9 @@ class _Checker:
         outcome = self.trace.outcomes[call]
         plan = self.plan_of(call)
         for mode, seconds in ((plan.deadline, plan.timeout), *plan.also):
-            ambient = mode == "ambient" or (self.batch(call) and mode in ("timeout", "deadline"))
+            ambient = mode == "ambient" or (
+                self.timeout_is_ambient(call) and mode in ("timeout", "deadline")
+            )
             if ambient and outcome.entered + seconds <= when + self.tol:
                 return True
         return False
@@ -1425,7 +1447,15 @@ class _Checker:
             and plan.jump
             and held.sent <= self.trace.start + (plan.jump_at)
         )
-        if error.retry_after is not None and not self.http(outcome.call) and not jumped:
+        # An operator's force_release meanwhile hands the key to a newer claim the caller's
+        # process may not know of (its in-process holder is the older one): documented.
+        released = self.force_released(key, outcome.entered_at, outcome.exited_at)
+        if (
+            error.retry_after is not None
+            and not self.http(outcome.call)
+            and not jumped
+            and not released
+        ):
             left = self.lease_end_at(held, outcome.exited) - outcome.exited
             if error.retry_after < left - self.tol - 1e-3:
                 return (
@@ -1459,13 +1489,98 @@ class _Checker:
     def check_http(self) -> None:
         """A 5xx answer counts as the endpoint raising: its record is never completed."""
         for run in self.trace.runs:
-            if not self.http(run.call) or not isinstance(run.error, ServerError):
+            if not self.responds(run.call) or not isinstance(run.error, ServerError):
                 continue
             if run.owner is not None and self.completed_by(run.owner) is not None:
                 self.fail(
                     f"G2: call {run.call}'s endpoint answered 5xx, yet its record completed: "
                     "a 5xx counts as raising, and the key is released"
                 )
+
+    def check_tool_errors(self) -> None:
+        """An MCP tool call's duplicate answers reach the model as tool errors that say
+        what to do next: retry the same call (in whole seconds, at least 1) while it is in
+        progress; use a new key for other arguments; do not retry a result not stored.
+        An in-progress or mismatch answer never reaches it as a bare error or a result."""
+        answered = (
+            errors.AlreadyInProgressError,
+            errors.PayloadValidationError,
+            errors.ResponseNotStoredError,
+        )
+        advice = {
+            errors.AlreadyInProgressError: ("retry this same call", "seconds"),
+            errors.PayloadValidationError: ("use a new key",),
+            errors.ResponseNotStoredError: ("Do not retry",),
+        }
+        for outcome in self.outcomes:
+            answer = outcome.answer
+            if answer is None or not self.mcp(outcome.call):
+                continue
+            text = "".join(getattr(block, "text", "") for block in answer.result.content)
+            cause = None if answer.raised is None else answer.raised.__cause__
+            error = outcome.error
+            if isinstance(cause, answered) and not isinstance(error, answered):
+                self.fail(
+                    f"MCP: call {outcome.call}'s {type(cause).__name__} reached the model as "
+                    f"{text!r}, without the advice of its tool error"
+                )
+            if isinstance(error, answered):
+                wanted = advice[type(error)]
+                if not answer.result.is_error or not all(part in text for part in wanted):
+                    self.fail(
+                        f"MCP: call {outcome.call}'s {type(error).__name__} answer {text!r} "
+                        f"does not say {' ... '.join(wanted)!r}"
+                    )
+                retry = getattr(error, "retry_after", None)
+                if isinstance(error, errors.AlreadyInProgressError) and (
+                    retry is None or retry < 1
+                ):
+                    self.fail(f"MCP: call {outcome.call} was told to retry in {retry} seconds")
+
+    def check_routes(self) -> None:
+        """A route's duplicate answers are responses, never exceptions out of
+        ``resolve_async``: in progress is a 409 with a ``Retry-After`` of whole seconds (at
+        least 1), other payload a 422.  A caller tells a replay by its
+        ``Idempotent-Replayed: true`` header, and its own response by its absence; a 5xx,
+        408, 409, 425 or 429 of the route is never replayed (G2 checks that a 5xx never
+        completes the record: the route answering one counts as raising)."""
+        answered = (
+            errors.AlreadyInProgressError,
+            errors.PayloadValidationError,
+            errors.ResponseNotStoredError,
+            errors.PayloadError,
+        )
+        for outcome in self.outcomes:
+            if not self.route(outcome.call) or outcome.exited is None:
+                continue
+            answer, error = outcome.http, outcome.error
+            if answer is None:
+                if isinstance(error, answered):
+                    self.fail(
+                        f"routes: call {outcome.call}'s {error!r} went out of resolve_async "
+                        "as an exception, not as its response (409/422)"
+                    )
+                continue
+            if isinstance(error, errors.AlreadyInProgressError):
+                after = answer.header("retry-after")
+                if after is None or not after.isdigit() or int(after) < 1:
+                    self.fail(
+                        f"routes: call {outcome.call}'s 409 (in progress) has Retry-After "
+                        f"{after!r}, not whole seconds >= 1"
+                    )
+            if error is not None:
+                continue
+            replayed = answer.header("idempotent-replayed") == "true"
+            own = any(run.returned and outcome.value is run.value for run in outcome.runs)
+            if own and replayed:
+                self.fail(f"routes: call {outcome.call}'s own response is marked replayed")
+            if not own and not replayed:
+                self.fail(
+                    f"routes: call {outcome.call} got {answer.status} from a record without "
+                    "the Idempotent-Replayed header"
+                )
+            if replayed and (answer.status >= 500 or answer.status in (408, 409, 425, 429)):
+                self.fail(f"routes: call {outcome.call} got a stored {answer.status} replayed")
 
     def check_one_answer(self) -> None:
         """G6: a record completed with its response is final — a later completion by its
@@ -1506,7 +1621,7 @@ class _Checker:
                 or outcome.runs
                 or outcome.exited is None
                 or self.batch(outcome.call)
-                or self.http(outcome.call)
+                or self.responds(outcome.call)
                 or any(True for _ in self.ops_of(outcome.call))
             ):
                 continue
@@ -1657,6 +1772,8 @@ def reserve(left: float, option: float | None) -> float:
 def validation_hash(value: Any) -> str:
     """The validation hash of the simulator's tiny payload parts (ints, short strings):
     Base64 of the MD5 of their canonical JSON, built here, not by the library."""
+    if isinstance(value, tuple):
+        value = dict(value)  # an object's members, as (name, value) pairs
     text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
     return base64.b64encode(hashlib.md5(text.encode()).digest()).decode("ascii")
 
@@ -1687,6 +1804,8 @@ def check(trace: Trace, *, tolerance: float = 1e-6) -> list[str]:
     checker.check_renewal_schedule()
     checker.check_options()
     checker.check_http()
+    checker.check_tool_errors()
+    checker.check_routes()
     checker.check_operators()
     checker.check_one_answer()
     checker.check_cache_life()

@@ -65,7 +65,7 @@ Behaviour = Literal[
     "declared",
 ]
 DeadlineMode = Literal["timeout", "deadline", "ambient", "lambda", "none"]
-Door = Literal["execute", "execute_call", "decorated", "operator", "batch", "http"]
+Door = Literal["execute", "execute_call", "decorated", "operator", "batch", "http", "mcp", "route"]
 Shape = Literal["coroutine", "lambda", "plain"]
 
 OPS = ("claim", "get", "complete", "release")
@@ -151,7 +151,9 @@ class CallPlan:
     faults: tuple[Fault, ...] = ()
     door: Door = "execute"
     """``operator``: a ``force_release`` of the key instead of a call; ``batch``: an SQS
-    event through ``process_batch`` holding the payload ``copies`` times."""
+    event through ``process_batch`` holding the payload ``copies`` times; ``mcp``: a call of
+    an ``idempotent_tool`` MCP tool; ``route``: an API Gateway event through a Powertools
+    Event Handler route with ``idempotent_route``."""
     shape: Shape = "coroutine"
     copies: int = 1
     also: tuple[tuple[DeadlineMode, float], ...] = ()

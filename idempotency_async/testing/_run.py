@@ -19,8 +19,10 @@ from idempotency_async.testing._doors import bounds_of, door, message_key
 from idempotency_async.testing._faults import CALL, FaultyStore, ServerClockStore
 from idempotency_async.testing._http_door import http_door, http_key, meaning
 from idempotency_async.testing._managers import managers_of, plain_keys
+from idempotency_async.testing._mcp_door import mcp_door, mcp_key, mcp_meaning
 from idempotency_async.testing._plans import CallPlan, Scenario
 from idempotency_async.testing._quiet import quiet_library
+from idempotency_async.testing._route_door import route_door, route_key, route_meaning
 from idempotency_async.testing._trace import BASE_TIME, MISSING, Outcome, Trace
 from idempotency_async.testing._watch import library_tasks, recording, sample_lag
 
@@ -94,12 +96,20 @@ def _key_calls(trace: Trace) -> None:
             continue
         if call.door == "http" and manager is not None:
             trace.call_keys[index] = http_key(trace, call.manager, manager, call.key)
+        elif call.door in _PEERS and manager is not None:
+            key = _PEERS[call.door][1](manager, call)
+            assert key is not None
+            trace.call_keys[index] = key
         elif call.door == "batch" and call.by_message and manager is not None:
             key = message_key(trace, index, manager, call)
             assert key is not None
             trace.call_keys[index] = key
         else:
             trace.call_keys[index] = trace.keys[call.key]
+
+
+_PEERS = {"mcp": (mcp_door, mcp_key), "route": (route_door, route_key)}
+"""The peer doors (an MCP tool, a Powertools route): how each enters, the key it uses."""
 
 
 async def _start_calls(trace: Trace, epilogue: bool) -> list[asyncio.Task[None]]:
@@ -172,6 +182,8 @@ async def _drive(
         bounds, outcome.deadline = bounds_of(plan, loop.time())
         if plan.door == "http":
             enter = http_door(trace, index, plan, outcome, manager)
+        elif plan.door in _PEERS:
+            enter = _PEERS[plan.door][0](trace, index, plan, outcome, manager)
         else:
             enter = door(trace, index, plan, outcome, manager)
         async with bounds.entered():
@@ -179,6 +191,16 @@ async def _drive(
         if plan.door == "http":
             outcome.http = value
             outcome.value, outcome.error = meaning(value, outcome)
+            if outcome.error is not None:
+                outcome.value = MISSING
+        elif plan.door == "mcp":
+            outcome.answer = value
+            outcome.value, outcome.error = mcp_meaning(value, outcome)
+            if outcome.error is not None:
+                outcome.value = MISSING
+        elif plan.door == "route":
+            outcome.http = value
+            outcome.value, outcome.error = route_meaning(value, outcome)
             if outcome.error is not None:
                 outcome.value = MISSING
         else:

@@ -85,6 +85,9 @@ FEATURES = frozenset(
         "http_limits",  # streams declaring their Content-Length; small response limits
         "fifo_batches",  # batches from an SQS FIFO queue: records in order
         "release_races",  # a force_release racing a slow replay of the releasing process
+        # The peer doors: agent tool calls and Powertools routes.
+        "mcp",  # a tool call of an idempotent_tool on the MCP SDK's server
+        "routes",  # an API Gateway event through a Powertools route with idempotent_route
     }
 )
 """What the generator can add beyond the original scenarios; ``generate(exclude=...)``
@@ -421,12 +424,26 @@ def _newer_features(
     slow = random.Random(f"slow-{seed}")
     late = random.Random(f"late-extends-{seed}")
     redelivered = random.Random(f"redelivery-{seed}")
+    peers = random.Random(f"peers-{seed}")
+    peer_keys: dict[int, Door | None] = {}
     out = []
     for call in calls:
         if "redelivery" in on and call.door == "batch" and redelivered.random() < 0.5:
             call = replace(call, by_message=True)
         if "http" in on and http.random() < 0.1:
             call = _as_http(http, call, "http_middleware" in on, scale)
+        if call.key is not None and call.key not in peer_keys:
+            # A key's calls go through one peer door (its duplicates meet there).
+            roll = peers.random()
+            door: Door | None = None
+            if "mcp" in on and roll < 0.07:
+                door = "mcp"
+            elif "routes" in on and roll > 0.93:
+                door = "route"
+            peer_keys[call.key] = door
+        peer = None if call.key is None else peer_keys[call.key]
+        if peer is not None:
+            call = _as_peer(peers, call, peer, scale, "lambda_context" in on)
         if "lambda_context" in on and call.door == "batch" and lam.random() < 0.5:
             call = replace(call, deadline="lambda", timeout=_finite(call.timeout, scale))
             if "slow_batch" in on and lam.random() < 0.35:
@@ -470,6 +487,34 @@ def _as_http(rng: random.Random, call: CallPlan, middleware: bool, scale: float)
         timeout=_finite(call.timeout, scale),
         also=also,
         middleware=middleware and rng.random() < 0.3,
+    )
+
+
+_PEER_KEPT = frozenset(
+    {"return", "raise", "hang", "swallow", "block", "base_exception", "cancel_self"}
+)
+
+
+def _as_peer(
+    rng: random.Random, call: CallPlan, door: Door, scale: float, lambdas: bool
+) -> CallPlan:
+    """The call as an MCP tool call or a Powertools route: its deadline is its caller's
+    (ambient) or, for a route, its Lambda context's; a route answers 500 now and then."""
+    if call.key is None or call.door not in ("execute", "decorated") or call.shape != "coroutine":
+        return call
+    behaviour: Behaviour = call.behaviour if call.behaviour in _PEER_KEPT else "return"
+    if door == "route" and rng.random() < 0.15:
+        behaviour = "server_error"
+    deadline: DeadlineMode = "none" if call.deadline == "none" else "ambient"
+    if door == "route" and lambdas and deadline == "ambient" and rng.random() < 0.5:
+        deadline = "lambda"
+    return replace(
+        call,
+        door=door,
+        behaviour=behaviour,
+        deadline=deadline,
+        timeout=_finite(call.timeout, scale),
+        also=(),
     )
 
 

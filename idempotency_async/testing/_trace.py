@@ -120,6 +120,9 @@ class Outcome:
     in_flight: tuple[int, ...] = ()
     """The store requests of the call (their ``seq``) still awaited when it returned: work
     the call left behind (G6: no detached tasks)."""
+    answer: Any = None
+    """The MCP door: what the client received (``_mcp_door.McpAnswer``).  The route door
+    keeps its proxy response, as a client reads it, in ``http``."""
 
     @property
     def returned_value(self) -> bool:
@@ -157,6 +160,8 @@ class Trace:
     """Batches keyed by message id: each process's manager without a key selection."""
     http_rules: dict[int, Any] = field(default_factory=dict)
     """The HTTP door: each process's gate (one derived manager, as one middleware has)."""
+    peers: dict[tuple[str, int], Any] = field(default_factory=dict)
+    """The MCP and route doors: each process's server or resolver, by door and process."""
     lags: list[tuple[float, float]] = field(default_factory=list)
     """Real time: (loop time, lag) — how late the loop woke a timer, sampled all along."""
 
