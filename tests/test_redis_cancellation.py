@@ -40,10 +40,12 @@ async def test_a_caller_cancelled_mid_command_ends_cancelled(redis_server: Any) 
         assert await manager.execute({"id": "warm"}, _one, timeout=5) == 1
         for turns in range(_TURNS):
             for attempt in range(_ROUNDS):
-                cancelled = False
+                cancelled: list[bool] = []  # set once the caller is cancelled
                 payload = {"id": f"{turns}-{attempt}"}
 
-                async def charge(label: int = turns * 100 + attempt) -> int:
+                async def charge(
+                    label: int = turns * 100 + attempt, cancelled: list[bool] = cancelled
+                ) -> int:
                     if cancelled:
                         ran_after_cancel.append(label)
                     return label
@@ -54,7 +56,7 @@ async def test_a_caller_cancelled_mid_command_ends_cancelled(redis_server: Any) 
                 if task.done():
                     continue
                 task.cancel()
-                cancelled = True
+                cancelled.append(True)
                 try:
                     result = await task
                 except asyncio.CancelledError:
