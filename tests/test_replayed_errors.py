@@ -16,6 +16,7 @@ from idempotency_async import (
     Manager,
     MemoryStore,
     Options,
+    Redaction,
     ReplayErrors,
     Wait,
     idempotent_function,
@@ -141,6 +142,25 @@ async def test_declared_error_replays_from_the_local_cache() -> None:
             await manager.execute(payload, effect)
     assert effect.runs == 1
     assert [event.kind for event in events].count("cache_hit") >= 1
+
+
+@pytest.mark.parametrize(
+    "redaction",
+    [Redaction(never_store=True), Redaction(fields=("code",))],
+    ids=["never_store", "fields"],
+)
+async def test_redaction_is_of_results_a_declared_error_is_stored_whole(
+    redaction: Redaction,
+) -> None:
+    # A route that never stores its result may still fail deterministically: the error
+    # form (type, message, declared data) is stored and replayed, not dropped.
+    manager = _manager(MemoryStore(), redaction=redaction)
+    payload, effect = _payload(), Effect(CardDeclined("card ending 4242 declined", "do_not_honor"))
+    for _ in range(2):
+        with pytest.raises(CardDeclined, match="4242 declined") as raised:
+            await manager.execute(payload, effect)
+        assert raised.value.code == "do_not_honor"
+    assert effect.runs == 1
 
 
 async def test_in_process_waiters_get_the_declared_error(store: Store) -> None:
