@@ -29,6 +29,9 @@ EXTRAS = {
     "starlette",
     "fastapi",
     "aiohttp",
+    "otel",
+    "mcp",
+    "testing",
     "dev",
     "docs",
 }
