@@ -137,3 +137,26 @@ def test_a_route_raising_in_progress_instead_of_409_is_caught(
 
     monkeypatch.setattr(powertools, "_answer", raising)
     assert any("went out of resolve_async" in v for v in _caught())
+
+
+def test_the_simulator_runs_without_the_peer_doors_dependencies() -> None:
+    # A user's conformance run has neither the MCP SDK nor Powertools installed: the
+    # simulator leaves their doors out instead of failing to import.
+    import subprocess
+    import sys
+
+    program = (
+        "import sys\n"
+        "sys.modules['mcp'] = None\n"
+        "sys.modules['aws_lambda_powertools'] = None\n"
+        "from idempotency_async import MemoryStore\n"
+        "from idempotency_async.testing import generate, simulate\n"
+        "doors = {call.door for seed in range(300) for call in generate(seed).calls}\n"
+        "assert not doors & {'mcp', 'route'}, doors\n"
+        "report = simulate(MemoryStore, range(60))\n"
+        "assert report.scenarios == 60, report.scenarios\n"
+        "assert not {'mcp', 'aws_lambda_powertools'} & {\n"
+        "    name for name, module in sys.modules.items() if module is not None\n"
+        "}\n"
+    )
+    subprocess.run([sys.executable, "-c", program], check=True, timeout=120)

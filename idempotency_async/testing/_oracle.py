@@ -438,7 +438,30 @@ class _Checker:
             return
         if self.ambient_deadline_fired(outcome):
             return  # its own deadline fired while the (applied) write was answered
+        if isinstance(error, errors.LeaseLostError) and self.force_released_after(run.call):
+            return  # an operator's documented hazard: the resent completion met no record
         self.fail(f"G5: call {run.call}'s result was recorded, but the caller got {error!r}")
+
+    def force_released_after(self, call: int) -> bool:
+        """An operator's ``force_release`` of the key applied after the call's completion
+        did: a resend of that completion (its first answer lost) meets no record, and the
+        caller is told its lease was lost although its result was recorded for a while."""
+        for op in self.ops_of(call):
+            applied = [
+                a.order
+                for a in op.applications
+                if op.name == "complete" and a.done and a.error is None
+            ]
+            if not applied:
+                continue
+            for other, application in self.applications.get(op.key, ()):
+                if (
+                    other.name == "force_release"
+                    and self.by_operator(other)
+                    and application.order > min(applied)
+                ):
+                    return True
+        return False
 
     def throttled_after_apply(self, call: int) -> bool:
         """A completion that applied, then met throttling on the SDK's retry: the contract

@@ -19,10 +19,8 @@ from idempotency_async.testing._doors import bounds_of, door, message_key
 from idempotency_async.testing._faults import CALL, FaultyStore, ServerClockStore
 from idempotency_async.testing._http_door import http_door, http_key, meaning
 from idempotency_async.testing._managers import managers_of, plain_keys
-from idempotency_async.testing._mcp_door import mcp_door, mcp_key, mcp_meaning
 from idempotency_async.testing._plans import CallPlan, Scenario
 from idempotency_async.testing._quiet import quiet_library
-from idempotency_async.testing._route_door import route_door, route_key, route_meaning
 from idempotency_async.testing._trace import BASE_TIME, MISSING, Outcome, Trace
 from idempotency_async.testing._watch import library_tasks, recording, sample_lag
 
@@ -97,7 +95,7 @@ def _key_calls(trace: Trace) -> None:
         if call.door == "http" and manager is not None:
             trace.call_keys[index] = http_key(trace, call.manager, manager, call.key)
         elif call.door in _PEERS and manager is not None:
-            key = _PEERS[call.door][1](manager, call)
+            key = _peer(call.door)[1](manager, call)
             assert key is not None
             trace.call_keys[index] = key
         elif call.door == "batch" and call.by_message and manager is not None:
@@ -108,8 +106,20 @@ def _key_calls(trace: Trace) -> None:
             trace.call_keys[index] = trace.keys[call.key]
 
 
-_PEERS = {"mcp": (mcp_door, mcp_key), "route": (route_door, route_key)}
-"""The peer doors (an MCP tool, a Powertools route): how each enters, the key it uses."""
+_PEERS = frozenset({"mcp", "route"})
+"""The peer doors: an MCP tool, a Powertools route."""
+
+
+def _peer(name: str) -> tuple[Any, Any, Any]:
+    """How the peer door ``name`` enters, the key it uses and what its answer means —
+    imported when a scenario first uses it: the MCP SDK and Powertools are optional."""
+    if name == "mcp":
+        from idempotency_async.testing._mcp_door import mcp_door, mcp_key, mcp_meaning
+
+        return mcp_door, mcp_key, mcp_meaning
+    from idempotency_async.testing._route_door import route_door, route_key, route_meaning
+
+    return route_door, route_key, route_meaning
 
 
 async def _start_calls(trace: Trace, epilogue: bool) -> list[asyncio.Task[None]]:
@@ -183,7 +193,7 @@ async def _drive(
         if plan.door == "http":
             enter = http_door(trace, index, plan, outcome, manager)
         elif plan.door in _PEERS:
-            enter = _PEERS[plan.door][0](trace, index, plan, outcome, manager)
+            enter = _peer(plan.door)[0](trace, index, plan, outcome, manager)
         else:
             enter = door(trace, index, plan, outcome, manager)
         async with bounds.entered():
@@ -195,12 +205,12 @@ async def _drive(
                 outcome.value = MISSING
         elif plan.door == "mcp":
             outcome.answer = value
-            outcome.value, outcome.error = mcp_meaning(value, outcome)
+            outcome.value, outcome.error = _peer("mcp")[2](value, outcome)
             if outcome.error is not None:
                 outcome.value = MISSING
         elif plan.door == "route":
             outcome.http = value
-            outcome.value, outcome.error = route_meaning(value, outcome)
+            outcome.value, outcome.error = _peer("route")[2](value, outcome)
             if outcome.error is not None:
                 outcome.value = MISSING
         else:

@@ -7,6 +7,8 @@ row of the axes' covering array) in ``_cross``.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 import random
 from collections.abc import Collection
@@ -112,7 +114,7 @@ def generate(
     unknown = set(exclude) - FEATURES
     if unknown:
         raise ValueError(f"unknown simulator features {sorted(unknown)}: use {sorted(FEATURES)}")
-    on = FEATURES - set(exclude)
+    on = FEATURES - set(exclude) - _unavailable()
     if live:
         # A release race is timed to the millisecond: real time cannot keep its order.
         on -= {"server_clock", "full_store", "clock_jumps", "release_races"}
@@ -677,3 +679,15 @@ def _cancel_at_cutoff(rng: random.Random, call: CallPlan, plan: ManagerPlan) -> 
     else:
         kept = min(0.5, 0.2 * left)
     return replace(call, cancel_after=rng.choice([left - kept, left]))
+
+
+@functools.cache
+def _unavailable() -> frozenset[str]:
+    """The peer doors whose optional dependency is not installed: the simulator runs
+    without them (a user's conformance run needs neither the MCP SDK nor Powertools)."""
+    missing = set()
+    if importlib.util.find_spec("mcp") is None:
+        missing.add("mcp")
+    if importlib.util.find_spec("aws_lambda_powertools") is None:
+        missing.add("routes")
+    return frozenset(missing)
