@@ -17,7 +17,15 @@ from typing import Any, Protocol
 
 from idempotency_async.stores.base import Store
 
-__all__ = ["AsgiRoute", "FunctionHandler", "HttpAnswer", "LambdaHandler", "Sender", "Target"]
+__all__ = [
+    "AsgiRoute",
+    "FunctionHandler",
+    "HttpAnswer",
+    "LambdaContext",
+    "LambdaHandler",
+    "Sender",
+    "Target",
+]
 
 Sender = Callable[[Any, str], Awaitable[Any]]
 """Sends one payload (with the scenario's request key, for HTTP) and returns its answer."""
@@ -77,7 +85,7 @@ class FunctionHandler:
         return f"function_handler({_name(self.build_handler)})"
 
 
-class _LambdaContext:
+class LambdaContext:
     """What an invocation reads from its Lambda context: the time it has left."""
 
     function_name = "idempotency-kit"
@@ -103,7 +111,7 @@ class LambdaHandler:
         handler = self.build_handler(store)
 
         async def send(payload: Any, request_key: str) -> Any:
-            return await handler(payload, _LambdaContext(self.timeout))
+            return await handler(payload, LambdaContext(self.timeout))
 
         return send
 
