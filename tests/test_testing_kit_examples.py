@@ -151,3 +151,56 @@ def test_a_failed_message_is_batch_item_failed_for_the_caller() -> None:
             effects=shipped,
         )
     assert issubclass(BatchItemFailed, Exception)
+
+
+# -- The aiohttp app (examples/aiohttp_app.py) ------------------------------------------------
+
+
+def aiohttp_orders() -> int:
+    # The example's own effect: each created order takes the next id from its counter.
+    return int(repr(aiohttp_app._order_ids)[len("count(") : -1]) - 1
+
+
+def build_aiohttp_app(store: Store, *, marked: bool = True, lease: float = 30.0) -> Any:
+    # The example's make_app, on the kit's store.
+    from aiohttp import web
+
+    from idempotency_async.integrations.aiohttp import idempotency_middleware
+
+    middleware = idempotency_middleware(
+        Manager(store, Options(key_prefix="orders-api")),
+        paths=(),
+        required=True,
+        caller_scope=aiohttp_app.caller,
+        request_timeout=lease,
+    )
+    app = web.Application(middlewares=[middleware])
+    # Broken when not marked: the example's handler without @idempotent_endpoint, which
+    # the middleware (paths=()) then passes through: every duplicate creates an order.
+    # (A marked handler wrapped in an unmarked one is refused by the library: a 500.)
+    handler = aiohttp_app.create_order if marked else aiohttp_app.create_order.__wrapped__
+    app.router.add_post("/orders", handler)
+    return app
+
+
+def build_unmarked_aiohttp_app(store: Store) -> Any:
+    return build_aiohttp_app(store, marked=False)
+
+
+BODIES = [{"sku": "A1", "qty": 2}, {"sku": "B2", "qty": 1}]
+API_KEY = [("X-API-Key", "alice")]
+
+
+def test_aiohttp_example_passes_the_kit() -> None:
+    route = aiohttp_route(build_aiohttp_app, "/orders", headers=API_KEY)
+    report = check_handler(route, payloads=BODIES, effects=aiohttp_orders)
+    assert report.mode == "lease"
+    assert report.seconds < 15
+
+
+def test_kit_catches_an_aiohttp_route_the_middleware_does_not_cover() -> None:
+    route = aiohttp_route(build_unmarked_aiohttp_app, "/orders", headers=API_KEY)
+    failure = _caught(route, aiohttp_orders, BODIES)
+    assert failure.violations[0].startswith("effect without a claim")
+    _reruns(failure)
+    _as_in_the_guide(failure, "aiohttp: effect without a claim")
