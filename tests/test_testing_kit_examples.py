@@ -204,3 +204,113 @@ def test_kit_catches_an_aiohttp_route_the_middleware_does_not_cover() -> None:
     assert failure.violations[0].startswith("effect without a claim")
     _reruns(failure)
     _as_in_the_guide(failure, "aiohttp: effect without a claim")
+
+
+def build_aiohttp_app_short_lease(store: Store) -> Any:
+    # In real time (a real store) a retry after the lease really waits: a short lease.
+    return build_aiohttp_app(store, lease=0.3)
+
+
+REDIS: dict[str, str] = {}
+
+
+def make_redis_store() -> Store:
+    from idempotency_async.stores.redis import RedisStore
+
+    return RedisStore.from_url(REDIS["url"], key_prefix=REDIS["prefix"])
+
+
+@pytest.fixture
+def kit_redis(redis_server: Any) -> None:
+    REDIS["url"], REDIS["prefix"] = redis_server.url, f"kit-{uuid.uuid4().hex[:8]}:"
+
+
+@pytest.mark.redis
+@pytest.mark.usefixtures("kit_redis")
+def test_aiohttp_example_passes_the_kit_on_a_real_redis() -> None:
+    route = aiohttp_route(build_aiohttp_app_short_lease, "/orders", headers=API_KEY)
+    report = check_handler(
+        route, payloads=BODIES[:1], effects=aiohttp_orders, store=make_redis_store, crash_points=4
+    )
+    assert report.mode == "lease"
+    assert report.seconds < 15
+
+
+def build_unmarked_aiohttp_app_short_lease(store: Store) -> Any:
+    return build_aiohttp_app(store, marked=False, lease=0.3)
+
+
+@pytest.mark.redis
+@pytest.mark.usefixtures("kit_redis")
+def test_kit_catches_the_unmarked_aiohttp_route_on_a_real_redis() -> None:
+    route = aiohttp_route(build_unmarked_aiohttp_app_short_lease, "/orders", headers=API_KEY)
+    failure = _caught(route, aiohttp_orders, BODIES[:1], store=make_redis_store, crash_points=4)
+    assert failure.violations[0].startswith("effect without a claim")
+    assert "store=test_testing_kit_examples.make_redis_store" in str(failure)
+
+
+# -- Downstream keys (docs/downstream.md) ----------------------------------------------------
+
+PROVIDER: dict[str, dict[str, Any]] = {}
+"""A payments provider that honours Idempotency-Key: the charges it applied, by key."""
+
+
+def provider_charges() -> int:
+    return len(PROVIDER)
+
+
+async def provider_charge(order: dict[str, Any], key: str) -> str:
+    await asyncio.sleep(0.01)  # the request on its way
+    charge = PROVIDER.setdefault(key, {"id": f"ch_{len(PROVIDER) + 1}", **order})
+    await asyncio.sleep(0.01)  # the answer on its way back
+    return str(charge["id"])
+
+
+def build_downstream(store: Store, *, random_key: bool = False) -> Any:
+    manager = Manager(store, Options(key_prefix="orders", event_key_jmespath="order_id"))
+
+    async def charge(order: dict[str, Any]) -> dict[str, Any]:
+        # Broken with random_key: a new key per run, which the provider cannot deduplicate.
+        key = uuid.uuid4().hex if random_key else downstream_key("charge")
+        return {"order": order["order_id"], "charge": await provider_charge(order, key)}
+
+    return idempotent_function(manager, payload="order", timeout=10)(charge)
+
+
+def build_downstream_with_random_key(store: Store) -> Any:
+    return build_downstream(store, random_key=True)
+
+
+CHARGE_ORDERS = [{"order_id": "o-1", "amount": 5}]
+
+
+def test_downstream_keys_pass_the_kit_in_downstream_mode() -> None:
+    report = check_handler(
+        function_handler(build_downstream),
+        payloads=CHARGE_ORDERS,
+        effects=provider_charges,
+        downstream=True,
+    )
+    assert report.mode == "downstream keys"
+
+
+def test_kit_catches_a_random_key_sent_downstream() -> None:
+    failure = _caught(
+        function_handler(build_downstream_with_random_key),
+        provider_charges,
+        CHARGE_ORDERS,
+        downstream=True,
+    )
+    assert failure.violations[0].startswith("effect repeated downstream")
+    assert any(call.cancel_at for call in failure.scenario.calls)
+    _reruns(failure)
+    _as_in_the_guide(failure, "downstream: effect repeated downstream")
+
+
+def test_a_random_key_passes_lease_mode_which_allows_a_rerun_after_a_crash() -> None:
+    # Without downstream=True the kit judges lease mode, where a crash may repeat an effect.
+    check_handler(
+        function_handler(build_downstream_with_random_key),
+        payloads=CHARGE_ORDERS,
+        effects=provider_charges,
+    )
