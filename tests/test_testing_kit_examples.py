@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import Response
 
 from idempotency_async import Manager, Options, downstream_key, idempotent_function
 from idempotency_async.integrations.aws_lambda import process_batch
+from idempotency_async.integrations.fastapi import IdempotentTransaction
 from idempotency_async.stores.base import Store
 from idempotency_async.testing.kit import (
     BatchItemFailed,
@@ -28,6 +30,7 @@ from idempotency_async.testing.kit import (
     HandlerCheckFailed,
     Scenario,
     aiohttp_route,
+    asgi_route,
     check_handler,
     function_handler,
     replay,
@@ -314,3 +317,130 @@ def test_a_random_key_passes_lease_mode_which_allows_a_rerun_after_a_crash() -> 
         payloads=CHARGE_ORDERS,
         effects=provider_charges,
     )
+
+
+# -- FastAPI + SQLAlchemy, transactional (examples/fastapi_sqlalchemy.py) ---------------------
+
+sqlalchemy_example: Any = None
+"""The example module, imported by the fixture once the PostgreSQL server runs (it reads
+DATABASE_URL and its table names at import)."""
+PG: dict[str, str] = {}
+
+
+@pytest.fixture
+def sqlalchemy_tables(postgres_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    global sqlalchemy_example
+    if sqlalchemy_example is None:
+        suffix = uuid.uuid4().hex[:8]
+        monkeypatch.setenv("DATABASE_URL", postgres_server.dsn)
+        monkeypatch.setenv("IDEMPOTENCY_TABLE", f"idem_kit_{suffix}")
+        monkeypatch.setenv("ORDERS_TABLE", f"orders_kit_{suffix}")
+        sqlalchemy_example = importlib.import_module("fastapi_sqlalchemy")
+        PG.update(dsn=postgres_server.dsn, orders=f"orders_kit_{suffix}")
+        asyncio.run(_create_tables())
+    from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+    from sqlalchemy.pool import NullPool
+
+    # Each kit scenario runs on a loop of its own: no pooled connection may outlive one.
+    url = PG["dsn"].replace("postgres://", "postgresql+asyncpg://", 1)
+    engine = create_async_engine(url, poolclass=NullPool)
+    sessions = async_sessionmaker(engine, expire_on_commit=False)
+    monkeypatch.setattr(sqlalchemy_example, "Session", sessions)
+
+
+async def _create_tables() -> None:
+    from idempotency_async.stores.postgres import create_table
+
+    example = sqlalchemy_example
+    await create_table(PG["dsn"], table=example.TABLE)
+    async with example.engine.begin() as connection:
+        await connection.run_sync(example.Base.metadata.create_all)
+    await example.engine.dispose()
+
+
+def committed_orders() -> int:
+    import psycopg
+
+    with psycopg.connect(PG["dsn"], autocommit=True) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {PG['orders']}").fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def make_postgres_store() -> Store:
+    from idempotency_async.stores.postgres import PostgresStore
+
+    return PostgresStore.from_url(PG["dsn"], table=sqlalchemy_example.TABLE)
+
+
+def build_sqlalchemy_app(store: Store, *, route: Any = None) -> Any:
+    # The example's app, on the kit's store, with a short lease (real time).
+    from fastapi import FastAPI
+
+    from idempotency_async import Wait
+    from idempotency_async.integrations.starlette import IdempotencyMiddleware
+
+    example = sqlalchemy_example
+    app = FastAPI()
+    app.add_middleware(
+        IdempotencyMiddleware,
+        manager=Manager(store, Options(key_prefix="orders-api")),
+        paths=(),
+        caller_scope=example.caller,
+        wait=Wait(timeout=10.0),
+        request_timeout=2.0,
+    )
+    endpoint = route or example.create_order
+    app.post("/orders", status_code=201, response_model=example.Created)(endpoint)
+    return app
+
+
+async def create_order_writing_outside(
+    order: sqlalchemy_example.Order,
+    tx: IdempotentTransaction,
+    response: Response,
+) -> Response:
+    example = sqlalchemy_example
+    async with example.Session() as session, session.begin():
+
+        async def work() -> Any:
+            order_id = f"ord_{uuid.uuid4().hex[:12]}"
+            # Broken: the order is written in a session of its own, committed at once, not
+            # in the transaction that records the response: a rollback keeps it.
+            async with example.Session() as other, other.begin():
+                other.add(example.OrderRow(id=order_id, sku=order.sku, qty=order.qty))
+            await asyncio.sleep(0.01)
+            return example.Created(id=order_id, sku=order.sku, qty=order.qty)
+
+        answer: Response = await tx.run(session, work)
+    return answer
+
+
+def build_sqlalchemy_app_writing_outside(store: Store) -> Any:
+    return build_sqlalchemy_app(store, route=create_order_writing_outside)
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("sqlalchemy_tables")
+def test_sqlalchemy_example_passes_the_kit_in_transactional_mode() -> None:
+    route = asgi_route(build_sqlalchemy_app, "/orders", headers=API_KEY)
+    report = check_handler(
+        route,
+        payloads=[{"sku": "A1", "qty": 2}],
+        effects=committed_orders,
+        store=make_postgres_store,
+        crash_points=6,
+    )
+    assert report.mode == "transactional"
+    assert report.seconds < 15
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("sqlalchemy_tables")
+def test_kit_catches_the_sqlalchemy_route_writing_outside_its_transaction() -> None:
+    route = asgi_route(build_sqlalchemy_app_writing_outside, "/orders", headers=API_KEY)
+    failure = _caught(
+        route, committed_orders, [{"sku": "A1", "qty": 2}], store=make_postgres_store, crash_points=6
+    )
+    assert failure.violations[0].startswith("effect committed twice")
+    assert any(call.cancel_at for call in failure.scenario.calls)
