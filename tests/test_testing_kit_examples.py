@@ -8,6 +8,7 @@ broken variant of each is caught, shrunk, and printed as the guide shows it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import os
 import re
@@ -455,3 +456,27 @@ def test_kit_catches_the_sqlalchemy_route_writing_outside_its_transaction() -> N
     assert re.sub(r"(#|cancel_at=)\d+", r"\1N", shown) == re.sub(
         r"(#|cancel_at=)\d+", r"\1N", printed
     )
+
+
+async def ship_ignoring_cancellation(record: dict[str, Any]) -> dict[str, Any]:
+    # Broken: the warehouse call carries on when the record's task is cancelled.
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(0.05)
+    return await sqs_handler.ship(record)
+
+
+def build_sqs_handler_ignoring_cancellation(store: Store) -> Any:
+    manager = Manager(store, sqs_handler.manager.options)
+
+    async def handle(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        return await process_batch(manager, event, ship_ignoring_cancellation, context=context)
+
+    return handle
+
+
+def test_the_kit_cancels_the_record_task_at_its_awaits() -> None:
+    # The crash lands in the task process_batch runs the record in, inside the handler.
+    target = sqs_batch_handler(build_sqs_handler_ignoring_cancellation)
+    failure = _caught(target, shipped, ORDERS[:1])
+    assert failure.violations[0].startswith("effect after cancellation")
+    assert failure.scenario.calls[0].cancel_at is not None
