@@ -17,7 +17,10 @@ process and in two sharing the store), the first call cancelled at every await i
 until its record completes, store faults and lost answers on its requests, a retry after
 the lease, and the key reused with a payload differing in one field — and judges each run
 against the guarantee of lease mode with the effect counter you give: at most one effect
-per lease, and one effect when nothing crashed.  A failure is shrunk to a smallest
+per lease, and one effect when nothing crashed (one effect per key with
+``downstream=True``, exactly once for transactional calls).  Doors:
+:func:`function_handler`, :func:`lambda_handler`, :func:`sqs_batch_handler`,
+:func:`asgi_route`, :func:`aiohttp_route`.  A failure is shrunk to a smallest
 scenario and raised as :class:`HandlerCheckFailed`, whose message ends with a reproducer
 to paste into a test (:func:`replay` reruns it).  See ``docs/testing-your-handler.md``.
 """
