@@ -135,6 +135,13 @@ def test_sqs_batch_example_passes_the_kit() -> None:
     assert report.seconds < 10
 
 
+def test_sqs_batch_example_passes_with_the_message_twice_in_each_batch() -> None:
+    # The second delivery joins the first inside process_batch: one shipment per call.
+    target = sqs_batch_handler(build_sqs_handler, timeout=5.0, copies=2)
+    report = check_handler(target, payloads=ORDERS[:1], effects=shipped)
+    assert report.mode == "lease"
+
+
 def test_kit_catches_an_sqs_handler_shipping_before_the_idempotent_call() -> None:
     target = sqs_batch_handler(build_sqs_handler_shipping_first, timeout=5.0)
     failure = _caught(target, shipped, ORDERS)

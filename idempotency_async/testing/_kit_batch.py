@@ -1,7 +1,8 @@
 """The test kit's SQS batch door: a Lambda handler of SQS batches (``process_batch``).
 
-Each payload is one message's body, delivered in a batch of its own; every call of a
-scenario redelivers the same message (the same ``messageId``, as SQS does), so the kit's
+Each payload is one message's body, delivered in a batch of its own (``copies`` times in
+it, when asked: a standard queue delivers at least once); every call of a scenario
+redelivers the same message (the same ``messageId``, as SQS does), so the kit's
 duplicates are redeliveries.  A call is answered when the handler's partial batch
 response names no failure; a message it names is :class:`BatchItemFailed` (SQS will
 redeliver it).  The tasks ``process_batch`` runs each record in are counted in the call's
@@ -27,8 +28,9 @@ class BatchItemFailed(Exception):
     """The handler's partial batch response named the message: SQS redelivers it."""
 
 
-def sqs_event(payload: Any, message_id: str) -> dict[str, Any]:
-    """An SQS event of one message whose body is ``payload`` (JSON unless a string)."""
+def sqs_event(payload: Any, message_id: str, copies: int = 1) -> dict[str, Any]:
+    """An SQS event holding ``copies`` deliveries of one message whose body is ``payload``
+    (JSON unless a string): a standard queue delivers at least once, a batch included."""
     body = payload if isinstance(payload, str) else json.dumps(payload)
     record = {
         "messageId": message_id,
@@ -41,7 +43,7 @@ def sqs_event(payload: Any, message_id: str) -> dict[str, Any]:
         "eventSourceARN": _QUEUE,
         "awsRegion": "us-east-1",
     }
-    return {"Records": [record]}
+    return {"Records": [dict(record) for _ in range(copies)]}
 
 
 def _name(obj: object) -> str:
@@ -59,6 +61,8 @@ class SqsBatchHandler:
 
     build_handler: Callable[[Store], Callable[[Any, Any], Awaitable[Any]]]
     timeout: float = 30.0
+    copies: int = 1
+    """Deliveries of the message in each batch."""
     child_tasks: ClassVar[bool] = True
     """The record tasks ``process_batch`` creates are crash points too."""
 
@@ -67,7 +71,8 @@ class SqsBatchHandler:
 
         async def send(payload: Any, request_key: str) -> Any:
             message_id = f"{request_key}-message"
-            response = await handler(sqs_event(payload, message_id), LambdaContext(self.timeout))
+            event = sqs_event(payload, message_id, self.copies)
+            response = await handler(event, LambdaContext(self.timeout))
             failures = response.get("batchItemFailures") if isinstance(response, dict) else None
             if failures is None:
                 raise TypeError(
@@ -85,4 +90,6 @@ class SqsBatchHandler:
 
     def expression(self) -> str:
         extra = f", timeout={self.timeout!r}" if self.timeout != 30.0 else ""
+        if self.copies != 1:
+            extra += f", copies={self.copies!r}"
         return f"sqs_batch_handler({_name(self.build_handler)}{extra})"

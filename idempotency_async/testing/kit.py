@@ -103,15 +103,21 @@ def asgi_route(
 
 
 def sqs_batch_handler(
-    build: Callable[[Store], Callable[[Any, Any], Awaitable[Any]]], *, timeout: float = 30.0
+    build: Callable[[Store], Callable[[Any, Any], Awaitable[Any]]],
+    *,
+    timeout: float = 30.0,
+    copies: int = 1,
 ) -> Target:
     """Your AWS Lambda handler of SQS batches (``process_batch`` with partial batch
     responses): ``build(store)`` returns it running on ``store``.  Each payload is a
     message body, delivered in a batch of its own; each call redelivers the same message
     (its ``messageId`` kept).  A message the response names in ``batchItemFailures`` is
     :class:`BatchItemFailed` for the caller.  The task ``process_batch`` runs the record
-    in is cancelled at each of its awaits in turn (a crash there)."""
-    return SqsBatchHandler(build, timeout)
+    in is cancelled at each of its awaits in turn (a crash there).  ``copies``: the
+    message is delivered that many times in each batch (a standard queue may do so)."""
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+        raise ValueError(f"copies must be an integer >= 1, got {copies!r}")
+    return SqsBatchHandler(build, timeout, copies)
 
 
 def aiohttp_route(
