@@ -1,6 +1,7 @@
 """The users' test kit (``idempotency_async.testing.kit``) on the project's examples, written
 only with the kit: the Lambda SQS batch handler (``examples/lambda/sqs_handler.py``), the
 aiohttp app (``examples/aiohttp_app.py``, on the kit's store and on a real Redis), the
+FastAPI + Redis app (``examples/redis_app.py``, on a real Redis), the
 FastAPI + SQLAlchemy transactional route (``examples/fastapi_sqlalchemy.py``, on a real
 PostgreSQL) and downstream keys (``docs/downstream.md``) each pass it; a deliberately
 broken variant of each is caught, shrunk, and printed as the guide shows it."""
@@ -487,3 +488,54 @@ def test_the_kit_cancels_the_record_task_at_its_awaits() -> None:
     failure = _caught(target, shipped, ORDERS[:1])
     assert failure.violations[0].startswith("effect after cancellation")
     assert failure.scenario.calls[0].cancel_at is not None
+
+
+# -- The FastAPI + Redis example (examples/redis_app.py), on a real Redis ---------------------
+
+REDIS_ORDER_IDS: list[str] = []
+
+
+class _CountedIds:
+    """The example's id source, counted: each created order takes one fresh id."""
+
+    @staticmethod
+    def uuid4() -> uuid.UUID:
+        made = uuid.uuid4()
+        REDIS_ORDER_IDS.append(made.hex)
+        return made
+
+
+def redis_orders() -> int:
+    return len(REDIS_ORDER_IDS)
+
+
+def build_redis_app(store: Store) -> Any:
+    # The example's app and route, on the kit's store, with a short lease (real time).
+    from fastapi import FastAPI
+
+    from idempotency_async.integrations.starlette import IdempotencyMiddleware
+
+    redis_app = importlib.import_module("redis_app")
+    redis_app.uuid = _CountedIds
+    app = FastAPI()
+    app.add_middleware(
+        IdempotencyMiddleware,
+        manager=Manager(store, Options(key_prefix="orders-api")),
+        paths=(),
+        required=True,
+        caller_scope=redis_app.caller,
+        request_timeout=0.3,
+    )
+    app.post("/orders", status_code=201)(redis_app.create_order)
+    return app
+
+
+@pytest.mark.redis
+@pytest.mark.usefixtures("kit_redis")
+def test_redis_example_passes_the_kit_on_a_real_redis() -> None:
+    route = asgi_route(build_redis_app, "/orders", headers=API_KEY)
+    report = check_handler(
+        route, payloads=BODIES[:1], effects=redis_orders, store=make_redis_store, crash_points=4
+    )
+    assert report.mode == "lease"
+    assert report.seconds < 15
