@@ -50,10 +50,12 @@ from idempotency_async.testing._tx_scenario import TxScenario, generate_transact
 from idempotency_async.testing.kit import (
     HandlerCheckFailed,
     KitReport,
+    aiohttp_route,
     asgi_route,
     check_handler,
     function_handler,
     lambda_handler,
+    sqs_batch_handler,
 )
 
 if TYPE_CHECKING:
@@ -73,6 +75,7 @@ __all__ = [
     "StoreFactory",
     "TransactionSimulationFailure",
     "TxScenario",
+    "aiohttp_route",
     "asgi_route",
     "check_handler",
     "function_handler",
@@ -86,6 +89,7 @@ __all__ = [
     "simulate",
     "simulate_live",
     "simulate_transactions",
+    "sqs_batch_handler",
 ]
 
 

@@ -44,6 +44,8 @@ class Engine:
     effects: Effects
     make_store: Callable[[], Store] | None = None
     """None: a fresh ``MemoryStore`` per scenario, on virtual time."""
+    downstream: bool = False
+    """The counter counts a provider's effects, deduplicated by a downstream key."""
     runs: int = 0
     modes: set[str] = field(default_factory=set)
 
@@ -73,12 +75,13 @@ class Engine:
             trace = Trace(scenario, error=exc)
         finally:
             _close(loop)
+        trace.downstream = self.downstream
         if trace.transactional:
             self.modes.add("transactional")
         elif any(mark.what.startswith("extend") for mark in trace.marks):
             self.modes.add("lease + renewal")
         elif any(mark.what == "claimed" for mark in trace.marks):
-            self.modes.add("lease")
+            self.modes.add("downstream keys" if self.downstream else "lease")
         return trace
 
     def violations(self, scenario: Scenario) -> list[str]:

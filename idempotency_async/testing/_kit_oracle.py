@@ -16,6 +16,8 @@ checks, each violation a line starting with the name of what was broken:
   released and the retry did it again);
 - ``different answers``: duplicates of one payload got different answers;
 - ``stuck key``: a call after every lease had ended was still told "in progress".
+- ``effect repeated downstream`` (``check_handler(downstream=True)``): the counter, of
+  what a provider deduplicating by key applied, moved twice for one key.
 
 A transactional HTTP route that returns a response without running its transaction is
 reported first (``transaction not run``, from the library's own error).  A handler whose
@@ -86,6 +88,13 @@ def judge(trace: Trace) -> list[str]:
             "repeats within a run)"
         )
     violations += _after_cancel(trace)
+    if trace.downstream and total > 1 and not violations:
+        violations.append(
+            f"effect repeated downstream: the provider applied {total} effects for one key "
+            "(with downstream keys every run sends the provider the same key, so a re-run after "
+            "a crash or a failed completion is deduplicated there: is the key it gets derived "
+            "with downstream_key, the same on every run?)"
+        )
     violations += _repeated(trace, total, runs)
     violations += _answers(trace)
     violations += _stuck(trace)

@@ -11,11 +11,11 @@ leases by the loop's clock, so a retry after a lease of an hour costs nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import itertools
 import time
-import types
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from idempotency_async.record import Claim, Completion, Record, Status
 from idempotency_async.stores.base import Extended, Found, Store, Verdict, Written
 from idempotency_async.testing._faults import CALL, FaultyStore, ServerClockStore
 from idempotency_async.testing._kit_scenario import Call, Scenario
+from idempotency_async.testing._kit_steps import STEPS, Steps, child_tasks, stepping
 from idempotency_async.testing._kit_targets import Sender, Target
 
 __all__ = ["Mark", "Outcome", "Trace", "run_scenario"]
@@ -68,6 +69,9 @@ class Trace:
     error: BaseException | None = None
     logs: list[str] = field(default_factory=list)
     """What the library logged (warnings and errors) while the scenario ran."""
+    downstream: bool = False
+    """The effects counted are a provider's, deduplicated by the key the handler sends it
+    (``downstream_key``): one effect per key, whatever crashed."""
     transactions: bool = False
     """The store offers transactional calls (``execute_in_transaction``): their claims and
     completions go through the caller's transaction, not through the kit's wrapper."""
@@ -92,7 +96,7 @@ class _Sampling:
         self.clock = clock
 
     def mark(self, what: str, owner: str | None = None) -> None:
-        steps = _STEPS.get()
+        steps = STEPS.get()
         count = 0 if steps is None else steps.count
         mark = Mark(CALL.get(), what, self.read(), owner, self.clock(), count)
         self.trace.marks.append(mark)
@@ -159,42 +163,6 @@ class _Sampling:
         await self.inner.aclose()
 
 
-class _Steps:
-    def __init__(self, cancel_at: int | None, on_cancel: Callable[[], None]) -> None:
-        self.count = 0
-        self.cancel_at = cancel_at
-        self.cancelled = False
-        self.on_cancel = on_cancel
-
-
-_STEPS: contextvars.ContextVar[_Steps | None] = contextvars.ContextVar("kit_steps", default=None)
-
-
-@types.coroutine
-def _stepping(coro: Awaitable[Any], steps: _Steps) -> Generator[Any, Any, Any]:
-    """Await ``coro`` counting its awaits; at the ``cancel_at``-th, cancel the task (the
-    await it is suspended in raises ``CancelledError``, as a crash's cancellation would)."""
-    iterator = coro.__await__()
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            yielded = iterator.send(value) if error is None else iterator.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        steps.count += 1
-        if steps.count == steps.cancel_at:
-            task = asyncio.current_task()
-            assert task is not None
-            task.cancel()
-            steps.cancelled = True
-            steps.on_cancel()
-        try:
-            value, error = (yield yielded), None
-        except BaseException as exc:
-            value, error = None, exc
-
-
 async def run_scenario(
     target: Target,
     scenario: Scenario,
@@ -226,6 +194,29 @@ async def run_scenario(
         await _forget(target, senders[0], scenario, request_key, faulty)
     before = asyncio.all_tasks()
     trace.marks.append(Mark(None, "begin", sampling.read(), None, clock()))
+    counted = (
+        child_tasks(loop) if getattr(target, "child_tasks", False) else contextlib.nullcontext()
+    )
+    with counted:
+        await _calls(scenario, senders, request_key, trace, faulty, sampling, clock, settle)
+    trace.marks.append(Mark(None, "settled", sampling.read(), None, clock()))
+    for task in asyncio.all_tasks() - before - {asyncio.current_task()}:
+        task.cancel()
+    await faulty.aclose()
+    return trace
+
+
+async def _calls(
+    scenario: Scenario,
+    senders: list[Sender],
+    request_key: str,
+    trace: Trace,
+    faulty: FaultyStore,
+    sampling: _Sampling,
+    clock: Callable[[], float],
+    settle: float,
+) -> None:
+    loop = asyncio.get_running_loop()
     tasks: list[asyncio.Task[None]] = []
     for index, call in enumerate(scenario.calls):
         await _wait_for_start(call, tasks, faulty, trace, clock)
@@ -242,11 +233,6 @@ async def run_scenario(
     for late in faulty.late:
         if not late.done():
             await asyncio.wait([late])
-    trace.marks.append(Mark(None, "settled", sampling.read(), None, clock()))
-    for task in asyncio.all_tasks() - before - {asyncio.current_task()}:
-        task.cancel()
-    await faulty.aclose()
-    return trace
 
 
 async def _forget(
@@ -285,13 +271,14 @@ async def _wait_for_start(
 async def _one(
     sender: Sender, payload: Any, request_key: str, call: Call, outcome: Outcome, marks: _Sampling
 ) -> None:
-    steps = _Steps(call.cancel_at, lambda: marks.mark("cancelled"))
-    _STEPS.set(steps)
+    steps = Steps(call.cancel_at, lambda: marks.mark("cancelled"))
+    STEPS.set(steps)
     marks.mark("start")
     task = asyncio.current_task()
     assert task is not None
+    steps.task = task
     try:
-        outcome.answer = await _stepping(sender(payload, request_key), steps)
+        outcome.answer = await stepping(sender(payload, request_key), steps)
     except asyncio.CancelledError as exc:
         if not steps.cancelled:
             raise

@@ -1,10 +1,13 @@
 """What the test kit calls: the user's handler, built on the kit's store.
 
 A target builds the handler from a store (so the kit can put its fault-injecting, logging
-store under it) and sends one payload through it.  Three kinds: an async function
+store under it) and sends one payload through it.  Three kinds here: an async function
 (usually made with ``idempotent_function`` or calling ``Manager.execute``), an AWS Lambda
 handler (invoked with a context that gives it its time), and an ASGI app's route, called
-in process (no server, no HTTP client library: the ASGI messages themselves).
+in process (no server, no HTTP client library: the ASGI messages themselves).  The
+aiohttp door (``_kit_aiohttp``) and the SQS batch door (``_kit_batch``) have modules of
+their own.  A target whose handler works in tasks of its own sets ``child_tasks`` (read
+with ``getattr``: optional) so their awaits are crash points too (``_kit_steps``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,15 @@ from typing import Any, Protocol
 
 from idempotency_async.stores.base import Store
 
-__all__ = ["AsgiRoute", "FunctionHandler", "HttpAnswer", "LambdaHandler", "Sender", "Target"]
+__all__ = [
+    "AsgiRoute",
+    "FunctionHandler",
+    "HttpAnswer",
+    "LambdaContext",
+    "LambdaHandler",
+    "Sender",
+    "Target",
+]
 
 Sender = Callable[[Any, str], Awaitable[Any]]
 """Sends one payload (with the scenario's request key, for HTTP) and returns its answer."""
@@ -77,7 +88,7 @@ class FunctionHandler:
         return f"function_handler({_name(self.build_handler)})"
 
 
-class _LambdaContext:
+class LambdaContext:
     """What an invocation reads from its Lambda context: the time it has left."""
 
     function_name = "idempotency-kit"
@@ -103,7 +114,7 @@ class LambdaHandler:
         handler = self.build_handler(store)
 
         async def send(payload: Any, request_key: str) -> Any:
-            return await handler(payload, _LambdaContext(self.timeout))
+            return await handler(payload, LambdaContext(self.timeout))
 
         return send
 

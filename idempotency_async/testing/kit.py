@@ -17,7 +17,10 @@ process and in two sharing the store), the first call cancelled at every await i
 until its record completes, store faults and lost answers on its requests, a retry after
 the lease, and the key reused with a payload differing in one field — and judges each run
 against the guarantee of lease mode with the effect counter you give: at most one effect
-per lease, and one effect when nothing crashed.  A failure is shrunk to a smallest
+per lease, and one effect when nothing crashed (one effect per key with
+``downstream=True``, exactly once for transactional calls).  Doors:
+:func:`function_handler`, :func:`lambda_handler`, :func:`sqs_batch_handler`,
+:func:`asgi_route`, :func:`aiohttp_route`.  A failure is shrunk to a smallest
 scenario and raised as :class:`HandlerCheckFailed`, whose message ends with a reproducer
 to paste into a test (:func:`replay` reruns it).  See ``docs/testing-your-handler.md``.
 """
@@ -33,6 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from idempotency_async.stores.base import Store
+from idempotency_async.testing._kit_aiohttp import AiohttpRoute
+from idempotency_async.testing._kit_batch import BatchItemFailed, SqsBatchHandler
 from idempotency_async.testing._kit_engine import Engine, Failure
 from idempotency_async.testing._kit_oracle import judge, kind_of
 from idempotency_async.testing._kit_scenario import Call, Fault, Scenario, scenarios_for
@@ -46,6 +51,7 @@ from idempotency_async.testing._kit_targets import (
 from idempotency_async.testing._kit_variants import variants_of
 
 __all__ = [
+    "BatchItemFailed",
     "Call",
     "Fault",
     "HandlerCheckFailed",
@@ -53,11 +59,13 @@ __all__ = [
     "KitReport",
     "Scenario",
     "Target",
+    "aiohttp_route",
     "asgi_route",
     "check_handler",
     "function_handler",
     "lambda_handler",
     "replay",
+    "sqs_batch_handler",
 ]
 
 Effects = Callable[[], int]
@@ -94,6 +102,39 @@ def asgi_route(
     return AsgiRoute(build, path, method, tuple(headers), key_header)
 
 
+def sqs_batch_handler(
+    build: Callable[[Store], Callable[[Any, Any], Awaitable[Any]]],
+    *,
+    timeout: float = 30.0,
+    copies: int = 1,
+) -> Target:
+    """Your AWS Lambda handler of SQS batches (``process_batch`` with partial batch
+    responses): ``build(store)`` returns it running on ``store``.  Each payload is a
+    message body, delivered in a batch of its own; each call redelivers the same message
+    (its ``messageId`` kept).  A message the response names in ``batchItemFailures`` is
+    :class:`BatchItemFailed` for the caller.  The task ``process_batch`` runs the record
+    in is cancelled at each of its awaits in turn (a crash there).  ``copies``: the
+    message is delivered that many times in each batch (a standard queue may do so)."""
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+        raise ValueError(f"copies must be an integer >= 1, got {copies!r}")
+    return SqsBatchHandler(build, timeout, copies)
+
+
+def aiohttp_route(
+    build: Callable[[Store], Any],
+    path: str,
+    *,
+    method: str = "POST",
+    headers: Sequence[tuple[str, str]] = (),
+    key_header: str = "Idempotency-Key",
+) -> Target:
+    """A route of your aiohttp ``web.Application``: ``build(store)`` returns the app with
+    its ``idempotency_middleware`` on ``store``.  Each payload is sent as the JSON body of
+    a ``method`` request to ``path`` carrying ``key_header``, through aiohttp's own server
+    protocol in process (no socket), so it runs on the kit's virtual clock."""
+    return AiohttpRoute(build, path, method, tuple(headers), key_header)
+
+
 @dataclass(frozen=True, slots=True)
 class KitReport:
     """What a :func:`check_handler` run did."""
@@ -124,6 +165,7 @@ def check_handler(
     examples: int = 5,
     seed: int = 0,
     crash_points: int = 24,
+    downstream: bool = False,
 ) -> KitReport:
     """Run the kit's scenarios on ``target`` for each payload; raise
     :class:`HandlerCheckFailed` (shrunk, with a reproducer) at the first violation.
@@ -134,10 +176,13 @@ def check_handler(
     between steps.  ``store``: a factory of the store to test on (default: a
     ``MemoryStore`` per scenario, on virtual time; another store runs in real time, so
     give the handler a short timeout).  ``crash_points``: at most this many awaits of the
-    first call are crash points.
+    first call are crash points.  ``downstream``: the handler sends its effect to a
+    provider that deduplicates by key, with ``downstream_key``, and ``effects`` counts what
+    the provider applied: the kit then judges one effect per key, whatever crashed.
     """
+    engine = Engine(target, effects, store, downstream)
     report: KitReport = _outside_loop(
-        lambda: _check(target, payloads, effects, store, examples, seed, crash_points)
+        lambda: _check(engine, payloads, examples, seed, crash_points)
     )
     return report
 
@@ -148,17 +193,16 @@ def replay(
     *,
     effects: Effects,
     store: Callable[[], Store] | None = None,
+    downstream: bool = False,
 ) -> None:
     """Rerun one scenario (a reproducer); raise :class:`HandlerCheckFailed` if it fails."""
+    engine = Engine(target, effects, store, downstream)
 
     def run() -> None:
-        engine = Engine(target, effects, store)
         violations = engine.violations(scenario)
         if violations:
             raise HandlerCheckFailed(
-                _message(Failure(scenario, violations), target, effects, store),
-                scenario,
-                violations,
+                _message(Failure(scenario, violations), engine), scenario, violations
             )
 
     _outside_loop(run)
@@ -174,17 +218,9 @@ def _outside_loop(run: Callable[[], Any]) -> Any:
         return pool.submit(run).result()
 
 
-def _check(
-    target: Target,
-    payloads: Any,
-    effects: Effects,
-    store: Callable[[], Store] | None,
-    examples: int,
-    seed: int,
-    crash_points: int,
-) -> KitReport:
+def _check(engine: Engine, payloads: Any, examples: int, seed: int, crash_points: int) -> KitReport:
     started = time.perf_counter()
-    engine = Engine(target, effects, store)
+    target = engine.target
     drawn = _draw(payloads, examples, seed)
     answered = 0
     for payload in drawn:
@@ -194,7 +230,7 @@ def _check(
             failure = engine.shrink(failure)
             failure = engine.simplest_payload(failure, drawn)
             raise HandlerCheckFailed(
-                _message(failure, target, effects, store), failure.scenario, failure.violations
+                _message(failure, engine), failure.scenario, failure.violations
             )
     if not answered:
         scenario = Scenario(drawn[0], (Call(),))
@@ -203,7 +239,7 @@ def _check(
             "the kit proved nothing (give it payloads it accepts)"
         ]
         failure = Failure(scenario, violations, "one call")
-        raise HandlerCheckFailed(_message(failure, target, effects, store), scenario, violations)
+        raise HandlerCheckFailed(_message(failure, engine), scenario, violations)
     mode = " and ".join(sorted(engine.modes)) or "none (no call claimed a key)"
     return KitReport(len(drawn), engine.runs, time.perf_counter() - started, mode)
 
@@ -294,9 +330,8 @@ def _expression(obj: object, placeholder: str) -> tuple[str, str | None]:
     return f"{module}.{qualname}", module
 
 
-def _message(
-    failure: Failure, target: Target, effects: Effects, store: Callable[[], Store] | None
-) -> str:
+def _message(failure: Failure, engine: Engine) -> str:
+    target, effects, store = engine.target, engine.effects, engine.make_store
     effects_text, effects_module = _expression(effects, "<your effect counter>")
     build = getattr(target, "build_handler", None) or getattr(target, "build_app", None)
     _, build_module = _expression(build, "")
@@ -305,10 +340,11 @@ def _message(
     if store is not None:
         store_text, _ = _expression(store, "<your store factory>")
         store_text = f"    store={store_text},\n"
+    if engine.downstream:
+        store_text += "    downstream=True,\n"
+    door = target.expression().split("(", 1)[0]
     lines = [
-        "from idempotency_async.testing.kit import (",
-        "    Call, Fault, Scenario, asgi_route, function_handler, lambda_handler, replay,",
-        ")",
+        f"from idempotency_async.testing.kit import Call, Fault, Scenario, {door}, replay",
         *(f"import {module}" for module in imports),
         "",
         "replay(",
@@ -323,6 +359,9 @@ def _message(
         if failure.violations[0].startswith(
             ("effect committed", "effect never committed", "transaction not run")
         )
+        else "the downstream-key guarantee (a provider that honours the key sees one effect "
+        "per key)"
+        if failure.violations[0].startswith("effect repeated downstream")
         else "the lease-mode guarantee (at most one effect per lease; one effect when nothing "
         "crashed)"
     )

@@ -57,12 +57,14 @@ class Kit:
         payloads: Any,
         effects: Callable[[], int],
         store: Callable[[], Store] | None = None,
+        downstream: bool = False,
     ) -> KitReport:
         report = check_handler(
             target,
             payloads=payloads,
             effects=effects,
             store=store,
+            downstream=downstream,
             examples=self.examples,
             seed=self.seed,
         )
@@ -76,8 +78,9 @@ class Kit:
         *,
         effects: Callable[[], int],
         store: Callable[[], Store] | None = None,
+        downstream: bool = False,
     ) -> None:
-        replay(target, scenario, effects=effects, store=store)
+        replay(target, scenario, effects=effects, store=store, downstream=downstream)
 
 
 @pytest.fixture

@@ -16,10 +16,12 @@ from idempotency_async.testing.kit import (
     KitReport,
     Scenario,
     Target,
+    aiohttp_route,
     check_handler,
     function_handler,
     lambda_handler,
     replay,
+    sqs_batch_handler,
 )
 
 DONE: list[dict[str, Any]] = []
@@ -54,3 +56,20 @@ def uses() -> None:
         Scenario({"id": "a"}, (Call(),)),
         effects=lambda: 0,
     )
+
+
+async def handle_batch(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return {"batchItemFailures": []}
+
+
+def build_batch(store: Store) -> Any:
+    return handle_batch
+
+
+def more_doors() -> None:
+    batch = sqs_batch_handler(build_batch, timeout=5.0)
+    assert_type(batch, Target)
+    route = aiohttp_route(lambda store: None, "/orders", headers=[("X-API-Key", "a")])
+    assert_type(route, Target)
+    report = check_handler(batch, payloads=[{"id": "a"}], effects=lambda: 0, downstream=True)
+    assert_type(report.mode, str)
