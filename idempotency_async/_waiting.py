@@ -81,7 +81,9 @@ class Waiting:
         makes a read follow a completion or release at once, and polls rarer."""
         started = loop.time()
         try:
-            with store.watch(keys.key) if isinstance(store, Wakes) else _SLEEP as watch:
+            # Refusing at once (waiting off) watches nothing: no subscription for a refusal.
+            waits = self._options.wait is not None
+            with store.watch(keys.key) if waits and isinstance(store, Wakes) else _SLEEP as watch:
                 return await self._poll(store, keys, verdict, wait_until, loop, watch, started)
         finally:
             self._emitter.waited(loop.time() - started)

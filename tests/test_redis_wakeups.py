@@ -21,6 +21,7 @@ from _redis import RedisServer, start_redis, stop_redis
 from support import start_holding
 
 from idempotency_async import Manager, Options, Wait
+from idempotency_async.errors import AlreadyInProgressError
 from idempotency_async.stores.base import Wakes
 from idempotency_async.stores.redis import RedisStore
 
@@ -362,3 +363,35 @@ async def _no_subscriber(server: RedisServer, channel: str) -> bool:
 def _pubsub_connections(server: RedisServer) -> int:
     listed = server.cli("CLIENT", "LIST", "TYPE", "pubsub")
     return len([line for line in listed.splitlines() if line.strip()])
+
+
+async def test_a_duplicate_refused_at_once_subscribes_to_nothing(server: RedisServer) -> None:
+    # Waiting off (the default): an in-progress duplicate is refused without opening the
+    # store's pub/sub connection or starting its task (each refusal once did both).
+    prefix = f"r{uuid.uuid4().hex[:8]}:"
+    async with _store(server, prefix) as holder_store, _store(server, prefix) as store:
+        holder = Manager(holder_store, _options())
+        release = asyncio.Event()
+        payload = {"id": "order-r"}
+        holding = await start_holding(holder, payload, until=release)
+        refusing = Manager(store, Options(event_key_jmespath="id"))
+        for _ in range(3):
+            with pytest.raises(AlreadyInProgressError):
+                await refusing.execute(payload, _never)
+        assert _wake_tasks() == []
+        assert not await _subscribed(server)
+        # The same duplicate that waits does subscribe (what the check above would see).
+        waiting = asyncio.create_task(Manager(store, _options()).execute(payload, _never))
+        await _until(lambda: _subscribed(server))
+        release.set()
+        assert await waiting == await holding
+
+
+async def _never() -> Any:
+    raise AssertionError("a duplicate ran the callback")
+
+
+async def _subscribed(server: RedisServer) -> bool:
+    async with server.client() as client:
+        channels = await client.pubsub_channels()
+    return bool(channels)
