@@ -285,7 +285,8 @@ def _secret_app(manager: Manager, runs: list[int], redaction: Redaction, body: A
     @app.post("/credentials", middlewares=[idempotent_route(manager, redaction=redaction)])
     async def mint() -> Response[Any]:
         runs.append(1)
-        return Response(201, "application/json", body=body, headers={"X-Token": "t0k"})
+        headers = {"X-Token": "t0k", "ETag": '"v1"'}
+        return Response(201, "application/json", body=body, headers=headers)
 
     return app
 
@@ -309,6 +310,7 @@ async def test_redacted_fields_reach_the_first_caller_and_no_replay() -> None:
     assert again["statusCode"] == 201
     assert json.loads(again["body"]) == {"credentials": {"id": "AK1"}}
     assert "x-token" not in _headers(again)
+    assert _headers(first)["etag"] == '"v1"' and "etag" not in _headers(again)  # body changed
     assert _headers(again)[REDACTED_HEADER.lower()] == "true"
     assert "s3cr3t" not in repr(store._entries) and "t0k" not in repr(store._entries)
     assert runs == [1]

@@ -242,6 +242,8 @@ def _redact(redaction: Redaction, stored: dict[str, Any]) -> dict[str, Any] | st
         if changed:
             body = _default_serializer(value)
             removed = True
+            # The ETag described the body as sent, not as stored.
+            headers = {name: v for name, v in headers.items() if name.lower() != "etag"}
     if not removed:
         return stored
     headers[REDACTED_HEADER] = "true"
