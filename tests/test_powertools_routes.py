@@ -25,9 +25,9 @@ from aws_lambda_powertools.event_handler import (
 from aws_lambda_powertools.event_handler.api_gateway import ApiGatewayResolver
 from aws_lambda_powertools.event_handler.exceptions import BadRequestError
 
-from idempotency_async import Manager, MemoryStore, Options, Redaction
+from idempotency_async import Manager, MemoryStore, Options, Redaction, Wait
 from idempotency_async.deadlines import current_deadline
-from idempotency_async.errors import ConfigError
+from idempotency_async.errors import ConfigError, DeadlineExceededError
 from idempotency_async.integrations.powertools import (
     REDACTED_HEADER,
     REPLAYED_HEADER,
@@ -363,6 +363,32 @@ async def test_the_invocation_deadline_is_ambient_inside_the_route() -> None:
     assert outer is not None and outer == in_call
     assert before + 30 <= outer <= after + 30  # LambdaContext: 30 000 ms remaining
     assert current_deadline() is None  # not left behind after the route
+
+
+async def test_a_duplicate_waiting_past_the_invocation_deadline_gets_deadline_exceeded() -> None:
+    # The invocation's deadline is ambient but not a timer of its own: the waiting
+    # duplicate gets the manager's error at the deadline, not a bare TimeoutError (it goes
+    # out of resolve_async, as idempotent_handler's does).
+    release = asyncio.Event()
+    app = APIGatewayRestResolver()
+
+    @app.post("/orders", middlewares=[idempotent_route(_manager(wait=Wait(timeout=10)))])
+    async def create_order() -> dict[str, str]:
+        await release.wait()
+        return {"ok": "yes"}
+
+    class Ending(LambdaContext):
+        def get_remaining_time_in_millis(self) -> int:
+            return 200
+
+    first = asyncio.create_task(app.resolve_async(_event("api_gateway_rest_v1"), LambdaContext()))
+    await asyncio.sleep(0.05)
+    other = APIGatewayRestResolver()
+    other.post("/orders", middlewares=app._static_routes[0].middlewares)(create_order)
+    with pytest.raises(DeadlineExceededError):
+        await other.resolve_async(_event("api_gateway_rest_v1"), Ending())
+    release.set()
+    assert (await first)["statusCode"] == 200
 
 
 # -- one table with Powertools' own synchronous @idempotent handler -----------------------

@@ -42,7 +42,6 @@ from idempotency_async._call import Call
 from idempotency_async._function_manager import function_manager
 from idempotency_async._lease import check_duration
 from idempotency_async._stored_redaction import Redaction, remove
-from idempotency_async.deadlines import deadline as ambient_deadline
 from idempotency_async.errors import (
     AlreadyInProgressError,
     ConfigError,
@@ -51,7 +50,10 @@ from idempotency_async.errors import (
     ResponseNotStoredError,
 )
 from idempotency_async.integrations._http._redacting import NEVER_STORED, check_redaction
-from idempotency_async.integrations._lambda.context import invocation_deadline
+from idempotency_async.integrations._lambda.context import (
+    ambient_invocation_deadline,
+    invocation_deadline,
+)
 from idempotency_async.manager import Manager
 
 __all__ = ["REDACTED_HEADER", "REPLAYED_HEADER", "idempotent_route"]
@@ -172,7 +174,7 @@ async def _execute(
     calls made inside the route get the same lease."""
     if deadline is None:
         return await manager.execute_call(event, run, timeout=timeout)
-    async with ambient_deadline(at=deadline):
+    with ambient_invocation_deadline(deadline):
         return await manager.execute_call(event, run, deadline=deadline, timeout=timeout)
 
 
