@@ -242,10 +242,6 @@ def conflict(values: Mapping[str, str]) -> str | None:
         return "a decorated function takes a timeout"
     if door == "http" and get("redaction") not in (None, "off"):
         return "the HTTP middleware redacts its own envelope (a manager that redacts is refused)"
-    if door == "route" and get("redaction") == "fields":
-        return (
-            "a Powertools route redacts its own proxy response (a manager that redacts is refused)"
-        )
     return None
 
 

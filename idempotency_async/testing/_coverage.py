@@ -62,9 +62,8 @@ def call_values(scenario: Scenario, index: int, refused: Collection[int] = ()) -
         "cache": "on" if manager.use_local_cache else "off",
         "clock": "server" if scenario.server_clock else "client",
         "skew": "skewed" if manager.skew or manager.jump else "none",
-        # The HTTP door redacts nothing of the manager's (the middleware owns redaction);
-        # the route door keeps only never_store (its adapter owns field redaction).
-        "redaction": _redaction_of(plan.door, manager.redaction),
+        # The HTTP door redacts nothing of the manager's (the middleware owns redaction).
+        "redaction": "off" if plan.door == "http" else manager.redaction,
     }
     if plan.door == "operator":
         return values
@@ -75,13 +74,6 @@ def call_values(scenario: Scenario, index: int, refused: Collection[int] = ()) -
         sources = {"ambient" if mode in ("timeout", "deadline") else mode for mode in sources}
     values["deadline"] = "several" if len(sources) > 1 else next(iter(sources), "none")
     return values
-
-
-def _redaction_of(door: str, redaction: str) -> str:
-    """The redaction a call of ``door`` runs under, of its manager's."""
-    if door == "http" or (door == "route" and redaction == "fields"):
-        return "off"
-    return redaction
 
 
 def _door(plan: CallPlan) -> str:

@@ -59,7 +59,10 @@ def _app_of(trace: Trace, index: int, manager: Manager) -> APIGatewayHttpResolve
         app = APIGatewayHttpResolver()
         # The adapter refuses a manager that redacts (its paths would find nothing in a
         # proxy response): a never-stored manager's route is declared never-stored
-        # instead; field redaction is the adapter's own (not crossed here).
+        # instead.  A manager's field redaction is dropped: the stored proxy response is
+        # what it was when those paths found nothing in it, so the pair (route, fields)
+        # stays in the covering array but does not exercise the adapter's own redaction
+        # (tests/test_powertools_routes.py does).
         redaction = manager.options.redaction
         if redaction is not None:
             options = dataclasses.replace(manager.options, redaction=None)
