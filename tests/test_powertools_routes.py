@@ -267,6 +267,11 @@ def test_a_replayed_header_the_route_cannot_own_is_a_config_error(name: str) -> 
         idempotent_route(_manager(), replayed_header=name)
 
 
+def test_something_else_than_a_manager_is_refused_at_once() -> None:
+    with pytest.raises(ConfigError, match=r"needs an idempotency_async\.Manager"):
+        idempotent_route(MemoryStore())  # type: ignore[arg-type]
+
+
 def test_a_manager_with_its_own_redaction_is_refused_with_what_to_do() -> None:
     manager = _manager(redaction=Redaction(fields=("body.secret",)))
     with pytest.raises(ConfigError, match=r"idempotent_route\(manager, redaction=Redaction"):

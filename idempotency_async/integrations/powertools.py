@@ -190,6 +190,8 @@ def _replayed_header(name: Any) -> str:
 
 
 def _route_redaction(manager: Manager, redaction: Any) -> Redaction | None:
+    if not isinstance(manager, Manager):
+        raise ConfigError(f"idempotent_route needs an idempotency_async.Manager, got {manager!r}")
     if manager.options.redaction is not None:
         raise ConfigError(
             "idempotent_route stores the route's response as an API Gateway proxy response "
