@@ -45,6 +45,7 @@ NOT_DOORS = frozenset(
         "CONTEXT_PARAMETER",
         "META_KEY",
         "REPLAYED_HEADER",
+        "REDACTED_HEADER",
     }
 )
 

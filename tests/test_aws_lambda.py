@@ -22,7 +22,7 @@ import pytest
 from _moto import new_session
 from support import Clock, checkout_env
 
-from idempotency_async import Manager, MemoryStore, Options, current_deadline, errors
+from idempotency_async import Manager, MemoryStore, Options, Wait, current_deadline, errors
 from idempotency_async.integrations.aws_lambda import (
     EventType,
     LambdaEntrypoint,
@@ -176,6 +176,25 @@ async def test_handler_sees_lambda_deadline_as_ambient_deadline() -> None:
     (when,) = seen
     assert when is not None
     assert before + 7.9 <= when <= after + 8.0
+
+
+async def test_a_duplicate_waiting_past_the_lambda_deadline_gets_deadline_exceeded() -> None:
+    # The deadline is registered as the ambient one but not enforced by a timer of its own:
+    # the manager's wait ends at it with its own error, never a bare TimeoutError.
+    manager = body_key_manager(wait=Wait(timeout=10))
+    release = asyncio.Event()
+
+    @idempotent_handler(manager)
+    async def handler(event: dict[str, Any], context: FakeContext) -> str:
+        await release.wait()
+        return "done"
+
+    first = asyncio.create_task(handler(load("alb.json"), FakeContext()))
+    await asyncio.sleep(0.05)
+    with pytest.raises(errors.DeadlineExceededError):
+        await handler(redelivered(load("alb.json")), FakeContext(remaining_ms=200))
+    release.set()
+    assert await first == "done"
 
 
 async def test_handler_raising_releases_key_so_retry_runs() -> None:

@@ -332,6 +332,65 @@ async def test_a_call_the_client_gave_up_on_stays_in_progress_until_its_lease_en
     assert len(cancelled_after) == 1 and cancelled_after[0] < 1.0
 
 
+def _renamed(manager: Manager, runs: list[str], **kwargs: Any) -> MCPServer:
+    """A tool registered under another name than its function's."""
+    server = MCPServer("payments")
+
+    @server.tool(name="charge_card")
+    @idempotent_tool(manager, meta_key=META_KEY, **kwargs)
+    async def charge(order_id: str) -> str:
+        runs.append(order_id)
+        return f"charged {order_id} ({len(runs)})"
+
+    return server
+
+
+async def test_a_meta_key_of_a_tool_registered_under_another_name_fails_loudly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    runs: list[str] = []
+    server = _renamed(Manager(MemoryStore(), Options()), runs)
+    async with Client(server) as client:
+        sent = await client.call_tool("charge_card", {"order_id": "o1"}, meta={META_KEY: "k-1"})
+        plain = await client.call_tool("charge_card", {"order_id": "o1"})
+    assert sent.is_error and runs == ["o1"]  # only the call without a _meta key ran
+    assert "charge_card" in _text(sent)  # the SDK hides the message: the log has it
+    assert not plain.is_error
+    assert "idempotent_tool(manager, name='charge_card'" in caplog.text
+
+
+async def test_a_meta_key_follows_the_name_given_for_a_renamed_tool() -> None:
+    runs: list[str] = []
+    server = _renamed(Manager(MemoryStore(), Options()), runs, name="charge_card")
+    async with Client(server) as client:
+        first = await client.call_tool("charge_card", {"order_id": "o1"}, meta={META_KEY: "k-1"})
+        again = await client.call_tool("charge_card", {"order_id": "o1"}, meta={META_KEY: "k-1"})
+        fresh = await client.call_tool("charge_card", {"order_id": "o1"}, meta={META_KEY: "k-2"})
+    assert _text(first) == _text(again) == "charged o1 (1)"
+    assert _text(fresh) == "charged o1 (2)"  # the _meta key, not the arguments, is the key
+    assert runs == ["o1", "o1"]
+
+
+async def test_a_nested_call_ignores_the_outer_calls_meta_key() -> None:
+    runs: list[str] = []
+    server = MCPServer("payments")
+
+    @server.tool()
+    @idempotent_tool(Manager(MemoryStore(), Options()), meta_key=META_KEY, key="order_id")
+    async def charge(order_id: str, ctx: Context) -> str:
+        runs.append(order_id)
+        return f"charged {order_id}"
+
+    @server.tool()
+    async def checkout(orders: list[str], ctx: Context) -> list[str]:
+        return [await charge(order_id, ctx) for order_id in orders]
+
+    async with Client(server) as client:
+        result = await client.call_tool("checkout", {"orders": ["o1", "o2"]}, meta={META_KEY: "k"})
+    assert not result.is_error
+    assert runs == ["o1", "o2"]  # each keyed by its order, not both by the outer "k"
+
+
 async def test_a_direct_call_keys_as_the_sdk_call_does() -> None:
     runs: list[str] = []
     server = MCPServer("payments")

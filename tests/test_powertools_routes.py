@@ -25,8 +25,14 @@ from aws_lambda_powertools.event_handler import (
 from aws_lambda_powertools.event_handler.api_gateway import ApiGatewayResolver
 from aws_lambda_powertools.event_handler.exceptions import BadRequestError
 
-from idempotency_async import Manager, MemoryStore, Options
-from idempotency_async.integrations.powertools import REPLAYED_HEADER, idempotent_route
+from idempotency_async import Manager, MemoryStore, Options, Redaction, Wait
+from idempotency_async.deadlines import current_deadline
+from idempotency_async.errors import ConfigError, DeadlineExceededError
+from idempotency_async.integrations.powertools import (
+    REDACTED_HEADER,
+    REPLAYED_HEADER,
+    idempotent_route,
+)
 
 EVENTS = Path(__file__).parent / "events"
 KEY = "powertools_json(body).order_id"
@@ -242,6 +248,152 @@ async def test_a_response_too_large_to_store_is_not_run_again(
     assert again["statusCode"] == 409  # processed, not replayable: never run twice (G2)
     assert "was processed, but its response was not stored" in json.loads(again["body"])["detail"]
     assert runs == [1]
+
+
+async def test_the_replayed_header_is_the_one_given() -> None:
+    runs: list[str] = []
+    app = _orders_app(APIGatewayRestResolver, _manager(), runs, replayed_header="X-Replayed")
+    first = await app.resolve_async(_event("api_gateway_rest_v1"), LambdaContext())
+    again = await app.resolve_async(_event("api_gateway_rest_v1"), LambdaContext())
+    assert "x-replayed" not in _headers(first)
+    assert _headers(again)["x-replayed"] == "true"
+    assert REPLAYED_HEADER.lower() not in _headers(again)
+    assert runs == ["ord-1001"]
+
+
+@pytest.mark.parametrize("name", ["Set-Cookie", "retry-after", "not a header", ""])
+def test_a_replayed_header_the_route_cannot_own_is_a_config_error(name: str) -> None:
+    with pytest.raises(ConfigError, match="replayed_header"):
+        idempotent_route(_manager(), replayed_header=name)
+
+
+def test_something_else_than_a_manager_is_refused_at_once() -> None:
+    with pytest.raises(ConfigError, match=r"needs an idempotency_async\.Manager"):
+        idempotent_route(MemoryStore())  # type: ignore[arg-type]
+
+
+def test_a_manager_with_its_own_redaction_is_refused_with_what_to_do() -> None:
+    manager = _manager(redaction=Redaction(fields=("body.secret",)))
+    with pytest.raises(ConfigError, match=r"idempotent_route\(manager, redaction=Redaction"):
+        idempotent_route(manager)
+
+
+@pytest.mark.parametrize("field", ["status", "body", 'headers."a".b', "statusCode"])
+def test_a_redacted_field_outside_headers_and_body_is_a_config_error(field: str) -> None:
+    with pytest.raises(ConfigError, match="names no part of an HTTP response"):
+        idempotent_route(_manager(), redaction=Redaction(fields=(field,)))
+
+
+def _secret_app(manager: Manager, runs: list[int], redaction: Redaction, body: Any) -> Any:
+    app = APIGatewayRestResolver()
+
+    @app.post("/credentials", middlewares=[idempotent_route(manager, redaction=redaction)])
+    async def mint() -> Response[Any]:
+        runs.append(1)
+        headers = {"X-Token": "t0k", "ETag": '"v1"'}
+        return Response(201, "application/json", body=body, headers=headers)
+
+    return app
+
+
+def _credentials_event() -> dict[str, Any]:
+    event = _event("api_gateway_rest_v1")
+    event["path"] = event["resource"] = "/credentials"
+    return event
+
+
+async def test_redacted_fields_reach_the_first_caller_and_no_replay() -> None:
+    store, runs = MemoryStore(), []
+    manager = Manager(store, Options(event_key_jmespath=KEY))
+    redaction = Redaction(fields=("body.credentials.secret", 'headers."x-token"'))
+    body = {"credentials": {"id": "AK1", "secret": "s3cr3t"}}
+    app = _secret_app(manager, runs, redaction, body)
+    first = await app.resolve_async(_credentials_event(), LambdaContext())
+    again = await app.resolve_async(_credentials_event(), LambdaContext())
+    assert json.loads(first["body"]) == body and _headers(first)["x-token"] == "t0k"
+    assert REDACTED_HEADER.lower() not in _headers(first)
+    assert again["statusCode"] == 201
+    assert json.loads(again["body"]) == {"credentials": {"id": "AK1"}}
+    assert "x-token" not in _headers(again)
+    assert _headers(first)["etag"] == '"v1"' and "etag" not in _headers(again)  # body changed
+    assert _headers(again)[REDACTED_HEADER.lower()] == "true"
+    assert "s3cr3t" not in repr(store._entries) and "t0k" not in repr(store._entries)
+    assert runs == [1]
+
+
+async def test_a_body_redaction_cannot_look_into_is_not_stored_and_not_run_again() -> None:
+    runs: list[int] = []
+    manager = Manager(MemoryStore(), Options(event_key_jmespath=KEY))
+    app = _secret_app(manager, runs, Redaction(fields=("body.secret",)), "secret=s3cr3t")
+    first = await app.resolve_async(_credentials_event(), LambdaContext())
+    again = await app.resolve_async(_credentials_event(), LambdaContext())
+    assert first["body"] == "secret=s3cr3t"
+    assert again["statusCode"] == 409 and _headers(again)[REPLAYED_HEADER.lower()] == "true"
+    assert "not JSON" in json.loads(again["body"])["detail"]
+    assert runs == [1]
+
+
+async def test_a_never_stored_route_completes_without_its_response() -> None:
+    store, runs = MemoryStore(), []
+    manager = Manager(store, Options(event_key_jmespath=KEY))
+    app = _secret_app(manager, runs, Redaction(never_store=True), {"otp": "123456"})
+    first = await app.resolve_async(_credentials_event(), LambdaContext())
+    again = await app.resolve_async(_credentials_event(), LambdaContext())
+    assert json.loads(first["body"]) == {"otp": "123456"}
+    assert again["statusCode"] == 409
+    assert "never stored" in json.loads(again["body"])["detail"]
+    assert "123456" not in repr(store._entries)
+    assert runs == [1]
+
+
+async def test_the_invocation_deadline_is_ambient_inside_the_route() -> None:
+    app = APIGatewayRestResolver()
+    inner = Manager(MemoryStore(), Options())
+    seen: list[float | None] = []
+
+    async def charge() -> str:
+        seen.append(current_deadline())
+        return "ch_1"
+
+    @app.post("/orders", middlewares=[idempotent_route(_manager())])
+    async def create_order() -> dict[str, str]:
+        seen.append(current_deadline())
+        return {"charge": await inner.execute("charge-ord-1001", charge)}
+
+    before = asyncio.get_running_loop().time()
+    answer = await app.resolve_async(_event("api_gateway_rest_v1"), LambdaContext())
+    after = asyncio.get_running_loop().time()
+    assert answer["statusCode"] == 200
+    outer, in_call = seen
+    assert outer is not None and outer == in_call
+    assert before + 30 <= outer <= after + 30  # LambdaContext: 30 000 ms remaining
+    assert current_deadline() is None  # not left behind after the route
+
+
+async def test_a_duplicate_waiting_past_the_invocation_deadline_gets_deadline_exceeded() -> None:
+    # The invocation's deadline is ambient but not a timer of its own: the waiting
+    # duplicate gets the manager's error at the deadline, not a bare TimeoutError (it goes
+    # out of resolve_async, as idempotent_handler's does).
+    release = asyncio.Event()
+    app = APIGatewayRestResolver()
+
+    @app.post("/orders", middlewares=[idempotent_route(_manager(wait=Wait(timeout=10)))])
+    async def create_order() -> dict[str, str]:
+        await release.wait()
+        return {"ok": "yes"}
+
+    class Ending(LambdaContext):
+        def get_remaining_time_in_millis(self) -> int:
+            return 200
+
+    first = asyncio.create_task(app.resolve_async(_event("api_gateway_rest_v1"), LambdaContext()))
+    await asyncio.sleep(0.05)
+    other = APIGatewayRestResolver()
+    other.post("/orders", middlewares=app._static_routes[0].middlewares)(create_order)
+    with pytest.raises(DeadlineExceededError):
+        await other.resolve_async(_event("api_gateway_rest_v1"), Ending())
+    release.set()
+    assert (await first)["statusCode"] == 200
 
 
 # -- one table with Powertools' own synchronous @idempotent handler -----------------------

@@ -115,9 +115,9 @@ def test_a_route_replay_without_its_header_is_caught(monkeypatch: pytest.MonkeyP
     # Planted: a replay looks like the route's own response.
     real = powertools._replay
 
-    def unmarked(stored: Any) -> Any:
-        response = real(stored)
-        response.headers.pop(powertools.REPLAYED_HEADER, None)
+    def unmarked(stored: Any, replayed: str) -> Any:
+        response = real(stored, replayed)
+        response.headers.pop(replayed, None)
         return response
 
     monkeypatch.setattr(powertools, "_replay", unmarked)
@@ -130,10 +130,10 @@ def test_a_route_raising_in_progress_instead_of_409_is_caught(
     # Planted: in progress goes out of resolve_async as an exception (API Gateway: a 502).
     real = powertools._answer
 
-    def raising(error: Exception) -> Any:
+    def raising(error: Exception, replayed: str) -> Any:
         if isinstance(error, errors.AlreadyInProgressError):
             raise error
-        return real(error)
+        return real(error, replayed)
 
     monkeypatch.setattr(powertools, "_answer", raising)
     assert any("went out of resolve_async" in v for v in _caught())

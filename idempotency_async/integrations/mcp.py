@@ -194,7 +194,7 @@ class _Tool:
         except PydanticSerializationError as exc:
             raise PayloadError(f"the arguments are not JSON values: {exc}") from exc
         caller = await self.caller(ctx)
-        sent = self.sent_key(ctx)
+        sent = await self.sent_key(ctx)
         if sent is not None:
             scope = {"tool": self.name, "caller": caller, "source": "meta", "key": sent}
             return {"scope": scope, "arguments": values}
@@ -217,13 +217,19 @@ class _Tool:
             )
         return found
 
-    def sent_key(self, ctx: Context[Any, Any] | None) -> str | None:
+    async def sent_key(self, ctx: Context[Any, Any] | None) -> str | None:
         """The client's ``_meta`` key of this very tool call, when ``meta_key`` is on."""
         request = _request_context(ctx) if self.meta_key is not None else None
-        if request is None or (request.params or {}).get("name") != self.name:
-            return None  # no request, or a nested call: the _meta is another tool's
+        if request is None:
+            return None
         sent = (request.meta or {}).get(self.meta_key)
+        called = (request.params or {}).get("name")
         if sent is None:
+            return None
+        if called != self.name:
+            # A nested call (the _meta is the outer tool's), or this tool registered under
+            # another name than the decorator's: that one must not pass silently.
+            await self.check_registered(ctx, called)
             return None
         if not isinstance(sent, str) or not 1 <= len(sent) <= MAX_KEY_LENGTH:
             raise ToolError(
@@ -231,6 +237,24 @@ class _Tool:
                 "send a unique value (e.g. a UUID) per operation, the same one when retrying"
             )
         return sent
+
+    async def check_registered(self, ctx: Context[Any, Any] | None, called: Any) -> None:
+        """ConfigError when the server has no tool of this tool's name: it is registered
+        under another (the one called), and its ``_meta`` key would be ignored."""
+        try:
+            server = None if ctx is None else ctx.mcp_server
+        except ValueError:
+            return
+        if server is None or any(tool.name == self.name for tool in await server.list_tools()):
+            return  # a tool of that name is served: this call is nested in another's
+        message = (
+            f"idempotent_tool(name={self.name!r}) names no tool of this server, and the "
+            f"request calls {called!r:.80}: the tool is registered under another name, so "
+            f"its _meta.{self.meta_key} would be ignored. Pass the registered name: "
+            f"idempotent_tool(manager, name={called!r:.80}, ...)"
+        )
+        _log.error(message)
+        raise ConfigError(message)
 
 
 def _advice(exc: Exception) -> str:

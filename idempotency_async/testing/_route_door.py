@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextvars
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 
-from idempotency_async import errors
+from idempotency_async import Redaction, errors
 from idempotency_async.integrations.powertools import idempotent_route
 from idempotency_async.manager import Manager
 from idempotency_async.testing._doors import Bounds, behave, owner_of_task
@@ -56,8 +57,19 @@ def _app_of(trace: Trace, index: int, manager: Manager) -> APIGatewayHttpResolve
     app: APIGatewayHttpResolver | None = trace.peers.get(("route", index))
     if app is None:
         app = APIGatewayHttpResolver()
+        # The adapter refuses a manager that redacts (its paths would find nothing in a
+        # proxy response): a never-stored manager's route is declared never-stored
+        # instead.  A manager's field redaction is dropped: the stored proxy response is
+        # what it was when those paths found nothing in it, so the pair (route, fields)
+        # stays in the covering array but does not exercise the adapter's own redaction
+        # (tests/test_powertools_routes.py does).
+        redaction = manager.options.redaction
+        if redaction is not None:
+            options = dataclasses.replace(manager.options, redaction=None)
+            manager = Manager(manager.store, options)
+        kept = Redaction(never_store=True) if redaction and redaction.never_store else None
 
-        @app.post(PATH, middlewares=[idempotent_route(manager)])
+        @app.post(PATH, middlewares=[idempotent_route(manager, redaction=kept)])
         async def create_order() -> Response[str]:
             return await _ROUTE.get()()
 

@@ -12,7 +12,7 @@ from typing import Any, assert_type
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver
 from mcp.server.mcpserver import Context, MCPServer
 
-from idempotency_async import Manager, MemoryStore, Options
+from idempotency_async import Manager, MemoryStore, Options, Redaction
 from idempotency_async.integrations.mcp import idempotent_tool
 from idempotency_async.integrations.powertools import idempotent_route
 
@@ -36,6 +36,18 @@ app = APIGatewayRestResolver()
 @app.post("/orders", middlewares=[idempotent_route(manager, timeout=10)])
 async def create_order() -> dict[str, str]:
     return {"id": "o1"}
+
+
+redacted = idempotent_route(
+    manager,
+    replayed_header="X-Replayed",
+    redaction=Redaction(fields=("body.secret", 'headers."x-token"')),
+)
+
+
+@app.post("/credentials", middlewares=[redacted])
+async def mint() -> dict[str, str]:
+    return {"id": "c1"}
 
 
 async def uses() -> None:

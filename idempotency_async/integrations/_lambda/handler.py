@@ -9,9 +9,11 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from idempotency_async._function_manager import function_manager
-from idempotency_async.deadlines import deadline as ambient_deadline
 from idempotency_async.errors import ConfigError
-from idempotency_async.integrations._lambda.context import invocation_deadline
+from idempotency_async.integrations._lambda.context import (
+    ambient_invocation_deadline,
+    invocation_deadline,
+)
 from idempotency_async.manager import Manager
 
 __all__ = ["idempotent_handler"]
@@ -65,7 +67,7 @@ def idempotent_handler(
                 return await keyed.execute(event, lambda: handler(event, context))
             # Registered as the ambient deadline too, so idempotent calls made inside the
             # handler get the same lease.
-            async with ambient_deadline(at=when):
+            with ambient_invocation_deadline(when):
                 return await keyed.execute(event, lambda: handler(event, context), deadline=when)
 
         return wrapper
