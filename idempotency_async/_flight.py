@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+from idempotency_async._downstream import Run
 from idempotency_async._keys import Keys
 from idempotency_async._lease import Lease
 from idempotency_async.record import Record
@@ -44,8 +45,9 @@ _CLAIMING, _HOLDING, _SETTLED = Phase.CLAIMING, Phase.HOLDING, Phase.SETTLED
 
 
 @dataclass(slots=True)
-class Flight:
-    """One call that claims or holds a key in this process.
+class Flight(Run):
+    """One call that claims or holds a key in this process — and, while its callback runs,
+    the :class:`~idempotency_async._downstream.Run` downstream keys see (one object).
 
     ``claim_answered`` resolves when its claim is answered for good (held, replayed, or the
     call gave up); ``finished`` when the call settles.  The futures are created by the
@@ -64,6 +66,10 @@ class Flight:
     sent: float = 0.0
     """When (loop time) its latest claim or read was sent: the remaining life a store
     reports in the answer counts from here (for the local cache)."""
+
+    @property
+    def key(self) -> str:
+        return self.keys.key
 
     @property
     def lease_end(self) -> float | None:

@@ -103,7 +103,7 @@ class Lease:
             keys.key,
             owner,
             options.clock(),
-            left + margin,
+            left + margin if margin else left,  # no float per call for the default margin
             options.expires_after,
             keys.validation,
             0.0 if options.wait is None else options.wait.timeout,

@@ -47,7 +47,6 @@ from idempotency_async._callback import (
     not_awaitable_reason,
 )
 from idempotency_async._cutoff import Cutoff, Cutoffs
-from idempotency_async._downstream import Run
 from idempotency_async._emission import Emitter
 from idempotency_async._endings import COMPLETE, Answer, Decision, Ended, Outcome, Write, decide
 from idempotency_async._flight import Flight
@@ -105,8 +104,9 @@ class _Shared:
     __slots__ = ("_claims", "_cutoffs", "_prefix")
 
     def __init__(self) -> None:
-        # Owner tokens: random per manager, unique per claim, cheap to make.
-        self._prefix = secrets.token_hex(12) + "-"
+        # Owner tokens: random per manager (96 bits, as 16 base64url characters), unique
+        # per claim, cheap to make, and short: every call in flight holds one.
+        self._prefix = secrets.token_urlsafe(12) + "-"
         self._claims = itertools.count()
         self._cutoffs: Cutoffs | None = None
 
@@ -238,14 +238,14 @@ class Lifecycle:
             try:
                 call = Call(self, flight, loop, cutoff) if held else None
                 renewing = self.mode.leases.start(lease, cutoffs, cutoff, flight.sent)
-                run = Run(key)  # what downstream keys see while the callback runs
+                flight.begin()  # the run downstream keys see while the callback runs
                 try:
                     result: Any = callback() if call is None else callback(call)
                     if not hasattr(result, "__await__"):
                         result = awaitable(result)  # a plain function: it has run
                     result = await result
                 finally:
-                    run.end()
+                    flight.end()
                     # No renewal after the callback ends: cancelled without yielding
                     # (the cutoff could fire in between and undo a callback that returned).
                     renewing.cancel()
