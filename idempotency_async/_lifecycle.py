@@ -306,7 +306,7 @@ class Lifecycle:
         """The claim raised ``exc`` (re-raised by the caller): clean up what it may have
         written.  A refusal wrote nothing; any other failure may hide a claim that applied,
         which gets the owner-fenced release of an unknown outcome."""
-        key = lease.claim.key
+        key = lease.key
         if isinstance(exc, InconsistentStateError):
             # The store could not read the record that blocked the claim, or its answer was
             # about another key: this claim's own answer is unknown.
@@ -383,12 +383,12 @@ class Lifecycle:
         """The store confirmed the claim: the key is in progress here, under ``lease``
         (the call's one lease: renewal moves it, every door reads it)."""
         flight.hold(lease)
-        self.emit("claimed", lease.claim.key)
+        self.emit("claimed", lease.key)
 
     async def _too_late(self, lease: Lease, cutoffs: Cutoffs) -> None:
         """The claim was answered after the cutoff (a slow store): its lease may have ended
         already, so the callback must not start."""
-        key = lease.claim.key
+        key = lease.key
         late = _cut_off(key)
         await self.mode.abandon(lease, late, cutoffs)
         self.emit("cut_off", key)
@@ -409,7 +409,7 @@ class Lifecycle:
         caller gets, or returns when that is ``exc`` itself."""
         lease = flight.lease
         assert lease is not None
-        key = lease.claim.key
+        key = lease.key
         write, outcome = ending
         if write is Write.ABANDON:
             # Our own cutoff: like a cancellation, no store write.  The record stays in
@@ -483,13 +483,13 @@ class Lifecycle:
         settings = self.replays.responses.declared
         assert settings is not None and flight.lease is not None
         value, encoded = encode_error(error, settings, self.store.max_response_bytes)
-        claim = flight.lease.claim
+        lease = flight.lease
         completion = Completion(
-            claim.key,
-            claim.owner,
+            lease.keys.key,
+            lease.owner,
             self.options.clock(),
             self.options.expires_after,
-            claim.validation,
+            lease.keys.validation,
             encoded,
             value,
         )
@@ -505,40 +505,40 @@ class Lifecycle:
     ) -> None:
         released = await self.mode.release(lease, exc, cutoffs)
         if released is True:
-            self.emit("released", lease.claim.key)
+            self.emit("released", lease.key)
         elif released is False:
-            self.emit("lease_lost", lease.claim.key, error=exc)
+            self.emit("lease_lost", lease.key, error=exc)
 
     # ------------------------------------------------------------------ completion
 
     def completion_for(self, lease: Lease, result: Any) -> Completion:
         """The completion recording ``result`` (encoded once; a failure becomes a reason)."""
-        claim = lease.claim
-        encoded = self.replays.responses.encode(result, self.store.max_response_bytes, claim.key)
+        keys = lease.keys
+        encoded = self.replays.responses.encode(result, self.store.max_response_bytes, keys.key)
         reason = None
         if encoded.reason is not None:
             reason = not_stored_reason(encoded.reason)
-            log_not_stored(claim.key, encoded.reason)
-            self.emit("response_not_stored", claim.key, error=encoded.reason)
+            log_not_stored(keys.key, encoded.reason)
+            self.emit("response_not_stored", keys.key, error=encoded.reason)
         return Completion(
-            claim.key,
-            claim.owner,
+            keys.key,
+            lease.owner,
             self.options.clock(),
             self.options.expires_after,
-            claim.validation,
+            keys.validation,
             encoded.encoded,
             encoded.value,
             reason,
         )
 
     def completion_without_response(self, lease: Lease, reason: str | None) -> Completion:
-        claim = lease.claim
+        keys = lease.keys
         return Completion(
-            claim.key,
-            claim.owner,
+            keys.key,
+            lease.owner,
             self.options.clock(),
             self.options.expires_after,
-            claim.validation,
+            keys.validation,
             None,
             None,
             reason,
@@ -559,9 +559,7 @@ class Lifecycle:
         lease = flight.lease
         assert lease is not None
         sent = loop.time()
-        with _Completing(
-            self._shared.cutoffs(loop), lease.write_bound(sent), lease.claim.key, result
-        ):
+        with _Completing(self._shared.cutoffs(loop), lease.write_bound(sent), lease.key, result):
             written = await self.store.complete(completion)
         if self.inflight.get(completion.key) is flight:
             del self.inflight[completion.key]
