@@ -191,17 +191,20 @@ class Lifecycle:
         """Replay, join, or claim the key and run ``callback`` — ``callback(call)`` when
         ``held``, ``callback()`` otherwise — then complete or release the record."""
         key = keys.key
-        # 1. Answer early: the local cache, then a call of this process with the key.
+        # 1. Answer early: the local cache, then a call of this process with the key.  One
+        # local for either answer (a cache entry, a joined call's outcome): every local of
+        # this frame is memory for as long as the call is in flight.
+        early: Any
         if self.replays.cache is not None:
-            entry = self.replays.cache.get(key, loop.time())
-            if entry is not None:
-                return self.replays.hit(entry, keys)  # type: ignore[no-any-return]
+            early = self.replays.cache.get(key, loop.time())
+            if early is not None:
+                return self.replays.hit(early, keys)  # type: ignore[no-any-return]
         while (flight := self.inflight.get(key)) is not None:
-            joined = await self.waiting.join(flight, keys, deadline, loop)
-            if joined is UNANSWERED:
+            early = await self.waiting.join(flight, keys, deadline, loop)
+            if early is UNANSWERED:
                 break  # the other call's claim is still unanswered: ask the store ourselves
-            if joined is not None:
-                return self._joined(joined, keys)  # type: ignore[no-any-return]
+            if early is not None:
+                return self._joined(early, keys)  # type: ignore[no-any-return]
         flight = self.inflight[key] = Flight(keys, self._shared.owner())
         renewing = NOT_RENEWING
         try:
@@ -233,7 +236,7 @@ class Lifecycle:
                 await self._too_late(lease, cutoffs)
             # 4. Run the work under its cutoff: a scope left on every path out of it (as
             # try/except/else, not ``with``: no bound method held while the callback runs).
-            started = loop.time()
+            started = loop.time() if self.emitter.timed else 0.0  # durations, if received
             cutoff = cutoffs.at(lease.cutoff_at)
             try:
                 call = Call(self, flight, loop, cutoff) if held else None
