@@ -38,15 +38,18 @@ class Run:
     set by :meth:`begin`, before anything can read them (only ``CURRENT`` leads here).
     """
 
-    __slots__ = ("_outer", "counts", "issued", "open")
+    __slots__ = ("_outer", "_requests", "open")
 
     _outer: Run | None
+    _requests: _Requests | None
     open: bool
     """Whether the callback still runs (tasks it spawned keep the run after it ends)."""
-    counts: dict[str, int] | None
-    """Requests seen per method and URL by the client hooks (made on first use)."""
-    issued: set[str] | None
-    """The keys the client hooks added to requests in this run (made on first use)."""
+
+    @property
+    def issued(self) -> set[str] | None:
+        """The keys the client hooks added to requests in this run (None: none yet)."""
+        requests = self._requests
+        return None if requests is None else requests.issued
 
     @property
     def key(self) -> str:
@@ -56,8 +59,7 @@ class Run:
     def begin(self) -> None:
         """The callback starts: hooks and ``downstream_key`` see this run from now on."""
         self.open = True
-        self.counts = None
-        self.issued = None
+        self._requests = None
         # The run this one is nested in (an idempotent call inside a callback), restored at
         # the end.  Restoring it by value, not with the Token ``set`` returns, frees that
         # Token at once: one object less per call in flight.
@@ -72,19 +74,35 @@ class Run:
     def number(self, request: str) -> int:
         """How many times ``request`` (a method and URL) was numbered in this run, this one
         included: 1 for the first."""
-        counts = self.counts
-        if counts is None:
-            counts = self.counts = {}
+        requests = self._requests
+        if requests is None:
+            requests = self._requests = _Requests()
+        counts = requests.counts
         count = counts.get(request, 0) + 1
         counts[request] = count
         return count
 
 
+class _Requests:
+    """What the client hooks note in one run (made on first use): one slot of the run for
+    both, as a run is the single-flight entry of every call in flight."""
+
+    __slots__ = ("counts", "issued")
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        """Requests seen per method and URL."""
+        self.issued: set[str] = set()
+        """The keys added to requests."""
+
+
 def issue(run: Run, key: str) -> str:
-    """Note that a client hook added ``key`` to a request of ``run``; returns it."""
-    if run.issued is None:
-        run.issued = set()
-    run.issued.add(key)
+    """Note that a client hook added ``key`` to a request of ``run`` (numbered first, with
+    :meth:`Run.number`); returns it."""
+    requests = run._requests
+    if requests is None:
+        requests = run._requests = _Requests()
+    requests.issued.add(key)
     return key
 
 
