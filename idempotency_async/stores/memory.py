@@ -24,11 +24,12 @@ __all__ = ["DEFAULT_MAX_RECORDS", "MemoryStore"]
 DEFAULT_MAX_RECORDS = 100_000
 
 # What was written last for a key, as a plain tuple (the cheapest object to build):
-#   (status, owner, expiration, lease_end, validation)                      in progress
-#   (status, owner, expiration, lease_end, validation, encoded, not_stored) completed
-# An in-progress record has no response fields: two slots less per call in flight.  The
-# response is kept encoded only: every read decodes an independent copy, and the caller's
-# result object is not kept alive.
+#   (status, owner, expiration, validation, now, lease)          in progress
+#   (status, owner, expiration, validation, encoded, not_stored) completed
+# An in-progress record keeps its claim's (or renewal's) ``now`` and ``lease`` — objects the
+# caller holds anyway — and its lease end is their sum, computed when read: no float of
+# its own per call in flight.  The response is kept encoded only: every read decodes an
+# independent copy, and the caller's result object is not kept alive.
 _Entry = tuple[Any, ...]
 
 _INPROGRESS = Status.INPROGRESS
@@ -86,7 +87,7 @@ class MemoryStore:
                 "max_records, shorten expires_after, or use a shared store"
             )
         expiration = expiration_for(now, claim.ttl, claim.lease)
-        self._write(key, _INPROGRESS, claim.owner, expiration, now + claim.lease, claim.validation)
+        self._write(key, _INPROGRESS, claim.owner, expiration, claim.validation, now, claim.lease)
         return CLAIMED
 
     async def get(self, key: str, *, now: float) -> Verdict:
@@ -101,7 +102,7 @@ class MemoryStore:
         if current is None or current[1] != completion.owner:
             return Written.NOTHING
         encoded = completion.encoded
-        if encoded is None and current[0] is _COMPLETED and current[5] is not None:
+        if encoded is None and current[0] is _COMPLETED and current[4] is not None:
             # The owner's response is final: its first completion (without one), resent
             # after its answer was lost, must not take back the response attached since.
             return Written.RESPONSE
@@ -115,7 +116,6 @@ class MemoryStore:
             _COMPLETED,
             completion.owner,
             expiration,
-            None,
             completion.validation,
             encoded,
             completion.not_stored,
@@ -139,10 +139,10 @@ class MemoryStore:
         if current is None or current[0] is not _INPROGRESS or current[1] != claim.owner:
             return Extended.LOST
         end = now + claim.lease
-        if current[3] is not None and current[3] > end:
+        if current[4] + current[5] > end:
             return Extended.ALREADY_LATER  # never backwards: a newer renewal landed first
         expiration = expiration_for(now, claim.ttl, claim.lease)
-        self._write(key, _INPROGRESS, claim.owner, expiration, end, current[4])
+        self._write(key, _INPROGRESS, claim.owner, expiration, current[3], now, claim.lease)
         return Extended.RENEWED
 
     async def force_release(self, key: str) -> Record | None:
@@ -175,27 +175,18 @@ class MemoryStore:
         status: Status,
         owner: str,
         expiration: int,
-        lease_end: float | None,
         validation: str | None,
-        encoded: bytes | None = None,
-        not_stored: str | None = None,
+        fifth: Any,
+        sixth: Any,
     ) -> None:
+        """Write the entry ``(status, owner, expiration, validation, fifth, sixth)`` (the
+        last two: ``now`` and ``lease`` in progress, ``encoded`` and ``not_stored``
+        completed) and queue its expiry."""
         if expiration == self._last_expiration:
             expiration = self._last_expiration  # one int object per second, not per record
         else:
             self._last_expiration = expiration
-        if status is _INPROGRESS:
-            self._entries[key] = (status, owner, expiration, lease_end, validation)
-        else:
-            self._entries[key] = (
-                status,
-                owner,
-                expiration,
-                lease_end,
-                validation,
-                encoded,
-                not_stored,
-            )
+        self._entries[key] = (status, owner, expiration, validation, fifth, sixth)
         due = self._due.get(expiration)
         if due is None:
             self._due[expiration] = [key]
@@ -223,14 +214,11 @@ class MemoryStore:
 
 
 def _record(key: str, entry: _Entry) -> Record:
-    status, owner, expiration, lease_end, validation = (
-        entry[0],
-        entry[1],
-        entry[2],
-        entry[3],
-        entry[4],
-    )
-    encoded, not_stored = (entry[5], entry[6]) if len(entry) > 5 else (None, None)
+    status, owner, expiration, validation, fifth, sixth = entry
+    if status is _INPROGRESS:
+        lease_end, encoded, not_stored = fifth + sixth, None, None
+    else:
+        lease_end, encoded, not_stored = None, fifth, sixth
     return Record(
         key,
         status,
