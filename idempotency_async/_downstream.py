@@ -4,9 +4,9 @@ The manager begins a :class:`Run` where a claimed callback starts and ends it wh
 callback ends (``Lifecycle.run`` in ``_lifecycle``: the run is the call's single-flight
 entry); nothing else here knows the manager.  Beginning one is a context-variable set and
 ending it a set back plus one attribute write: the plain path pays nothing more, whether
-or not anything reads it.  Tasks the callback
-spawns copy the context and so see the same ``Run``; ``open`` is how they learn that the
-call has ended (a copied context keeps the value after it is set back).
+or not anything reads it.  Tasks the callback spawns copy the context and so see the same
+``Run``; ``open`` is how they learn that the call has ended (a copied context keeps the
+value after it is set back, and with it the call's single-flight entry).
 """
 
 from __future__ import annotations
