@@ -1,11 +1,12 @@
 """The run of a callback, as downstream keys see it: its key, and whether it still runs.
 
-The manager opens a :class:`Run` where a claimed callback starts and ends it where the
-callback ends (``Lifecycle.run`` in ``_lifecycle``); nothing else here knows the manager.
-Opening one is a context-variable set and closing it a set back plus one attribute write:
-the plain path pays nothing more, whether or not anything reads it.  Tasks the callback
-spawns copy the context and so see the same ``Run``; ``open`` is how they learn that the
-call has ended (a copied context keeps the value after it is set back).
+The manager begins a :class:`Run` where a claimed callback starts and ends it where the
+callback ends (``Lifecycle.run`` in ``_lifecycle``: the run is the call's single-flight
+entry); nothing else here knows the manager.  Beginning one is a context-variable set and
+ending it a set back plus one attribute write: the plain path pays nothing more, whether
+or not anything reads it.  Tasks the callback spawns copy the context and so see the same
+``Run``; ``open`` is how they learn that the call has ended (a copied context keeps the
+value after it is set back, and with it the call's single-flight entry).
 """
 
 from __future__ import annotations
@@ -29,17 +30,36 @@ REQUEST: Final = b"R"
 
 
 class Run:
-    """One run of a callback under a claimed key: opened at its start, ended at its end."""
+    """One run of a callback under a claimed key: begun at its start, ended at its end.
 
-    __slots__ = ("_outer", "counts", "issued", "key", "open")
+    A base class: the lifecycle's single-flight entry (``_flight.Flight``) is the run of
+    its call, so a call in flight holds no object of its own for downstream keys — only
+    the context-variable set.  A subclass provides :attr:`key`; the run's own slots are
+    set by :meth:`begin`, before anything can read them (only ``CURRENT`` leads here).
+    """
 
-    def __init__(self, key: str) -> None:
-        self.key = key
+    __slots__ = ("_outer", "_requests", "open")
+
+    _outer: Run | None
+    _requests: _Requests | None
+    open: bool
+    """Whether the callback still runs (tasks it spawned keep the run after it ends)."""
+
+    @property
+    def issued(self) -> set[str] | None:
+        """The keys the client hooks added to requests in this run (None: none yet)."""
+        requests = self._requests
+        return None if requests is None else requests.issued
+
+    @property
+    def key(self) -> str:
+        """The record key the callback runs under."""
+        raise NotImplementedError
+
+    def begin(self) -> None:
+        """The callback starts: hooks and ``downstream_key`` see this run from now on."""
         self.open = True
-        self.counts: dict[str, int] | None = None
-        """Requests seen per method and URL by the client hooks (made on first use)."""
-        self.issued: set[str] | None = None
-        """The keys the client hooks added to requests in this run (made on first use)."""
+        self._requests = None
         # The run this one is nested in (an idempotent call inside a callback), restored at
         # the end.  Restoring it by value, not with the Token ``set`` returns, frees that
         # Token at once: one object less per call in flight.
@@ -54,19 +74,35 @@ class Run:
     def number(self, request: str) -> int:
         """How many times ``request`` (a method and URL) was numbered in this run, this one
         included: 1 for the first."""
-        counts = self.counts
-        if counts is None:
-            counts = self.counts = {}
+        requests = self._requests
+        if requests is None:
+            requests = self._requests = _Requests()
+        counts = requests.counts
         count = counts.get(request, 0) + 1
         counts[request] = count
         return count
 
 
+class _Requests:
+    """What the client hooks note in one run (made on first use): one slot of the run for
+    both, as a run is the single-flight entry of every call in flight."""
+
+    __slots__ = ("counts", "issued")
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        """Requests seen per method and URL."""
+        self.issued: set[str] = set()
+        """The keys added to requests."""
+
+
 def issue(run: Run, key: str) -> str:
-    """Note that a client hook added ``key`` to a request of ``run``; returns it."""
-    if run.issued is None:
-        run.issued = set()
-    run.issued.add(key)
+    """Note that a client hook added ``key`` to a request of ``run`` (numbered first, with
+    :meth:`Run.number`); returns it."""
+    requests = run._requests
+    if requests is None:
+        requests = run._requests = _Requests()
+    requests.issued.add(key)
     return key
 
 

@@ -18,11 +18,14 @@ _log = logging.getLogger("idempotency_async")
 class Emitter:
     """Emits the events of one manager; a failing hook never changes a call's outcome."""
 
-    __slots__ = ("_options", "observer")
+    __slots__ = ("_options", "observer", "timed")
 
     def __init__(self, options: Options, observer: Observer | None) -> None:
         self._options = options
         self.observer = observer
+        self.timed = observer is not None or options.on_event is not None
+        """Whether anything receives durations (an observer, an ``on_event`` hook): a call
+        takes the time its callback starts only then (one float less per call in flight)."""
 
     def emit(
         self,

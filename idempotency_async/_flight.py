@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+from idempotency_async._downstream import Run
 from idempotency_async._keys import Keys
 from idempotency_async._lease import Lease
 from idempotency_async.record import Record
 
-__all__ = ["Flight", "Outcome", "Phase", "wait_for"]
+__all__ = ["Flight", "Outcome", "Phase", "Waits", "wait_for"]
 
 
 class Outcome(NamedTuple):
@@ -44,12 +45,25 @@ _CLAIMING, _HOLDING, _SETTLED = Phase.CLAIMING, Phase.HOLDING, Phase.SETTLED
 
 
 @dataclass(slots=True)
-class Flight:
-    """One call that claims or holds a key in this process.
+class Waits:
+    """What the duplicates waiting on one call share: made by the first that waits, so an
+    uncontended call holds one empty slot for it."""
 
-    ``claim_answered`` resolves when its claim is answered for good (held, replayed, or the
-    call gave up); ``finished`` when the call settles.  The futures are created by the
-    first duplicate that waits, so an uncontended call pays nothing for them.
+    claim_answered: asyncio.Future[None] | None = None
+    finished: asyncio.Future[None] | None = None
+    count: int = 0
+    """How many duplicates are waiting right now."""
+
+
+@dataclass(slots=True)
+class Flight(Run):
+    """One call that claims or holds a key in this process — and, while its callback runs,
+    the :class:`~idempotency_async._downstream.Run` downstream keys see (one object).
+
+    ``waits.claim_answered`` resolves when its claim is answered for good (held, replayed,
+    or the call gave up); ``waits.finished`` when the call settles.  They are created by
+    the first duplicate that waits (:meth:`waited_on`), so an uncontended call pays nothing
+    for them.
     """
 
     keys: Keys
@@ -57,13 +71,28 @@ class Flight:
     phase: Phase = _CLAIMING
     lease: Lease | None = None
     """The call's one lease once its claim is confirmed (renewal moves it)."""
-    claim_answered: asyncio.Future[None] | None = None
-    finished: asyncio.Future[None] | None = None
-    waiters: int = 0
+    waits: Waits | None = None
     result: Outcome | None = None
     sent: float = 0.0
     """When (loop time) its latest claim or read was sent: the remaining life a store
     reports in the answer counts from here (for the local cache)."""
+
+    @property
+    def waiters(self) -> int:
+        """How many duplicates are waiting on this call right now."""
+        waits = self.waits
+        return 0 if waits is None else waits.count
+
+    def waited_on(self) -> Waits:
+        """What the duplicates waiting on this call share (made by the first)."""
+        waits = self.waits
+        if waits is None:
+            waits = self.waits = Waits()
+        return waits
+
+    @property
+    def key(self) -> str:
+        return self.keys.key
 
     @property
     def lease_end(self) -> float | None:
@@ -79,8 +108,10 @@ class Flight:
     def hold(self, lease: Lease) -> None:
         self.phase = _HOLDING
         self.lease = lease
-        if self.claim_answered is not None and not self.claim_answered.done():
-            self.claim_answered.set_result(None)
+        waits = self.waits
+        answered = None if waits is None else waits.claim_answered
+        if answered is not None and not answered.done():
+            answered.set_result(None)
 
     def settle(self, outcome: Outcome | None) -> None:
         """Record how the call ended (first settlement wins) and wake its duplicates."""
@@ -88,7 +119,10 @@ class Flight:
             return
         self.phase = _SETTLED
         self.result = outcome
-        for future in (self.claim_answered, self.finished):
+        waits = self.waits
+        if waits is None:
+            return
+        for future in (waits.claim_answered, waits.finished):
             if future is not None and not future.done():
                 future.set_result(None)
 

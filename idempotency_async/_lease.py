@@ -51,29 +51,51 @@ class Lease:
     """The lease one call holds: the one object renewal moves and every door reads — the
     bounds of the writes after the callback (``execute``, ``Call.complete``, the HTTP gate
     through it) and an in-process duplicate's ``retry_after`` — never a copy taken at the
-    claim.  Made for each claim sent (:meth:`claiming`); owned by the call."""
+    claim.  Made for each claim sent (:meth:`claiming`); owned by the call.
 
-    __slots__ = ("claim", "cutoff_at", "ends_at", "limit", "margin", "reserve")
+    It holds the claim's fields rather than a :class:`~idempotency_async.record.Claim`
+    (one object less per call in flight); :attr:`claim` builds the claim to send.
+    """
+
+    __slots__ = (
+        "cutoff_at",
+        "ends_at",
+        "keys",
+        "length",
+        "limit",
+        "now",
+        "options",
+        "owner",
+        "reserve",
+    )
 
     def __init__(
         self,
-        claim: Claim,
+        keys: Keys,
+        owner: str,
+        now: float,
+        length: float,
+        options: Options,
         cutoff_at: float,
         ends_at: float,
         reserve: float,
-        margin: float,
-        limit: float,
     ) -> None:
-        self.claim = claim
-        """The claim as last confirmed by the store (the claim's, then each renewal's)."""
+        self.keys = keys
+        self.owner = owner
+        """The claim's owner token."""
+        self.now = now
+        """The store clock's now of the claim as last confirmed (the claim's, then each
+        renewal's)."""
+        self.length = length
+        """The lease the store was asked for, in seconds from :attr:`now` (margin included)."""
+        self.options = options
         self.cutoff_at = cutoff_at
         """When the callback is cut off (loop time): the lease end less the reserve."""
         self.ends_at = ends_at
         """When the lease ends (loop time); cleanup and completion writes end here."""
         self.reserve = reserve
         """Time kept between the cutoff and the lease end for the completion write."""
-        self.margin = margin
-        self.limit = limit
+        self.limit = ends_at
         """The call's hard bound (loop time): a renewed lease never ends later."""
 
     @classmethod
@@ -99,33 +121,52 @@ class Lease:
                 )
         reserve = reserve_for(left, options.completion_reserve)
         margin = options.lease_margin
-        claim = Claim(
-            keys.key,
-            owner,
-            options.clock(),
-            left + margin,
-            options.expires_after,
-            keys.validation,
-            0.0 if options.wait is None else options.wait.timeout,
-        )
+        length = left + margin if margin else left  # no float per call for the default margin
         ends = now + left
-        lease = cls(claim, ends - reserve, ends, reserve, margin, ends)
+        lease = cls(keys, owner, options.clock(), length, options, ends - reserve, ends, reserve)
         if renew is not None:
             lease.shorten(renew, options.completion_reserve)
         return lease
 
+    @property
+    def key(self) -> str:
+        return self.keys.key
+
+    @property
+    def margin(self) -> float:
+        """What other workers add to the lease for clock skew (``Options.lease_margin``)."""
+        return self.options.lease_margin
+
+    @property
+    def claim(self) -> Claim:
+        """The claim as last confirmed by the store (the claim's, then each renewal's)."""
+        return self._claim(self.now, self.length)
+
+    def _claim(self, now: float, length: float) -> Claim:
+        options = self.options
+        keys = self.keys
+        return Claim(
+            keys.key,
+            self.owner,
+            now,
+            length,
+            options.expires_after,
+            keys.validation,
+            0.0 if options.wait is None else options.wait.timeout,
+        )
+
     def shorten(self, renew: float, completion_reserve: float | None) -> None:
         """Make this the first lease of a renewed call: ``renew`` seconds (never past the
         call's hard bound), with the reserve of a lease that long."""
-        claim = self.claim
-        now = self.ends_at - (claim.lease - self.margin)  # when the claim was sent
+        margin = self.margin
+        now = self.ends_at - (self.length - margin)  # when the claim was sent
         if renew >= self.ends_at - now:
             return
         if completion_reserve is None:
             reserve = min(self.reserve, _RESERVE_SHARE * renew)
         else:
             reserve = min(completion_reserve, renew)
-        self.claim = claim._replace(lease=renew + self.margin)
+        self.length = renew + margin
         self.reserve = reserve
         self.ends_at = now + renew
         self.cutoff_at = self.ends_at - reserve
@@ -137,11 +178,12 @@ class Lease:
         length = min(renew, self.limit - sent)
         if sent + length <= self.ends_at:
             return None
-        return self.claim._replace(now=clock_now, lease=length + self.margin), sent + length
+        return self._claim(clock_now, length + self.margin), sent + length
 
     def renewed(self, claim: Claim, ends_at: float) -> None:
         """The store confirmed ``claim`` (a renewal): the lease ends at least at ``ends_at``."""
-        self.claim = claim
+        self.now = claim.now
+        self.length = claim.lease
         self.ends_at = ends_at
         self.cutoff_at = ends_at - self.reserve
 
@@ -149,8 +191,7 @@ class Lease:
     def end(self) -> float:
         """When the lease ends, in Unix seconds by this process's clock (without the
         margin other workers add for clock skew)."""
-        claim = self.claim
-        return claim.now + claim.lease - self.margin
+        return self.now + self.length - self.margin
 
     def write_bound(self, now: float) -> float:
         """Until when (loop time) a write after the callback (completion, release) may

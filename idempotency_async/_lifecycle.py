@@ -47,7 +47,6 @@ from idempotency_async._callback import (
     not_awaitable_reason,
 )
 from idempotency_async._cutoff import Cutoff, Cutoffs
-from idempotency_async._downstream import Run
 from idempotency_async._emission import Emitter
 from idempotency_async._endings import COMPLETE, Answer, Decision, Ended, Outcome, Write, decide
 from idempotency_async._flight import Flight
@@ -105,8 +104,9 @@ class _Shared:
     __slots__ = ("_claims", "_cutoffs", "_prefix")
 
     def __init__(self) -> None:
-        # Owner tokens: random per manager, unique per claim, cheap to make.
-        self._prefix = secrets.token_hex(12) + "-"
+        # Owner tokens: random per manager (96 bits, as 16 base64url characters), unique
+        # per claim, cheap to make, and short: every call in flight holds one.
+        self._prefix = secrets.token_urlsafe(12) + "-"
         self._claims = itertools.count()
         self._cutoffs: Cutoffs | None = None
 
@@ -190,19 +190,22 @@ class Lifecycle:
     ) -> T:
         """Replay, join, or claim the key and run ``callback`` — ``callback(call)`` when
         ``held``, ``callback()`` otherwise — then complete or release the record."""
-        key = keys.key
-        # 1. Answer early: the local cache, then a call of this process with the key.
+        # ``keys.key`` is read where needed, not kept in a local of this frame.
+        # 1. Answer early: the local cache, then a call of this process with the key.  One
+        # local for either answer (a cache entry, a joined call's outcome): every local of
+        # this frame is memory for as long as the call is in flight.
+        early: Any
         if self.replays.cache is not None:
-            entry = self.replays.cache.get(key, loop.time())
-            if entry is not None:
-                return self.replays.hit(entry, keys)  # type: ignore[no-any-return]
-        while (flight := self.inflight.get(key)) is not None:
-            joined = await self.waiting.join(flight, keys, deadline, loop)
-            if joined is UNANSWERED:
+            early = self.replays.cache.get(keys.key, loop.time())
+            if early is not None:
+                return self.replays.hit(early, keys)  # type: ignore[no-any-return]
+        while (flight := self.inflight.get(keys.key)) is not None:
+            early = await self.waiting.join(flight, keys, deadline, loop)
+            if early is UNANSWERED:
                 break  # the other call's claim is still unanswered: ask the store ourselves
-            if joined is not None:
-                return self._joined(joined, keys)  # type: ignore[no-any-return]
-        flight = self.inflight[key] = Flight(keys, self._shared.owner())
+            if early is not None:
+                return self._joined(early, keys)  # type: ignore[no-any-return]
+        flight = self.inflight[keys.key] = Flight(keys, self._shared.owner())
         renewing = NOT_RENEWING
         try:
             # 2. Claim: one conditional write.  The store confirms it, or answers with the
@@ -211,7 +214,7 @@ class Lifecycle:
             try:
                 verdict = await self.mode.claim(lease, loop)
                 if verdict is not CLAIMED and verdict.__class__ is Verdict:
-                    check_key(verdict, key)
+                    check_key(verdict, keys.key)
             except Exception as exc:
                 await self._claim_failed(lease, exc, self._shared.cutoffs(loop))
                 raise
@@ -233,19 +236,19 @@ class Lifecycle:
                 await self._too_late(lease, cutoffs)
             # 4. Run the work under its cutoff: a scope left on every path out of it (as
             # try/except/else, not ``with``: no bound method held while the callback runs).
-            started = loop.time()
+            started = loop.time() if self.emitter.timed else 0.0  # durations, if received
             cutoff = cutoffs.at(lease.cutoff_at)
             try:
                 call = Call(self, flight, loop, cutoff) if held else None
                 renewing = self.mode.leases.start(lease, cutoffs, cutoff, flight.sent)
-                run = Run(key)  # what downstream keys see while the callback runs
+                flight.begin()  # the run downstream keys see while the callback runs
                 try:
                     result: Any = callback() if call is None else callback(call)
                     if not hasattr(result, "__await__"):
                         result = awaitable(result)  # a plain function: it has run
                     result = await result
                 finally:
-                    run.end()
+                    flight.end()
                     # No renewal after the callback ends: cancelled without yielding
                     # (the cutoff could fire in between and undo a callback that returned).
                     renewing.cancel()
@@ -253,13 +256,8 @@ class Lifecycle:
             except BaseException as exc:
                 cutoff.leave(exc)
                 # 5. Decide (the ending was not a plain return), 6. settle: raises.
-                ending = decide(
-                    _ended(exc, self._declared, cutoff),
-                    cutoff.cut_off,
-                    cutoff.cancelled_elsewhere(),
-                    _said(call),
-                )
-                await self._settle_failure(ending, exc, flight, renewing, cutoffs, started)
+                ending = self._decide_failure(exc, cutoff, call)
+                await self._settle_failure(ending, exc, flight, renewing, started)
                 raise
             cutoff.close()
             # 5. Decide.
@@ -274,15 +272,24 @@ class Lifecycle:
             # 6. Settle: the one completion write, bounded at the lease end.
             completion = self.completion_for(lease, result)
             sent = loop.time()  # the completion's life counts from (before) its write
-            with _Completing(cutoffs, lease.write_bound(sent), key, result):
+            with _Completing(cutoffs, lease.write_bound(sent), keys.key, result):
                 written = await self.mode.store.complete(completion)
             self.completed(completion, written, result, flight, loop.time() - started, sent)
             return result  # type: ignore[no-any-return]
         finally:
-            if self.inflight.get(key) is flight:
-                del self.inflight[key]
+            if self.inflight.get(keys.key) is flight:
+                del self.inflight[keys.key]
             flight.settle(None)
             await renewing.stop()
+
+    def _decide_failure(self, exc: BaseException, cutoff: Cutoff, call: Call | None) -> Decision:
+        """5. Decide how a callback that raised ``exc`` (or was cancelled) ended."""
+        return decide(
+            _ended(exc, self._declared, cutoff),
+            cutoff.cut_off,
+            cutoff.cancelled_elsewhere(),
+            _said(call),
+        )
 
     def _lease(self, flight: Flight, deadline: Deadline, loop: asyncio.AbstractEventLoop) -> Lease:
         """The lease of a claim about to be sent for ``flight``."""
@@ -306,7 +313,7 @@ class Lifecycle:
         """The claim raised ``exc`` (re-raised by the caller): clean up what it may have
         written.  A refusal wrote nothing; any other failure may hide a claim that applied,
         which gets the owner-fenced release of an unknown outcome."""
-        key = lease.claim.key
+        key = lease.key
         if isinstance(exc, InconsistentStateError):
             # The store could not read the record that blocked the claim, or its answer was
             # about another key: this claim's own answer is unknown.
@@ -383,12 +390,12 @@ class Lifecycle:
         """The store confirmed the claim: the key is in progress here, under ``lease``
         (the call's one lease: renewal moves it, every door reads it)."""
         flight.hold(lease)
-        self.emit("claimed", lease.claim.key)
+        self.emit("claimed", lease.key)
 
     async def _too_late(self, lease: Lease, cutoffs: Cutoffs) -> None:
         """The claim was answered after the cutoff (a slow store): its lease may have ended
         already, so the callback must not start."""
-        key = lease.claim.key
+        key = lease.key
         late = _cut_off(key)
         await self.mode.abandon(lease, late, cutoffs)
         self.emit("cut_off", key)
@@ -402,14 +409,15 @@ class Lifecycle:
         exc: BaseException,
         flight: Flight,
         renewing: Renewing,
-        cutoffs: Cutoffs,
         started: float,
     ) -> None:
         """Carry out ``ending`` for a callback that did not return plainly: raises what the
-        caller gets, or returns when that is ``exc`` itself."""
+        caller gets, or returns when that is ``exc`` itself.  (Its cutoffs are looked up
+        here, not passed: one argument less keeps ``run``'s frame a slot smaller.)"""
+        cutoffs = self._shared.cutoffs(asyncio.get_running_loop())
         lease = flight.lease
         assert lease is not None
-        key = lease.claim.key
+        key = lease.key
         write, outcome = ending
         if write is Write.ABANDON:
             # Our own cutoff: like a cancellation, no store write.  The record stays in
@@ -483,13 +491,13 @@ class Lifecycle:
         settings = self.replays.responses.declared
         assert settings is not None and flight.lease is not None
         value, encoded = encode_error(error, settings, self.store.max_response_bytes)
-        claim = flight.lease.claim
+        lease = flight.lease
         completion = Completion(
-            claim.key,
-            claim.owner,
+            lease.keys.key,
+            lease.owner,
             self.options.clock(),
             self.options.expires_after,
-            claim.validation,
+            lease.keys.validation,
             encoded,
             value,
         )
@@ -505,40 +513,40 @@ class Lifecycle:
     ) -> None:
         released = await self.mode.release(lease, exc, cutoffs)
         if released is True:
-            self.emit("released", lease.claim.key)
+            self.emit("released", lease.key)
         elif released is False:
-            self.emit("lease_lost", lease.claim.key, error=exc)
+            self.emit("lease_lost", lease.key, error=exc)
 
     # ------------------------------------------------------------------ completion
 
     def completion_for(self, lease: Lease, result: Any) -> Completion:
         """The completion recording ``result`` (encoded once; a failure becomes a reason)."""
-        claim = lease.claim
-        encoded = self.replays.responses.encode(result, self.store.max_response_bytes, claim.key)
+        keys = lease.keys
+        encoded = self.replays.responses.encode(result, self.store.max_response_bytes, keys.key)
         reason = None
         if encoded.reason is not None:
             reason = not_stored_reason(encoded.reason)
-            log_not_stored(claim.key, encoded.reason)
-            self.emit("response_not_stored", claim.key, error=encoded.reason)
+            log_not_stored(keys.key, encoded.reason)
+            self.emit("response_not_stored", keys.key, error=encoded.reason)
         return Completion(
-            claim.key,
-            claim.owner,
+            keys.key,
+            lease.owner,
             self.options.clock(),
             self.options.expires_after,
-            claim.validation,
+            keys.validation,
             encoded.encoded,
             encoded.value,
             reason,
         )
 
     def completion_without_response(self, lease: Lease, reason: str | None) -> Completion:
-        claim = lease.claim
+        keys = lease.keys
         return Completion(
-            claim.key,
-            claim.owner,
+            keys.key,
+            lease.owner,
             self.options.clock(),
             self.options.expires_after,
-            claim.validation,
+            keys.validation,
             None,
             None,
             reason,
@@ -559,9 +567,7 @@ class Lifecycle:
         lease = flight.lease
         assert lease is not None
         sent = loop.time()
-        with _Completing(
-            self._shared.cutoffs(loop), lease.write_bound(sent), lease.claim.key, result
-        ):
+        with _Completing(self._shared.cutoffs(loop), lease.write_bound(sent), lease.key, result):
             written = await self.store.complete(completion)
         if self.inflight.get(completion.key) is flight:
             del self.inflight[completion.key]

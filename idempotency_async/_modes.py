@@ -198,10 +198,10 @@ async def _release(
     """The owner-fenced release of ``lease``, abandoned at ``bound`` (loop time): what the
     store answered, or None once it failed — said on ``exc`` (``note``, a template of
     ``key`` and ``text``) and as a ``release_failed`` event."""
-    key = lease.claim.key
+    key = lease.key
     try:
         with cutoffs.at(bound) as cutoff:
-            return await store.release(key, lease.claim.owner)
+            return await store.release(key, lease.owner)
     except asyncio.CancelledError as cancelled:
         if not cutoff.cut_off:
             raise

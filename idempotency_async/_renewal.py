@@ -210,7 +210,7 @@ class Renewal:
 
     async def _run(self, at: float) -> None:
         options, loop, lease, cutoffs = self._options, self._loop, self._lease, self._cutoffs
-        key = lease.claim.key
+        key = lease.key
         assert options.renewal is not None
         renew = options.renewal.lease
         while True:

@@ -183,9 +183,10 @@ class Waiting:
         """
         if flight.phase is Phase.CLAIMING:
             # Its claim is unanswered, and may turn out to be a replay: wait for the answer.
-            if flight.claim_answered is None:
-                flight.claim_answered = loop.create_future()
-            if not await self._wait_on(flight, flight.claim_answered, keys.key, deadline, loop):
+            waits = flight.waited_on()
+            if waits.claim_answered is None:
+                waits.claim_answered = loop.create_future()
+            if not await self._wait_on(flight, waits.claim_answered, keys.key, deadline, loop):
                 return UNANSWERED
             if not flight.holding():
                 return flight.result
@@ -197,9 +198,10 @@ class Waiting:
             if lease_end is not None:
                 retry_after = max(lease_end - self._options.clock(), 0.0)
             self.refuse(keys.key, retry_after)
-        if flight.finished is None:
-            flight.finished = loop.create_future()
-        await self._wait_on(flight, flight.finished, keys.key, deadline, loop)
+        waits = flight.waited_on()
+        if waits.finished is None:
+            waits.finished = loop.create_future()
+        await self._wait_on(flight, waits.finished, keys.key, deadline, loop)
         return flight.result
 
     async def _wait_on(
@@ -217,7 +219,8 @@ class Waiting:
             limit = self.limit(deadline, loop)
         else:
             limit = float("inf") if deadline is None else deadline
-        flight.waiters += 1
+        waits = flight.waited_on()
+        waits.count += 1
         started = loop.time()
         try:
             await wait_for(future, limit)
@@ -244,6 +247,6 @@ class Waiting:
                 retry_after=retry_after,
             ) from None
         finally:
-            flight.waiters -= 1
+            waits.count -= 1
             self._emitter.waited(loop.time() - started)
         return True

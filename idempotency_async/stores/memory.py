@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from typing import Any
 
 from idempotency_async._json import decode_json
 from idempotency_async.errors import ConfigError, StoreUnavailableError
@@ -23,10 +24,13 @@ __all__ = ["DEFAULT_MAX_RECORDS", "MemoryStore"]
 DEFAULT_MAX_RECORDS = 100_000
 
 # What was written last for a key, as a plain tuple (the cheapest object to build):
-#   (status, owner, expiration, lease_end, validation, encoded, not_stored)
-# The response is kept encoded only: every read decodes an independent copy, and the
-# caller's result object is not kept alive.
-_Entry = tuple[Status, str, int, float | None, str | None, bytes | None, str | None]
+#   (status, owner, expiration, validation, now, lease)          in progress
+#   (status, owner, expiration, validation, encoded, not_stored) completed
+# An in-progress record keeps its claim's (or renewal's) ``now`` and ``lease`` — objects the
+# caller holds anyway — and its lease end is their sum, computed when read: no float of
+# its own per call in flight.  The response is kept encoded only: every read decodes an
+# independent copy, and the caller's result object is not kept alive.
+_Entry = tuple[Any, ...]
 
 _INPROGRESS = Status.INPROGRESS
 _COMPLETED = Status.COMPLETED
@@ -53,11 +57,15 @@ class MemoryStore:
         self.max_response_bytes = max_response_bytes
         self.max_records = max_records
         self._entries: dict[str, _Entry] = {}
-        # (expiration, key) of every write; an item is stale once its key was written again
-        # or deleted.  A popped item drops its key only if the key's record has expired
-        # (whichever write it came from), and the heap is rebuilt when stale items
-        # outnumber the live ones.
-        self._expiry: list[tuple[int, str]] = []
+        # The expiry of every write, as whole seconds: a heap of the distinct seconds, and
+        # the keys written for each (a list slot per write, not an (expiration, key) tuple).
+        # A queued key is stale once it was written again or deleted: a second that comes
+        # drops its keys only if their records have expired (whichever write queued them),
+        # and the queues are rebuilt when stale keys outnumber the live ones.
+        self._expiry: list[int] = []
+        self._due: dict[int, list[str]] = {}
+        self._queued = 0
+        self._last_expiration = 0  # shared by the records that expire in the same second
         self._closed = False
 
     def __len__(self) -> int:
@@ -71,7 +79,7 @@ class MemoryStore:
             verdict = judge(_record(key, current), now)
             if verdict.found is not Found.CLAIMABLE:
                 return verdict
-        if self._expiry and self._expiry[0][0] < now:
+        if self._expiry and self._expiry[0] < now:
             self._drop_expired(now)
         if key not in self._entries and len(self._entries) >= self.max_records:
             raise StoreUnavailableError(
@@ -79,7 +87,7 @@ class MemoryStore:
                 "max_records, shorten expires_after, or use a shared store"
             )
         expiration = expiration_for(now, claim.ttl, claim.lease)
-        self._write(key, _INPROGRESS, claim.owner, expiration, now + claim.lease, claim.validation)
+        self._write(key, _INPROGRESS, claim.owner, expiration, claim.validation, now, claim.lease)
         return CLAIMED
 
     async def get(self, key: str, *, now: float) -> Verdict:
@@ -94,7 +102,7 @@ class MemoryStore:
         if current is None or current[1] != completion.owner:
             return Written.NOTHING
         encoded = completion.encoded
-        if encoded is None and current[0] is _COMPLETED and current[5] is not None:
+        if encoded is None and current[0] is _COMPLETED and current[4] is not None:
             # The owner's response is final: its first completion (without one), resent
             # after its answer was lost, must not take back the response attached since.
             return Written.RESPONSE
@@ -108,7 +116,6 @@ class MemoryStore:
             _COMPLETED,
             completion.owner,
             expiration,
-            None,
             completion.validation,
             encoded,
             completion.not_stored,
@@ -132,10 +139,10 @@ class MemoryStore:
         if current is None or current[0] is not _INPROGRESS or current[1] != claim.owner:
             return Extended.LOST
         end = now + claim.lease
-        if current[3] is not None and current[3] > end:
+        if current[4] + current[5] > end:
             return Extended.ALREADY_LATER  # never backwards: a newer renewal landed first
         expiration = expiration_for(now, claim.ttl, claim.lease)
-        self._write(key, _INPROGRESS, claim.owner, expiration, end, current[4])
+        self._write(key, _INPROGRESS, claim.owner, expiration, current[3], now, claim.lease)
         return Extended.RENEWED
 
     async def force_release(self, key: str) -> Record | None:
@@ -154,6 +161,8 @@ class MemoryStore:
         self._closed = True
         self._entries.clear()
         self._expiry.clear()
+        self._due.clear()
+        self._queued = 0
 
     def _refuse_if_closed(self) -> None:
         # Its records are gone: answering "no record" would let a duplicate run again.
@@ -166,28 +175,50 @@ class MemoryStore:
         status: Status,
         owner: str,
         expiration: int,
-        lease_end: float | None,
         validation: str | None,
-        encoded: bytes | None = None,
-        not_stored: str | None = None,
+        fifth: Any,
+        sixth: Any,
     ) -> None:
-        self._entries[key] = (status, owner, expiration, lease_end, validation, encoded, not_stored)
-        heapq.heappush(self._expiry, (expiration, key))
-        if len(self._expiry) > 2 * len(self._entries) + 64:
-            self._expiry = [(entry[2], key) for key, entry in self._entries.items()]
+        """Write the entry ``(status, owner, expiration, validation, fifth, sixth)`` (the
+        last two: ``now`` and ``lease`` in progress, ``encoded`` and ``not_stored``
+        completed) and queue its expiry."""
+        if expiration == self._last_expiration:
+            expiration = self._last_expiration  # one int object per second, not per record
+        else:
+            self._last_expiration = expiration
+        self._entries[key] = (status, owner, expiration, validation, fifth, sixth)
+        due = self._due.get(expiration)
+        if due is None:
+            self._due[expiration] = [key]
+            heapq.heappush(self._expiry, expiration)
+        else:
+            due.append(key)
+        self._queued += 1
+        if self._queued > 2 * len(self._entries) + 64:
+            self._due = {}
+            for live, entry in self._entries.items():
+                self._due.setdefault(entry[2], []).append(live)
+            self._expiry = list(self._due)
             heapq.heapify(self._expiry)
+            self._queued = len(self._entries)
 
     def _drop_expired(self, now: float) -> None:
-        heap, entries = self._expiry, self._entries
-        while heap and heap[0][0] < now:
-            _, key = heapq.heappop(heap)
-            current = entries.get(key)
-            if current is not None and current[2] < now:
-                del entries[key]
+        heap, due, entries = self._expiry, self._due, self._entries
+        while heap and heap[0] < now:
+            keys = due.pop(heapq.heappop(heap))
+            self._queued -= len(keys)
+            for key in keys:
+                current = entries.get(key)
+                if current is not None and current[2] < now:
+                    del entries[key]
 
 
 def _record(key: str, entry: _Entry) -> Record:
-    status, owner, expiration, lease_end, validation, encoded, not_stored = entry
+    status, owner, expiration, validation, fifth, sixth = entry
+    if status is _INPROGRESS:
+        lease_end, encoded, not_stored = fifth + sixth, None, None
+    else:
+        lease_end, encoded, not_stored = None, fifth, sixth
     return Record(
         key,
         status,
