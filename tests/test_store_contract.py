@@ -4,8 +4,6 @@ MemoryStore, DynamoDB (moto, both transports), Redis and Redis Cluster, Postgres
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from idempotency_async import MemoryStore
@@ -50,15 +48,10 @@ class _OverwritingStore(MemoryStore):
         record = verdict.record
         if record is None or record.status is not Status.INPROGRESS or record.owner != claim.owner:
             return Extended.LOST
-        self._entries[claim.key] = (
-            Status.INPROGRESS,
-            claim.owner,
-            math.ceil(claim.now + max(claim.ttl, claim.lease)),
-            claim.now + claim.lease,
-            record.validation,
-            None,
-            None,
-        )
+        # Overwritten through the store's own operations (not its private entries): the
+        # record is rewritten with the lease end this renewal asks for, earlier or not.
+        await self.force_release(claim.key)
+        await self.claim(claim._replace(validation=record.validation))
         return Extended.RENEWED
 
 
