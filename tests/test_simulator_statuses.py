@@ -16,10 +16,15 @@ import pytest
 from idempotency_async import MemoryStore
 from idempotency_async.integrations import powertools
 from idempotency_async.integrations._http import _gate
-from idempotency_async.testing import SimulationFailure, generate, simulate
+from idempotency_async.testing import Scenario, SimulationFailure, generate, run_one, simulate
 from idempotency_async.testing import _route_door as route_door
 from idempotency_async.testing._axes import covering_rows
-from idempotency_async.testing._plans import RETRY_LATER_STATUSES, STORED_4XX_STATUSES
+from idempotency_async.testing._plans import (
+    RETRY_LATER_STATUSES,
+    STORED_4XX_STATUSES,
+    CallPlan,
+    ManagerPlan,
+)
 from idempotency_async.testing._run import run_scenario
 from idempotency_async.testing._trace import Released
 from idempotency_async.testing._vloop import VirtualClockLoop
@@ -132,3 +137,49 @@ def test_a_released_status_marked_replayed_is_caught(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(route_door, "idempotent_route", planted)
     assert any(v.startswith("HTTP:") and "replayed" in v for v in _caught())
+
+
+# Found when the status values reshuffled the covering array (seed 696; the same on main
+# before them): a route declared never-stored completes through its Call, so one that
+# ignores its cutoff writes nothing after it and its caller gets DeadlineExceededError —
+# what the manager documents for a Call's callback cut off before completing.
+_NEVER_STORED_ROUTE_CUT_OFF = Scenario(
+    seed=696,
+    validate=True,
+    managers=(
+        ManagerPlan(
+            skew=0.792,
+            wait=True,
+            wait_timeout=1.34,
+            lease=4.845,
+            lease_margin=1.664,
+            expires_after=3600.0,
+            use_local_cache=True,
+            completion_reserve=None,
+            jump_at=1.055,
+            jump=-0.938,
+            redaction="never_store",
+        ),
+    ),
+    calls=(
+        CallPlan(
+            manager=0,
+            key=0,
+            amount=1,
+            at=0.676,
+            deadline="lambda",
+            timeout=2.317,
+            behaviour="swallow",
+            duration=2.417,
+            cancel_after=None,
+            door="route",
+        ),
+    ),
+    server_clock=True,
+)
+
+
+def test_a_never_stored_route_that_ignored_its_cutoff_is_told_by_its_deadline() -> None:
+    scenario = _NEVER_STORED_ROUTE_CUT_OFF
+    assert scenario.calls[0].behaviour == "swallow" and scenario.calls[0].door == "route"
+    assert run_one(scenario, MemoryStore) == []

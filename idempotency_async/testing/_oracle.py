@@ -517,6 +517,15 @@ class _Checker:
         # A route's completion error goes out of resolve_async (its result is the stored
         # proxy response, not the Response the route returned).
         told = told or (self.route(run.call) and isinstance(error, errors.CompletionError))
+        # A never-stored route completes through its Call (as an execute_call callback):
+        # one that ignored its cutoff writes nothing after it, and its caller is told by
+        # DeadlineExceededError (docs/manager.md, "Before complete, it is execute").
+        told = told or (
+            self.route(run.call)
+            and self.redaction_of(run.call) == "never_store"
+            and not self.cooperative(run)
+            and isinstance(error, errors.DeadlineExceededError)
+        )
         # process_batch logs a completion that failed and does not redeliver the record.
         told = told or (self.batch(run.call) and error is None)
         # An ambient deadline (asyncio.timeout) that fires with the completion's own bound
@@ -682,6 +691,8 @@ class _Checker:
         found = None
         for owner, held in self.held.items():
             other = self.trace.outcomes[held.call]
+            if at is not None and self.claim_order(held) >= outcome.exited_at:
+                continue  # claimed after the call was answered (at the same instant)
             if (
                 held.call != outcome.call
                 and self.scenario.calls[held.call].manager == manager
@@ -693,6 +704,13 @@ class _Checker:
             ):
                 found = held  # the latest claim: one ending at that instant handed over
         return found
+
+    def claim_order(self, held: _Held) -> float:
+        """Where ``held``'s claim applied in the store's order of applications."""
+        for op in self.trace.store.ops:
+            if op.seq == held.seq:
+                return min((application.order for application in op.applications), default=0)
+        return 0
 
     def answered_completion(self, owner: str) -> float:
         """When ``owner``'s first completion was answered (inf: never): from then on the
