@@ -76,6 +76,8 @@ AXES: dict[str, tuple[str, ...]] = {
         "stream",
         "server_error",
         "declared",  # raises an error its manager declared a result (replay_errors)
+        "client_error",  # an endpoint's 4xx the status policy stores and replays (402, 410)
+        "retry_later",  # an endpoint's 4xx the policy releases like a 5xx (408, 425, 429)
     ),
     "deadline": ("none", "timeout", "deadline", "ambient", "lambda", "several"),
     # The manager's Redaction: off, a declared field removed, or no response stored.
@@ -171,6 +173,8 @@ VALUE_FEATURES: dict[tuple[str, str], str] = {
     ("outcome", "stream"): "http",
     ("outcome", "server_error"): "http",
     ("outcome", "declared"): "declared_errors",
+    ("outcome", "client_error"): "statuses",
+    ("outcome", "retry_later"): "statuses",
     ("deadline", "lambda"): "lambda_context",
     ("deadline", "several"): "deadline_sources",
     ("redaction", "fields"): "redaction",
@@ -209,7 +213,7 @@ def conflict(values: Mapping[str, str]) -> str | None:
         if shape == "plain":
             return "a plain function runs without awaiting: nothing renews meanwhile"
     if place == "complete":
-        if outcome in ("hang", "crash", "cancel_self", "server_error"):
+        if outcome in ("hang", "crash", "cancel_self", "server_error", "retry_later"):
             return "that callback never completes the record"
         if outcome == "raise" and door not in (None, *_CALL_DOORS):
             return "a callback that raises completes only through its Call first"
@@ -224,8 +228,8 @@ def conflict(values: Mapping[str, str]) -> str | None:
         return "a declared error is judged at execute's doors (a batch or an endpoint answers it)"
     if outcome == "stream" and door not in (None, "http"):
         return "only an HTTP endpoint streams"
-    if outcome == "server_error" and door not in (None, "http", "route"):
-        return "only an HTTP endpoint or a route answers 5xx (releasing the key)"
+    if outcome in _STATUSES and door not in (None, "http", "route"):
+        return "only an HTTP endpoint or a route answers with a status"
     if outcome == "odd_result" and door in ("http", "call_attach"):
         return "an HTTP response is bytes; an attached response is the callback's own"
     if door in _CALL_DOORS and outcome in ("hang", "ignore_cutoff", "crash", "cancel_self"):
@@ -246,6 +250,7 @@ def conflict(values: Mapping[str, str]) -> str | None:
 
 
 _PEERS = ("mcp", "route")
+_STATUSES = ("server_error", "client_error", "retry_later")
 
 
 def _peer_conflict(values: Mapping[str, str]) -> str | None:

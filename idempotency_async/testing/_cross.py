@@ -161,6 +161,24 @@ def cross(
                 cancel_after=None,
             )
         )
+    if row.get("outcome") in ("client_error", "retry_later"):
+        # A retry once the endpoint answered its 4xx: a stored one must replay (status and
+        # body), a released one must run the endpoint again.
+        later = focus.at + focus.duration + _ms(rng, 0.5, 1.5, scale)
+        extra.append(
+            CallPlan(
+                other,
+                focus.key,
+                1,
+                round(later, 3),
+                "ambient" if focus.door == "route" else "timeout",
+                _ms(rng, 2.0, 4.0, scale),
+                "return",
+                0.0,
+                None,
+                door=_companion(focus.door),
+            )
+        )
     if focus.deadline == "none" and not focus.also and plan.lease is None:
         plan = replace(plan, lease=_ms(rng, 2.0, 6.0, scale))  # no hour-long hang
     managers = (*managers[:manager], plan, *managers[manager + 1 :])
@@ -273,7 +291,8 @@ def _focus(
     faults: tuple[Fault, ...] = ()
     if kind != "none":
         faults = (_row_fault(rng, place, kind, plan, scale),)
-        if place == "release" and behaviour not in ("raise", "cancel_self", "server_error"):
+        released = ("raise", "cancel_self", "server_error", "retry_later")
+        if place == "release" and behaviour not in released:
             faults = (Fault("claim", 0, "lose", error="throttled"), *faults)
     if "extend_after_takeover" in events and renew is not None:
         # Its first renewal is on its way for long; every later one fails: the callback

@@ -1,17 +1,17 @@
 """The HTTP door: an Idempotency-Key request through the gate's ASGI adapter, in process.
 
 The app behind the gate is the simulated callback: it reads the body, behaves as planned,
-then answers — a plain JSON body, a stream, or a 5xx.  With ``middleware`` a compressing
-middleware (as Starlette's ``GZipMiddleware``) sits between the gate and the app.  The
-client's answer is translated into what a plain call would have got (the endpoint's own
-response is its result, a 409 is ``AlreadyInProgressError``...), so the oracle judges every
-door the same way; ``Outcome.http`` keeps the response itself.
+then answers — a plain JSON body (200, or a 4xx the status policy stores), a stream, or a
+status the policy releases (a 5xx, or 408/425/429: ``_plans.status_of``).  With
+``middleware`` a compressing middleware (as Starlette's ``GZipMiddleware``) sits between
+the gate and the app.  The client's answer is translated into what a plain call would have
+got (the endpoint's own response is its result, a 409 is ``AlreadyInProgressError``...),
+so the oracle judges every door the same way; ``Outcome.http`` keeps the response itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import gzip
 import json
@@ -27,10 +27,18 @@ from idempotency_async.integrations._http import (
 )
 from idempotency_async.manager import Manager
 from idempotency_async.testing._doors import Bounds, behave, owner_of_task
-from idempotency_async.testing._plans import CallPlan
-from idempotency_async.testing._trace import HttpAnswer, Outcome, Run, ServerError, Trace
+from idempotency_async.testing._plans import CallPlan, status_of
+from idempotency_async.testing._trace import (
+    HttpAnswer,
+    Outcome,
+    Released,
+    RetryLater,
+    Run,
+    ServerError,
+    Trace,
+)
 
-__all__ = ["ROUTE", "decoded", "http_door", "http_key", "meaning"]
+__all__ = ["ROUTE", "decoded", "http_door", "http_key", "meaning", "released"]
 
 Message = MutableMapping[str, Any]
 ROUTE = "/orders"
@@ -39,11 +47,7 @@ ROUTE = "/orders"
 def decoded(answer: HttpAnswer) -> tuple[int, bytes]:
     """What a response means to its client: its status and its body as decoded by its own
     headers (a gzip body labelled so is read unzipped)."""
-    body = answer.body
-    if answer.header("content-encoding") == "gzip":
-        with contextlib.suppress(OSError):
-            body = gzip.decompress(body)
-    return answer.status, body
+    return answer.decoded()
 
 
 def _rules_of(trace: Trace, manager_index: int, manager: Manager) -> HttpIdempotency:
@@ -183,12 +187,14 @@ async def _respond(
     behaviour = plan.behaviour
     payload = json.dumps({"call": index}).encode()
     json_head = [(b"content-type", b"application/json")]
-    if behaviour == "server_error":
+    status = status_of(plan)
+    if behaviour in ("server_error", "retry_later"):
         if plan.duration:
             await asyncio.sleep(plan.duration)
-        run.error = ServerError(f"call {index} answered 500")
-        await send({"type": "http.response.start", "status": 500, "headers": json_head})
-        await send({"type": "http.response.body", "body": b'{"error": 1}', "more_body": False})
+        run.error = released(index, status)
+        body = run.error.body
+        await send({"type": "http.response.start", "status": status, "headers": json_head})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
         return
     if behaviour == "stream":
         if plan.duration:
@@ -208,11 +214,20 @@ async def _respond(
         await send({"type": "http.response.body", "body": payload[half:], "more_body": False})
         return
     await behave(plan, index, run, loop, trace.pauses)
-    await send({"type": "http.response.start", "status": 200, "headers": json_head})
+    # 200, or a 4xx the policy stores (client_error): either is the endpoint's result.
+    await send({"type": "http.response.start", "status": status, "headers": json_head})
     run.answered = loop.time()
     run.returned = True
-    run.value = (200, payload)
+    run.value = (status, payload)
     await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+def released(index: int, status: int) -> Released:
+    """What call ``index``'s endpoint answering ``status`` (one the policy releases) is to
+    the oracle: its run's error, carrying the response its own client must get."""
+    body = json.dumps({"call": index, "status": status}).encode()
+    kind = ServerError if status >= 500 else RetryLater
+    return kind(f"call {index} answered {status}", status, body)
 
 
 def _compressing(app: Any) -> Any:
@@ -258,7 +273,7 @@ def meaning(answer: HttpAnswer | None, outcome: Outcome) -> tuple[Any, BaseExcep
     replayed = answer.header("idempotent-replayed") == "true"
     if runs and not replayed and answer.status not in (409, 422, 503, 504):
         run = runs[-1]
-        if isinstance(run.error, ServerError):
+        if isinstance(run.error, Released):
             return None, run.error
         if run.returned and decoded(answer) == run.value:
             return run.value, None  # its own response

@@ -40,12 +40,22 @@ from idempotency_async.testing._trace import (
     CallbackExit,
     CallbackFailed,
     Outcome,
+    Released,
     Run,
-    ServerError,
     Trace,
 )
 
 __all__ = ["check"]
+
+# The HTTP status policy as docs/http.md states it (store_server_errors off, as the
+# simulator's gates and routes have it): 2xx-4xx are the endpoint's result, stored and
+# replayed, except the 4xx that ask for the same request again; 5xx release the key.
+_RETRY_LATER = frozenset({408, 409, 425, 429})
+
+
+def _released_status(status: int) -> bool:
+    return status >= 500 or status in _RETRY_LATER
+
 
 # How a record holds an error declared a result (replay_errors): the record format, spelled
 # here again so that the oracle reads it without the library's own code.
@@ -507,6 +517,15 @@ class _Checker:
         # A route's completion error goes out of resolve_async (its result is the stored
         # proxy response, not the Response the route returned).
         told = told or (self.route(run.call) and isinstance(error, errors.CompletionError))
+        # A never-stored route completes through its Call (as an execute_call callback):
+        # one that ignored its cutoff writes nothing after it, and its caller is told by
+        # DeadlineExceededError (docs/manager.md, "Before complete, it is execute").
+        told = told or (
+            self.route(run.call)
+            and self.redaction_of(run.call) == "never_store"
+            and not self.cooperative(run)
+            and isinstance(error, errors.DeadlineExceededError)
+        )
         # process_batch logs a completion that failed and does not redeliver the record.
         told = told or (self.batch(run.call) and error is None)
         # An ambient deadline (asyncio.timeout) that fires with the completion's own bound
@@ -672,6 +691,8 @@ class _Checker:
         found = None
         for owner, held in self.held.items():
             other = self.trace.outcomes[held.call]
+            if at is not None and self.claim_order(held) >= outcome.exited_at:
+                continue  # claimed after the call was answered (at the same instant)
             if (
                 held.call != outcome.call
                 and self.scenario.calls[held.call].manager == manager
@@ -683,6 +704,13 @@ class _Checker:
             ):
                 found = held  # the latest claim: one ending at that instant handed over
         return found
+
+    def claim_order(self, held: _Held) -> float:
+        """Where ``held``'s claim applied in the store's order of applications."""
+        for op in self.trace.store.ops:
+            if op.seq == held.seq:
+                return min((application.order for application in op.applications), default=0)
+        return 0
 
     def answered_completion(self, owner: str) -> float:
         """When ``owner``'s first completion was answered (inf: never): from then on the
@@ -1055,7 +1083,7 @@ class _Checker:
             if str(error) in held:
                 return None
             return f"got {error!r}, which no completed record of {key} held (G6)"
-        if isinstance(error, CallbackDeclined | CallbackFailed | CallbackExit | ServerError):
+        if isinstance(error, CallbackDeclined | CallbackFailed | CallbackExit | Released):
             return None if mine else "got a callback exception that is not its own"
         if isinstance(error, asyncio.CancelledError):
             if outcome.cancel_requested is not None or mine:
@@ -1510,14 +1538,46 @@ class _Checker:
         return not ambient or min(ambient) > deadlines["lambda"]
 
     def check_http(self) -> None:
-        """A 5xx answer counts as the endpoint raising: its record is never completed."""
+        """The status policy (HTTP endpoints and routes).  A status it releases — a 5xx;
+        408, 409, 425, 429 — counts as the endpoint raising: its record is never completed
+        (so the next request runs the endpoint again), and its own client gets it as it was
+        answered, not marked replayed; a replay never carries one.  A status it stores (the
+        other 2xx-4xx) is a result: G2 checks that its key is never released, G3 that
+        every duplicate gets it replayed, status and body."""
         for run in self.trace.runs:
-            if not self.responds(run.call) or not isinstance(run.error, ServerError):
+            error = run.error
+            if not self.responds(run.call) or not isinstance(error, Released):
                 continue
+            label = "5xx" if error.status >= 500 else str(error.status)
             if run.owner is not None and self.completed_by(run.owner) is not None:
                 self.fail(
-                    f"G2: call {run.call}'s endpoint answered 5xx, yet its record completed: "
-                    "a 5xx counts as raising, and the key is released"
+                    f"G2: call {run.call}'s endpoint answered {label} ({error.status}), yet its "
+                    "record completed: a status the policy does not store counts as raising, "
+                    "and the key is released"
+                )
+            outcome = self.trace.outcomes[run.call]
+            answer = outcome.http
+            if answer is None or outcome.error is not error:
+                continue
+            replayed = answer.header("idempotent-replayed") == "true"
+            if replayed or answer.decoded() != (error.status, error.body):
+                self.fail(
+                    f"HTTP: call {run.call}'s endpoint answered {error.status} {error.body!r}; "
+                    f"its client got {answer.status} {answer.decoded()[1]!r}"
+                    f"{' marked replayed' if replayed else ''}"
+                )
+        for outcome in self.outcomes:
+            answer = outcome.http
+            if (
+                answer is not None
+                and outcome.error is None
+                and self.responds(outcome.call)
+                and answer.header("idempotent-replayed") == "true"
+                and _released_status(answer.status)
+            ):
+                self.fail(
+                    f"HTTP: call {outcome.call} got a stored {answer.status} replayed: the "
+                    "policy never stores it"
                 )
 
     def check_tool_errors(self) -> None:
@@ -1564,9 +1624,8 @@ class _Checker:
         """A route's duplicate answers are responses, never exceptions out of
         ``resolve_async``: in progress is a 409 with a ``Retry-After`` of whole seconds (at
         least 1), other payload a 422.  A caller tells a replay by its
-        ``Idempotent-Replayed: true`` header, and its own response by its absence; a 5xx,
-        408, 409, 425 or 429 of the route is never replayed (G2 checks that a 5xx never
-        completes the record: the route answering one counts as raising)."""
+        ``Idempotent-Replayed: true`` header, and its own response by its absence (the
+        status policy is :meth:`check_http`'s)."""
         answered = (
             errors.AlreadyInProgressError,
             errors.PayloadValidationError,
@@ -1602,8 +1661,6 @@ class _Checker:
                     f"routes: call {outcome.call} got {answer.status} from a record without "
                     "the Idempotent-Replayed header"
                 )
-            if replayed and (answer.status >= 500 or answer.status in (408, 409, 425, 429)):
-                self.fail(f"routes: call {outcome.call} got a stored {answer.status} replayed")
 
     def check_one_answer(self) -> None:
         """G6: a record completed with its response is final — a later completion by its

@@ -26,12 +26,15 @@ __all__ = [
     "FaultKind",
     "ManagerPlan",
     "REDACTED_FIELD",
+    "RETRY_LATER_STATUSES",
+    "STORED_4XX_STATUSES",
     "Scenario",
     "Shape",
     "RENEWAL_ROOM",
     "can_renew",
     "ms",
     "renewal_reserve",
+    "status_of",
     "valid_renewal",
 ]
 
@@ -61,6 +64,8 @@ Behaviour = Literal[
     "without_response_then_raise",
     "stream",
     "server_error",
+    "client_error",
+    "retry_later",
     "complete_when_cut_off",
     "declared",
 ]
@@ -174,6 +179,33 @@ class CallPlan:
     http_limit: int | None = None
     """``http``: the gate's ``max_response_bytes`` for this request (None: what fits in
     the store)."""
+
+
+STORED_4XX_STATUSES = (402, 410)
+"""What a ``client_error`` endpoint answers: a 4xx the status policy stores and replays.
+Neither is an answer of the library's own (400, 409, 413, 422), so a client (and the
+oracle) can tell the endpoint's from the library's."""
+
+RETRY_LATER_STATUSES = (408, 425, 429)
+"""What a ``retry_later`` endpoint answers: a 4xx that asks for the same request again,
+which the policy releases like a 5xx.  409 is one too, but it is also the library's own
+in-progress answer: an endpoint's 409 could not be told from it by its status."""
+
+
+def status_of(plan: CallPlan) -> int:
+    """The status an HTTP endpoint or a route answers for ``plan`` (the 4xx drawn from the
+    plan itself, so a scenario's JSON reproduces it)."""
+    behaviour = plan.behaviour
+    choices: tuple[int, ...]
+    if behaviour == "server_error":
+        return 500
+    if behaviour == "client_error":
+        choices = STORED_4XX_STATUSES
+    elif behaviour == "retry_later":
+        choices = RETRY_LATER_STATUSES
+    else:
+        return 200
+    return choices[round(plan.at * 1000) % len(choices)]
 
 
 @dataclass(frozen=True, slots=True)

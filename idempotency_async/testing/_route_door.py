@@ -5,7 +5,8 @@ Each process has one resolver with one route (one middleware: one manager per ro
 function, as a Lambda function has).  The event carries the call's key and amount at its
 top level, where the process's ``event_key_jmespath`` and validation find them; its
 Lambda context, when the plan has one, gives the remaining time.  The route is the
-simulated callback: it behaves as planned, then answers 200 with a JSON body, or 500.
+simulated callback: it behaves as planned, then answers a JSON body with 200 or a 4xx the
+status policy stores, or with a status it releases (500, or 408/425/429).
 
 The proxy response is read as a client reads it (an ``HttpAnswer``, kept in
 ``Outcome.http``) and translated into what a plain call would have got, so the oracle
@@ -29,9 +30,9 @@ from idempotency_async import Redaction, errors
 from idempotency_async.integrations.powertools import idempotent_route
 from idempotency_async.manager import Manager
 from idempotency_async.testing._doors import Bounds, behave, owner_of_task
-from idempotency_async.testing._http_door import meaning
-from idempotency_async.testing._plans import CallPlan
-from idempotency_async.testing._trace import HttpAnswer, Outcome, Run, ServerError, Trace
+from idempotency_async.testing._http_door import meaning, released
+from idempotency_async.testing._plans import CallPlan, status_of
+from idempotency_async.testing._trace import HttpAnswer, Outcome, Run, Trace
 
 __all__ = ["PATH", "route_answer", "route_door", "route_key", "route_meaning"]
 
@@ -135,17 +136,19 @@ async def _respond(
     plan: CallPlan, index: int, run: Run, loop: asyncio.AbstractEventLoop, trace: Trace
 ) -> Response[str]:
     body = json.dumps({"call": index})
-    if plan.behaviour == "server_error":
+    status = status_of(plan)
+    if plan.behaviour in ("server_error", "retry_later"):
         if plan.duration:
             await asyncio.sleep(plan.duration)
-        run.error = ServerError(f"call {index} answered 500")
-        return Response(500, "application/json", '{"error": 1}')
+        run.error = released(index, status)
+        return Response(status, "application/json", run.error.body.decode())
     await behave(plan, index, run, loop, trace.pauses)
-    # Returning its response is the route's point of no return (nothing streams).
+    # Returning its response is the route's point of no return (nothing streams): a 200,
+    # or a 4xx the policy stores (client_error).
     run.answered = loop.time()
     run.returned = True
-    run.value = (200, body.encode())
-    return Response(200, "application/json", body)
+    run.value = (status, body.encode())
+    return Response(status, "application/json", body)
 
 
 def route_answer(response: dict[str, Any]) -> HttpAnswer:

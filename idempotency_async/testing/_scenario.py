@@ -90,6 +90,7 @@ FEATURES = frozenset(
         # The peer doors: agent tool calls and Powertools routes.
         "mcp",  # a tool call of an idempotent_tool on the MCP SDK's server
         "routes",  # an API Gateway event through a Powertools route with idempotent_route
+        "statuses",  # endpoints and routes answering a 4xx: stored (402, 410) or released
     }
 )
 """What the generator can add beyond the original scenarios; ``generate(exclude=...)``
@@ -427,6 +428,7 @@ def _newer_features(
     late = random.Random(f"late-extends-{seed}")
     redelivered = random.Random(f"redelivery-{seed}")
     peers = random.Random(f"peers-{seed}")
+    statuses = random.Random(f"statuses-{seed}")
     peer_keys: dict[int, Door | None] = {}
     out = []
     for call in calls:
@@ -446,6 +448,8 @@ def _newer_features(
         peer = None if call.key is None else peer_keys[call.key]
         if peer is not None:
             call = _as_peer(peers, call, peer, scale, "lambda_context" in on)
+        if "statuses" in on:
+            call = _with_status(statuses, call)
         if "lambda_context" in on and call.door == "batch" and lam.random() < 0.5:
             call = replace(call, deadline="lambda", timeout=_finite(call.timeout, scale))
             if "slow_batch" in on and lam.random() < 0.35:
@@ -518,6 +522,16 @@ def _as_peer(
         timeout=_finite(call.timeout, scale),
         also=(),
     )
+
+
+def _with_status(rng: random.Random, call: CallPlan) -> CallPlan:
+    """Now and then an endpoint or a route that answers a 4xx instead of 200: one the
+    status policy stores (replayed to every retry), or one it releases like a 5xx."""
+    roll = rng.random()
+    if call.door not in ("http", "route") or call.behaviour != "return" or roll >= 0.3:
+        return call
+    behaviour: Behaviour = "client_error" if roll < 0.2 else "retry_later"
+    return replace(call, behaviour=behaviour)
 
 
 def _slow_batch(rng: random.Random, call: CallPlan, scale: float) -> CallPlan:

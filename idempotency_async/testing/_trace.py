@@ -3,6 +3,8 @@ and the trace holding them with the store's log."""
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +19,8 @@ __all__ = [
     "CallbackFailed",
     "HttpAnswer",
     "Outcome",
+    "Released",
+    "RetryLater",
     "Run",
     "ServerError",
     "Trace",
@@ -44,9 +48,24 @@ class CallbackExit(BaseException):
     (as ``sys.exit`` or a test framework's ``fail()`` would)."""
 
 
-class ServerError(Exception):
-    """An HTTP endpoint that answered 5xx: to the gate, as if it had raised (its run's
-    error; never raised)."""
+class Released(Exception):
+    """An HTTP endpoint (or a route) that answered a status the policy does not store: to
+    the gate, as if it had raised (its run's error; never raised).  ``status`` and ``body``
+    are what it answered, and what its own client must get."""
+
+    def __init__(self, message: str, status: int, body: bytes) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+class ServerError(Released):
+    """An HTTP endpoint that answered 5xx."""
+
+
+class RetryLater(Released):
+    """An HTTP endpoint that answered a 4xx asking for the same request again (408, 425,
+    429): released like a 5xx, so the retry runs the endpoint again."""
 
 
 class Unstorable:
@@ -72,6 +91,15 @@ class HttpAnswer:
             if key == name:
                 return value
         return None
+
+    def decoded(self) -> tuple[int, bytes]:
+        """What the response means to its client: its status and its body as decoded by
+        its own headers (a gzip body labelled so is read unzipped)."""
+        body = self.body
+        if self.header("content-encoding") == "gzip":
+            with contextlib.suppress(OSError):
+                body = gzip.decompress(body)
+        return self.status, body
 
 
 @dataclass(slots=True)
