@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import json
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -37,6 +37,7 @@ __all__ = [
     "bounds_of",
     "door",
     "handled_callback",
+    "ledger_run",
     "message_key",
     "sqs_record",
 ]
@@ -276,31 +277,40 @@ def handled_callback(
     loop = asyncio.get_running_loop()
 
     async def callback(call: Call | None) -> Any:
-        run = Run(index, owner_of_task(trace, plan), loop.time())
-        trace.runs.append(run)
-        outcome.runs.append(run)
-        try:
+        with ledger_run(trace, index, plan, outcome, loop) as run:
             if call is not None and plan.behaviour in _HANDLED:
                 value = await _behave_with_call(plan, index, run, loop, call)
             else:
                 value = await behave(plan, index, run, loop, trace.pauses)
-        except asyncio.CancelledError as exc:
-            if plan.behaviour == "cancel_self" and exc.args == ("own",):
-                run.error = exc
-            else:
-                run.cancelled = True
-            raise
-        except BaseException as exc:
-            run.error = exc
-            raise
-        else:
             run.returned = True
             run.value = value
             return value
-        finally:
-            run.ended = loop.time()
 
     return callback
+
+
+@contextlib.contextmanager
+def ledger_run(
+    trace: Trace, index: int, plan: CallPlan, outcome: Outcome, loop: asyncio.AbstractEventLoop
+) -> Iterator[Run]:
+    """One run of a simulated callback or endpoint, in the ledger: how it ended (its own
+    error, a cancellation from outside, or a return the body records) and when."""
+    run = Run(index, owner_of_task(trace, plan), loop.time())
+    trace.runs.append(run)
+    outcome.runs.append(run)
+    try:
+        yield run
+    except asyncio.CancelledError as exc:
+        if plan.behaviour == "cancel_self" and exc.args == ("own",):
+            run.error = exc  # its own, not its caller's
+        else:
+            run.cancelled = True
+        raise
+    except BaseException as exc:
+        run.error = exc
+        raise
+    finally:
+        run.ended = loop.time()
 
 
 _HANDLED = frozenset(

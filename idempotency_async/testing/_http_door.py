@@ -26,7 +26,7 @@ from idempotency_async.integrations._http import (
     exchange,
 )
 from idempotency_async.manager import Manager
-from idempotency_async.testing._doors import Bounds, behave, owner_of_task
+from idempotency_async.testing._doors import Bounds, behave, ledger_run
 from idempotency_async.testing._plans import CallPlan, status_of
 from idempotency_async.testing._trace import (
     HttpAnswer,
@@ -81,22 +81,8 @@ def http_door(
     async def app(scope: Message, receive: Any, send: Any) -> None:
         while (await receive()).get("more_body", False):
             pass
-        run = Run(index, owner_of_task(trace, plan), loop.time())
-        trace.runs.append(run)
-        outcome.runs.append(run)
-        try:
+        with ledger_run(trace, index, plan, outcome, loop) as run:
             await _respond(plan, index, run, loop, trace, send)
-        except asyncio.CancelledError as exc:
-            if plan.behaviour == "cancel_self" and exc.args == ("own",):
-                run.error = exc  # its own, not its caller's
-            else:
-                run.cancelled = True
-            raise
-        except BaseException as exc:
-            run.error = exc
-            raise
-        finally:
-            run.ended = loop.time()
 
     served = _compressing(app) if plan.middleware else app
 

@@ -19,17 +19,9 @@ from typing import Any
 
 from idempotency_async.stores.base import Store
 from idempotency_async.testing._kit_steps import STEPS, stepping
-from idempotency_async.testing._kit_targets import HttpAnswer, Sender
+from idempotency_async.testing._kit_targets import HttpAnswer, Sender, callable_name
 
 __all__ = ["AiohttpRoute"]
-
-
-def _name(obj: object) -> str:
-    module = getattr(obj, "__module__", None)
-    qualname = getattr(obj, "__qualname__", None)
-    if not module or not qualname or "<" in qualname:
-        return "<your build function>"
-    return f"{module}.{qualname}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +73,7 @@ class AiohttpRoute:
             extra += f", headers={self.headers!r}"
         if self.key_header != "Idempotency-Key":
             extra += f", key_header={self.key_header!r}"
-        return f"aiohttp_route({_name(self.build_app)}, {self.path!r}{extra})"
+        return f"aiohttp_route({callable_name(self.build_app)}, {self.path!r}{extra})"
 
 
 async def _counting(request: Any, handler: Any) -> Any:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from idempotency_async.stores.base import Store
-from idempotency_async.testing._kit_targets import LambdaContext, Sender
+from idempotency_async.testing._kit_targets import LambdaContext, Sender, callable_name
 
 __all__ = ["BatchItemFailed", "SqsBatchHandler", "sqs_event"]
 
@@ -44,14 +44,6 @@ def sqs_event(payload: Any, message_id: str, copies: int = 1) -> dict[str, Any]:
         "awsRegion": "us-east-1",
     }
     return {"Records": [dict(record) for _ in range(copies)]}
-
-
-def _name(obj: object) -> str:
-    module = getattr(obj, "__module__", None)
-    qualname = getattr(obj, "__qualname__", None)
-    if not module or not qualname or "<" in qualname:
-        return "<your build function>"
-    return f"{module}.{qualname}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,4 +84,4 @@ class SqsBatchHandler:
         extra = f", timeout={self.timeout!r}" if self.timeout != 30.0 else ""
         if self.copies != 1:
             extra += f", copies={self.copies!r}"
-        return f"sqs_batch_handler({_name(self.build_handler)}{extra})"
+        return f"sqs_batch_handler({callable_name(self.build_handler)}{extra})"

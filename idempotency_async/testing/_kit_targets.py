@@ -28,6 +28,7 @@ __all__ = [
     "LambdaHandler",
     "Sender",
     "Target",
+    "callable_name",
 ]
 
 Sender = Callable[[Any, str], Awaitable[Any]]
@@ -50,7 +51,8 @@ class Target(Protocol):
         ...
 
 
-def _name(obj: object) -> str:
+def callable_name(obj: object) -> str:
+    """``module.qualname`` of a user's build function, for reproducers."""
     module = getattr(obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", None)
     if not module or not qualname or "<" in qualname:
@@ -85,7 +87,7 @@ class FunctionHandler:
         return key if isinstance(key, str) else None
 
     def expression(self) -> str:
-        return f"function_handler({_name(self.build_handler)})"
+        return f"function_handler({callable_name(self.build_handler)})"
 
 
 class LambdaContext:
@@ -123,7 +125,7 @@ class LambdaHandler:
 
     def expression(self) -> str:
         extra = f", timeout={self.timeout!r}" if self.timeout != 30.0 else ""
-        return f"lambda_handler({_name(self.build_handler)}{extra})"
+        return f"lambda_handler({callable_name(self.build_handler)}{extra})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +168,7 @@ class AsgiRoute:
             extra += f", headers={self.headers!r}"
         if self.key_header != "Idempotency-Key":
             extra += f", key_header={self.key_header!r}"
-        return f"asgi_route({_name(self.build_app)}, {self.path!r}{extra})"
+        return f"asgi_route({callable_name(self.build_app)}, {self.path!r}{extra})"
 
 
 async def _request(app: Any, route: AsgiRoute, payload: Any, request_key: str) -> HttpAnswer:

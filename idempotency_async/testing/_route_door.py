@@ -29,7 +29,7 @@ from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from idempotency_async import Redaction, errors
 from idempotency_async.integrations.powertools import idempotent_route
 from idempotency_async.manager import Manager
-from idempotency_async.testing._doors import Bounds, behave, owner_of_task
+from idempotency_async.testing._doors import Bounds, behave, ledger_run
 from idempotency_async.testing._http_door import meaning, released
 from idempotency_async.testing._plans import CallPlan, status_of
 from idempotency_async.testing._trace import HttpAnswer, Outcome, Run, Trace
@@ -105,22 +105,8 @@ def route_door(
     loop = asyncio.get_running_loop()
 
     async def route() -> Response[str]:
-        run = Run(index, owner_of_task(trace, plan), loop.time())
-        trace.runs.append(run)
-        outcome.runs.append(run)
-        try:
+        with ledger_run(trace, index, plan, outcome, loop) as run:
             return await _respond(plan, index, run, loop, trace)
-        except asyncio.CancelledError as exc:
-            if plan.behaviour == "cancel_self" and exc.args == ("own",):
-                run.error = exc  # its own, not its caller's
-            else:
-                run.cancelled = True
-            raise
-        except BaseException as exc:
-            run.error = exc
-            raise
-        finally:
-            run.ended = loop.time()
 
     async def resolve(bounds: Bounds) -> HttpAnswer:
         token = _ROUTE.set(route)
