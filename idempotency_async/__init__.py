@@ -11,6 +11,7 @@ from idempotency_async.events import Event, EventKind
 from idempotency_async.manager import Manager
 from idempotency_async.options import LocalCache, Options, Renewal, ResponseCodec, Wait
 from idempotency_async.record import Record, Status
+from idempotency_async.steps import step
 from idempotency_async.stores.base import Store
 from idempotency_async.stores.memory import MemoryStore
 
@@ -35,4 +36,5 @@ __all__ = [
     "downstream_key",
     "errors",
     "idempotent_function",
+    "step",
 ]

@@ -9,16 +9,20 @@ is the call's one lease as renewed — and its cutoff.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 from idempotency_async._cutoff import Cutoff
 from idempotency_async._flight import Flight
 from idempotency_async._lease import Lease
+from idempotency_async._steps import run_step
 from idempotency_async.errors import ConfigError
 from idempotency_async.record import Completion
 from idempotency_async.stores.base import Written
 
 __all__ = ["Call", "Recorder", "Unprotected"]
+
+T = TypeVar("T")
 
 
 class Recorder(Protocol):
@@ -124,6 +128,11 @@ class Call:
             )
         if self.released is None:
             self.released = reason[:300]
+
+    def step(self, name: str, fn: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+        """:func:`~idempotency_async.step` of this call (the same thing, spelled on the
+        handle)."""
+        return run_step(name, fn)
 
     def _lease(self) -> Lease:
         lease = self._flight.lease

@@ -16,7 +16,7 @@ import hashlib
 from contextvars import ContextVar
 from typing import Final
 
-__all__ = ["CURRENT", "NAMED", "REQUEST", "Run", "derive", "issue"]
+__all__ = ["CURRENT", "NAMED", "REQUEST", "Run", "derive", "derive_in_step", "issue"]
 
 CURRENT: Final[ContextVar[Run | None]] = ContextVar("idempotency_async.downstream", default=None)
 
@@ -27,6 +27,8 @@ NAMED: Final = b"N"
 """Kind of a key asked for by name (``downstream_key``)."""
 REQUEST: Final = b"R"
 """Kind of a key a client hook derives for the n-th request to one method and URL."""
+_STEP: Final = b"S"
+"""Scope of a key derived inside a step (``_steps``): the step's name follows the key."""
 
 
 class Run:
@@ -119,3 +121,10 @@ def derive(key: str, kind: bytes, name: str) -> str:
         )
     ).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+def derive_in_step(key: str, step: str, kind: bytes, name: str) -> str:
+    """As :func:`derive`, inside the step ``step``: the scope kind ``S``, then the step's
+    length and name, then ``kind`` and the name.  Two steps never share a key."""
+    raw = step.encode("utf-8", "surrogatepass")
+    return derive(key, _STEP, len(raw).to_bytes(8, "big").hex() + step + kind.decode() + name)

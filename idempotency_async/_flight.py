@@ -76,6 +76,9 @@ class Flight(Run):
     sent: float = 0.0
     """When (loop time) its latest claim or read was sent: the remaining life a store
     reports in the answer counts from here (for the local cache)."""
+    steps: object = None
+    """Its recovery points (``_steps``): the lifecycle's shared ``Stepper`` once held, the
+    call's own ``Progress`` once it resumed or took a step."""
 
     @property
     def waiters(self) -> int:

@@ -61,6 +61,7 @@ from idempotency_async._responses import (
     not_stored_error,
     not_stored_reason,
 )
+from idempotency_async._steps import UNPROTECTED, Progress, Stepper
 from idempotency_async._waiting import UNANSWERED, Waiting
 from idempotency_async.errors import (
     AlreadyInProgressError,
@@ -68,6 +69,7 @@ from idempotency_async.errors import (
     DeadlineExceededError,
     InconsistentStateError,
     LeaseLostError,
+    PayloadValidationError,
     ResponseNotStoredError,
     StoreAccessDeniedError,
     StoreUnavailableError,
@@ -76,7 +78,15 @@ from idempotency_async.errors import (
 )
 from idempotency_async.options import Options
 from idempotency_async.record import Completion, Record
-from idempotency_async.stores.base import CLAIMED, Found, Store, Verdict, Written, check_key
+from idempotency_async.stores.base import (
+    CLAIMED,
+    Found,
+    RecordsSteps,
+    Store,
+    Verdict,
+    Written,
+    check_key,
+)
 
 __all__ = ["Lifecycle", "TransactionalStore"]
 
@@ -138,6 +148,7 @@ class Lifecycle:
         mode: Mode | None = None,
         shared: _Shared | None = None,
         waiting: Waiting | None = None,
+        records_steps: bool | None = None,
     ) -> None:
         self.options = options
         self.keys = keys
@@ -154,6 +165,12 @@ class Lifecycle:
         self._declared = () if declared is None else declared.classes
         """Exception classes the callback's caller declared results (``replay_errors``)."""
         self.inflight: dict[str, Flight] = {}
+        if records_steps is None:
+            records_steps = isinstance(store, RecordsSteps)
+        self.stepper = Stepper(
+            self.store, options, emitter, capable=records_steps, records=self.mode.records_steps
+        )
+        """Records the steps of this lifecycle's calls (``_steps``)."""
         self._shared = shared if shared is not None else _Shared()
         self._uncached: Replays | None = None
 
@@ -172,6 +189,7 @@ class Lifecycle:
             mode=mode,
             shared=self._shared,
             waiting=self.waiting,
+            records_steps=False,
         )
         # A declared error rolls the savepoint back like any other: what the callback
         # wrote before raising must not commit as its result (docs/manager.md).
@@ -351,7 +369,17 @@ class Lifecycle:
                 raise nonsense
             state, record = verdict.found, verdict.record
             if state is Found.CLAIMED:
-                return lease  # the claim applied after all
+                if record is not None and record.steps is not None:
+                    await self._resume(flight, lease, record, cutoffs)
+                return lease  # the claim applied after all (or resumes recorded steps)
+            if state is Found.RESUMABLE and record is not None:
+                self.keys.validate(record.validation, flight.keys)
+                raise PayloadValidationError(
+                    f"key {flight.keys.key} holds the recovery points of a call with another "
+                    "payload (another validation hash): they are not resumed with this one. "
+                    "Use a new key for a new request",
+                    key=flight.keys.key,
+                )
             if state is Found.COMPLETED and record is not None:
                 return _Replay(self.replays.record(verdict, flight))
             if state is Found.IN_PROGRESS and record is not None:
@@ -384,11 +412,23 @@ class Lifecycle:
             if verdict is CLAIMED:
                 return lease
 
+    async def _resume(self, flight: Flight, lease: Lease, record: Record, cutoffs: Cutoffs) -> None:
+        """The claim kept the record's recovery points: the call resumes them.  A list that
+        cannot be read leaves the claim to its lease (nothing runs)."""
+        try:
+            flight.steps = self.stepper.resume(record)
+        except InconsistentStateError as exc:
+            self.emit("record_unreadable", lease.key, error=exc)
+            await self.mode.abandon(lease, exc, cutoffs)
+            raise
+
     # ------------------------------------------------------------------ 3. hold
 
     def _hold(self, flight: Flight, lease: Lease, loop: asyncio.AbstractEventLoop) -> None:
         """The store confirmed the claim: the key is in progress here, under ``lease``
         (the call's one lease: renewal moves it, every door reads it)."""
+        if flight.steps is None:
+            flight.steps = self.stepper
         flight.hold(lease)
         self.emit("claimed", lease.key)
 
@@ -425,7 +465,12 @@ class Lifecycle:
             self.emit("cut_off", key)
             await self.mode.abandon(lease, exc, cutoffs)
         elif write is Write.RELEASE:
-            await self._release_after_failure(lease, exc, cutoffs)
+            if _step_unsettled(flight):
+                # A step ran and its recovery point may be missing: a retry before the
+                # lease ends would run it again.  Left to its lease, like a cut-off call.
+                await self.mode.abandon(lease, exc, cutoffs)
+            else:
+                await self._release_after_failure(lease, exc, cutoffs)
         elif write is Write.COMPLETE_NOT_STORED:
             await self._complete_not_awaitable(flight, exc, cutoffs.loop, started)
         elif write is Write.COMPLETE_ERROR:
@@ -451,7 +496,7 @@ class Lifecycle:
         if outcome is Outcome.CANCELLED:
             # The callback swallowed its caller's cancellation: no store write after it.
             raise asyncio.CancelledError
-        if write is Write.RELEASE:
+        if write is Write.RELEASE and not _step_unsettled(flight):
             # The callback asked for the key back (Call.release): no completion.
             assert flight.lease is not None
             await self._release_after_failure(flight.lease, None, cutoffs)
@@ -683,6 +728,7 @@ class Lifecycle:
         deadline.  A callback that returned something not awaitable has run, and there is
         nothing to record: ``ConfigError``."""
         started = loop.time()
+        unprotected = UNPROTECTED.set(True)  # steps run unrecorded in it
         try:
             if deadline is None:
                 return await _awaitable(callback())
@@ -698,6 +744,7 @@ class Lifecycle:
         except ReturnedNotAwaitable as returned:
             raise not_awaitable_error(returned.value, None) from None
         finally:
+            UNPROTECTED.reset(unprotected)
             self.emitter.ran(started, loop)
 
 
@@ -771,6 +818,12 @@ def _ended(exc: BaseException, declared: tuple[type[Exception], ...], cutoff: Cu
             return Ended.DECLARED
         return Ended.RAISED
     return Ended.CRASHED
+
+
+def _step_unsettled(flight: Flight) -> bool:
+    """Whether a step of ``flight`` ran and its recovery point may be missing."""
+    steps = flight.steps
+    return isinstance(steps, Progress) and steps.unsettled
 
 
 def _said(call: Call | None) -> Answer:

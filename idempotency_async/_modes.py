@@ -46,6 +46,8 @@ class Mode(Protocol):
     store: Store
     leases: Leases
     replays: Replays
+    records_steps: bool
+    """Whether its calls record their steps (a transaction commits as a whole: no)."""
 
     def claim(self, lease: Lease, loop: asyncio.AbstractEventLoop) -> Awaitable[Verdict]:
         """Send the claim of ``lease`` (the store's own awaitable: no frame of its own)."""
@@ -72,6 +74,8 @@ class Mode(Protocol):
 
 class Plain:
     """Calls on the store: single flight and the local cache learn each result."""
+
+    records_steps = True
 
     def __init__(
         self,
@@ -139,6 +143,8 @@ class Plain:
 
 class InTransaction:
     """Calls in a caller's transaction: nothing learns the result before its COMMIT."""
+
+    records_steps = False
 
     def __init__(
         self, store: TransactionalStore, waiting: Waiting, emitter: Emitter, replays: Replays

@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from idempotency_async._downstream import CURRENT, NAMED, REQUEST, derive, issue
+from idempotency_async._downstream import CURRENT, NAMED, REQUEST, derive, derive_in_step, issue
+from idempotency_async._steps import current_step
 from idempotency_async.errors import ConfigError, NoDownstreamKeyError
 
 if TYPE_CHECKING:
@@ -82,6 +83,9 @@ def downstream_key_or_none(name: str) -> str | None:
     run = CURRENT.get(None)
     if run is None or not run.open:
         return None
+    step = current_step(run)
+    if step is not None:
+        return derive_in_step(run.key, step, NAMED, name)
     return derive(run.key, NAMED, name)
 
 
@@ -129,10 +133,17 @@ class _Policy:
         if not self.allows(host, port):
             return None
         request = f"{method} {scheme}://{host.lower()}:{port}{target}"
-        number = run.number(request)
+        step = current_step(run)
+        if step is None:
+            number = run.number(request)
+            if present:
+                return None  # a header the caller set wins
+            return issue(run, derive(run.key, REQUEST, f"{number} {request}"))
+        # Numbered per step: a step's requests are the same on every run of that step.
+        number = run.number(f"{len(step)}:{step} {request}")
         if present:
-            return None  # a header the caller set wins
-        return issue(run, derive(run.key, REQUEST, f"{number} {request}"))
+            return None
+        return issue(run, derive_in_step(run.key, step, REQUEST, f"{number} {request}"))
 
     def carried(self, method: str, host: str | None, port: int | None, value: str) -> bool:
         """Whether ``value``, in the header of a request this policy does not cover, is a

@@ -34,6 +34,9 @@ __all__ = [
     "StoreUnavailableError",
     "StoreValidationError",
     "NoDownstreamKeyError",
+    "StepMismatchError",
+    "StepResultNotStoredError",
+    "StepNotRecordedError",
 ]
 
 
@@ -251,3 +254,43 @@ class NoDownstreamKeyError(IdempotencyError, LookupError):
     def __init__(self, message: str, *, name: str) -> None:
         super().__init__(message)
         self.name = name
+
+
+class StepMismatchError(IdempotencyError):
+    """A retry asked for another step than the record holds at that position: the step
+    names and order of a call changed between its runs (a deploy that renamed, inserted or
+    reordered a step, or a step chosen by data or time).  The step's function did not run;
+    the recorded progress is kept.  Every retry meets the same mismatch until the record
+    expires or an operator releases it (``idempotency-async release``).
+
+    ``position`` counts from 0; ``recorded`` is the name the record holds there, ``asked``
+    the name this run gave.
+    """
+
+    def __init__(self, message: str, *, key: str, position: int, recorded: str, asked: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.position = position
+        self.recorded = recorded
+        self.asked = asked
+
+
+class StepResultNotStoredError(IdempotencyError):
+    """A step ran but its result could not be stored (not a JSON value, or the step list
+    would pass the store's ``max_response_bytes``).  Its recovery point was recorded
+    without the result, so the step never runs again while the record lives; this error is
+    raised now and on every resume that reaches the step.  ``step`` names it, ``reason``
+    says why."""
+
+    def __init__(self, message: str, *, key: str, step: str, reason: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.step = step
+        self.reason = reason
+
+
+class StepNotRecordedError(CompletionError):
+    """A step ran but writing its recovery point failed or got no answer.  Its effect has
+    happened (``result`` is what it returned); the key is not released — it stays in
+    progress until its lease ends, after which a retry runs this step again (unless the
+    write applied after all: ``outcome_unknown``)."""

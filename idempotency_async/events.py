@@ -23,6 +23,8 @@ EventKind: TypeAlias = Literal[
     "record_unreadable",
     "renew_failed",
     "transaction_not_run",
+    "step_recorded",
+    "step_replayed",
 ]
 
 

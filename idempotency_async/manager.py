@@ -30,7 +30,7 @@ from idempotency_async.events import EventKind
 from idempotency_async.instrumentation import Observer
 from idempotency_async.options import Options
 from idempotency_async.record import Record
-from idempotency_async.stores.base import Store
+from idempotency_async.stores.base import RecordsSteps, Store
 
 if TYPE_CHECKING:
     from idempotency_async.stores.postgres import TransactionConnection
@@ -98,6 +98,7 @@ class Manager:
             self.options,
             self._keys,
             Emitter(self.options, observer),
+            records_steps=isinstance(store, RecordsSteps),
         )
         if self._disabled:
             _log.warning(

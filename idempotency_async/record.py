@@ -56,6 +56,10 @@ class Record(NamedTuple):
     """False when the call succeeded but its response was not stored (see ``not_stored``)."""
     not_stored: str | None = None
     """Why the response was not stored, when the writer said so."""
+    steps: str | None = None
+    """The recovery points of an INPROGRESS record (the steps its calls finished), as the
+    JSON text the manager wrote (:class:`~idempotency_async.stores.base.StepWrite`);
+    ``None`` when it holds none — every record written by a call that took no step."""
 
     def is_expired(self, now: float) -> bool:
         return self.expiration < now

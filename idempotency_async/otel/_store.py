@@ -9,7 +9,7 @@ from collections.abc import Awaitable
 from typing import Protocol, TypeVar
 
 from idempotency_async.record import Claim, Completion, Record
-from idempotency_async.stores.base import Extended, Store, Verdict, Written
+from idempotency_async.stores.base import Extended, Stepped, StepWrite, Store, Verdict, Written
 
 __all__ = ["ObservedStore", "RoundTripObserver", "system_of"]
 
@@ -70,6 +70,11 @@ class ObservedStore:
     async def force_release(self, key: str) -> Record | None:
         return await self._timed("force_release", key, self.inner.force_release(key))
 
+    async def record_step(self, write: StepWrite) -> Stepped:
+        # Called only when the inner store records steps (the manager checks it).
+        inner = self.inner.record_step(write)  # type: ignore[attr-defined]
+        return await self._timed("record_step", write.key, inner)
+
     async def aclose(self) -> None:
         await self.inner.aclose()
 
@@ -94,7 +99,7 @@ def _describe(result: object) -> str | None:
     """``idempotency.store.result``: what the store answered, in one word."""
     if isinstance(result, Verdict):
         return str(result.found.value)
-    if isinstance(result, Written):
+    if isinstance(result, (Written, Stepped)):
         return str(result.value)
     if isinstance(result, bool):
         return "released" if result else "not_owner"

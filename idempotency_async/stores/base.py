@@ -21,6 +21,9 @@ __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
     "Extended",
     "Found",
+    "RecordsSteps",
+    "StepWrite",
+    "Stepped",
     "Store",
     "Verdict",
     "Wakes",
@@ -50,6 +53,10 @@ class Found(enum.Enum):
     """An unexpired completed record: replay it."""
     CLAIMABLE = "claimable"
     """No live record (absent, expired or lapsed); a claim that gets this raced an expiry."""
+    RESUMABLE = "resumable"
+    """Only a claim answers this (stores that record steps): a lapsed or released record
+    carrying another payload's recovery points (another validation hash).  Nothing was
+    written; the progress belongs to the payload that made it."""
 
 
 class Verdict(NamedTuple):
@@ -70,6 +77,37 @@ class Verdict(NamedTuple):
 
 CLAIMED = Verdict(Found.CLAIMED)
 """The verdict of a successful claim (shared: building one per call costs time)."""
+
+
+class StepWrite(NamedTuple):
+    """One recovery point to record (:meth:`RecordsSteps.record_step`): the whole step list
+    after the step, encoded once by the manager."""
+
+    key: str
+    owner: str
+    now: float
+    """The manager's clock (Unix seconds), for stores without a clock of their own."""
+    ttl: float
+    """Seconds from ``now`` until the record expires: a step moves the expiry, as a claim
+    does (never before the lease end)."""
+    position: int
+    """How many steps the record holds before this one: the write applies only then (or
+    when the record already holds exactly ``steps``: this write, sent again)."""
+    steps: str
+    """The step list after this step, as JSON text (a list of ``[name, result]`` and
+    ``[name, null, reason]`` entries).  Stores keep it as it is."""
+
+
+class Stepped(enum.Enum):
+    """What :meth:`RecordsSteps.record_step` found, and did."""
+
+    RECORDED = "recorded"
+    """The owner's INPROGRESS record now holds the list (written, or already held)."""
+    LOST = "lost"
+    """Nothing was written: another claim's record, a completed one, none, or a record
+    holding another number of steps.  The lease is lost."""
+    TOO_LARGE = "too_large"
+    """Nothing was written: the list does not fit the store's own bound."""
 
 
 class Written(enum.Enum):
@@ -207,6 +245,36 @@ class Store(Protocol):
 
     async def aclose(self) -> None:
         """Release what the store owns (clients it opened itself)."""
+        ...
+
+
+@runtime_checkable
+class RecordsSteps(Protocol):
+    """An optional store capability: recording the steps of a call (recovery points).
+
+    A store that has it takes on these obligations in its other operations (each still one
+    atomic request):
+
+    - ``claim`` keeps the steps of a record it takes over when that record is unexpired,
+      INPROGRESS, and has the claim's validation hash (``None`` equals ``None``): a lapsed
+      record, a released one (no owner), or the claim's own.  Its answer carries them —
+      ``Verdict(Found.CLAIMED, record)`` with ``record.steps`` set — and stays
+      :data:`CLAIMED` when there are none.  An expired record's steps are dropped.  A
+      lapsed or released unexpired record carrying steps under *another* validation hash
+      is not taken over: the answer is ``Verdict(Found.RESUMABLE, record)``.
+    - ``extend`` keeps the steps.
+    - ``complete`` drops them, in the write that stores the response.
+    - ``release(key, owner)`` on the owner's record carrying steps writes the *released*
+      state instead of deleting it: INPROGRESS, no owner, its lease ended (just before
+      now), steps, validation and expiry kept.  A release meeting an ownerless record
+      answers ``True``.
+    - ``force_release`` removes the record with its steps.
+    """
+
+    async def record_step(self, write: StepWrite) -> Stepped:
+        """Write ``write.steps`` on the INPROGRESS record ``write.owner`` holds, when it
+        holds ``write.position`` steps (or already exactly ``write.steps``), and move its
+        expiry as a claim would; never moves its lease end."""
         ...
 
 

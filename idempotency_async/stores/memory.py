@@ -14,6 +14,8 @@ from idempotency_async.stores.base import (
     DEFAULT_MAX_RESPONSE_BYTES,
     Extended,
     Found,
+    Stepped,
+    StepWrite,
     Verdict,
     Written,
     judge,
@@ -25,7 +27,10 @@ DEFAULT_MAX_RECORDS = 100_000
 
 # What was written last for a key, as a plain tuple (the cheapest object to build):
 #   (status, owner, expiration, validation, now, lease)          in progress
+#   (status, owner, expiration, validation, now, lease, steps, count)
+#                                                                in progress, with steps
 #   (status, owner, expiration, validation, encoded, not_stored) completed
+# A released record with steps has no owner and the lease end _RELEASED (long past).
 # An in-progress record keeps its claim's (or renewal's) ``now`` and ``lease`` — objects the
 # caller holds anyway — and its lease end is their sum, computed when read: no float of
 # its own per call in flight.  The response is kept encoded only: every read decodes an
@@ -34,13 +39,17 @@ _Entry = tuple[Any, ...]
 
 _INPROGRESS = Status.INPROGRESS
 _COMPLETED = Status.COMPLETED
+_RELEASED = 1.0
+"""The lease end of a released record with steps (as ``now``, with a zero lease): long
+past on any clock, so any claim may resume it."""
 
 
 class MemoryStore:
     """Keeps records in a dict, with the same expiry, lease and owner rules as shared stores.
 
     Every operation completes without awaiting, so each one is atomic on its event loop;
-    it judges by the ``now`` the manager passes.  Memory is bounded by ``max_records``:
+    it judges by the ``now`` the manager passes.  It records steps (recovery points,
+    :class:`~idempotency_async.stores.base.RecordsSteps`).  Memory is bounded by ``max_records``:
     expired records are dropped first (in order of expiry, whatever their TTLs), and when
     every record is still live a new claim is refused with ``StoreUnavailableError`` — a
     live record, in progress or completed, is never evicted.
@@ -75,10 +84,17 @@ class MemoryStore:
         self._refuse_if_closed()
         key, now = claim.key, claim.now
         current = self._entries.get(key)
-        if current is not None and not (current[0] is _INPROGRESS and current[1] == claim.owner):
-            verdict = judge(_record(key, current), now)
-            if verdict.found is not Found.CLAIMABLE:
-                return verdict
+        kept: _Entry | None = None
+        if current is not None:
+            if not (current[0] is _INPROGRESS and current[1] == claim.owner):
+                verdict = judge(_record(key, current), now)
+                if verdict.found is not Found.CLAIMABLE:
+                    return verdict
+            if len(current) > 6 and current[2] >= now:
+                # Unexpired progress: resumed by its own payload only.
+                if current[3] != claim.validation:
+                    return Verdict(Found.RESUMABLE, _record(key, current))
+                kept = current
         if self._expiry and self._expiry[0] < now:
             self._drop_expired(now)
         if key not in self._entries and len(self._entries) >= self.max_records:
@@ -87,8 +103,22 @@ class MemoryStore:
                 "max_records, shorten expires_after, or use a shared store"
             )
         expiration = expiration_for(now, claim.ttl, claim.lease)
-        self._write(key, _INPROGRESS, claim.owner, expiration, claim.validation, now, claim.lease)
-        return CLAIMED
+        if kept is None:
+            self._write(
+                key, _INPROGRESS, claim.owner, expiration, claim.validation, now, claim.lease
+            )
+            return CLAIMED
+        self._write(
+            key,
+            _INPROGRESS,
+            claim.owner,
+            expiration,
+            claim.validation,
+            now,
+            claim.lease,
+            kept[6:],
+        )
+        return Verdict(Found.CLAIMED, _record(key, self._entries[key]))
 
     async def get(self, key: str, *, now: float) -> Verdict:
         self._refuse_if_closed()
@@ -128,7 +158,12 @@ class MemoryStore:
         if current is None:
             return True
         if current[1] != owner:
-            return False
+            return current[1] is None and len(current) > 6  # released already
+        if len(current) > 6:
+            # Progress is kept: the record is released (no owner, its lease long past).
+            status, _, expiration, validation = current[:4]
+            self._write(key, status, None, expiration, validation, _RELEASED, 0.0, current[6:])
+            return True
         del self._entries[key]
         return True
 
@@ -142,8 +177,37 @@ class MemoryStore:
         if current[4] + current[5] > end:
             return Extended.ALREADY_LATER  # never backwards: a newer renewal landed first
         expiration = expiration_for(now, claim.ttl, claim.lease)
-        self._write(key, _INPROGRESS, claim.owner, expiration, current[3], now, claim.lease)
+        self._write(
+            key, _INPROGRESS, claim.owner, expiration, current[3], now, claim.lease, current[6:]
+        )
         return Extended.RENEWED
+
+    async def record_step(self, write: StepWrite) -> Stepped:
+        self._refuse_if_closed()
+        key = write.key
+        current = self._entries.get(key)
+        if current is None or current[0] is not _INPROGRESS or current[1] != write.owner:
+            return Stepped.LOST
+        held = current[6:]
+        if held and held[0] == write.steps:
+            return Stepped.RECORDED  # this write, sent again
+        if (held[1] if held else 0) != write.position:
+            return Stepped.LOST
+        if len(write.steps.encode("utf-8", "surrogatepass")) > self.max_response_bytes:
+            return Stepped.TOO_LARGE
+        now, lease = current[4], current[5]
+        expiration = max(current[2], expiration_for(write.now, write.ttl, now + lease - write.now))
+        self._write(
+            key,
+            _INPROGRESS,
+            write.owner,
+            expiration,
+            current[3],
+            now,
+            lease,
+            (write.steps, write.position + 1),
+        )
+        return Stepped.RECORDED
 
     async def force_release(self, key: str) -> Record | None:
         self._refuse_if_closed()
@@ -173,20 +237,22 @@ class MemoryStore:
         self,
         key: str,
         status: Status,
-        owner: str,
+        owner: str | None,
         expiration: int,
         validation: str | None,
         fifth: Any,
         sixth: Any,
+        steps: tuple[Any, ...] = (),
     ) -> None:
         """Write the entry ``(status, owner, expiration, validation, fifth, sixth)`` (the
         last two: ``now`` and ``lease`` in progress, ``encoded`` and ``not_stored``
-        completed) and queue its expiry."""
+        completed), followed by ``steps`` (the step list and its count, in progress), and
+        queue its expiry."""
         if expiration == self._last_expiration:
             expiration = self._last_expiration  # one int object per second, not per record
         else:
             self._last_expiration = expiration
-        self._entries[key] = (status, owner, expiration, validation, fifth, sixth)
+        self._entries[key] = (status, owner, expiration, validation, fifth, sixth, *steps)
         due = self._due.get(expiration)
         if due is None:
             self._due[expiration] = [key]
@@ -214,7 +280,7 @@ class MemoryStore:
 
 
 def _record(key: str, entry: _Entry) -> Record:
-    status, owner, expiration, validation, fifth, sixth = entry
+    status, owner, expiration, validation, fifth, sixth = entry[:6]
     if status is _INPROGRESS:
         lease_end, encoded, not_stored = fifth + sixth, None, None
     else:
@@ -229,4 +295,5 @@ def _record(key: str, entry: _Entry) -> Record:
         None if encoded is None else decode_json(encoded),
         status is _INPROGRESS or encoded is not None,
         not_stored,
+        entry[6] if len(entry) > 6 else None,
     )
