@@ -252,7 +252,10 @@ class MemoryStore:
             expiration = self._last_expiration  # one int object per second, not per record
         else:
             self._last_expiration = expiration
-        self._entries[key] = (status, owner, expiration, validation, fifth, sixth, *steps)
+        if steps:
+            self._entries[key] = (status, owner, expiration, validation, fifth, sixth, *steps)
+        else:  # the common case, without building from an unpacking
+            self._entries[key] = (status, owner, expiration, validation, fifth, sixth)
         due = self._due.get(expiration)
         if due is None:
             self._due[expiration] = [key]
