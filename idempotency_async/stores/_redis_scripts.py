@@ -47,7 +47,16 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["CLAIM", "COMPLETE", "EXTEND", "FORCE_RELEASE", "GET", "RELEASE", "RELEASE_EXACTLY"]
+__all__ = [
+    "CLAIM",
+    "COMPLETE",
+    "EXTEND",
+    "FORCE_RELEASE",
+    "GET",
+    "RELEASE",
+    "RELEASE_EXACTLY",
+    "STEP",
+]
 
 _COMMON: Final = r"""
 local function head(raw)
@@ -78,6 +87,17 @@ end
 local function wake(command, what)
   if command ~= '' then redis.pcall(command, KEYS[1], what) end
 end
+local function stepped(rec)
+  return rec.steps ~= nil or rec.step_count ~= nil
+end
+local function progress(rec)
+  local steps, count = rec.steps, rec.step_count
+  if type(steps) ~= 'string' or type(count) ~= 'number' or count ~= math.floor(count)
+    or count < 1 or count > 64 then
+    return nil
+  end
+  return ',"step_count":' .. int(count) .. ',"steps":' .. cjson.encode(steps)
+end
 """
 
 CLAIM: Final = (
@@ -85,15 +105,17 @@ CLAIM: Final = (
     + r"""
 local now = clock(ARGV[2])
 local raw = redis.call('GET', KEYS[1])
+local kept = nil
 if raw then
   local rec = head(raw)
   local state = 9
+  local expiration = nil
+  if rec ~= nil then expiration = tonumber(rec.expiration) end
   if rec == nil then
     state = 9
   elseif rec.status == 'INPROGRESS' and rec.owner == ARGV[1] then
     state = nil
   else
-    local expiration = tonumber(rec.expiration)
     if expiration ~= nil and expiration < now then
       state = nil
     elseif rec.status == 'COMPLETED' then
@@ -101,6 +123,25 @@ if raw then
     elseif rec.status == 'INPROGRESS' then
       local lease_end = tonumber(rec.in_progress_expiration)
       if lease_end ~= nil and lease_end < now * 1000 then state = nil else state = 2 end
+    end
+  end
+  if state == nil and stepped(rec) and (expiration == nil or expiration >= now) then
+    kept = progress(rec)
+    local listed = false
+    if kept ~= nil then
+      -- Resuming reads the list once (the only script that does): a list its count does
+      -- not count, or that is not a list, is refused before anything is written.
+      local ok, list = pcall(cjson.decode, rec.steps)
+      listed = ok and type(list) == 'table' and #list == rec.step_count
+    end
+    if not listed or rec.status ~= 'INPROGRESS' then
+      state = 9
+    else
+      local ok, mine = pcall(cjson.decode, '{' .. string.sub(ARGV[5], 2))
+      if not ok or type(mine) ~= 'table' then return redis.error_reply('bad claim tail') end
+      local held = rec.validation
+      if held == cjson.null then held = nil end
+      if held ~= mine.validation then state = 5 end
     end
   end
   if state then return {state, raw, text(now, ARGV[2]), KEYS[1]} end
@@ -111,9 +152,14 @@ end
 local lease = tonumber(ARGV[3])
 local expiration = math.ceil(now + math.max(tonumber(ARGV[4]), lease))
 local value = '{"status":"INPROGRESS","expiration":' .. int(expiration)
-  .. ',"in_progress_expiration":' .. int(math.ceil((now + lease) * 1000)) .. ARGV[5]
+  .. ',"in_progress_expiration":' .. int(math.ceil((now + lease) * 1000))
+if kept == nil then
+  store(KEYS[1], value .. ARGV[5], expiration, now)
+  return 1
+end
+value = value .. string.sub(ARGV[5], 1, -2) .. kept .. '}'
 store(KEYS[1], value, expiration, now)
-return 1
+return {6, value, text(now, ARGV[2]), KEYS[1]}
 """
 )
 
@@ -143,11 +189,28 @@ RELEASE: Final = (
 local raw = redis.call('GET', KEYS[1])
 if not raw then return 1 end
 local rec = head(raw)
-if rec ~= nil and rec.owner == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+if rec == nil then return 0 end
+if rec.owner == ARGV[1] then
+  if rec.status == 'INPROGRESS' and stepped(rec) then
+    local kept = progress(rec)
+    if kept == nil then return 0 end
+    local ended = ARGV[3]
+    if ended == '' then ended = int(math.floor(clock('') * 1000) - 1) end
+    local value = '{"status":"INPROGRESS"'
+    local expiration = tonumber(rec.expiration)
+    if expiration ~= nil then value = value .. ',"expiration":' .. int(expiration) end
+    value = value .. ',"in_progress_expiration":' .. ended
+    if type(rec.validation) == 'string' then
+      value = value .. ',"validation":' .. cjson.encode(rec.validation)
+    end
+    redis.call('SET', KEYS[1], value .. kept .. '}', 'KEEPTTL')
+  else
+    redis.call('DEL', KEYS[1])
+  end
   wake(ARGV[2], 'released')
   return 1
 end
+if rec.owner == nil and rec.status == 'INPROGRESS' and stepped(rec) then return 1 end
 return 0
 """
 )
@@ -166,8 +229,52 @@ local current = tonumber(rec.in_progress_expiration)
 if current ~= nil and current > lease_end then return 2 end
 local expiration = math.ceil(now + math.max(tonumber(ARGV[4]), lease))
 local value = '{"status":"INPROGRESS","expiration":' .. int(expiration)
-  .. ',"in_progress_expiration":' .. int(lease_end) .. ARGV[5]
+  .. ',"in_progress_expiration":' .. int(lease_end)
+if stepped(rec) then
+  local kept = progress(rec)
+  if kept == nil then return 0 end
+  value = value .. string.sub(ARGV[5], 1, -2) .. kept .. '}'
+else
+  value = value .. ARGV[5]
+end
 store(KEYS[1], value, expiration, now)
+return 1
+"""
+)
+
+STEP: Final = (
+    _COMMON
+    + r"""
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+local rec = head(raw)
+if rec == nil or rec.owner ~= ARGV[1] or rec.status ~= 'INPROGRESS' then return 0 end
+local held = 0
+if stepped(rec) then
+  if progress(rec) == nil then return 0 end
+  if rec.steps == ARGV[5] then return 1 end
+  held = rec.step_count
+end
+if held ~= tonumber(ARGV[4]) then return 0 end
+local now = clock(ARGV[2])
+local expiration = math.ceil(now + tonumber(ARGV[3]))
+local lease_end = tonumber(rec.in_progress_expiration)
+local value = '{"status":"INPROGRESS"'
+if lease_end ~= nil then
+  lease_end = math.ceil(lease_end)
+  expiration = math.max(expiration, math.ceil(lease_end / 1000))
+end
+local before = tonumber(rec.expiration)
+if before ~= nil then expiration = math.max(expiration, math.ceil(before)) end
+value = value .. ',"expiration":' .. int(expiration)
+if lease_end ~= nil then value = value .. ',"in_progress_expiration":' .. int(lease_end) end
+if type(rec.validation) == 'string' then
+  value = value .. ',"validation":' .. cjson.encode(rec.validation)
+end
+value = value .. ',"owner":' .. cjson.encode(ARGV[1]) .. ',"step_count":' .. int(held + 1)
+  .. ',"steps":' .. cjson.encode(ARGV[5]) .. '}'
+local px = math.max(math.ceil((expiration - now) * 1000), 0) + 1000
+redis.call('SET', KEYS[1], value, 'PX', math.max(px, redis.call('PTTL', KEYS[1])))
 return 1
 """
 )
