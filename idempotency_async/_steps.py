@@ -250,6 +250,13 @@ def _check_step(progress: Progress, flight: Flight, name: str, key: str) -> None
             "of one call run one at a time (not nested, not under asyncio.gather), so that "
             "their order is the same on every run"
         )
+    if progress.unsettled:
+        raise ConfigError(
+            f"key {key}: step {name!r} was taken after a step whose recovery point was not "
+            "recorded (StepNotRecordedError or LeaseLostError, caught): what the record "
+            "holds is unknown, so no later step of this call can be recorded. Let that error "
+            "propagate: the key is left to its lease, and a retry after it resumes"
+        )
     if name in progress.names:
         raise ConfigError(
             f"key {key}: step {name!r} was taken twice in one call: step names are unique "

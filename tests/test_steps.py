@@ -1234,3 +1234,37 @@ async def test_a_caller_cancelled_during_a_step_write_gets_it_recorded_first() -
     assert record is not None and record.owner is not None, "released after a cancellation"
     assert steps_of(record) == [["charge", "ch_1"]]
     assert events.count("step_recorded") == 1 and events.count("released") == 0
+
+
+@pytest.mark.parametrize("fault", ["write failed", "lease lost"])
+async def test_no_step_runs_after_a_caught_unrecorded_step(clock: Clock, fault: str) -> None:
+    # The callback catches the first step's failed write and goes on: the next step's
+    # function must not run (its recovery point could never be recorded), and nothing
+    # may claim that another worker took the key when none did.
+    store = FailingStepWrites()
+    events = Events()
+    manager = manager_for(store, clock, on_event=events)
+    effects = Effects()
+    key = manager.key_for(PAYLOAD)
+    assert key is not None
+    if fault == "write failed":
+        store.fail.add(0)
+
+    async def first() -> str:
+        if fault == "lease lost":
+            clock.advance(31)
+            await store.claim(Claim(key, "other-worker", clock.now, 30.0, 3600.0, None))
+        return "a"
+
+    async def place() -> Any:
+        with contextlib.suppress(errors.StepNotRecordedError, errors.LeaseLostError):
+            await step("a", first)
+        return await step("b", effects.fn("b"))
+
+    with pytest.raises(errors.ConfigError, match="was not recorded"):
+        await manager.execute(PAYLOAD, place, timeout=30)
+    assert not effects.runs, "a step ran that could never be recorded"
+    assert events.count("released") == 0
+    assert events.count("lease_lost") == (1 if fault == "lease lost" else 0)
+    record = await the_record(store, manager, clock)
+    assert record.owner is not None and record.steps is None
