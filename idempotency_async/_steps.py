@@ -299,17 +299,23 @@ async def _write(
         (b"[" + b",".join(entries) + b"]").decode(),
     )
     loop = asyncio.get_running_loop()
-    bound = lease.write_bound(loop.time())
-    sending: asyncio.Future[Stepped] = asyncio.ensure_future(
-        stepper.store.record_step(write)  # type: ignore[attr-defined]
-    )
-    while not sending.done() and (left := bound - loop.time()) > 0:
-        try:
-            await asyncio.wait((sending,), timeout=left)
-        except asyncio.CancelledError as cancel:
-            cancelled.append(cancel)
-    if not sending.done():
-        sending.cancel()
+    sending = loop.create_task(stepper.store.record_step(write))  # type: ignore[attr-defined]
+    expiry = loop.call_at(lease.write_bound(loop.time()), sending.cancel)
+    current = asyncio.current_task()
+    seen = 0 if current is None else current.cancelling()
+    try:
+        while not sending.done():
+            try:
+                await asyncio.shield(sending)
+            except asyncio.CancelledError as cancel:
+                if current is not None and current.cancelling() > seen:
+                    seen = current.cancelling()
+                    cancelled.append(cancel)  # this call's: raised once the write settled
+            except Exception:  # read from ``sending`` below
+                pass
+    finally:
+        expiry.cancel()
+    if sending.cancelled():
         if cancelled:
             return Stepped.LOST  # not raised: the cancellation is
         raise StepNotRecordedError(

@@ -1268,3 +1268,23 @@ async def test_no_step_runs_after_a_caught_unrecorded_step(clock: Clock, fault: 
     assert events.count("lease_lost") == (1 if fault == "lease lost" else 0)
     record = await the_record(store, manager, clock)
     assert record.owner is not None and record.steps is None
+
+
+async def test_a_step_write_that_never_answers_is_given_up_at_the_lease_end() -> None:
+    store = SlowStepWrites(3600)
+    events = Events()
+    manager = Manager(store, Options(key_prefix="steps", completion_reserve=0.3, on_event=events))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def place() -> Any:
+        return await step("charge", _returning("ch_1"))
+
+    with pytest.raises(errors.DeadlineExceededError):
+        await manager.execute(PAYLOAD, place, timeout=0.8)
+    took = loop.time() - started
+    assert 0.7 <= took < 2.0, took  # held past the cutoff (0.5 s), to the lease end
+    assert store.answered == []
+    record = await record_of(store, manager.key_for(PAYLOAD), manager.options.clock())
+    assert record is not None and record.owner is not None, "released with a write unanswered"
+    assert events.count("released") == 0 and events.count("step_recorded") == 0
