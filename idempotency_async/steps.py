@@ -42,8 +42,9 @@ def step(name: str, fn: Callable[[], Awaitable[T]]) -> Awaitable[T]:
         failed; the key is left to its lease.
     :raises ~idempotency_async.errors.LeaseLostError: another worker holds the key now.
     :raises ~idempotency_async.errors.ConfigError: outside a running call, after
-        ``Call.complete``, a bad or repeated name, a step inside a running step, or a
-        store that does not record steps — before ``fn`` runs.
+        ``Call.complete``, a bad or repeated name, a step inside a running step, after a
+        step whose recovery point was not recorded (its error caught), or a store that
+        does not record steps — before ``fn`` runs.
 
     .. versionadded:: 0.2.0
     """

@@ -1165,3 +1165,126 @@ async def test_a_declared_error_after_steps_completes_without_them(
     assert effects.runs == {"create": 1}
     record = await the_record(store, manager, clock)
     assert record.status is Status.COMPLETED and record.steps is None
+
+
+# -- a step write in flight when the call is cut off or cancelled ------------------------
+
+
+class SlowStepWrites(MemoryStore):
+    """Fault injection: each step write takes ``delay`` seconds before it applies."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.answered: list[Stepped] = []
+
+    async def record_step(self, write: StepWrite) -> Stepped:
+        await asyncio.sleep(self.delay)
+        answer = await super().record_step(write)
+        self.answered.append(answer)
+        return answer
+
+
+async def test_a_step_write_in_flight_at_the_cutoff_is_bounded_at_the_lease_end() -> None:
+    # Lease 1.2 s, cutoff 0.6 s before it; the step's function returns at 0.3 s and its
+    # write takes 0.5 s: in flight when the cutoff fires, done well before the lease ends.
+    store = SlowStepWrites(0.5)
+    manager = Manager(store, Options(key_prefix="steps", completion_reserve=0.6))
+    effects = Effects()
+
+    async def charge() -> str:
+        await asyncio.sleep(0.3)
+        effects.runs["charge"] += 1
+        return "ch_1"
+
+    async def place() -> Any:
+        await step("charge", charge)
+        await asyncio.sleep(5)  # cut off here
+        return "unreachable"
+
+    with pytest.raises(errors.DeadlineExceededError):
+        await manager.execute(PAYLOAD, place, timeout=1.2)
+    assert store.answered == [Stepped.RECORDED], "the cutoff cancelled the step's write"
+    record = await record_of(store, manager.key_for(PAYLOAD), manager.options.clock())
+    assert steps_of(record) == [["charge", "ch_1"]]
+
+
+async def test_a_caller_cancelled_during_a_step_write_gets_it_recorded_first() -> None:
+    store = SlowStepWrites(0.2)
+    events = Events()
+    manager = Manager(store, Options(key_prefix="steps", on_event=events))
+    writing = asyncio.Event()
+
+    async def charge() -> str:
+        asyncio.get_running_loop().call_soon(writing.set)
+        return "ch_1"
+
+    async def place() -> Any:
+        await step("charge", charge)
+        return "done"
+
+    task = asyncio.create_task(manager.execute(PAYLOAD, place, timeout=10))
+    await writing.wait()
+    await asyncio.sleep(0.05)  # the write is in flight
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert store.answered == [Stepped.RECORDED]
+    record = await record_of(store, manager.key_for(PAYLOAD), manager.options.clock())
+    assert record is not None and record.owner is not None, "released after a cancellation"
+    assert steps_of(record) == [["charge", "ch_1"]]
+    assert events.count("step_recorded") == 1 and events.count("released") == 0
+
+
+@pytest.mark.parametrize("fault", ["write failed", "lease lost"])
+async def test_no_step_runs_after_a_caught_unrecorded_step(clock: Clock, fault: str) -> None:
+    # The callback catches the first step's failed write and goes on: the next step's
+    # function must not run (its recovery point could never be recorded), and nothing
+    # may claim that another worker took the key when none did.
+    store = FailingStepWrites()
+    events = Events()
+    manager = manager_for(store, clock, on_event=events)
+    effects = Effects()
+    key = manager.key_for(PAYLOAD)
+    assert key is not None
+    if fault == "write failed":
+        store.fail.add(0)
+
+    async def first() -> str:
+        if fault == "lease lost":
+            clock.advance(31)
+            await store.claim(Claim(key, "other-worker", clock.now, 30.0, 3600.0, None))
+        return "a"
+
+    async def place() -> Any:
+        with contextlib.suppress(errors.StepNotRecordedError, errors.LeaseLostError):
+            await step("a", first)
+        return await step("b", effects.fn("b"))
+
+    with pytest.raises(errors.ConfigError, match="was not recorded"):
+        await manager.execute(PAYLOAD, place, timeout=30)
+    assert not effects.runs, "a step ran that could never be recorded"
+    assert events.count("released") == 0
+    assert events.count("lease_lost") == (1 if fault == "lease lost" else 0)
+    record = await the_record(store, manager, clock)
+    assert record.owner is not None and record.steps is None
+
+
+async def test_a_step_write_that_never_answers_is_given_up_at_the_lease_end() -> None:
+    store = SlowStepWrites(3600)
+    events = Events()
+    manager = Manager(store, Options(key_prefix="steps", completion_reserve=0.3, on_event=events))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def place() -> Any:
+        return await step("charge", _returning("ch_1"))
+
+    with pytest.raises(errors.DeadlineExceededError):
+        await manager.execute(PAYLOAD, place, timeout=0.8)
+    took = loop.time() - started
+    assert 0.7 <= took < 2.0, took  # held past the cutoff (0.5 s), to the lease end
+    assert store.answered == []
+    record = await record_of(store, manager.key_for(PAYLOAD), manager.options.clock())
+    assert record is not None and record.owner is not None, "released with a write unanswered"
+    assert events.count("released") == 0 and events.count("step_recorded") == 0
