@@ -460,6 +460,18 @@ async def test_a_step_write_resent_after_its_answer_was_lost(redis_server: Redis
             await client.aclose()
 
 
+async def test_release_exactly_removes_only_the_progress_shown(store: RedisStore) -> None:
+    await stepped(store)
+    await store.release("k", "a")
+    shown = (await store.get("k", now=time.time())).record
+    assert shown is not None and shown.steps == ONE
+    assert await store.release_exactly(shown._replace(steps=TWO)) is False
+    assert await store.release_exactly(shown._replace(steps=None)) is False
+    assert await raw(store) is not None
+    assert await store.release_exactly(shown) is True
+    assert await raw(store) is None
+
+
 # -- hostile step lists --------------------------------------------------------------------
 
 
@@ -488,7 +500,6 @@ def _with(**fields: Any) -> dict[str, Any]:
         {"steps": ONE, "step_count": True},
         {"steps": ONE, "step_count": "1"},
         {"steps": json.loads(ONE), "step_count": 1},  # the list itself, not its text
-        {"steps": "[[", "step_count": 1},  # not JSON
         {"steps": '{"a":1}', "step_count": 1},  # not a list
     ],
 )
@@ -505,21 +516,26 @@ async def test_a_malformed_step_list_is_unreadable_never_resumed(
         assert await raw(store) == before
 
 
-async def test_a_step_list_nested_past_the_bound_is_never_resumed(
-    redis_server: RedisServer,
+@pytest.mark.parametrize(
+    "steps",
+    [
+        "[" + "[" * 600 + "]" * 600 + "]",  # the server's decoder accepts 1,000 levels
+        "[[",  # the server leaves text it cannot decode to the client (lone surrogates)
+    ],
+)
+async def test_a_list_only_the_client_refuses_is_never_resumed(
+    redis_server: RedisServer, steps: str
 ) -> None:
-    # The server's decoder accepts deeper nesting than the client's bound (512 levels):
-    # the claim is written, then refused by the client — nothing runs, and every later
+    # The claim is written, then refused by the client: nothing runs, and every later
     # claim meets the same unreadable list.
     async with fresh_redis_store(redis_server) as store:
-        deep = "[" + "[" * 600 + "]" * 600 + "]"
-        await put(_standalone(store, redis_server), _with(steps=deep, step_count=1))
+        await put(_standalone(store, redis_server), _with(steps=steps, step_count=1))
         for owner in ("b", "c"):
             with pytest.raises(errors.InconsistentStateError):
                 await store.claim(claim(owner=owner))
         with pytest.raises(errors.InconsistentStateError):
             await store.get("k", now=time.time())
-        assert (await parsed(store))["steps"] == deep
+        assert (await parsed(store))["steps"] == steps
 
 
 def _standalone(store: RedisStore, server: RedisServer) -> RedisStore:
@@ -554,6 +570,19 @@ async def test_a_result_shaped_like_data_never_moves_the_cut(store: RedisStore) 
     verdict = await store.claim(claim(owner="b"))
     assert verdict.found is Found.CLAIMED and verdict.record is not None
     assert verdict.record.steps == nasty
+
+
+async def test_a_lone_surrogate_in_a_result_resumes(store: RedisStore) -> None:
+    # The manager writes a lone surrogate as its JSON escape, which the server's decoder
+    # refuses: the claim leaves reading that list to the client.
+    lone = encode_json([["a", "\ud800"]]).decode()
+    assert await store.claim(claim()) is CLAIMED
+    assert await store.record_step(write(lone, 0)) is Stepped.RECORDED
+    assert await store.release("k", "a") is True
+    verdict = await store.claim(claim(owner="b"))
+    assert verdict.found is Found.CLAIMED and verdict.record is not None
+    assert verdict.record.steps == lone
+    assert json.loads(lone) == [["a", "\ud800"]]
 
 
 # -- through a Manager -----------------------------------------------------------------------

@@ -15,6 +15,17 @@ the script decodes the whole record instead.  Powertools (Python) writes ``data`
 (``{"data": "<JSON text>", "status": …}``), so its completed records are decoded whole;
 their ``data`` is one JSON string, cheap to skip.
 
+Steps (recovery points) ride on an in-progress record after its ``owner``:
+``"step_count":n,"steps":"<the step list's JSON text>"`` — the list as *one JSON string*, so
+the scripts carry it without decoding results (``cjson`` decodes the string and encodes it
+again, value for value), and no result can put a top-level ``,"data":`` into the text.
+``progress(rec)`` re-emits the two members, or answers nil for a damaged pair (a script
+then writes nothing).  Claim keeps them when it takes over an unexpired INPROGRESS record
+(lapsed, released or its own) with the claim's validation (read from the claim's tail);
+extend keeps them; complete drops them; release rewrites the owner's record carrying them
+as *released* (no owner, lease end ``ARGV[3]`` or ``TIME`` less 1 ms, ``KEEPTTL``); step
+(``ARGV``: owner, now, ttl, position, the list) writes them.
+
 Times: ``ARGV[2]`` is the client's clock in Unix seconds, or empty for the server's
 ``TIME``.  Instants follow :mod:`idempotency_async.record`: expiry ``ceil(now + max(ttl,
 lease))`` in seconds, lease end ``ceil((now + lease) * 1000)`` in milliseconds.  The key
@@ -24,7 +35,9 @@ whatever clock judged).
 Answers: claim ``1`` when written, else ``{state, record, now, key}`` with state 2 (in
 progress), 3 (completed), 4 (a lapsed record that may be taken over once the caller holds
 its ``<key>:lock``; only asked for with ``ARGV[6] == 'ask'``, see
-:mod:`idempotency_async.stores.redis`) or 9 (unreadable); complete ``1`` written, ``0``
+:mod:`idempotency_async.stores.redis`), 5 (resumable: steps under another validation,
+nothing written), 6 (written, keeping the record's steps: the record is the one written)
+or 9 (unreadable); step ``1`` recorded (or already held), ``0`` lost; complete ``1`` written, ``0``
 not the owner's record, ``2`` kept (a completion without a response, ``ARGV[5] ==
 'bare'``, met the owner's record completed with one: a response is final); release
 ``1``/``0``; extend (a claim's arguments, fenced by the owner, never moving the lease end
@@ -35,12 +48,12 @@ truncates Lua numbers to integers.  Every answer that carries a record carries `
 too, so the client can tell an answer about another key (a proxy or connection that mixed
 answers up) from one about its own.
 
-Wake-ups: a completion that wrote and a release that deleted publish ``completed`` /
-``released`` on the channel named like the record's Redis key (``KEYS[1]``), in the same
-script and round trip, with the command the client names (``ARGV[6]`` of complete,
-``ARGV[2]`` of release: ``PUBLISH``, or empty for none).  ``redis.pcall``: a server or ACL
-that refuses it (Redis 7 users get no channel permissions by default) never fails the
-write, it only leaves waiters to their next poll.
+Wake-ups: a completion that wrote and a release that deleted (or released) publish
+``completed`` / ``released`` on the channel named like the record's Redis key
+(``KEYS[1]``), in the same script and round trip, with the command the client names
+(``ARGV[6]`` of complete, ``ARGV[2]`` of release: ``PUBLISH``, or empty for none).
+``redis.pcall``: a server or ACL that refuses it (Redis 7 users get no channel permissions
+by default) never fails the write, it only leaves waiters to their next poll.
 """
 
 from __future__ import annotations
@@ -130,9 +143,11 @@ if raw then
     local listed = false
     if kept ~= nil then
       -- Resuming reads the list once (the only script that does): a list its count does
-      -- not count, or that is not a list, is refused before anything is written.
+      -- not count, or that is not a list, is refused before anything is written.  Text
+      -- this decoder refuses (a lone surrogate's escape, which the manager writes) is
+      -- left to the client, which reads every list it resumes.
       local ok, list = pcall(cjson.decode, rec.steps)
-      listed = ok and type(list) == 'table' and #list == rec.step_count
+      listed = not ok or (type(list) == 'table' and #list == rec.step_count)
     end
     if not listed or rec.status ~= 'INPROGRESS' then
       state = 9
@@ -293,9 +308,10 @@ if raw then redis.call('DEL', KEYS[1]) end
 return {raw, KEYS[1]}
 """
 
-# The record as an operator saw it: owner ('' for none, after a leading '='), status, and
+# The record as an operator saw it: owner ('' for none, after a leading '='), status,
 # expiry and lease end as whole seconds / milliseconds ('' for none), rounded up as the
-# client reads them.
+# client reads them, and the step list ('' for none, else after a leading '='): a release
+# removes only the progress the operator was shown.
 RELEASE_EXACTLY: Final = (
     _COMMON
     + r"""
@@ -315,6 +331,13 @@ if '=' .. owner ~= ARGV[1] or rec.status ~= ARGV[2] then return 0 end
 if ceiled(rec.expiration) ~= ARGV[3] or ceiled(rec.in_progress_expiration) ~= ARGV[4] then
   return 0
 end
+local steps = ''
+if type(rec.steps) == 'string' then
+  steps = '=' .. rec.steps
+elseif rec.steps ~= nil then
+  steps = '?'
+end
+if steps ~= ARGV[5] then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
 """

@@ -586,8 +586,8 @@ class RedisStore:
 
     async def release_exactly(self, record: Record) -> bool:
         """Delete the record of ``record.key`` only if it is still ``record``: the same
-        owner, status, expiry and lease end (what ``idempotency-async release`` showed the
-        operator).  False, deleting nothing, when the key holds another record or none.
+        owner, status, expiry, lease end and steps (what ``idempotency-async release``
+        showed the operator).  False, deleting nothing, when the key holds another record or none.
         One atomic script."""
         expiration = "" if record.expiration >= _NEVER else str(record.expiration)
         lease = "" if record.lease_end is None else str(round(record.lease_end * 1000))
@@ -599,6 +599,7 @@ class RedisStore:
             record.status.value,
             expiration,
             lease,
+            b"" if record.steps is None else b"=" + record.steps.encode(),
         )
         return bool(answer == 1)
 
