@@ -9,6 +9,7 @@ SQL.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -659,3 +660,300 @@ def _claim_function(table: str) -> str:
 
     digest = hashlib.sha1(table.encode()).hexdigest()[:10]
     return f'"idempotency_async_v3_claim_{digest}"'
+
+
+# -- transactional steps ----------------------------------------------------------------------
+
+
+class TxSetup:
+    """A manager on a PostgresStore (server clock) and an effects table."""
+
+    def __init__(self, server: PostgresServer, pool: Any, table: str) -> None:
+        self.server = server
+        self.pool = pool
+        self.table = table
+        self.store = PostgresStore(pool, table=table)
+        self.ran: list[str] = []
+
+    def manager(self, **options: Any) -> Manager:
+        return manager(self.store, **options)
+
+    async def effects(self) -> list[tuple[str, int]]:
+        rows = await self.pool.fetch(f"SELECT id, n FROM {self.table}_fx ORDER BY n")
+        return [(row[0], row[1]) for row in rows]
+
+    async def record(self, key: str) -> dict[str, Any] | None:
+        row = await self.pool.fetchrow(
+            f"SELECT status, owner, steps, step_count FROM {self.table} WHERE key = $1", key
+        )
+        return None if row is None else dict(row)
+
+    def insert(self, conn: Any, n: int, *, style: str = "asyncpg") -> Any:
+        """A step function: one row through ``conn``, returning ``{"n": n}``."""
+        table = f"{self.table}_fx"
+
+        async def run() -> dict[str, int]:
+            self.ran.append(f"insert {n}")
+            if style == "asyncpg":
+                await conn.execute(f"INSERT INTO {table} VALUES ($1, $2)", "fx", n)
+            elif style == "psycopg":
+                await conn.execute(f"INSERT INTO {table} VALUES (%s, %s)", ("fx", n))
+            else:
+                from sqlalchemy import text
+
+                await conn.execute(text(f"INSERT INTO {table} VALUES ('fx', :n)"), {"n": n})
+            return {"n": n}
+
+        return run
+
+
+@pytest.fixture
+async def tx(postgres_server: PostgresServer) -> AsyncIterator[TxSetup]:
+    pool = await postgres_server.pool()
+    table = fresh_table_name()
+    await create_table(pool, table=table)
+    await pool.execute(f"CREATE TABLE {table}_fx (id text, n int)")
+    try:
+        yield TxSetup(postgres_server, pool, table)
+    finally:
+        await pool.close()
+
+
+PAYLOAD = {"id": "order", "body": 1}
+
+
+async def test_a_transactional_step_commits_its_rows_with_its_recovery_point(
+    tx: TxSetup,
+) -> None:
+    calls = tx.manager()
+    key = calls.key_for(PAYLOAD)
+    async with tx.pool.acquire() as conn:
+
+        async def work() -> dict[str, Any]:
+            first = await step("one", tx.insert(conn, 1), connection=conn)
+            assert not conn.is_in_transaction()  # committed, the step's own
+            row = await tx.record(key)
+            assert row is not None and row["step_count"] == 1
+            assert await tx.effects() == [("fx", 1)]
+            if fail[0]:
+                raise RuntimeError("after step one")
+            second = await step("two", tx.insert(conn, 2), connection=conn)
+            return {"results": [first, second]}
+
+        fail = [True]
+        with pytest.raises(RuntimeError):
+            await calls.execute(PAYLOAD, work, timeout=30)
+        row = await tx.record(key)
+        assert row is not None and row["owner"] is None and row["step_count"] == 1
+        fail[0] = False
+        # The retry replays step one (its function does not run) and runs step two once.
+        assert await calls.execute(PAYLOAD, work, timeout=30) == {"results": [{"n": 1}, {"n": 2}]}
+    assert tx.ran == ["insert 1", "insert 2"]
+    assert await tx.effects() == [("fx", 1), ("fx", 2)]
+    row = await tx.record(key)
+    assert row is not None and row["status"] == "COMPLETED" and row["steps"] is None
+
+
+async def test_a_step_that_raises_rolls_its_rows_back_and_records_nothing(tx: TxSetup) -> None:
+    calls = tx.manager()
+    key = calls.key_for(PAYLOAD)
+    async with tx.pool.acquire() as conn:
+
+        async def boom() -> None:
+            await tx.insert(conn, 1)()
+            raise ValueError("the step failed after its insert")
+
+        async def work() -> None:
+            await step("one", boom, connection=conn)
+
+        with pytest.raises(ValueError):
+            await calls.execute(PAYLOAD, work, timeout=30)
+        assert not conn.is_in_transaction()
+    assert await tx.effects() == []
+    assert await tx.record(key) is None  # released: nothing recorded, so deleted
+
+
+async def test_a_lost_lease_before_the_commit_leaves_neither_rows_nor_point(
+    tx: TxSetup,
+) -> None:
+    calls = tx.manager()
+    key = calls.key_for(PAYLOAD)
+    async with tx.pool.acquire() as conn:
+
+        async def stolen() -> dict[str, int]:
+            result = await tx.insert(conn, 1)()
+            # Another worker takes the key while the step runs: the step function finds
+            # no row of this owner and raises its SQLSTATE; the COMMIT never runs.
+            await tx.pool.execute(f"UPDATE {tx.table} SET owner = 'thief' WHERE key = $1", key)
+            return result
+
+        async def work() -> None:
+            await step("one", stolen, connection=conn)
+
+        with pytest.raises(errors.LeaseLostError) as caught:
+            await calls.execute(PAYLOAD, work, timeout=30)
+        assert caught.value.result == {"n": 1}
+        assert not conn.is_in_transaction()
+    assert await tx.effects() == []
+    row = await tx.record(key)
+    assert row is not None and row["owner"] == "thief" and row["steps"] is None
+
+
+async def test_a_connection_killed_before_the_commit_leaves_neither_and_a_retry_runs_once(
+    tx: TxSetup,
+) -> None:
+    calls = tx.manager()
+    key = calls.key_for(PAYLOAD)
+    conn = await tx.server.connect()
+    pid = conn.get_server_pid()
+
+    async def killed() -> dict[str, int]:
+        result = await tx.insert(conn, 1)()
+        await tx.pool.execute("SELECT pg_terminate_backend($1)", pid)
+        return result
+
+    async def work() -> str:
+        await step("one", killed, connection=conn)
+        return "done"
+
+    with pytest.raises(errors.StepNotRecordedError):
+        await calls.execute(PAYLOAD, work, timeout=1)  # its lease: one second
+    assert await tx.effects() == []
+    row = await tx.record(key)
+    # Left to its lease (the write's outcome was unknown to the call), nothing recorded.
+    assert row is not None and row["owner"] is not None and row["steps"] is None
+    await asyncio.sleep(1.1)
+    async with tx.pool.acquire() as fresh:
+
+        async def again() -> str:
+            await step("one", tx.insert(fresh, 1), connection=fresh)
+            return "done"
+
+        assert await calls.execute(PAYLOAD, again, timeout=30) == "done"
+        assert await calls.execute(PAYLOAD, again, timeout=30) == "done"
+    assert await tx.effects() == [("fx", 1)]
+
+
+async def test_a_connection_in_a_transaction_is_refused_before_the_step_runs(
+    tx: TxSetup,
+) -> None:
+    calls = tx.manager()
+    async with tx.pool.acquire() as conn:
+
+        async def work() -> None:
+            async with conn.transaction():
+                await step("one", tx.insert(conn, 1), connection=conn)
+
+        with pytest.raises(errors.ConfigError, match="in one already"):
+            await calls.execute(PAYLOAD, work, timeout=30)
+
+        async def pooled() -> None:
+            await step("one", tx.insert(conn, 1), connection=tx.pool)
+
+        with pytest.raises(errors.ConfigError, match="acquire a connection"):
+            await calls.execute({"id": "other", "body": 1}, pooled, timeout=30)
+    assert tx.ran == [] and await tx.effects() == []
+
+
+async def test_a_transactional_step_off_postgres_is_refused_before_it_runs(tx: TxSetup) -> None:
+    from idempotency_async import MemoryStore
+
+    calls = manager(MemoryStore())  # type: ignore[arg-type]
+    async with tx.pool.acquire() as conn:
+
+        async def work() -> None:
+            await step("one", tx.insert(conn, 1), connection=conn)
+
+        with pytest.raises(errors.ConfigError, match="needs a PostgresStore"):
+            await calls.execute(PAYLOAD, work, timeout=30)
+    assert tx.ran == []
+
+
+async def test_in_execute_in_transaction_a_step_with_a_connection_just_runs(
+    tx: TxSetup,
+) -> None:
+    calls = tx.manager()
+    async with tx.pool.acquire() as conn, conn.transaction():
+
+        async def work() -> dict[str, int]:
+            return await step("one", tx.insert(conn, 1), connection=conn)
+
+        assert await calls.execute_in_transaction(conn, PAYLOAD, work) == {"n": 1}
+    assert await tx.effects() == [("fx", 1)]
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+async def test_a_transactional_step_on_psycopg(tx: TxSetup, autocommit: bool) -> None:
+    psycopg = pytest.importorskip("psycopg")
+    calls = tx.manager()
+    key = calls.key_for(PAYLOAD)
+    conn = await psycopg.AsyncConnection.connect(tx.server.dsn, autocommit=autocommit)
+    try:
+
+        async def boom() -> None:
+            await tx.insert(conn, 9, style="psycopg")()
+            raise ValueError("after the insert")
+
+        async def work() -> dict[str, Any]:
+            one = await step("one", tx.insert(conn, 1, style="psycopg"), connection=conn)
+            if fail[0]:
+                await step("two", boom, connection=conn)
+            two = await step("two", tx.insert(conn, 2, style="psycopg"), connection=conn)
+            return {"results": [one, two]}
+
+        fail = [True]
+        with pytest.raises(ValueError):
+            await calls.execute(PAYLOAD, work, timeout=30)
+        assert await tx.effects() == [("fx", 1)]
+        row = await tx.record(key)
+        assert row is not None and row["step_count"] == 1
+        fail[0] = False
+        result = await calls.execute(PAYLOAD, work, timeout=30)
+        assert result == {"results": [{"n": 1}, {"n": 2}]}
+        assert await tx.effects() == [("fx", 1), ("fx", 2)]
+        assert tx.ran == ["insert 1", "insert 9", "insert 2"]
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+@pytest.mark.parametrize("kind", ["connection", "session"])
+async def test_a_transactional_step_on_sqlalchemy(tx: TxSetup, driver: str, kind: str) -> None:
+    pytest.importorskip("sqlalchemy")
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    calls = tx.manager()
+    key = calls.key_for(PAYLOAD)
+    engine = create_async_engine(tx.server.dsn.replace("postgres://", f"postgresql+{driver}://"))
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            if kind == "connection":
+                target: Any = await stack.enter_async_context(engine.connect())
+            else:
+                target = await stack.enter_async_context(AsyncSession(engine))
+
+            async def boom() -> None:
+                await tx.insert(target, 9, style="sqlalchemy")()
+                raise ValueError("after the insert")
+
+            async def work() -> dict[str, Any]:
+                one = await step("one", tx.insert(target, 1, style="sqlalchemy"), connection=target)
+                assert not target.in_transaction()
+                if fail[0]:
+                    await step("two", boom, connection=target)
+                two = await step("two", tx.insert(target, 2, style="sqlalchemy"), connection=target)
+                return {"results": [one, two]}
+
+            fail = [True]
+            with pytest.raises(ValueError):
+                await calls.execute(PAYLOAD, work, timeout=30)
+            assert await tx.effects() == [("fx", 1)]
+            row = await tx.record(key)
+            assert row is not None and row["step_count"] == 1
+            fail[0] = False
+            result = await calls.execute(PAYLOAD, work, timeout=30)
+            assert result == {"results": [{"n": 1}, {"n": 2}]}
+    finally:
+        await engine.dispose()
+    assert await tx.effects() == [("fx", 1), ("fx", 2)]
+    assert tx.ran == ["insert 1", "insert 9", "insert 2"]

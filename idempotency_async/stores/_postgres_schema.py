@@ -65,6 +65,7 @@ __all__ = [
     "literal",
     "response_bound",
     "schema",
+    "step_script",
     "undo",
 ]
 
@@ -115,8 +116,9 @@ class Schema(NamedTuple):
     record_step: str
     """A transactional step's recovery point: $1 key, $2 owner, $3 now (NULL: the
     server's), $4 ttl, $5 position, $6 steps.  True when written; ``STEP_LOST`` raised when
-    the owner's row is not in progress; false (nothing written) when it holds another
-    number of steps."""
+    the owner's row is not in progress or holds another number of steps."""
+    step_function: str
+    """The step function's quoted name (for :func:`step_script`)."""
     table: str
     """The quoted table name."""
 
@@ -287,7 +289,8 @@ BEGIN
             ERRCODE = '{STEP_LOST}',
             MESSAGE = 'idempotency-async: the recovery point of a step of key '
                 || left(p_key, {TOKEN_LIMIT}) || ' was not recorded: the call no longer '
-                || 'holds the key (its lease ended and another worker claimed it)',
+                || 'holds the key at that step (its lease ended and another worker '
+                || 'claimed it)',
             HINT = 'The step''s transaction cannot commit; roll it back.';
     END IF;
     RETURN true;
@@ -337,6 +340,7 @@ SELECT (SELECT wrote FROM u) AS written,
         claim,
         complete,
         record_step,
+        step_fn,
         t,
     )
 
@@ -361,6 +365,21 @@ def undo(table: str, savepoint: str | None, key: str, owner: str) -> str:
         f"DELETE FROM {quote_table(table)} WHERE {mine}; "
         f"SELECT set_config('{_UNFINISHED}', "
         f"replace({unfinished}, {literal(',' + owner + ',')}, ','), true)"
+    )
+
+
+def step_script(
+    function: str, key: str, owner: str, now: float | None, ttl: float, position: int, steps: str
+) -> str:
+    """The text (no parameters: one round trip with the ``COMMIT``) that writes a
+    transactional step's recovery point with the step ``function`` and commits.  When the
+    function raises (the lease was lost), the ``COMMIT`` is not run: the transaction is
+    left aborted, for the caller's ``ROLLBACK``."""
+    when = "NULL" if now is None else literal(repr(float(now)))
+    return (
+        f"SELECT {function}({literal(key)}, {literal(owner)}, {when}::float8, "
+        f"{literal(repr(float(ttl)))}::float8, {int(position)}::integer, "
+        f"{literal(steps)}::text); COMMIT"
     )
 
 

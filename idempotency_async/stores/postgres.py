@@ -42,6 +42,7 @@ from idempotency_async.stores._postgres_sql import (
     lock_wait,
     statements,
 )
+from idempotency_async.stores._postgres_steps import begin_step
 from idempotency_async.stores._postgres_transaction import TransactionStore
 from idempotency_async.stores._postgres_values import (
     check_key,
@@ -54,6 +55,7 @@ from idempotency_async.stores.base import (
     DEFAULT_MAX_RESPONSE_BYTES,
     Extended,
     Stepped,
+    StepTransaction,
     StepWrite,
     Verdict,
     Written,
@@ -429,6 +431,18 @@ class PostgresStore:
             record.steps,
         )
         return row is not None
+
+    async def begin_step(self, connection: Any) -> StepTransaction:
+        """A transactional step's own transaction on the caller's ``connection`` (asyncpg,
+        psycopg 3, or SQLAlchemy's ``AsyncConnection`` / ``AsyncSession``), which must not
+        be in a transaction: ``BEGIN`` now; the recovery point is written through it by the
+        table's step function, and committed with the step's writes
+        (:class:`~idempotency_async.stores.base.RecordsStepsIn`)."""
+        if self._closed:
+            raise closed_error("PostgresStore")
+        return await begin_step(
+            connection, self._schema, self.table, self._client_clock, self.max_response_bytes
+        )
 
     # -- transactional calls ---------------------------------------------------------
 
