@@ -13,7 +13,7 @@ from idempotency_async.record import Claim, Completion, Status
 from idempotency_async.stores.base import Extended, RecordsSteps, Store
 from idempotency_async.testing import StepsContract, StoreContract
 
-RECORDS_STEPS = {"memory", "redis", "redis-cluster", "postgres"}
+RECORDS_STEPS = {"memory", "dynamodb", "dynamodb-light", "redis", "redis-cluster", "postgres"}
 """The conftest backends whose store records steps (recovery points): StepsContract runs on
 these, and every other must refuse ``step()``.  Enabling a backend is adding its name."""
 
