@@ -4,6 +4,7 @@ The opening program (``checkout.py``) runs with the other guides' openings in
 ``tests/test_docs_guides.py``; the others run here, in this process: ``call_step.py`` and
 ``mismatch.py`` print their output blocks, and ``app.py`` is served through httpx's ASGI
 transport.  A Python block without a test here fails ``test_every_python_block_is_run``.
+The CLI block is what ``get`` prints for the record a real failed call leaves.
 """
 
 from __future__ import annotations
@@ -72,3 +73,23 @@ async def test_the_http_app_resumes_after_a_500_without_a_second_charge(
     assert replayed.json() == {"charge": "ch_1"}
     assert replayed.headers["idempotent-replayed"] == "true"
     assert len(charges) == 1  # the retry replayed the charge step
+
+
+async def test_the_cli_block_is_what_get_prints_for_a_released_record() -> None:
+    """The "Operators: the CLI" block, but for its expiry line (a time of day)."""
+    import time
+
+    from test_cli_steps import _failed_after_two_steps
+
+    from idempotency_async import MemoryStore
+    from idempotency_async.cli._render import record_lines
+
+    _, _, record = await _failed_after_two_steps(MemoryStore())
+    text = PAGE.read_text()
+    block = text[text.index("```text\nkey ") + len("```text\n") :].split("```", 1)[0]
+    printed = record_lines(record, time.time())
+    shown = block.splitlines()
+    assert len(printed) == len(shown)
+    for line, documented in zip(printed, shown, strict=True):
+        if not line.startswith("expires"):
+            assert line == documented
