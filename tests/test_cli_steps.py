@@ -56,6 +56,7 @@ async def test_a_released_record_shows_its_steps_and_that_a_retry_resumes() -> N
     lines = "\n".join(record_lines(record, now))
     assert "state       released: a call failed after recording steps" in lines
     assert "(no owner)" in lines and "owner       -" in lines
+    assert "lease end   ended at the release (no call holds the key)" in lines
     assert "steps       2 recorded: create_order (14 B), charge (result not stored)" in lines
     assert "resumes     a retry with the same payload resumes at step 3" in lines
     assert "ord_1" not in lines  # results only with --show-response

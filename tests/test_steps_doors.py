@@ -3,7 +3,9 @@ served on loopback, a Lambda handler, the records of a Lambda batch, and an MCP 
 
 Each door's first run fails after its first step (the endpoint raises, answers 503, the
 batch record or the tool raises); the retry resumes: the first step's function does not
-run again, its recorded result comes back, and the later steps run once.
+run again, its recorded result comes back, and the later steps run once.  In process,
+two claims of docs/steps.md: a waiting duplicate resumes when the holder fails, and a
+retry that returns before its recorded steps completes the record.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from _http_apps import serve_aio, serve_asgi
 from aiohttp import web
 from fastapi import FastAPI
@@ -25,7 +28,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
-from idempotency_async import Event, Manager, MemoryStore, Options, step
+from idempotency_async import Event, Manager, MemoryStore, Options, Wait, step
 from idempotency_async.integrations.aiohttp import idempotency_middleware, idempotent_endpoint
 from idempotency_async.integrations.aws_lambda import idempotent_handler, process_batch
 from idempotency_async.integrations.fastapi import IdempotencyKey
@@ -340,3 +343,52 @@ async def test_mcp_tool_resumes_after_a_tool_error_without_running_its_first_ste
     assert not resumed.is_error and resumed.structured_content == replayed.structured_content
     assert effects.runs == Counter({"reserve:o1": 1, "charge:o1": 1})
     assert _kinds(events)["step_replayed"] == 1
+
+
+# ---------------------------------------------------------------------- execute (in process)
+
+
+async def test_a_waiting_duplicate_resumes_when_the_holder_fails_after_a_step() -> None:
+    effects = Effects()
+    effects.fail_once.add("o1")
+    manager = Manager(MemoryStore(), Options(wait=Wait(timeout=10)))
+    holding = asyncio.Event()
+
+    async def holder() -> dict[str, Any]:
+        await step("reserve", lambda: effects.reserve("o1"))
+        holding.set()
+        await asyncio.sleep(0.1)  # the duplicate is waiting by now
+        raise ConnectionError("the charge service is down")
+
+    first = asyncio.create_task(manager.execute({"order": "o1"}, holder, timeout=10))
+    await holding.wait()
+    waiter = asyncio.create_task(
+        manager.execute({"order": "o1"}, lambda: effects.place("o2-never"), timeout=10)
+    )
+    results = await asyncio.gather(first, waiter, return_exceptions=True)
+
+    assert isinstance(results[0], ConnectionError)
+    # The waiter claimed for itself and resumed: its "reserve" step was replayed (the
+    # holder's result), so only its charge ran.
+    assert results[1] == {"order": "o2-never", "reservation": "res-o1-1", "charge": "ch-o2-never-1"}
+    assert effects.runs == Counter({"reserve:o1": 1, "charge:o2-never": 1})
+
+
+async def test_a_retry_that_returns_before_its_recorded_steps_completes_the_record() -> None:
+    manager = Manager(MemoryStore(), Options())
+    effects = Effects()
+
+    async def two_steps() -> str:
+        await step("reserve", lambda: effects.reserve("o1"))
+        await step("charge", lambda: effects.charge("o1"))
+        raise ConnectionError("after both steps")
+
+    async def returns_early() -> str:
+        return "changed my mind"
+
+    with pytest.raises(ConnectionError):
+        await manager.execute({"order": "o1"}, two_steps, timeout=10)
+    assert await manager.execute({"order": "o1"}, returns_early, timeout=10) == "changed my mind"
+    # Completed (G2): later calls replay, and no step runs again.
+    assert await manager.execute({"order": "o1"}, two_steps, timeout=10) == "changed my mind"
+    assert effects.runs == Counter({"reserve:o1": 1, "charge:o1": 1})

@@ -155,7 +155,9 @@ def record_lines(record: Record, now: float, *, show_response: bool = False) -> 
     ]
     if record.status is Status.INPROGRESS:
         lease = "none (held until expiry)"
-        if record.lease_end is not None:
+        if state == "released":
+            lease = "ended at the release (no call holds the key)"
+        elif record.lease_end is not None:
             lease = _when(record.lease_end, now)
         rows.append(("lease end", lease))
     rows += [
