@@ -83,7 +83,8 @@ class Stepper:
         if records and not capable:
             self.refusal = (
                 f"{type(store).__name__} does not record steps (recovery points): use a store "
-                "that does (MemoryStore, PostgresStore), or call the step's function directly"
+                "that does (MemoryStore, RedisStore, PostgresStore, DynamoDBStore), or call the "
+                "step's function directly"
             )
 
     def resume(self, record: Record) -> Progress:
@@ -183,8 +184,9 @@ class Progress:
         reason: str | None = None
         try:
             entry = encode_json([name, result])
-        except Exception as exc:  # not JSON: recorded without its result
-            reason = f"the step's result is not a JSON value ({exc})"[:300]
+        except Exception:  # not JSON: recorded without its result
+            # (Not the encoder's message: its advice, a response codec, is not for steps.)
+            reason = f"the step's result ({type(result).__name__:.80}) is not a JSON value"
         else:
             if _listed_size(self.entries, entry) > limit:
                 reason = (
