@@ -159,7 +159,11 @@ class Progress:
         if connection is not None and stepper.records:
             # A transactional step: its own transaction on the caller's connection, opened
             # before ``fn`` runs (a connection the store cannot use is ConfigError here).
-            transaction = await _begin(stepper, name, connection)
+            try:
+                transaction = await _begin(stepper, name, connection)
+            except BaseException:
+                self.names.discard(name)  # not taken: the name may be used again
+                raise
         self.current = name
         try:
             pending: Any = fn()

@@ -490,6 +490,24 @@ async def test_a_crashed_holders_steps_resume_after_its_lease(setup: Setup) -> N
     assert work.runs == {"one": 1, "two": 1, "three": 1}
 
 
+async def test_a_kept_step_list_that_cannot_be_read_runs_nothing(setup: Setup) -> None:
+    calls = manager(setup.store, clock=lambda: NOW)
+    work = Flaky()
+    work.fail_after = 1
+    payload = {"id": "order", "body": 1}
+    with pytest.raises(RuntimeError):
+        await calls.execute(payload, work, timeout=30)
+    key = calls.key_for(payload)
+    # Another writer damaged the list (still this payload's, still released).
+    await setup.pool.execute(
+        f'UPDATE {setup.table} SET steps = \'{{"not": "a list"}}\' WHERE key = $1', key
+    )
+    work.fail_after = None
+    with pytest.raises(errors.InconsistentStateError, match="recovery points"):
+        await calls.execute(payload, work, timeout=30)
+    assert work.runs == {"one": 1}
+
+
 async def test_another_payload_on_a_key_with_progress_is_refused(setup: Setup) -> None:
     calls = manager(setup.store, clock=lambda: NOW)
     work = Flaky()
@@ -855,6 +873,20 @@ async def test_a_connection_in_a_transaction_is_refused_before_the_step_runs(
     assert tx.ran == [] and await tx.effects() == []
 
 
+async def test_a_refused_transactional_step_leaves_its_name_free(tx: TxSetup) -> None:
+    calls = tx.manager()
+    async with tx.pool.acquire() as conn:
+
+        async def work() -> dict[str, int]:
+            async with conn.transaction():
+                with pytest.raises(errors.ConfigError):
+                    await step("one", tx.insert(conn, 1), connection=conn)
+            return await step("one", tx.insert(conn, 2), connection=conn)
+
+        assert await calls.execute(PAYLOAD, work, timeout=30) == {"n": 2}
+    assert await tx.effects() == [("fx", 2)]
+
+
 async def test_a_transactional_step_off_postgres_is_refused_before_it_runs(tx: TxSetup) -> None:
     from idempotency_async import MemoryStore
 
@@ -957,3 +989,36 @@ async def test_a_transactional_step_on_sqlalchemy(tx: TxSetup, driver: str, kind
         await engine.dispose()
     assert await tx.effects() == [("fx", 1), ("fx", 2)]
     assert tx.ran == ["insert 1", "insert 9", "insert 2"]
+
+
+async def test_with_telemetry_a_transactional_steps_write_is_a_timed_round_trip(
+    tx: TxSetup,
+) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from idempotency_async.otel import Telemetry
+
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    calls = tx.manager(telemetry=Telemetry(tracer_provider=provider))
+    try:
+        async with tx.pool.acquire() as conn:
+
+            async def work() -> dict[str, int]:
+                return await step("one", tx.insert(conn, 1), connection=conn)
+
+            assert await calls.execute(PAYLOAD, work, timeout=30) == {"n": 1}
+        (span,) = [s for s in spans.get_finished_spans() if s.name.startswith("idempotency")]
+        operations = [
+            (e.attributes or {}).get("db.operation.name")
+            for e in span.events
+            if e.name.startswith("idempotency.store.")
+        ]
+        assert operations == ["claim", "record_step", "complete"]
+    finally:
+        provider.shutdown()
+    assert await tx.effects() == [("fx", 1)]
