@@ -1022,3 +1022,36 @@ async def test_with_telemetry_a_transactional_steps_write_is_a_timed_round_trip(
     finally:
         provider.shutdown()
     assert await tx.effects() == [("fx", 1)]
+
+
+class CountingConnection:
+    """An asyncpg connection that counts what it sends (each call: one round trip)."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self.sent: list[str] = []
+
+    def is_in_transaction(self) -> bool:
+        return bool(self._conn.is_in_transaction())
+
+    async def fetchrow(self, sql: str, *args: Any) -> Any:
+        self.sent.append(sql.split()[0])
+        return await self._conn.fetchrow(sql, *args)
+
+    async def execute(self, sql: str, *args: Any) -> Any:
+        self.sent.append(sql.split()[0] + (" … COMMIT" if sql.endswith("; COMMIT") else ""))
+        return await self._conn.execute(sql, *args)
+
+
+async def test_a_transactional_step_adds_two_round_trips_on_asyncpg(tx: TxSetup) -> None:
+    calls = tx.manager()
+    async with tx.pool.acquire() as raw:
+        conn = CountingConnection(raw)
+
+        async def work() -> dict[str, int]:
+            return await step("one", tx.insert(conn, 1), connection=conn)
+
+        assert await calls.execute(PAYLOAD, work, timeout=30) == {"n": 1}
+    # BEGIN; the step's own INSERT; the step function and the COMMIT in one message.
+    assert conn.sent == ["BEGIN", "INSERT", "SELECT … COMMIT"]
+    assert await tx.effects() == [("fx", 1)]
