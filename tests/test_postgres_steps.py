@@ -1055,3 +1055,45 @@ async def test_a_transactional_step_adds_two_round_trips_on_asyncpg(tx: TxSetup)
     # BEGIN; the step's own INSERT; the step function and the COMMIT in one message.
     assert conn.sent == ["BEGIN", "INSERT", "SELECT … COMMIT"]
     assert await tx.effects() == [("fx", 1)]
+
+
+@pytest.mark.parametrize("point", ["in2", "after2"])
+async def test_a_killed_process_leaves_each_transactional_step_once(
+    tx: TxSetup, point: str
+) -> None:
+    import os
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("_postgres_steps_worker.py")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(worker), tx.server.dsn, tx.table, point, env=env
+    )
+    assert await process.wait() == -9  # SIGKILLed at the point
+    calls = tx.manager()
+    key = calls.key_for(PAYLOAD)
+    row = await tx.record(key)
+    assert row is not None and row["owner"] is not None  # the dead holder's lease
+    if point == "in2":
+        # Step two's insert died with its transaction: neither it nor its point is there.
+        assert await tx.effects() == [("fx", 1)] and row["step_count"] == 1
+    else:
+        assert await tx.effects() == [("fx", 1), ("fx", 2)] and row["step_count"] == 2
+    await asyncio.sleep(1.2)  # the dead holder's lease (1 s) ends
+    async with tx.pool.acquire() as conn:
+
+        async def work() -> str:
+            for n in (1, 2, 3):
+                await step(f"step-{n}", tx.insert(conn, n), connection=conn)
+            return "done"
+
+        assert await calls.execute(PAYLOAD, work, timeout=30) == "done"
+    # Each step's row exactly once; the resume ran only what was not committed.
+    assert await tx.effects() == [("fx", 1), ("fx", 2), ("fx", 3)]
+    assert tx.ran == (["insert 2", "insert 3"] if point == "in2" else ["insert 3"])
