@@ -1097,3 +1097,35 @@ async def test_a_killed_process_leaves_each_transactional_step_once(
     # Each step's row exactly once; the resume ran only what was not committed.
     assert await tx.effects() == [("fx", 1), ("fx", 2), ("fx", 3)]
     assert tx.ran == (["insert 2", "insert 3"] if point == "in2" else ["insert 3"])
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_a_transactional_steps_result_travels_as_a_literal_intact(
+    tx: TxSetup, driver: str
+) -> None:
+    tricky = {"s": "%s %(x)s $1 ' '' \\ \\' E'x' \u00e9 \U0001f600 ;COMMIT; --", "n": 1e300}
+    if driver == "psycopg":
+        psycopg = pytest.importorskip("psycopg")
+        conn: Any = await psycopg.AsyncConnection.connect(tx.server.dsn, autocommit=True)
+    else:
+        conn = await tx.server.connect()
+    calls = tx.manager()
+    key = calls.key_for(PAYLOAD)
+    try:
+
+        async def value() -> dict[str, Any]:
+            return tricky
+
+        async def work() -> None:
+            assert await step("one", value, connection=conn) == tricky
+            raise RuntimeError("keep the progress")
+
+        with pytest.raises(RuntimeError):
+            await calls.execute(PAYLOAD, work, timeout=30)
+    finally:
+        await conn.close()
+    row = await tx.record(key)
+    assert row is not None and row["step_count"] == 1
+    import json
+
+    assert json.loads(row["steps"]) == [["one", tricky]]
