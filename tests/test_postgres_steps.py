@@ -1129,3 +1129,21 @@ async def test_a_transactional_steps_result_travels_as_a_literal_intact(
     import json
 
     assert json.loads(row["steps"]) == [["one", tricky]]
+
+
+async def test_a_transactional_step_whose_list_never_fits_rolls_back(tx: TxSetup) -> None:
+    calls = manager(PostgresStore(tx.pool, table=tx.table, max_response_bytes=30))
+    async with tx.pool.acquire() as conn:
+
+        async def big() -> str:
+            await tx.insert(conn, 1)()
+            return "x" * 100
+
+        async def work() -> None:
+            await step("one", big, connection=conn)
+
+        # Neither the result nor the note that it was not stored fits 30 bytes.
+        with pytest.raises(errors.IdempotencyError):
+            await calls.execute(PAYLOAD, work, timeout=30)
+        assert not conn.is_in_transaction()
+    assert await tx.effects() == []
