@@ -1147,3 +1147,25 @@ async def test_a_transactional_step_whose_list_never_fits_rolls_back(tx: TxSetup
             await calls.execute(PAYLOAD, work, timeout=30)
         assert not conn.is_in_transaction()
     assert await tx.effects() == []
+
+
+async def test_racing_claims_resume_a_released_row_once(setup: Setup) -> None:
+    store = setup.store
+    keys = [f"race-{n}" for n in range(10)]
+    for key in keys:
+        assert await store.claim(claim(key=key)) is CLAIMED
+        assert await store.record_step(write(ONE, 0, key=key)) is Stepped.RECORDED
+        assert await store.release(key, "a") is True
+    verdicts = await asyncio.gather(
+        *(store.claim(claim(f"w{n}", key=key, now=NOW + 1)) for key in keys for n in range(3))
+    )
+    for index, key in enumerate(keys):
+        mine = verdicts[3 * index : 3 * index + 3]
+        claimed = [v for v in mine if v.found is Found.CLAIMED]
+        assert len(claimed) == 1, (key, mine)
+        assert claimed[0].record is not None and claimed[0].record.steps == ONE
+        others = [v for v in mine if v.found is not Found.CLAIMED]
+        assert all(v.found is Found.IN_PROGRESS for v in others)
+        row = await setup.row(key)
+        assert row is not None and row["owner"] == claimed[0].record.owner
+        assert row["step_count"] == 1
