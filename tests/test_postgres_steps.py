@@ -623,9 +623,13 @@ async def test_migration_from_schema_2_keeps_the_records_and_rewrites_nothing(
     pool = await postgres_server.pool()
     table = fresh_table_name()
     try:
-        # A table at schema version 2: today's DDL without the step columns.
+        # A table at schema version 2: without the step columns and version 3's claim and
+        # step functions.
         await create_table(pool, table=table)
         await pool.execute(f"ALTER TABLE {table} DROP COLUMN steps, DROP COLUMN step_count")
+        await pool.execute(f"DROP FUNCTION {_function(table, 'claim')}")
+        await pool.execute(f"DROP FUNCTION {_function(table, 'step')}")
+        await pool.execute(f"COMMENT ON TABLE {table} IS 'idempotency-async records, schema 2'")
         await pool.execute(
             f"INSERT INTO {table} (key, status, owner, expires_at, lease_ends_at, "
             "validation, response) VALUES "
@@ -653,6 +657,16 @@ async def test_migration_from_schema_2_keeps_the_records_and_rewrites_nothing(
         assert await store.record_step(write(ONE, 0)) is Stepped.RECORDED
         comment = await pool.fetchval("SELECT obj_description($1::regclass)", table)
         assert comment == "idempotency-async records, schema 3"
+        # Transactional calls and steps work on it.
+        calls = manager(store)
+        async with pool.acquire() as conn:
+            async with conn.transaction():
+                assert await calls.execute_in_transaction(conn, {"id": "t", "body": 1}, _one) == 1
+
+            async def stepped() -> int:
+                return await step("one", _one, connection=conn)
+
+            assert await calls.execute({"id": "s", "body": 1}, stepped, timeout=30) == 1
     finally:
         await pool.close()
 
@@ -664,7 +678,7 @@ async def test_a_transactional_call_on_a_schema_2_table_asks_for_the_migration(
     table = fresh_table_name()
     try:
         await create_table(pool, table=table)
-        await pool.execute(f"DROP FUNCTION {_claim_function(table)}")
+        await pool.execute(f"DROP FUNCTION {_function(table, 'claim')}")
         store = PostgresStore(pool, table=table)
         async with pool.acquire() as conn, conn.transaction():
             with pytest.raises(errors.ConfigError, match="schema version 3"):
@@ -673,11 +687,15 @@ async def test_a_transactional_call_on_a_schema_2_table_asks_for_the_migration(
         await pool.close()
 
 
-def _claim_function(table: str) -> str:
+def _function(table: str, kind: str) -> str:
     import hashlib
 
     digest = hashlib.sha1(table.encode()).hexdigest()[:10]
-    return f'"idempotency_async_v3_claim_{digest}"'
+    return f'"idempotency_async_v3_{kind}_{digest}"'
+
+
+async def _one() -> int:
+    return 1
 
 
 # -- transactional steps ----------------------------------------------------------------------
