@@ -214,6 +214,8 @@ class Progress:
                 stepper.emitter.emit("step_recorded", key)
             raise cancelled[0]
         if stepped is not Stepped.RECORDED:
+            if transaction is not None:
+                await transaction.rollback()  # (a list still too large left it open)
             error = LeaseLostError(
                 f"key {key}: the recovery point of step {name!r} was not recorded: the lease "
                 "ended and another worker claimed the key (its record was left intact). The "
