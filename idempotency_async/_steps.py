@@ -213,9 +213,20 @@ class Progress:
                 self.unsettled = False
                 stepper.emitter.emit("step_recorded", key)
             raise cancelled[0]
-        if stepped is not Stepped.RECORDED:
+        if stepped is Stepped.TOO_LARGE:
+            # Not even the step's "not stored" entry fits after the steps before it.
             if transaction is not None:
-                await transaction.rollback()  # (a list still too large left it open)
+                await transaction.rollback()  # its effects are undone: nothing to keep
+                self.unsettled = False
+            raise StepNotRecordedError(
+                f"key {key}: step {name!r} ran but its recovery point does not fit the "
+                "store's record, even without its result: the steps before it fill it. "
+                "Return smaller step results. The key stays in progress until its lease ends; "
+                "the step's result is on this error",
+                key=key,
+                result=result,
+            )
+        if stepped is not Stepped.RECORDED:
             error = LeaseLostError(
                 f"key {key}: the recovery point of step {name!r} was not recorded: the lease "
                 "ended and another worker claimed the key (its record was left intact). The "

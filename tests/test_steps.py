@@ -369,6 +369,29 @@ async def test_a_list_the_store_finds_too_large_is_recorded_not_stored(clock: Cl
     assert entries is not None and entries[0][:2] == ["big", None]
 
 
+async def test_a_step_whose_not_stored_entry_cannot_fit_either_is_not_recorded(
+    clock: Clock,
+) -> None:
+    """The steps before it fill the record: the step ran, nothing of it fits, so the key
+    is left to its lease (never reported as a lease another worker took)."""
+    store = MemoryStore(max_response_bytes=1000)
+    manager = manager_for(store, clock)
+    effects = Effects()
+
+    async def place() -> Any:
+        await step("small", effects.fn("small", "x" * 980))
+        await step("big", effects.fn("big", "y" * 10))
+        return "unreachable"
+
+    with pytest.raises(errors.StepNotRecordedError, match="does not fit") as caught:
+        await manager.execute(PAYLOAD, place, timeout=10)
+    assert caught.value.result == "y" * 10
+    record = await the_record(store, manager, clock)
+    assert record.owner is not None  # not released: left to its lease
+    assert steps_of(record) == [["small", "x" * 980]]
+    assert effects.runs == {"small": 1, "big": 1}
+
+
 # -- failed step writes, lost leases ------------------------------------------------------
 
 
