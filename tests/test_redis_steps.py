@@ -493,6 +493,33 @@ async def test_release_exactly_removes_only_the_progress_shown(store: RedisStore
     assert await raw(store) is None
 
 
+async def test_a_managers_step_write_resent_after_a_lost_answer(
+    redis_server: RedisServer,
+) -> None:
+    async with lossy_proxy(redis_server.port) as proxy:
+        client = redis_asyncio.Redis(host="127.0.0.1", port=proxy.port)  # default retries
+        store = RedisStore(client, key_prefix=f"lossy{time.time_ns()}:")
+        manager = _manager(store)
+        ran: list[str] = []
+        try:
+            await client.ping()
+
+            async def callback() -> list[int]:
+                proxy.lose_answers(1)  # the next answer: the first step's write
+                one = await step("one", lambda: asyncio.sleep(0, ran.append("one") or 1))
+                assert proxy.answers_lost == 1
+                two = await step("two", lambda: asyncio.sleep(0, ran.append("two") or 2))
+                return [one, two]
+
+            assert await manager.execute("resent", callback) == [1, 2]
+            assert ran == ["one", "two"]
+            assert await manager.execute("resent", callback) == [1, 2]
+            assert ran == ["one", "two"]
+        finally:
+            await store.aclose()
+            await client.aclose()
+
+
 # -- hostile step lists --------------------------------------------------------------------
 
 
