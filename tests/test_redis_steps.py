@@ -10,6 +10,7 @@ wake-ups, resends through a proxy that loses answers, the cluster).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -22,11 +23,11 @@ from _tcp_proxy import lossy_proxy
 
 from idempotency_async import Manager, Options, errors, step
 from idempotency_async._json import encode_json
-from idempotency_async.events import Event
 from idempotency_async.options import Renewal, Wait
 from idempotency_async.record import Claim, Completion, Status
+from idempotency_async.stores._redis_records import claim_tail
 from idempotency_async.stores.base import CLAIMED, Extended, Found, Stepped, StepWrite, Written
-from idempotency_async.stores.redis import RedisStore
+from idempotency_async.stores.redis import _CLAIM, RedisStore
 
 pytestmark = pytest.mark.redis
 
@@ -65,23 +66,34 @@ async def store(
     async with fresh_redis_store(server, cluster=cluster) as redis_store:
         redis_store.test_server = server  # type: ignore[attr-defined]
         redis_store.test_cluster = cluster  # type: ignore[attr-defined]
-        yield redis_store
+        # One client to inspect the server with (a cluster client takes a while to start).
+        inspect = server.cluster_client() if cluster else server.client()
+        redis_store.test_client = inspect  # type: ignore[attr-defined]
+        try:
+            yield redis_store
+        finally:
+            await inspect.aclose()
 
 
-def _client(store: RedisStore) -> Any:
-    server: RedisServer = store.test_server  # type: ignore[attr-defined]
-    if store.test_cluster:  # type: ignore[attr-defined]
-        return server.cluster_client()
-    return server.client()
+@contextlib.asynccontextmanager
+async def _client(store: RedisStore) -> AsyncIterator[Any]:
+    """The store fixture's inspection client, or a client of its own for stores built in
+    a test (closed after)."""
+    kept = getattr(store, "test_client", None)
+    if kept is not None:
+        yield kept
+        return
+    client = store.test_server.client()  # type: ignore[attr-defined]
+    try:
+        yield client
+    finally:
+        await client.aclose()
 
 
 async def raw(store: RedisStore, key: str = "k") -> bytes | None:
-    client = _client(store)
-    try:
+    async with _client(store) as client:
         value: bytes | None = await client.get(store.key_prefix + key)
         return value
-    finally:
-        await client.aclose()
 
 
 async def parsed(store: RedisStore, key: str = "k") -> dict[str, Any]:
@@ -92,29 +104,20 @@ async def parsed(store: RedisStore, key: str = "k") -> dict[str, Any]:
 
 
 async def pttl(store: RedisStore, key: str = "k") -> int:
-    client = _client(store)
-    try:
+    async with _client(store) as client:
         return int(await client.pttl(store.key_prefix + key))
-    finally:
-        await client.aclose()
 
 
 async def expire_time(store: RedisStore, key: str = "k") -> int:
     """The key's absolute expiry (``PEXPIRETIME``, Redis 7), in Unix milliseconds."""
-    client = _client(store)
-    try:
+    async with _client(store) as client:
         return int(await client.execute_command("PEXPIRETIME", store.key_prefix + key))
-    finally:
-        await client.aclose()
 
 
 async def put(store: RedisStore, item: dict[str, Any] | bytes, key: str = "k") -> None:
-    client = _client(store)
-    try:
+    async with _client(store) as client:
         text = item if isinstance(item, bytes) else json.dumps(item).encode()
         await client.set(store.key_prefix + key, text, px=3_600_000)
-    finally:
-        await client.aclose()
 
 
 async def stepped(store: RedisStore, key: str = "k", steps: str = ONE) -> None:
@@ -196,6 +199,20 @@ async def test_claim_keeps_steps_when_both_validations_are_absent(store: RedisSt
     assert verdict.found is Found.RESUMABLE
 
 
+async def test_a_resuming_claim_waits_for_its_replicas(redis_server: RedisServer) -> None:
+    # min_replicas: a claim that kept steps was written like any other, and is refused
+    # like any other when too few replicas acknowledged it (this server has none).
+    async with fresh_redis_store(redis_server) as store:
+        assert await store.claim(claim(lease=0.05)) is CLAIMED
+        assert await store.record_step(write(ONE, 0)) is Stepped.RECORDED
+        await asyncio.sleep(0.1)
+        async with fresh_redis_store(
+            redis_server, key_prefix=store.key_prefix, min_replicas=1, replica_timeout=0.05
+        ) as waiting:
+            with pytest.raises(errors.StoreUnavailableError, match="min_replicas"):
+                await waiting.claim(claim(owner="b"))
+
+
 async def test_another_validation_answers_resumable_and_writes_nothing(store: RedisStore) -> None:
     await stepped(store)
     assert await store.release("k", "a") is True
@@ -247,11 +264,7 @@ async def test_claim_drops_an_expired_records_steps(store: RedisStore) -> None:
 
 
 async def test_the_first_claims_answer_is_unchanged(store: RedisStore) -> None:
-    client = _client(store)
-    try:
-        from idempotency_async.stores._redis_records import claim_tail
-        from idempotency_async.stores.redis import _CLAIM
-
+    async with _client(store) as client:
         answer = await client.evalsha(
             _CLAIM.sha,
             1,
@@ -263,8 +276,6 @@ async def test_the_first_claims_answer_is_unchanged(store: RedisStore) -> None:
             claim_tail("a", "h"),
             b"",
         )
-    finally:
-        await client.aclose()
     assert answer == 1  # no record, no text, nothing to decode
 
 
@@ -311,11 +322,8 @@ async def test_complete_drops_the_steps(store: RedisStore) -> None:
 async def test_release_keeps_the_steps_as_released(store: RedisStore) -> None:
     await stepped(store)
     before, px_before = await parsed(store), await expire_time(store)
-    client = _client(store)
-    try:
+    async with _client(store) as client:
         seconds, micros = await client.time()
-    finally:
-        await client.aclose()
     assert await store.release("k", "a") is True
     item = await parsed(store)
     assert "owner" not in item
@@ -410,6 +418,19 @@ async def test_step_moves_the_expiry_forward_never_the_lease_end(store: RedisSto
     assert await pttl(store) >= ttl_now - 30_000
 
 
+async def test_step_never_shortens_the_keys_px(redis_server: RedisServer) -> None:
+    # A client clock that jumped ahead: the record's expiry stays (never backwards), and
+    # the key's PX must not shrink to what that clock computes from it.
+    async with fresh_redis_store(redis_server, judged_by="client") as store:
+        now = time.time()
+        assert await store.claim(claim(now=now)) is CLAIMED
+        px = await pttl(_standalone(store, redis_server))
+        assert px > 3_500_000
+        ahead = StepWrite("k", "a", now + 3000, 1.0, 0, ONE)
+        assert await store.record_step(ahead) is Stepped.RECORDED
+        assert await pttl(store) > px - 5_000
+
+
 async def test_step_never_runs_the_expiry_before_the_lease_end(store: RedisStore) -> None:
     assert await store.claim(claim(lease=500.0, ttl=1.0)) is CLAIMED
     lease_end = (await parsed(store))["in_progress_expiration"]
@@ -471,6 +492,33 @@ async def test_release_exactly_removes_only_the_progress_shown(store: RedisStore
     assert await raw(store) is not None
     assert await store.release_exactly(shown) is True
     assert await raw(store) is None
+
+
+async def test_a_managers_step_write_resent_after_a_lost_answer(
+    redis_server: RedisServer,
+) -> None:
+    async with lossy_proxy(redis_server.port) as proxy:
+        client = redis_asyncio.Redis(host="127.0.0.1", port=proxy.port)  # default retries
+        store = RedisStore(client, key_prefix=f"lossy{time.time_ns()}:")
+        manager = _manager(store)
+        ran: list[str] = []
+        try:
+            await client.ping()
+
+            async def callback() -> list[int]:
+                proxy.lose_answers(1)  # the next answer: the first step's write
+                one = await step("one", lambda: asyncio.sleep(0, ran.append("one") or 1))
+                assert proxy.answers_lost == 1
+                two = await step("two", lambda: asyncio.sleep(0, ran.append("two") or 2))
+                return [one, two]
+
+            assert await manager.execute("resent", callback) == [1, 2]
+            assert ran == ["one", "two"]
+            assert await manager.execute("resent", callback) == [1, 2]
+            assert ran == ["one", "two"]
+        finally:
+            await store.aclose()
+            await client.aclose()
 
 
 # -- hostile step lists --------------------------------------------------------------------
@@ -644,21 +692,24 @@ async def test_another_payload_cannot_resume_the_progress(store: RedisStore) -> 
 
 async def test_a_renewed_call_keeps_its_steps_across_renewals(store: RedisStore) -> None:
     manager = _manager(store, renewal=Renewal(lease=0.6, every=0.1))
-    renewals: list[Event] = []
+    key = manager.key_for("renewed")
+    assert key is not None
+    lease_ends: set[int] = set()
 
     async def callback() -> str:
         await step("one", lambda: asyncio.sleep(0, 1))
-        await asyncio.sleep(1.0)  # several renewals land after the step
+        for _ in range(20):  # renewals land after the step, each moving the lease end
+            await asyncio.sleep(0.05)
+            item = await parsed(store, key)
+            assert (item["step_count"], item["owner"] is not None) == (1, True)
+            lease_ends.add(item["in_progress_expiration"])
         raise Boom
 
     with pytest.raises(Boom):
         await manager.execute("renewed", callback)
-    key = manager.key_for("renewed")
-    assert key is not None
+    assert len(lease_ends) >= 4, "the lease was not renewed while the steps were held"
     item = await parsed(store, key)
     assert item["step_count"] == 1 and "owner" not in item
-    del renewals
-
     ran: list[int] = []
 
     async def again() -> int:
@@ -688,13 +739,16 @@ async def test_an_expired_records_steps_run_again(redis_server: RedisServer) -> 
 
 
 async def test_a_released_call_with_steps_wakes_its_waiters(redis_server: RedisServer) -> None:
-    async with fresh_redis_store(redis_server) as store:
-        assert store.wake_waiters
-        holder = _manager(store)
-        waiter = _manager(store, wait=Wait(timeout=20.0))
-        stepped_event = asyncio.Event()
-        release = asyncio.Event()
+    prefix = f"w{time.time_ns()}:"
+    async with (
+        fresh_redis_store(redis_server, key_prefix=prefix) as holder_store,
+        fresh_redis_store(redis_server, key_prefix=prefix) as waiter_store,
+    ):
+        holder = _manager(holder_store)
+        waiter = _manager(waiter_store, wait=Wait(timeout=20.0))
+        stepped_event, release = asyncio.Event(), asyncio.Event()
         ran: list[str] = []
+        resumed_at: list[float] = []
 
         async def first() -> str:
             await step("one", lambda: asyncio.sleep(0, ran.append("first") or 1))
@@ -704,20 +758,43 @@ async def test_a_released_call_with_steps_wakes_its_waiters(redis_server: RedisS
 
         async def second() -> str:
             await step("one", lambda: asyncio.sleep(0, ran.append("second") or 1))
+            resumed_at.append(time.monotonic())
             return "resumed"
 
         holding = asyncio.create_task(holder.execute("woken", first))
         await stepped_event.wait()
-        started = time.monotonic()
         waiting = asyncio.create_task(waiter.execute("woken", second))
-        await asyncio.sleep(0.3)  # the waiter is subscribed and polls slowly
+        end = time.monotonic() + 5
+        while not (waiter_store._wakeups is not None and waiter_store._wakeups.live):
+            assert time.monotonic() < end, "the waiter never subscribed"
+            await asyncio.sleep(0.01)
+        # Long enough that the waiter's next poll is over a second away: only the
+        # release's PUBLISH wakes it within half a second.
+        await asyncio.sleep(1.7)
         release.set()
         with pytest.raises(Boom):
             await holding
+        released = time.monotonic()
         assert await waiting == "resumed"
-        # Woken by the release's PUBLISH, not by a poll seconds later.
-        assert time.monotonic() - started < 1.5
-        assert ran == ["first"]
+        assert resumed_at[0] - released < 0.5
+        assert ran == ["first"]  # the waiter resumed the released progress
+
+
+async def test_a_release_with_steps_publishes_released(store: RedisStore) -> None:
+    if store.test_cluster:  # type: ignore[attr-defined]
+        pytest.skip("a cluster store publishes nothing (PUBLISH crosses every node)")
+    await stepped(store)
+    async with _client(store) as client:
+        pubsub = client.pubsub()
+        try:
+            await pubsub.subscribe(store.key_prefix + "k")
+            assert (await pubsub.get_message(timeout=5))["type"] == "subscribe"
+            assert await store.release("k", "a") is True
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)
+            assert message is not None and message["data"] == b"released"
+            assert (await parsed(store))["step_count"] == 1  # released, not deleted
+        finally:
+            await pubsub.aclose()
 
 
 async def test_a_manager_resumes_a_crashed_holders_steps(redis_server: RedisServer) -> None:
@@ -768,6 +845,53 @@ async def test_powertools_python_format_records_steps_too(redis_server: RedisSer
             await client.aclose()
         assert item["status"] == "COMPLETED" and "steps" not in item
         assert json.loads(item["data"]) == "done"
+
+
+async def test_powertools_python_format_answers_resumable_without_the_lock(
+    redis_server: RedisServer,
+) -> None:
+    async with fresh_redis_store(redis_server, record_format="powertools-python") as store:
+        _standalone(store, redis_server)
+        await stepped(store)
+        assert await store.release("k", "a") is True
+        verdict = await store.claim(claim(owner="b", validation="other"))
+        assert verdict.found is Found.RESUMABLE
+        async with _client(store) as client:
+            assert not await client.exists(store.key_prefix + "k:lock")  # nothing taken
+        verdict = await store.claim(claim(owner="b"))
+        assert verdict.found is Found.CLAIMED and verdict.record is not None
+        assert verdict.record.steps == ONE
+        async with _client(store) as client:
+            assert await client.exists(store.key_prefix + "k:lock")  # taken, as Powertools
+
+
+async def test_a_step_result_past_the_bound_is_recorded_not_stored(
+    redis_server: RedisServer,
+) -> None:
+    async with fresh_redis_store(redis_server, max_response_bytes=200) as store:
+        manager = _manager(store)
+        ran: list[str] = []
+        refused: list[str] = []
+
+        async def callback() -> str:
+            try:
+                await step("big", lambda: asyncio.sleep(0, ran.append("big") or "x" * 500))
+            except errors.StepResultNotStoredError as exc:
+                refused.append(exc.step)
+            raise Boom
+
+        with pytest.raises(Boom):
+            await manager.execute("big", callback)
+        key = manager.key_for("big")
+        assert key is not None
+        async with _client(_standalone(store, redis_server)) as client:
+            item = json.loads(await client.get(store.key_prefix + key))
+        (entry,) = json.loads(item["steps"])
+        assert entry[:2] == ["big", None] and "limit" in entry[2]
+        with pytest.raises(Boom):
+            await manager.execute("big", callback)
+        assert ran == ["big"]  # not stored, and not run again
+        assert refused == ["big", "big"]  # now and on the resume
 
 
 async def test_status_of_a_resumed_record_is_in_progress(store: RedisStore) -> None:
