@@ -4,8 +4,9 @@ MemoryStore), written only with the kit, passes it — with its crashes before a
 each step's recovery point — and each deliberately broken variant is caught, shrunk and
 printed as ``docs/testing-your-handler.md`` shows it: an effect made outside a step (it
 runs again on every resume), step names taken from a counter (a retry's steps differ from
-the record's), a step that raises after its effect, and a step sending its provider a new
-key on every run (``downstream=True``)."""
+the record's), a step that raises after its effect, a step sending its provider a new
+key on every run (``downstream=True``), and a store that forgets a record's steps when a
+claim takes it over.  A FastAPI route taking steps passes too."""
 
 from __future__ import annotations
 
@@ -18,14 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI, Request
 
-from idempotency_async import Manager, Options, step
-from idempotency_async.stores.base import Store
+from idempotency_async import Manager, MemoryStore, Options, downstream_key, step
+from idempotency_async.integrations.fastapi import IdempotencyKey
+from idempotency_async.integrations.starlette import IdempotencyMiddleware
+from idempotency_async.record import Claim
+from idempotency_async.stores.base import Found, Store, Verdict
 from idempotency_async.testing.kit import (
     Call,
     Fault,
     HandlerCheckFailed,
     Scenario,
+    asgi_route,
     check_handler,
     function_handler,
     replay,
@@ -301,3 +307,88 @@ def test_a_recovery_point_fault_in_a_scenario_is_a_reproducer_value() -> None:
         (Call(crash_before_step=1), Call(faults=(Fault("record_step", 0, "lose"),))),
     )
     assert eval(repr(scenario)) == scenario
+
+
+# -- a store that forgets a record's steps when a claim takes it over ---------------------------
+
+
+class StoreForgettingSteps(MemoryStore):
+    """Broken: a claim taking over a record with steps answers without them."""
+
+    async def claim(self, claim: Claim) -> Verdict:
+        verdict = await super().claim(claim)
+        if verdict.found is Found.CLAIMED and verdict.record is not None:
+            return verdict._replace(record=verdict.record._replace(steps=None))
+        return verdict
+
+
+FORGOTTEN = steps_checkout.Shop()
+
+
+def build_checkout_with_a_short_lease(store: Store) -> Any:
+    # On a store of the user's the kit runs in real time: a short lease.
+    manager = Manager(store, Options(key_prefix="checkout", event_key_jmespath="cart_id"))
+
+    async def place(cart: dict[str, Any]) -> dict[str, Any]:
+        return await manager.execute(cart, lambda: FORGOTTEN.checkout(cart), timeout=0.2)
+
+    return place
+
+
+def forgotten_effects() -> int:
+    return _effects(FORGOTTEN)
+
+
+def test_kit_catches_a_store_that_forgets_recorded_steps(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(HandlerCheckFailed) as caught:
+        replay(
+            function_handler(build_checkout_with_a_short_lease),
+            Scenario(CARTS[0], (Call(crash_after_step=1), Call(start="after_lease"))),
+            effects=forgotten_effects,
+            store=StoreForgettingSteps,
+        )
+    assert caught.value.violations[0].startswith(
+        "recorded step ran again: call 1 ran step 'create_order' (step 1), which call 0 had "
+        "recorded"
+    )
+    capsys.readouterr()
+
+
+# -- a FastAPI route taking steps (the shape of docs/steps.md's app.py) -------------------------
+
+ROUTE_CHARGES: dict[str, int] = {}
+
+
+def build_orders_app_with_steps(store: Store) -> Any:
+    app = FastAPI()
+    app.add_middleware(
+        IdempotencyMiddleware, manager=Manager(store), paths=(), caller_scope=lambda r: "alice"
+    )
+
+    async def charge(amount: int, key: str) -> dict[str, Any]:
+        ROUTE_CHARGES[key] = ROUTE_CHARGES.get(key, 0) + 1
+        return {"id": f"ch_{len(ROUTE_CHARGES)}", "amount": amount}
+
+    @app.post("/orders", status_code=201)
+    async def create_order(request: Request, key: IdempotencyKey) -> dict[str, Any]:
+        order = await request.json()
+        made = await step("charge", lambda: charge(order["amount"], downstream_key("c")))
+        await step("receipt", lambda: charge(0, downstream_key("r")))
+        return {"charge": made["id"]}
+
+    return app
+
+
+def route_effects() -> int:
+    return sum(ROUTE_CHARGES.values())
+
+
+def test_a_fastapi_route_taking_steps_passes_the_kit() -> None:
+    report = check_handler(
+        asgi_route(build_orders_app_with_steps, "/orders"),
+        payloads=[{"amount": 5}],
+        effects=route_effects,
+    )
+    assert report.mode == "lease + recovery points"
