@@ -392,3 +392,30 @@ def test_a_fastapi_route_taking_steps_passes_the_kit() -> None:
         effects=route_effects,
     )
     assert report.mode == "lease + recovery points"
+
+
+class StoreGrantingLiveLeases(MemoryStore):
+    """Broken: a claim refused by a live lease is judged again as if that lease had ended."""
+
+    async def claim(self, claim: Claim) -> Verdict:
+        verdict = await super().claim(claim)
+        record = verdict.record
+        if verdict.found is Found.IN_PROGRESS and record is not None and record.lease_end:
+            return await super().claim(claim._replace(now=record.lease_end + 0.001))
+        return verdict
+
+
+def test_kit_catches_a_step_run_again_inside_the_lease(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(HandlerCheckFailed) as caught:
+        replay(
+            function_handler(build_checkout_with_a_short_lease),
+            Scenario(CARTS[0], (Call(crash_before_step=2), Call())),
+            effects=forgotten_effects,
+            store=StoreGrantingLiveLeases,
+        )
+    assert caught.value.violations[0].startswith(
+        "step ran again inside the lease: call 0 made the effect of step 2 ('charge')"
+    )
+    capsys.readouterr()

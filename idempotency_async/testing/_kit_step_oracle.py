@@ -17,6 +17,8 @@ line starting with the name of what was broken:
 - ``step repeated``: two runs made a step's effect although the first neither crashed
   nor failed to record it (its function raised after its effect: the key was released
   with its progress kept, and the retry ran the step again at once);
+- ``step ran again inside the lease``: the first did crash (or lost its recovery point),
+  and the second claimed the key before the first's lease ended;
 - ``effect repeated downstream`` (``downstream=True``): a step re-run after a crash sent
   its provider a new key (the provider applied its effect twice).
 """
@@ -187,10 +189,25 @@ def _repeated(trace: Trace, runs: list[_Run]) -> list[str]:
                     "is derived with downstream_key inside the step, the same on every run)"
                 ]
             outcome = trace.outcomes[first.call]
-            if outcome.crashed or position in first.failed or position == "tail":
-                continue  # a crash, a lost recovery point, a completion that did not apply
-            if position == first.stopped and first.end != "release":
-                continue  # left to its lease: the retry ran after it
+            excused = (
+                outcome.crashed
+                or position in first.failed
+                or position == "tail"
+                or (position == first.stopped and first.end != "release")
+            )
+            if excused:
+                # A crash, a lost recovery point, a completion that did not apply, a call
+                # left to its lease: the step may run again, once its lease has ended.
+                end = _lease_end(trace, first.claim.owner)
+                if end is not None and later.claim.at < end - _SLACK:
+                    return [
+                        f"step ran again inside the lease: call {first.call} made the effect "
+                        f"of {name} and its lease ran until {end:.3f}, but call {later.call} "
+                        f"claimed the key at {later.claim.at:.3f} and made that effect again "
+                        "(an interrupted step may run again only once its lease has ended: "
+                        "does the store grant a claim on a live lease?)"
+                    ]
+                continue
             what = "raised" if outcome.error is not None else "returned"
             error = outcome.error
             why = f"{what} {type(error).__name__}: {error}"[:160] if error else what
@@ -202,6 +219,25 @@ def _repeated(trace: Trace, runs: list[_Run]) -> list[str]:
                 "once it did, and raise only when the effect did not happen)"
             ]
     return []
+
+
+_SLACK = 0.001
+"""Leases end on whole milliseconds."""
+
+
+def _lease_end(trace: Trace, owner: str | None) -> float | None:
+    """The latest lease end the store wrote for ``owner``'s claim (renewals included)."""
+    if trace.store is None or owner is None:
+        return None
+    end: float | None = None
+    for op in trace.store.ops:
+        if op.name not in ("claim", "extend") or getattr(op.arg, "owner", None) != owner:
+            continue
+        for application in op.applications:
+            after = application.after
+            if after is not None and after.owner == owner and after.lease_end is not None:
+                end = after.lease_end if end is None else max(end, after.lease_end)
+    return end
 
 
 def _step(run: _Run, position: int | str) -> str:

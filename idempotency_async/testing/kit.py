@@ -368,7 +368,13 @@ def _message(failure: Failure, engine: Engine) -> str:
         "step runs again at most once per lease; a retry takes the same steps in the same "
         "order)"
         if failure.violations[0].startswith(
-            ("step order differs", "effect outside a step", "recorded step", "step repeated")
+            (
+                "step order differs",
+                "effect outside a step",
+                "recorded step",
+                "step repeated",
+                "step ran again",
+            )
         )
         else "the transactional guarantee (the database effect exactly once)"
         if failure.violations[0].startswith(
