@@ -6,7 +6,8 @@ printed as ``docs/testing-your-handler.md`` shows it: an effect made outside a s
 runs again on every resume), step names taken from a counter (a retry's steps differ from
 the record's), a step that raises after its effect, a step sending its provider a new
 key on every run (``downstream=True``), and a store that forgets a record's steps when a
-claim takes it over.  A FastAPI route taking steps passes too."""
+claim takes it over.  A FastAPI route and an SQS batch handler taking steps pass too; the
+latter's changing step names are caught from process_batch's log."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from idempotency_async import Manager, MemoryStore, Options, downstream_key, step
+from idempotency_async.integrations.aws_lambda import process_batch
 from idempotency_async.integrations.fastapi import IdempotencyKey
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
 from idempotency_async.record import Claim
@@ -35,6 +37,7 @@ from idempotency_async.testing.kit import (
     check_handler,
     function_handler,
     replay,
+    sqs_batch_handler,
 )
 
 ROOT = Path(__file__).parents[1]
@@ -419,3 +422,62 @@ def test_kit_catches_a_step_run_again_inside_the_lease(
         "step ran again inside the lease: call 0 made the effect of step 2 ('charge')"
     )
     capsys.readouterr()
+
+
+# -- an SQS batch handler taking steps (process_batch answers for the record's errors) ---------
+
+PACKED: list[str] = []
+BATCH_ATTEMPTS = itertools.count(1)
+
+
+def _build_batch(store: Store, *, names_by_attempt: bool) -> Any:
+    manager = Manager(store, Options(key_prefix="ship", event_key_jmespath="body.order_id"))
+
+    async def pack(what: str) -> str:
+        PACKED.append(what)
+        return what
+
+    async def ship(record: dict[str, Any]) -> dict[str, Any]:
+        # Broken with names_by_attempt: another step name on every run.
+        suffix = f"-{next(BATCH_ATTEMPTS)}" if names_by_attempt else ""
+        await step(f"pack{suffix}", lambda: pack("box"))
+        await step("label", lambda: pack("label"))
+        return {"shipped": True}
+
+    async def handle(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        return await process_batch(manager, event, ship, context=context)
+
+    return handle
+
+
+def build_batch_with_steps(store: Store) -> Any:
+    return _build_batch(store, names_by_attempt=False)
+
+
+def build_batch_naming_steps_by_attempt(store: Store) -> Any:
+    return _build_batch(store, names_by_attempt=True)
+
+
+def packed() -> int:
+    return len(PACKED)
+
+
+def test_an_sqs_batch_handler_taking_steps_passes_the_kit() -> None:
+    report = check_handler(
+        sqs_batch_handler(build_batch_with_steps, timeout=5.0),
+        payloads=[{"order_id": "o-1"}],
+        effects=packed,
+    )
+    assert report.mode == "lease + recovery points"
+
+
+def test_kit_catches_step_names_that_change_in_an_sqs_batch_handler() -> None:
+    # process_batch reports the record in batchItemFailures: the mismatch is read from its log.
+    with pytest.raises(HandlerCheckFailed) as caught:
+        check_handler(
+            sqs_batch_handler(build_batch_naming_steps_by_attempt, timeout=5.0),
+            payloads=[{"order_id": "o-1"}],
+            effects=packed,
+        )
+    assert caught.value.violations[0].startswith("step order differs: a retry asked for step")
+    _reruns(caught.value)

@@ -60,6 +60,9 @@ class Engine:
         with _captured() as records:
             trace = self._run(scenario)
         trace.logs = [record.getMessage() for record in records]
+        trace.logged_errors = [
+            record.exc_info[1] for record in records if record.exc_info and record.exc_info[1]
+        ]
         return trace
 
     def _run(self, scenario: Scenario) -> Trace:

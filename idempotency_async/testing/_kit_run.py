@@ -84,6 +84,8 @@ class Trace:
     error: BaseException | None = None
     logs: list[str] = field(default_factory=list)
     """What the library logged (warnings and errors) while the scenario ran."""
+    logged_errors: list[BaseException] = field(default_factory=list)
+    """The exceptions those log lines carried (a batch item's, a route's)."""
     downstream: bool = False
     """The effects counted are a provider's, deduplicated by the key the handler sends it
     (``downstream_key``): one effect per key, whatever crashed."""

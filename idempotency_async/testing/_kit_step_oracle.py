@@ -56,6 +56,8 @@ class _Run:
     """Positions whose recovery point the run does not know written (the write failed,
     its answer was lost, or the run crashed there)."""
     recorded: set[int] = field(default_factory=set)
+    written: set[int] = field(default_factory=set)
+    """Positions whose recovery point the run sent (it ran their step)."""
     replayed: list[Mark] = field(default_factory=list)
     end: str = "end"
     """How the run ended: ``complete``, ``release`` or ``end`` (neither: left to its lease)."""
@@ -81,6 +83,7 @@ def _runs(trace: Trace) -> list[_Run]:
             elif mark.what == "record_step sent":
                 position, names = mark.detail
                 last = position
+                run.written.add(position)
                 if position not in run.effects:
                     run.effects[position] = mark.count - since.count
                     if position < len(names):
@@ -124,11 +127,13 @@ def judge_steps(trace: Trace) -> list[str]:
 
 
 def _mismatch(trace: Trace) -> list[str]:
-    for index, outcome in enumerate(trace.outcomes):
-        mismatch = mismatch_of(outcome.error)
+    # The caller's error, or one the door logged and answered for (a batch item failure).
+    found = [(f"call {i}", mismatch_of(outcome.error)) for i, outcome in enumerate(trace.outcomes)]
+    found += [("a retry", mismatch_of(error)) for error in trace.logged_errors]
+    for who, mismatch in found:
         if mismatch is not None:
             return [
-                f"step order differs: call {index} asked for step {mismatch.asked!r} as step "
+                f"step order differs: {who} asked for step {mismatch.asked!r} as step "
                 f"{mismatch.position + 1}, where the record holds {mismatch.recorded!r} "
                 "(StepMismatchError): the handler chooses its steps by something that changes "
                 "between runs — the time, a counter, data — so a retry cannot resume, and "
@@ -159,8 +164,8 @@ def _replayed_effects(runs: list[_Run]) -> list[str]:
 def _recorded_again(runs: list[_Run]) -> list[str]:
     recorded: dict[int, int] = {}
     for run in runs:
-        for position in run.effects:
-            if isinstance(position, int) and position in recorded:
+        for position in sorted(run.written):
+            if position in recorded:
                 name = run.names.get(position, f"#{position + 1}")
                 return [
                     f"recorded step ran again: call {run.call} ran step {name!r} (step "
