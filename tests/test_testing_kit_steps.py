@@ -7,7 +7,8 @@ runs again on every resume), step names taken from a counter (a retry's steps di
 the record's), a step that raises after its effect, a step sending its provider a new
 key on every run (``downstream=True``), and a store that forgets a record's steps when a
 claim takes it over.  A FastAPI route and an SQS batch handler taking steps pass too; the
-latter's changing step names are caught from process_batch's log."""
+latter's changing step names are caught from process_batch's log, and an aiohttp
+handler's from aiohttp's server log."""
 
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from fastapi import FastAPI, Request
 
 from idempotency_async import Manager, MemoryStore, Options, downstream_key, step
+from idempotency_async.integrations.aiohttp import idempotency_middleware, idempotent_endpoint
 from idempotency_async.integrations.aws_lambda import process_batch
 from idempotency_async.integrations.fastapi import IdempotencyKey
 from idempotency_async.integrations.starlette import IdempotencyMiddleware
@@ -33,6 +36,7 @@ from idempotency_async.testing.kit import (
     Fault,
     HandlerCheckFailed,
     Scenario,
+    aiohttp_route,
     asgi_route,
     check_handler,
     function_handler,
@@ -481,3 +485,43 @@ def test_kit_catches_step_names_that_change_in_an_sqs_batch_handler() -> None:
         )
     assert caught.value.violations[0].startswith("step order differs: a retry asked for step")
     _reruns(caught.value)
+
+
+# -- an aiohttp handler taking steps (aiohttp's server logs the handler's exception) -----------
+
+LABELLED: list[str] = []
+ROUTE_ATTEMPTS = itertools.count(1)
+
+
+def build_aiohttp_app_naming_steps_by_attempt(store: Store) -> Any:
+    manager = Manager(store, Options(key_prefix="orders-api"))
+
+    async def label(what: str) -> str:
+        LABELLED.append(what)
+        return what
+
+    @idempotent_endpoint
+    async def create_order(request: web.Request) -> web.Response:
+        attempt = next(ROUTE_ATTEMPTS)  # broken: another step name on every run
+        await step(f"label-{attempt}", lambda: label("label"))
+        await step("post", lambda: label("post"))
+        return web.json_response({"ok": True}, status=201)
+
+    middleware = idempotency_middleware(manager, paths=(), caller_scope=lambda r: "alice")
+    app = web.Application(middlewares=[middleware])
+    app.router.add_post("/orders", create_order)
+    return app
+
+
+def labelled() -> int:
+    return len(LABELLED)
+
+
+def test_kit_catches_step_names_that_change_in_an_aiohttp_handler() -> None:
+    with pytest.raises(HandlerCheckFailed) as caught:
+        check_handler(
+            aiohttp_route(build_aiohttp_app_naming_steps_by_attempt, "/orders"),
+            payloads=[{"sku": "A1"}],
+            effects=labelled,
+        )
+    assert caught.value.violations[0].startswith("step order differs: a retry asked for step")

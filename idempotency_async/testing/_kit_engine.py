@@ -57,11 +57,13 @@ class Engine:
         return self.make_store is None
 
     def run(self, scenario: Scenario) -> Trace:
-        with _captured() as records:
+        with _captured() as records, _captured(_SERVER_LOGGER) as served:
             trace = self._run(scenario)
         trace.logs = [record.getMessage() for record in records]
         trace.logged_errors = [
-            record.exc_info[1] for record in records if record.exc_info and record.exc_info[1]
+            record.exc_info[1]
+            for record in records + served
+            if record.exc_info and record.exc_info[1]
         ]
         return trace
 
@@ -184,12 +186,17 @@ class _Records(logging.Handler):
         self.records.append(record)
 
 
+_SERVER_LOGGER = "aiohttp.server"
+"""Where aiohttp's server logs a handler's exception (the aiohttp door answers 500 for it):
+kept for the oracle (a step mismatch the handler raised), not shown."""
+
+
 @contextlib.contextmanager
-def _captured() -> Iterator[list[logging.LogRecord]]:
-    """The library's warnings and errors while scenarios run: kept for the oracle (a
-    transactional route that never ran its transaction is reported there), not shown
-    (the scenarios fail stores on purpose)."""
-    logger = logging.getLogger("idempotency_async")
+def _captured(name: str = "idempotency_async") -> Iterator[list[logging.LogRecord]]:
+    """The warnings and errors logged to ``name`` while scenarios run (the library's by
+    default): kept for the oracle (a transactional route that never ran its transaction is
+    reported there), not shown (the scenarios fail stores on purpose)."""
+    logger = logging.getLogger(name)
     handler = _Records()
     saved = logger.propagate
     logger.addHandler(handler)
