@@ -7,8 +7,9 @@ recovery point), or to the run's tail (after its last step).  Checked, each viol
 line starting with the name of what was broken:
 
 - ``step order differs``: a retry asked for another step than the record holds at that
-  position (``StepMismatchError``): the handler chooses its steps by time, a counter or
-  data that change between runs, and every retry of the key fails until it expires;
+  position (``StepMismatchError``, the caller's, or one a door logged as it answered for
+  it): the handler chooses its steps by time, a counter or data that change between
+  runs, and every retry of the key fails until it expires;
 - ``effect outside a step``: a resumed run moved the counter while it replayed its
   recorded steps: code between steps runs again on every resume, so an effect there
   repeats although a later recovery point was recorded;
