@@ -1,0 +1,376 @@
+"""Recovery points across process crashes: a worker SIGKILLs itself at each step boundary
+of a three-step call on a shared store, a retry worker resumes the key once its lease
+ends, and a third worker replays the result.  An oracle counts the effects of each step.
+
+The call (``tests/_steps_worker.py``): ``create_order`` (a committed row on Postgres, else
+a ledger line), ``charge`` (a fake provider that honours ``Idempotency-Key``: a ledger line
+per request, carrying the step's ``downstream_key("charge")``; a key it has seen makes no
+new charge), ``send_receipt`` (a ledger line).  The ledger is append-only, one ``fsync``
+per line: the SIGKILL loses nothing written.
+
+Kill points (``Row``): inside a step's function after its effect, before its recovery
+point (``effect:STEP``); right after ``await step(...)`` returned (``recorded:STEP``);
+during the final completion, before it is sent and after it was written
+(``completion-unsent``, ``completion-unanswered``); and with renewal on, after the charge's
+effect.  Judged per row: the steps before the kill point ran once; the interrupted step
+ran twice at the raw level and made one charge per downstream key at the provider; the
+retry was admitted no earlier than the lease end and no later than the lease end plus
+``MARGIN`` (with renewal: one short lease after the kill, not the deadline); it replayed the
+recorded steps and recorded the others; the final record is completed, without steps,
+and replays the result to a third worker that runs nothing.
+
+Every shared store with the ``RecordsSteps`` capability is in the matrix; a test pins
+which shared stores lack it, so a store gains its rows when it gains the capability.
+Each store's rows run at once, forked from one server process per store (a fork costs
+milliseconds where a fresh interpreter costs a second of CPU): the whole file takes a few
+seconds per store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _moto import fresh_table, open_client
+from _postgres import fresh_table_name
+
+from idempotency_async.stores.base import RecordsSteps
+from idempotency_async.stores.dynamodb import DynamoDBStore
+from idempotency_async.stores.postgres import PostgresStore, create_table
+from idempotency_async.stores.redis import RedisStore
+
+WORKER = Path(__file__).with_name("_steps_worker.py")
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+        [
+            str(Path(__file__).parent),
+            str(Path(__file__).parents[1]),
+            os.environ.get("PYTHONPATH", ""),
+        ]
+    ),
+}
+
+SHARED_STORES: dict[str, type[Any]] = {
+    "dynamodb": DynamoDBStore,
+    "postgres": PostgresStore,
+    "redis": RedisStore,
+}
+"""The stores several processes share (MemoryStore is one process's)."""
+WITHOUT_STEPS = frozenset({"dynamodb", "postgres", "redis"})
+"""The shared stores expected to lack ``RecordsSteps`` today: remove a store from here
+when its branch lands, and its rows run."""
+STEP_STORES = [name for name, cls in SHARED_STORES.items() if issubclass(cls, RecordsSteps)]
+MARKS = {
+    "dynamodb": pytest.mark.dynamodb,
+    "postgres": pytest.mark.postgres,
+    "redis": pytest.mark.redis,
+}
+
+STEPS = ("create_order", "charge", "send_receipt")
+LEASE = 2.0
+"""The killed worker's deadline, and so its lease, without renewal (seconds)."""
+RENEW = 1.0
+"""The short lease with renewal on (the deadline is then ``RENEWED_DEADLINE``)."""
+RENEWED_DEADLINE = 30.0
+HOLD = 1.5
+"""How long the renewed row's charge waits before its effect: its key outlives the first
+short lease, renewed."""
+MARGIN = 0.75
+"""How long after the lease end the retry may be admitted (it polls every 50 ms at most,
+on a loaded 2-core machine)."""
+EARLY = 0.02
+"""Clock granularity: the stores write lease ends in milliseconds."""
+
+
+@dataclass(frozen=True)
+class Row:
+    kill: str
+    renew: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.kill + ("+renewal" if self.renew else "")
+
+    @property
+    def recorded(self) -> tuple[str, ...]:
+        """The steps on the record when the worker died."""
+        where, _, name = self.kill.partition(":")
+        if where == "effect":
+            return STEPS[: STEPS.index(name)]
+        if where == "recorded":
+            return STEPS[: STEPS.index(name) + 1]
+        return STEPS
+
+    @property
+    def interrupted(self) -> str | None:
+        """The step whose effect happened without its recovery point."""
+        where, _, name = self.kill.partition(":")
+        return name if where == "effect" else None
+
+
+ROWS = [
+    *(Row(f"effect:{name}") for name in STEPS),
+    *(Row(f"recorded:{name}") for name in STEPS),
+    Row("completion-unsent"),
+    Row("completion-unanswered"),
+    Row("effect:charge", renew=RENEW),
+]
+
+
+@dataclass
+class Outcome:
+    """One row's run: the workers' exit codes, reports and logs, and the effects."""
+
+    codes: list[int] = field(default_factory=list)
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+    ledger: list[dict[str, Any]] = field(default_factory=list)
+    orders: list[dict[str, Any]] = field(default_factory=list)
+    """Postgres: the order rows (id, worker)."""
+
+    def explain(self) -> str:
+        return "\n".join(
+            ["--- ledger", *map(json.dumps, self.ledger), "--- orders", *map(str, self.orders)]
+            + [
+                f"--- worker {n} (exit {c})\n{log[-3000:]}"
+                for n, (c, log) in enumerate(zip(self.codes, self.logs, strict=True))
+            ]
+        )
+
+
+class Forks:
+    """The worker server of one store: jobs in, "started"/"exited" lines out."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.exits: dict[str, asyncio.Future[int]] = {}
+        self.ready = asyncio.get_running_loop().create_future()
+        self.reader = asyncio.create_task(self.read())
+
+    async def read(self) -> None:
+        assert self.process.stdout is not None
+        while line := await self.process.stdout.readline():
+            word, *rest = line.decode().split()
+            if word == "ready":
+                self.ready.set_result(None)
+            elif word == "exited":
+                self.exits[rest[0]].set_result(int(rest[1]))
+        if not self.ready.done():
+            self.ready.set_exception(RuntimeError("the worker server ended before it was ready"))
+
+    async def run(self, job: dict[str, Any]) -> int:
+        """Fork a worker for ``job`` and wait for its exit code."""
+        exited = self.exits[job["id"]] = asyncio.get_running_loop().create_future()
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(job).encode() + b"\n")
+        await self.process.stdin.drain()
+        return await exited
+
+
+@contextlib.asynccontextmanager
+async def forks(kind: str) -> Any:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(WORKER),
+        "serve",
+        kind,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env=ENV,
+    )
+    server = Forks(process)
+    try:
+        await asyncio.wait_for(server.ready, timeout=60)
+        yield server
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), timeout=10)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+        await server.reader
+
+
+async def run_row(server: Forks, spec: dict[str, Any], row: Row, directory: Path) -> Outcome:
+    """The row's three workers, one after the other: the one that dies, the retry, the
+    replay."""
+    slug = row.name.replace(":", "-").replace("+", "-")
+    order = f"{slug}-{uuid.uuid4().hex[:8]}"
+    ledger = directory / f"{slug}.ledger"
+    outcome = Outcome()
+    for role in ("first", "retry", "replay"):
+        job = {
+            "id": f"{slug}.{role}",
+            "store": spec,
+            "order": order,
+            "ledger": str(ledger),
+            "report": str(directory / f"{slug}.{role}.json"),
+            "log": str(directory / f"{slug}.{role}.log"),
+            "role": role,
+            "kill": row.kill if role == "first" else "none",
+            "timeout": (RENEWED_DEADLINE if row.renew else LEASE) if role == "first" else 10.0,
+            "renew": row.renew,
+            "hold": HOLD if row.renew and role == "first" else 0.0,
+        }
+        outcome.codes.append(await server.run(job))
+        outcome.logs.append(read(job["log"]))
+        report = read(job["report"])
+        outcome.reports.append(json.loads(report) if report else {})
+    outcome.ledger = [json.loads(line) for line in read(str(ledger)).splitlines() if line]
+    outcome.orders = [{"order": order}]  # the key; the rows are read once every row ended
+    return outcome
+
+
+def read(path: str) -> str:
+    """A worker's file, or "" when it wrote none (a worker that died first)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except FileNotFoundError:
+        return ""
+
+
+async def prepare(kind: str, request: pytest.FixtureRequest) -> tuple[dict[str, Any], Any]:
+    """The store's place for this module (a table, a key prefix), and a reader of the
+    Postgres order rows."""
+    if kind == "redis":
+        server = request.getfixturevalue("redis_server")
+        return {"kind": kind, "port": server.port, "prefix": f"c{uuid.uuid4().hex[:8]}:"}, None
+    if kind == "postgres":
+        import asyncpg
+
+        server = request.getfixturevalue("postgres_server")
+        table = fresh_table_name()
+        connection = await asyncpg.connect(server.dsn)
+        try:
+            await create_table(connection, table=table)
+            await connection.execute(
+                f"CREATE TABLE {table}_orders (order_key text NOT NULL, id text NOT NULL, "
+                "worker text NOT NULL)"
+            )
+        finally:
+            await connection.close()
+        return {"kind": kind, "dsn": server.dsn, "table": table}, server
+    endpoint = request.getfixturevalue("moto_endpoint")
+    async with open_client(endpoint) as client:
+        table = await fresh_table(client)
+    return {"kind": kind, "endpoint": endpoint, "table": table}, None
+
+
+async def run_matrix(
+    kind: str, request: pytest.FixtureRequest, directory: Path
+) -> dict[str, Outcome]:
+    spec, postgres = await prepare(kind, request)
+    async with forks(kind) as server:
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*(run_row(server, spec, row, directory) for row in ROWS)), timeout=120
+        )
+    if postgres is not None:
+        import asyncpg
+
+        connection = await asyncpg.connect(postgres.dsn)
+        try:
+            for outcome in outcomes:
+                rows = await connection.fetch(
+                    f"SELECT id, worker FROM {spec['table']}_orders WHERE order_key = $1",
+                    outcome.orders[0]["order"],
+                )
+                outcome.orders = [dict(row) for row in rows]
+        finally:
+            await connection.close()
+    else:
+        for outcome in outcomes:
+            outcome.orders = [
+                {"id": line["id"], "worker": line["w"]}
+                for line in outcome.ledger
+                if line.get("effect") == "create_order"
+            ]
+    return {row.name: outcome for row, outcome in zip(ROWS, outcomes, strict=True)}
+
+
+@pytest.fixture(
+    scope="module", params=[pytest.param(name, marks=MARKS[name]) for name in STEP_STORES]
+)
+def crashed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Every row of one store, run at once; the tests judge one row each."""
+    kind: str = request.param
+    directory = tmp_path_factory.mktemp(f"steps-crash-{kind}")
+    return asyncio.run(run_matrix(kind, request, directory))
+
+
+def test_the_shared_stores_without_recovery_points_are_the_expected_ones() -> None:
+    # A store gains its rows in the matrix by gaining the capability: this pins which
+    # shared stores have not, so that losing it (or gaining it unnoticed) is a failure.
+    lacking = {name for name, cls in SHARED_STORES.items() if not issubclass(cls, RecordsSteps)}
+    assert lacking == WITHOUT_STEPS
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.name for row in ROWS])
+def test_a_crash_at_a_step_boundary_resumes_once(crashed: dict[str, Outcome], row: Row) -> None:
+    outcome = crashed[row.name]
+    why = outcome.explain()
+    assert outcome.codes == [-9, 0, 0], why
+    first, retry, replay = outcome.reports
+    assert first == {}, why  # it died before reporting
+    [killed] = [line for line in outcome.ledger if "kill" in line]
+    assert killed["kill"] == row.kill, why
+
+    # The effects: once each, the interrupted step twice at the raw level.
+    runs = Counter(line["effect"] for line in outcome.ledger if "effect" in line)
+    runs["create_order"] = len(outcome.orders)
+    expected = Counter({name: 2 if name == row.interrupted else 1 for name in STEPS})
+    assert runs == expected, why
+    charges = [line for line in outcome.ledger if line.get("effect") == "charge"]
+    assert len({line["downstream"] for line in charges}) == 1, why
+    assert sum(line["new"] for line in charges) == 1, why  # one charge at the provider
+    assert all(line["w"] != "replay" for line in outcome.ledger), why
+    assert all(order["worker"] != "replay" for order in outcome.orders), why
+
+    # What the retry found, when it was admitted, what it replayed and recorded.
+    before = retry["before"]
+    assert before is not None, why
+    expected_result = {
+        "order": outcome.orders[-1]["id"],
+        "charge": charges[0]["id"],
+        "receipt": [line["id"] for line in outcome.ledger if line.get("effect") == "send_receipt"][
+            -1
+        ],
+    }
+    assert retry["result"] == expected_result, why
+    if row.kill == "completion-unanswered":
+        assert before["status"] == "COMPLETED" and before["steps"] is None, why
+        assert retry["admitted"] == [] and retry["refused"] == 0, why
+        assert retry["events"] == {"replayed": 1}, why
+    else:
+        assert before["status"] == "INPROGRESS", why
+        assert tuple(before["steps"] or ()) == row.recorded, why
+        [admitted] = retry["admitted"]
+        lease_end = before["lease_end"]
+        assert lease_end - EARLY <= admitted <= lease_end + MARGIN, (admitted - lease_end, why)
+        if row.renew:
+            # One short lease after the kill, not the deadline.
+            assert lease_end <= killed["t"] + row.renew + EARLY, (lease_end - killed["t"], why)
+        recorded = len(row.recorded)
+        events = {"step_replayed": recorded, "step_recorded": 3 - recorded, "claimed": 1}
+        assert {kind: retry["events"].get(kind, 0) for kind in events} == events, why
+        assert retry["events"].get("completed") == 1, why
+    assert retry["after"]["status"] == "COMPLETED" and retry["after"]["steps"] is None, why
+    assert retry["after"]["response"] == expected_result, why
+
+    # A third worker replays the result and runs nothing.
+    assert replay["before"]["status"] == "COMPLETED" and replay["before"]["steps"] is None, why
+    assert replay["result"] == expected_result, why
+    assert replay["admitted"] == [] and replay["refused"] == 0, why
+    assert replay["events"] == {"replayed": 1}, why
