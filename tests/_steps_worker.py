@@ -9,7 +9,7 @@ loses a line that was written.  A worker told to die kills itself with SIGKILL a
 point and writes a ``kill`` line first; the others write a JSON report when they finish.
 
 Usage:
-  python _steps_worker.py serve KIND
+  python _steps_worker.py serve KIND   (redis, postgres, dynamodb:aioboto3, dynamodb:light)
       the forking server the matrix uses: imports the store's modules once, prints
       "ready", then reads one job (JSON) per line on stdin and forks one worker process
       per job, printing "started ID PID" and, when the worker ends, "exited ID CODE"
@@ -100,12 +100,14 @@ async def open_store(spec: dict[str, Any]) -> AsyncIterator[Any]:
         async with PostgresStore.from_url(spec["dsn"], table=spec["table"]) as store:
             yield store
     elif kind == "dynamodb":
-        from _moto import open_client
+        from _moto import open_transport
 
         from idempotency_async.stores.dynamodb import DynamoDBStore
 
+        endpoint = spec["endpoint"]
         async with DynamoDBStore(
-            client_factory=lambda: open_client(spec["endpoint"]), table_name=spec["table"]
+            client_factory=lambda: open_transport(spec["transport"], endpoint),
+            table_name=spec["table"],
         ) as store:
             yield store
     else:
@@ -144,11 +146,16 @@ async def work(job: dict[str, Any]) -> dict[str, Any]:
     events: Counter[str] = Counter()
     admitted: list[float] = []
 
+    def note(event: Any) -> None:
+        events.update([event.kind])
+        print(f"{time.time():.3f} {event.kind} {event.error!r}", file=sys.stderr, flush=True)
+
     def die(point: str) -> None:
         if kill == point:
             ledger.write(kill=point, t=time.time())
             os.kill(os.getpid(), signal.SIGKILL)
 
+    ledger.write(started=time.time())
     async with contextlib.AsyncExitStack() as stack:
         store = await stack.enter_async_context(open_store(job["store"]))
         connection = None
@@ -173,7 +180,7 @@ async def work(job: dict[str, Any]) -> dict[str, Any]:
             key_prefix="crash",
             event_key_jmespath="order",
             renewal=None if renew is None else Renewal(lease=renew),
-            on_event=lambda event: events.update([event.kind]),
+            on_event=lambda event: note(event),
         )
         manager = Manager(store, options)
         payload = {"order": job["order"], "items": ["book", "lamp"]}
@@ -194,13 +201,24 @@ async def work(job: dict[str, Any]) -> dict[str, Any]:
             ]
             charge_id = seen[0]["id"] if seen else uuid.uuid4().hex
             ledger.write(
-                effect="charge", id=charge_id, downstream=sent, order=order["id"], new=not seen
+                effect="charge",
+                id=charge_id,
+                downstream=sent,
+                order=order["id"],
+                new=not seen,
+                t=time.time(),
             )
             return {"id": charge_id}
 
         async def receipt(order: dict[str, Any], paid: dict[str, Any]) -> dict[str, Any]:
             receipt_id = uuid.uuid4().hex
-            ledger.write(effect="send_receipt", id=receipt_id, order=order["id"], charge=paid["id"])
+            ledger.write(
+                effect="send_receipt",
+                id=receipt_id,
+                order=order["id"],
+                charge=paid["id"],
+                t=time.time(),
+            )
             return {"id": receipt_id}
 
         def effect(name: str, fn: Callable[[], Awaitable[dict[str, Any]]]) -> Any:
@@ -213,6 +231,7 @@ async def work(job: dict[str, Any]) -> dict[str, Any]:
 
         async def place_order() -> dict[str, Any]:
             admitted.append(time.time())
+            ledger.write(admitted=admitted[-1])
             order = await step("create_order", effect("create_order", orders.create))
             die("recorded:create_order")
             paid = await step("charge", effect("charge", lambda: charge(order)))
@@ -221,21 +240,23 @@ async def work(job: dict[str, Any]) -> dict[str, Any]:
             die("recorded:send_receipt")
             return {"order": order["id"], "charge": paid["id"], "receipt": sent["id"]}
 
-        refused = 0
+        attempts: list[float] = []  # when each call was made (the last one got through)
         while True:
+            attempts.append(time.time())
             try:
                 result = await manager.execute(payload, place_order, timeout=job["timeout"])
                 break
             except errors.AlreadyInProgressError as exc:
-                refused += 1
-                await asyncio.sleep(min(max(exc.retry_after or 0.0, 0.01), 0.05))
+                # Claim again when the store says the lease ends (counted from before its
+                # answer came, so this is at or just past the end): one request per lease.
+                await asyncio.sleep(max(exc.retry_after or 0.0, 0.01))
         finished = time.time()
         after = await store.get(key, now=time.time())
     return {
         "role": job["role"],
         "key": key,
         "before": record_summary(before.record),
-        "refused": refused,
+        "attempts": attempts,
         "admitted": admitted,
         "result": result,
         "finished": finished,
@@ -270,9 +291,18 @@ def warm(kind: str) -> None:
 
         import idempotency_async.stores.postgres
     else:
-        import _moto  # noqa: F401
+        import _moto
 
         import idempotency_async.stores.dynamodb  # noqa: F401
+
+        async def client() -> None:
+            # aioboto3's session and botocore's service model (a second of CPU) are built
+            # once, here, instead of in every worker; nothing is sent.
+            async with _moto.open_client("http://127.0.0.1:9"):
+                pass
+
+        if kind == "dynamodb:aioboto3":
+            asyncio.run(client())
 
 
 def serve(kind: str) -> None:
