@@ -30,6 +30,8 @@ _STORE_OPTIONS: Final = (
     "validation_attr",
     "owner_attr",
     "data_format_attr",
+    "steps_attr",
+    "step_count_attr",
     "record_format",
 )
 _CONNECTION: Final = ("region", "endpoint")

@@ -1,5 +1,6 @@
 """The form a response takes in a DynamoDB item: native AttributeValues, JSON text,
-compressed JSON, or not stored — whichever fits in the item.
+compressed JSON, or not stored — whichever fits in the item; and the form of a step list
+(JSON text, compressed above 64 KB), or none when it does not fit.
 
 DynamoDB's item limit is 400 KB: the response's budget is that less everything else the
 completion writes (names, key, token, validation hash, numbers), counted generously.  A
@@ -22,6 +23,7 @@ from idempotency_async.stores._dynamodb_values import (
     FORMAT_JSON,
     FORMAT_JSON_ZLIB,
     FORMAT_NOT_STORED,
+    STEPS_TEXT_BYTES,
     to_native,
 )
 from idempotency_async.stores._record_formats import python_response_text
@@ -32,6 +34,9 @@ logger = logging.getLogger("idempotency_async.dynamodb")
 
 # DynamoDB's limit is 400 KB (409,600 bytes); the rest is slack for the size estimate.
 _ITEM_BUDGET: Final = 400_000
+# A step write does not know the record's validation hash (the claim wrote it): room for
+# one (a hex digest is 32 to 128 characters).  DynamoDB's own refusal is the backstop.
+_VALIDATION_ROOM: Final = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +105,21 @@ class ResponseForms:
         if len(compressed) <= self._budget(completion):
             return Data(FORMAT_JSON_ZLIB, {"B": compressed})
         return self._too_large(completion)
+
+    async def steps(self, key: str, owner: str, text: str, encoded: bytes) -> dict[str, Any] | None:
+        """The step list ``text`` (``encoded``: as UTF-8) as the ``steps`` attribute: JSON
+        text up to 64 KB, else zlib-compressed; ``None`` when it does not fit in the item
+        even so."""
+        budget = _ITEM_BUDGET - self._fixed - _VALIDATION_ROOM - len(key.encode())
+        budget -= len(owner.encode())
+        if len(encoded) <= STEPS_TEXT_BYTES:
+            return {"S": text} if len(encoded) <= budget else None
+        if len(encoded) > 2 * STEPS_TEXT_BYTES:
+            # Off the event loop, as a response's: a list of megabytes takes milliseconds.
+            compressed = await asyncio.to_thread(zlib.compress, encoded)
+        else:
+            compressed = zlib.compress(encoded)
+        return {"B": compressed} if len(compressed) <= budget else None
 
     def _budget(self, completion: Completion) -> int:
         # The item limit less everything but the response.

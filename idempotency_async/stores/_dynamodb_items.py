@@ -4,8 +4,10 @@ Items are untrusted input: other writers share the table (the Powertools ports, 
 operator, an attacker with write access).  A malformed *response* makes a COMPLETED
 record "not stored" (it still replays, as ``ResponseNotStoredError``); malformed *control
 fields* (key, status, expiry, lease, owner, validation) make the record unreadable
-(``InconsistentStateError``), and so does an item for another key than the one asked.
-Reading never crashes and never allocates more than ``max_response_bytes`` for a response.
+(``InconsistentStateError``), and so does an item for another key than the one asked, and
+an INPROGRESS item whose recovery points (``steps``, ``step_count``) are malformed or come
+one without the other.  Reading never crashes and never allocates more than
+``max_response_bytes`` for a response or a step list.
 """
 
 from __future__ import annotations
@@ -19,9 +21,14 @@ from typing import Any, Final
 
 from idempotency_async.errors import ConfigError, InconsistentStateError
 from idempotency_async.record import Record, Status
-from idempotency_async.stores._dynamodb_values import FORMAT_NOT_STORED, decode_response
+from idempotency_async.stores._dynamodb_values import (
+    FORMAT_NOT_STORED,
+    decode_response,
+    read_step_count,
+    read_steps,
+)
 from idempotency_async.stores._record_formats import python_response
-from idempotency_async.stores.base import Extended
+from idempotency_async.stores.base import Extended, Stepped
 
 __all__ = [
     "NEVER",
@@ -64,6 +71,8 @@ class ItemReader:
         "_sort_key_attr",
         "_static_pk_value",
         "_status_attr",
+        "_step_count_attr",
+        "_steps_attr",
         "_table_name",
         "_validation_attr",
     )
@@ -82,6 +91,8 @@ class ItemReader:
         validation_attr: str,
         owner_attr: str,
         data_format_attr: str,
+        steps_attr: str,
+        step_count_attr: str,
         python: bool,
         max_response_bytes: int,
     ) -> None:
@@ -97,6 +108,8 @@ class ItemReader:
         self._validation_attr = validation_attr
         self._owner_attr = owner_attr
         self._data_format_attr = data_format_attr
+        self._steps_attr = steps_attr
+        self._step_count_attr = step_count_attr
         self._python = python
         self._max_response_bytes = max_response_bytes
 
@@ -144,6 +157,40 @@ class ItemReader:
             later = False  # not a lease this library wrote: not one to count on
         return Extended.ALREADY_LATER if later else Extended.LOST
 
+    def released(self, item: Mapping[str, Any] | None, owner: str) -> bool | None:
+        """What a release answers when its ``DeleteItem`` (owner's record without steps)
+        failed its condition on ``item``: ``True`` for an ownerless record carrying steps
+        (released already), ``False`` for another claim's record, ``None`` for ``owner``'s
+        record carrying steps (to be written as released)."""
+        if not isinstance(item, Mapping) or self._steps_attr not in item:
+            return False
+        held = item.get(self._owner_attr)
+        if held is None:
+            return True
+        return None if held == {"S": owner} else False
+
+    def not_stepped(
+        self, item: Mapping[str, Any] | None, owner: str, position: int, steps: Any
+    ) -> Stepped | None:
+        """Why a step write's condition failed on ``item``: it holds ``steps`` already
+        (``RECORDED``: the write, sent again), it is not ``owner``'s INPROGRESS record at
+        ``position`` steps (``LOST``), or it is (``None``: only the guard on the expiry
+        refused it)."""
+        if (
+            not isinstance(item, Mapping)
+            or item.get(self._owner_attr) != {"S": owner}
+            or item.get(self._status_attr) != {"S": Status.INPROGRESS.value}
+        ):
+            return Stepped.LOST
+        if item.get(self._steps_attr) == steps:
+            return Stepped.RECORDED
+        count = item.get(self._step_count_attr)
+        try:
+            held = 0 if count is None else read_step_count(count)
+        except UNREADABLE:
+            return Stepped.LOST
+        return None if held == position else Stepped.LOST
+
     def _in_partition(self, item: Mapping[str, Any]) -> bool:
         if self._sort_key_attr is None:
             return True
@@ -179,7 +226,16 @@ class ItemReader:
             response_stored=not_stored is None,
             not_stored=not_stored or None,
         )
-        if status is not Status.COMPLETED or not_stored is not None:
+        if status is Status.INPROGRESS:
+            steps = item.get(self._steps_attr)
+            count = item.get(self._step_count_attr)
+            if steps is None and count is None:
+                return record
+            if steps is None or count is None:
+                raise KeyError("a step list without its step count, or a count without a list")
+            read_step_count(count)
+            return record._replace(steps=read_steps(steps, self._max_response_bytes))
+        if not_stored is not None:
             return record
         data = item.get(self._data_attr)
         try:

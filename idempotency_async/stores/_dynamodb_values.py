@@ -25,9 +25,12 @@ __all__ = [
     "FORMAT_JSON_ZLIB",
     "FORMAT_NOT_STORED",
     "Native",
+    "STEPS_TEXT_BYTES",
     "decode_response",
     "inflate",
     "number_text",
+    "read_step_count",
+    "read_steps",
     "to_native",
 ]
 
@@ -36,6 +39,11 @@ __all__ = [
 FORMAT_JSON: Final = "json"
 FORMAT_JSON_ZLIB: Final = "json+zlib"
 FORMAT_NOT_STORED: Final = "not-stored"
+
+STEPS_TEXT_BYTES: Final = 64 * 1024
+"""A step list up to this size (UTF-8 bytes) is stored as JSON text (``S``); a longer one
+zlib-compressed (``B``), as a response is when it would not fit otherwise."""
+_MAX_STEP_COUNT: Final = 10_000
 
 _MAX_DEPTH: Final = 32
 _MAX_INT_DIGITS: Final = 38
@@ -159,6 +167,34 @@ def inflate(compressed: bytes, max_bytes: int) -> bytes:
     if not inflater.eof:
         raise StoredDataError("truncated zlib data")
     return data
+
+
+def read_steps(attribute: Mapping[str, Any], max_bytes: int) -> str:
+    """The step list an item holds (``steps``): JSON text (``S``) or zlib-compressed JSON
+    text (``B``), at most ``max_bytes`` long.  Kept as text: the manager parses it (strictly)
+    when a claim resumes it.  Raises ``ValueError``/``TypeError``/``KeyError`` otherwise."""
+    if not isinstance(attribute, Mapping) or len(attribute) != 1:
+        raise TypeError("the step list is not an attribute value")
+    if "S" in attribute:
+        text = _string(attribute)
+        if len(text) > max_bytes:
+            raise StoredDataError(f"the step list is longer than max_response_bytes ({max_bytes})")
+    else:
+        text = inflate(attribute["B"], max_bytes).decode("utf-8")
+    if not text.startswith("["):
+        raise StoredDataError("the step list is not a JSON array")
+    return text
+
+
+def read_step_count(attribute: Mapping[str, Any]) -> int:
+    """The number of steps an item holds (``step_count``): a positive whole ``N``."""
+    text = attribute["N"]
+    if not isinstance(text, str) or not (text.isascii() and text.isdigit()) or len(text) > 5:
+        raise ValueError(f"the step count {str(text)[:40]!r} is not a whole number of steps")
+    count = int(text)
+    if not 0 < count <= _MAX_STEP_COUNT:
+        raise ValueError(f"the step count {count} is out of range")
+    return count
 
 
 def _string(attribute: Mapping[str, Any]) -> str:

@@ -1,9 +1,10 @@
 """A DynamoDB record store on an aioboto3 / aiobotocore client.
 
 Items use the TypeScript port's layout (``id``, ``status``, ``expiration``,
-``in_progress_expiration``, ``data``, ``validation``) plus two attributes of our own:
-``owner`` (the claim's token, which fences completion and release) and ``data_format``
-(absent when ``data`` holds the response as native AttributeValues). With
+``in_progress_expiration``, ``data``, ``validation``) plus attributes of our own:
+``owner`` (the claim's token, which fences completion and release), ``data_format``
+(absent when ``data`` holds the response as native AttributeValues), and ``steps`` and
+``step_count`` (the recovery points of an in-progress call, when it took steps). With
 ``record_format="powertools-python"`` the response is JSON text in ``data``, as
 aws-lambda-powertools (Python) writes and reads it. See ``docs/dynamodb.md`` for the full
 item layout.
@@ -47,7 +48,16 @@ from idempotency_async.stores._record_formats import (
     RecordFormat,
     check_record_format,
 )
-from idempotency_async.stores.base import CLAIMED, Extended, Verdict, Written, judge
+from idempotency_async.stores.base import (
+    CLAIMED,
+    Extended,
+    Found,
+    Stepped,
+    StepWrite,
+    Verdict,
+    Written,
+    judge,
+)
 
 if TYPE_CHECKING:
     from idempotency_async.stores._dynamodb_tables import create_table
@@ -77,16 +87,57 @@ _EXTEND_CONDITION: Final = (
 _BARE_COMPLETION_CONDITION: Final = (
     "#owner = :owner AND (#status <> :status OR begins_with(#format, :not_stored))"
 )
+# A claim never replaces an unexpired item carrying steps (recovery points): PutItem would
+# drop them.  Such an item fails the condition and comes back (ALL_OLD); the store then
+# takes it over with _TAKEOVER_CONDITION, keeping its steps, or answers RESUMABLE.
 _CLAIM_CONDITION: Final = (
     "attribute_not_exists(#id) OR #expiry < :now OR "
     "(#status = :inprogress AND attribute_exists(#in_progress_expiry) "
-    "AND #in_progress_expiry < :now_in_millis) OR "
-    "(#status = :inprogress AND #owner = :owner)"
+    "AND #in_progress_expiry < :now_in_millis AND attribute_not_exists(#steps)) OR "
+    "(#status = :inprogress AND #owner = :owner AND attribute_not_exists(#steps))"
+)
+# The takeover of an unexpired INPROGRESS item carrying steps: lapsed (or released, whose
+# lease ended when it was released), or this claim's own (sent again); the validation hash
+# is checked in the same condition (appended).  Whatever steps the item holds when it
+# applies come back (ALL_NEW): a lapsed holder may still have recorded one in between.
+_TAKEOVER_CONDITION: Final = (
+    "#status = :inprogress AND #expiry >= :now AND attribute_exists(#steps) AND "
+    "((attribute_exists(#in_progress_expiry) AND #in_progress_expiry < :now_in_millis) "
+    "OR #owner = :owner)"
+)
+# A release deletes its owner's record, unless it carries steps: those are kept (below).
+_RELEASE_CONDITION: Final = (
+    "attribute_not_exists(#id) OR (#owner = :owner AND attribute_not_exists(#steps))"
+)
+# The released state: no owner, the lease long ended (epoch + 1 s, as MemoryStore writes
+# it: the store reads no clock, and any past instant reads as a lapsed claim to every
+# reader, the TypeScript and Python ports included), steps, validation and expiry kept.
+_RELEASED_LEASE_END: Final = "1000"
+_RELEASED_CONDITION: Final = "#owner = :owner AND #status = :inprogress"
+# A step write applies to its owner's in-progress record holding ``position`` steps, or
+# holding this very list already (the write, sent again).  It moves the expiry forward
+# only: the first attempt's condition adds _STEP_EXPIRY_GUARD, and one refused by that
+# guard alone is sent again without moving the expiry.
+_STEP_CONDITION: Final = "#owner = :owner AND #status = :inprogress AND ({} OR #steps = :steps)"
+_STEP_EXPIRY_GUARD: Final = (
+    " AND #expiry <= :expiry AND "
+    "(attribute_not_exists(#in_progress_expiry) OR #in_progress_expiry <= :expiry_millis)"
 )
 
 
 # The operations whose requests carry a condition (the others never fail one).
-_CONDITIONAL: Final = frozenset({"claim", "complete", "release", "extend", "release exactly"})
+_CONDITIONAL: Final = frozenset(
+    {
+        "claim",
+        "take over",
+        "complete",
+        "release",
+        "keep progress",
+        "extend",
+        "record step",
+        "release exactly",
+    }
+)
 
 
 class RecordPage(NamedTuple):
@@ -111,7 +162,11 @@ class DynamoDBStore:
 
     Claims are one conditional ``PutItem`` that returns the blocking record on conflict;
     completion and release are conditional on the claim's owner token; reads are strongly
-    consistent.  The store never reads a clock and never loads AWS configuration.
+    consistent.  It records steps (recovery points,
+    :class:`~idempotency_async.stores.base.RecordsSteps`): one ``UpdateItem`` per step; a
+    claim that resumes a record carrying steps, and a release that keeps them, take a
+    second request (``UpdateItem``) after the first one met them.  The store never reads a
+    clock and never loads AWS configuration.
 
     With ``sort_key_attr`` set, the partition key holds ``static_pk_value`` (default
     ``idempotency#<AWS_LAMBDA_FUNCTION_NAME>``) and the sort key holds the record's key.
@@ -136,6 +191,8 @@ class DynamoDBStore:
         validation_attr: str = "validation",
         owner_attr: str = "owner",
         data_format_attr: str = "data_format",
+        steps_attr: str = "steps",
+        step_count_attr: str = "step_count",
         sort_key_attr: str | None = None,
         static_pk_value: str | None = None,
         max_response_bytes: int = DEFAULT_DYNAMODB_MAX_RESPONSE_BYTES,
@@ -160,6 +217,8 @@ class DynamoDBStore:
             validation_attr=validation_attr,
             owner_attr=owner_attr,
             data_format_attr=data_format_attr,
+            steps_attr=steps_attr,
+            step_count_attr=step_count_attr,
         )
         self.record_format = check_record_format(record_format)
         python = self.record_format == POWERTOOLS_PYTHON
@@ -180,6 +239,8 @@ class DynamoDBStore:
         self._validation_attr = validation_attr
         self._owner_attr = owner_attr
         self._data_format_attr = data_format_attr
+        self._steps_attr = steps_attr
+        self._step_count_attr = step_count_attr
         self._items = ItemReader(
             table_name=table_name,
             key_attr=key_attr,
@@ -192,6 +253,8 @@ class DynamoDBStore:
             validation_attr=validation_attr,
             owner_attr=owner_attr,
             data_format_attr=data_format_attr,
+            steps_attr=steps_attr,
+            step_count_attr=step_count_attr,
             python=python,
             max_response_bytes=max_response_bytes,
         )
@@ -208,6 +271,8 @@ class DynamoDBStore:
                 validation_attr,
                 data_attr,
                 data_format_attr,
+                steps_attr,
+                step_count_attr,
             ),
         )
 
@@ -288,6 +353,7 @@ class DynamoDBStore:
                         "#status": self._status_attr,
                         "#in_progress_expiry": self._in_progress_expiry_attr,
                         "#owner": self._owner_attr,
+                        "#steps": self._steps_attr,
                     },
                     ExpressionAttributeValues={
                         ":now": {"N": number_text(now)},
@@ -303,7 +369,10 @@ class DynamoDBStore:
         except ConditionFailed as failed:
             if failed.item is None:
                 return judge(None, now)  # raced with a delete: claimable
-            return judge(self._items.read(failed.item, claim.key), now)
+            record = self._items.read(failed.item, claim.key)
+            if record.steps is None:
+                return judge(record, now)
+            return await self._take_over(claim, record)
         if not isinstance(answer, Mapping) or "ConsumedCapacity" not in answer:
             raise StoreUnavailableError(
                 f"the endpoint answered a claim on table {self.table_name!r} without "
@@ -311,6 +380,71 @@ class DynamoDBStore:
                 "at DynamoDB; the callback was not run"
             )
         return CLAIMED
+
+    async def _take_over(self, claim: Claim, record: Record) -> Verdict:
+        """The claim met ``record``, an item carrying steps: take it over keeping them
+        (a second request, ``UpdateItem``), answer that it is another payload's progress
+        (``RESUMABLE``, nothing written), or judge it as any blocking record."""
+        now = claim.now
+        if record.owner != claim.owner or record.expiration < now:
+            verdict = judge(record, now)
+            if verdict.found is not Found.CLAIMABLE or record.expiration < now:
+                return verdict  # held by another, or expired since: claim again
+        if record.validation != claim.validation:
+            return Verdict(Found.RESUMABLE, record)
+        names = {
+            "#status": self._status_attr,
+            "#expiry": self._expiry_attr,
+            "#in_progress_expiry": self._in_progress_expiry_attr,
+            "#owner": self._owner_attr,
+            "#steps": self._steps_attr,
+            "#validation": self._validation_attr,
+            "#data": self._data_attr,
+            "#format": self._data_format_attr,
+        }
+        values: dict[str, Any] = {
+            ":now": {"N": number_text(now)},
+            ":now_in_millis": {"N": number_text(now * 1000)},
+            ":inprogress": {"S": Status.INPROGRESS.value},
+            ":owner": {"S": claim.owner},
+            ":expiry": {"N": str(expiration_for(now, claim.ttl, claim.lease))},
+            ":lease_end": {"N": str(math.ceil((now + claim.lease) * 1000))},
+        }
+        if claim.validation is None:
+            same_payload = " AND attribute_not_exists(#validation)"
+        else:
+            same_payload = " AND #validation = :validation"
+            values[":validation"] = {"S": claim.validation}
+        try:
+            async with self._call("take over") as client:
+                answer = await client.update_item(
+                    TableName=self.table_name,
+                    Key=self._key(claim.key),
+                    UpdateExpression=(
+                        "SET #expiry = :expiry, #in_progress_expiry = :lease_end, "
+                        "#owner = :owner REMOVE #data, #format"
+                    ),
+                    ConditionExpression=_TAKEOVER_CONDITION + same_payload,
+                    ExpressionAttributeNames=names,
+                    ExpressionAttributeValues=values,
+                    ReturnValues="ALL_NEW",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+        except ConditionFailed as failed:
+            # Changed since the claim read it: judged as it is now; the manager claims
+            # again if it is claimable.
+            if not failed.item:
+                return judge(None, now)
+            return judge(self._items.read(failed.item, claim.key), now)
+        item = answer.get("Attributes") if isinstance(answer, Mapping) else None
+        taken = None if item is None else self._items.read(item, claim.key)
+        if taken is None or taken.owner != claim.owner or taken.status is not Status.INPROGRESS:
+            raise StoreUnavailableError(
+                f"the endpoint answered a claim on table {self.table_name!r} without the item "
+                "it wrote (ReturnValues=ALL_NEW): check that endpoint_url points at DynamoDB; "
+                "the callback was not run"
+            )
+        return CLAIMED if taken.steps is None else Verdict(Found.CLAIMED, taken)
 
     async def get(self, key: str, *, now: float) -> Verdict:
         async with self._call("get") as client:
@@ -348,13 +482,123 @@ class DynamoDBStore:
                 await client.delete_item(
                     TableName=self.table_name,
                     Key=self._key(key),
-                    ConditionExpression="attribute_not_exists(#id) OR #owner = :owner",
-                    ExpressionAttributeNames={"#id": self._key_attr, "#owner": self._owner_attr},
+                    ConditionExpression=_RELEASE_CONDITION,
+                    ExpressionAttributeNames={
+                        "#id": self._key_attr,
+                        "#owner": self._owner_attr,
+                        "#steps": self._steps_attr,
+                    },
                     ExpressionAttributeValues={":owner": {"S": owner}},
+                    # The record that refused: another claim's, or one carrying steps.
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
-        except ConditionFailed:
-            return False
+        except ConditionFailed as failed:
+            released = self._items.released(failed.item, owner)
+            if released is not None:
+                return released
+            return await self._keep_progress(key, owner)
         return True
+
+    async def _keep_progress(self, key: str, owner: str) -> bool:
+        """Write ``owner``'s record carrying steps as released: no owner, its lease ended,
+        everything else kept.  A second request, only for a record with steps."""
+        try:
+            async with self._call("keep progress") as client:
+                await client.update_item(
+                    TableName=self.table_name,
+                    Key=self._key(key),
+                    UpdateExpression="SET #in_progress_expiry = :released REMOVE #owner",
+                    ConditionExpression=_RELEASED_CONDITION,
+                    ExpressionAttributeNames={
+                        "#in_progress_expiry": self._in_progress_expiry_attr,
+                        "#owner": self._owner_attr,
+                        "#status": self._status_attr,
+                    },
+                    ExpressionAttributeValues={
+                        ":released": {"N": _RELEASED_LEASE_END},
+                        ":owner": {"S": owner},
+                        ":inprogress": {"S": Status.INPROGRESS.value},
+                    },
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+        except ConditionFailed as failed:
+            # Gone since (an operator's release) counts as released; anything else is not
+            # this owner's any more.
+            return not failed.item
+        return True
+
+    async def record_step(self, write: StepWrite) -> Stepped:
+        """Write the step list on ``write.owner``'s INPROGRESS record holding
+        ``write.position`` steps (or holding this list already): one conditional
+        ``UpdateItem`` (see :class:`~idempotency_async.stores.base.RecordsSteps`)."""
+        try:
+            encoded = write.steps.encode()
+        except UnicodeEncodeError as exc:
+            raise StoreValidationError(
+                f"the step list of key {write.key!r} is not valid UTF-8 text ({exc}): "
+                "DynamoDB holds UTF-8 only"
+            ) from None
+        if len(encoded) > self.max_response_bytes:
+            return Stepped.TOO_LARGE
+        steps = await self._forms.steps(write.key, write.owner, write.steps, encoded)
+        if steps is None:
+            return Stepped.TOO_LARGE
+        position = write.position
+        expiry = expiration_for(write.now, write.ttl, 0.0)
+        names = {
+            "#owner": self._owner_attr,
+            "#status": self._status_attr,
+            "#steps": self._steps_attr,
+            "#step_count": self._step_count_attr,
+            "#expiry": self._expiry_attr,
+            "#in_progress_expiry": self._in_progress_expiry_attr,
+        }
+        values: dict[str, Any] = {
+            ":owner": {"S": write.owner},
+            ":inprogress": {"S": Status.INPROGRESS.value},
+            ":steps": steps,
+            ":count": {"N": str(position + 1)},
+            ":expiry": {"N": str(expiry)},
+            ":expiry_millis": {"N": str(expiry * 1000)},
+        }
+        if position == 0:
+            condition = _STEP_CONDITION.format("attribute_not_exists(#step_count)")
+        else:
+            condition = _STEP_CONDITION.format("#step_count = :before")
+            values[":before"] = {"N": str(position)}
+        request: dict[str, Any] = {
+            "TableName": self.table_name,
+            "Key": self._key(write.key),
+            "UpdateExpression": "SET #steps = :steps, #step_count = :count, #expiry = :expiry",
+            "ConditionExpression": condition + _STEP_EXPIRY_GUARD,
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        stepped = await self._write_step(request, write, steps)
+        if stepped is not None:
+            return stepped
+        # The record's expiry is later than this write's (a longer lease, a renewal): the
+        # list is written, the expiry left where it is.
+        request["UpdateExpression"] = "SET #steps = :steps, #step_count = :count"
+        request["ConditionExpression"] = condition
+        del names["#expiry"], names["#in_progress_expiry"], values[":expiry"]
+        del values[":expiry_millis"]
+        return await self._write_step(request, write, steps) or Stepped.LOST
+
+    async def _write_step(
+        self, request: dict[str, Any], write: StepWrite, steps: dict[str, Any]
+    ) -> Stepped | None:
+        try:
+            async with self._call("record step") as client:
+                await client.update_item(**request)
+        except ConditionFailed as failed:
+            return self._items.not_stepped(failed.item, write.owner, write.position, steps)
+        except StoreValidationError as exc:
+            if is_item_too_large(exc):
+                return Stepped.TOO_LARGE  # DynamoDB counted more than the estimate
+            raise
+        return Stepped.RECORDED
 
     async def extend(self, claim: Claim) -> Extended:
         now = claim.now
@@ -520,7 +764,11 @@ class DynamoDBStore:
             fields["validation"] = (self._validation_attr, {"S": completion.validation})
         # A completion may follow an earlier one of the same owner (a retried write, or a
         # response attached later): remove what this one does not set.
-        removed = {"lease": self._in_progress_expiry_attr}
+        removed = {
+            "lease": self._in_progress_expiry_attr,
+            "steps": self._steps_attr,
+            "step_count": self._step_count_attr,
+        }
         if data.value is None:
             removed["data"] = self._data_attr
         if data.format is None:
