@@ -67,7 +67,7 @@ SHARED_STORES: dict[str, type[Any]] = {
     "redis": RedisStore,
 }
 """The stores several processes share (MemoryStore is one process's)."""
-WITHOUT_STEPS = frozenset({"dynamodb", "postgres", "redis"})
+WITHOUT_STEPS = frozenset({"postgres", "redis"})
 """The shared stores expected to lack ``RecordsSteps`` today: remove a store from here
 when its branch lands, and its rows run."""
 STEP_STORES = [name for name, cls in SHARED_STORES.items() if issubclass(cls, RecordsSteps)]
@@ -84,10 +84,10 @@ run both); the light one costs a worker less CPU."""
 STEPS = ("create_order", "charge", "send_receipt")
 LEASE = 4.0
 """The killed worker's deadline, and so its lease, without renewal (seconds)."""
-RENEW = 2.0
+RENEW = 3.0
 """The short lease with renewal on (the deadline is then ``RENEWED_DEADLINE``)."""
 RENEWED_DEADLINE = 30.0
-HOLD = 2.5
+HOLD = RENEW + 0.5
 """How long the renewed row's charge waits before its effect: its key outlives the first
 short lease, renewed."""
 MARGIN = 0.75
@@ -227,7 +227,7 @@ async def run_row(server: Forks, spec: dict[str, Any], row: Row, directory: Path
             "role": role,
             "kill": row.kill if role == "first" else "none",
             "timeout": (RENEWED_DEADLINE if row.renew else LEASE) if role == "first" else 10.0,
-            "renew": row.renew,
+            "renew": row.renew if role == "first" else None,
             "hold": HOLD if row.renew and role == "first" else 0.0,
         }
         outcome.codes.append(await server.run(job))
