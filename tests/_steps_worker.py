@@ -23,10 +23,12 @@ Usage:
 A job: ``id``; ``store`` (``kind``: redis | postgres | dynamodb, and where it is);
 ``order`` (the payload's order id: the key); ``ledger``, ``report`` and ``log`` (paths);
 ``role`` (first | retry | replay: only ledger lines and reports tell them apart); ``kill``
-(none, ``effect:STEP``: inside the step's function after its effect, before its recovery
-point; ``recorded:STEP``: right after ``await step(...)`` returned; ``completion-unsent``:
-the callback returned, before the completion is sent; ``completion-unanswered``: the
-completion was written, before its answer reaches the manager); ``timeout`` (the call's
+(none; ``effect:STEP``: inside the step's function after its effect, before its recovery
+point; ``commit:create_order``: during the COMMIT of the transactional step, on Postgres
+with ``store.transactional``; ``recorded:STEP``: right after ``await step(...)`` returned;
+``completion-unsent``: the callback returned, before the completion is sent;
+``completion-unanswered``: the completion was written, before its answer reaches the
+manager); ``timeout`` (the call's
 deadline: its lease without renewal); ``renew`` (``Renewal(lease=...)`` or null); ``hold``
 (seconds the charge step waits before its effect, so renewals happen first).
 """
@@ -186,7 +188,6 @@ async def work(job: dict[str, Any]) -> dict[str, Any]:
         payload = {"order": job["order"], "items": ["book", "lamp"]}
         key = manager.key_for(payload)
         assert key is not None
-        before = await store.get(key, now=time.time())
 
         async def charge(order: dict[str, Any]) -> dict[str, Any]:
             # The provider honours Idempotency-Key: a request with a key it has seen is
@@ -221,10 +222,15 @@ async def work(job: dict[str, Any]) -> dict[str, Any]:
             )
             return {"id": receipt_id}
 
-        def effect(name: str, fn: Callable[[], Awaitable[dict[str, Any]]]) -> Any:
+        def effect(
+            name: str,
+            fn: Callable[[], Awaitable[dict[str, Any]]],
+            then: Callable[[], None] = lambda: None,
+        ) -> Any:
             async def run() -> dict[str, Any]:
                 result = await fn()
                 die(f"effect:{name}")
+                then()
                 return result
 
             return run
@@ -232,7 +238,20 @@ async def work(job: dict[str, Any]) -> dict[str, Any]:
         async def place_order() -> dict[str, Any]:
             admitted.append(time.time())
             ledger.write(admitted=admitted[-1])
-            order = await step("create_order", effect("create_order", orders.create))
+            if job["store"].get("transactional"):
+                # A transactional step: the row commits with its recovery point, or not at
+                # all.  Killed during its COMMIT (which a deferred trigger on the orders
+                # table makes last 2 s), 0.5 s after the function returned.
+                def during_commit() -> None:
+                    asyncio.get_running_loop().call_later(0.5, die, "commit:create_order")
+
+                order = await step(
+                    "create_order",
+                    effect("create_order", orders.create, then=during_commit),
+                    connection=connection,
+                )
+            else:
+                order = await step("create_order", effect("create_order", orders.create))
             die("recorded:create_order")
             paid = await step("charge", effect("charge", lambda: charge(order)))
             die("recorded:charge")
@@ -240,9 +259,12 @@ async def work(job: dict[str, Any]) -> dict[str, Any]:
             die("recorded:send_receipt")
             return {"order": order["id"], "charge": paid["id"], "receipt": sent["id"]}
 
-        attempts: list[float] = []  # when each call was made (the last one got through)
+        attempts: list[float] = []  # when it went for each claim (the last got through)
         while True:
+            # What the call that gets through resumes: read before each attempt (a killed
+            # worker's transaction may still be committing when the first one goes out).
             attempts.append(time.time())
+            before = await store.get(key, now=time.time())
             try:
                 result = await manager.execute(payload, place_order, timeout=job["timeout"])
                 break

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import os
 import sys
@@ -44,6 +45,7 @@ import pytest
 from _moto import fresh_table, open_client
 from _postgres import fresh_table_name
 
+from idempotency_async import step
 from idempotency_async.stores.base import RecordsSteps
 from idempotency_async.stores.dynamodb import DynamoDBStore
 from idempotency_async.stores.postgres import PostgresStore, create_table
@@ -113,7 +115,7 @@ class Row:
         where, _, name = self.kill.partition(":")
         if where == "effect":
             return STEPS[: STEPS.index(name)]
-        if where == "recorded":
+        if where in ("recorded", "commit"):
             return STEPS[: STEPS.index(name) + 1]
         return STEPS
 
@@ -131,6 +133,15 @@ ROWS = [
     Row("completion-unanswered"),
     Row("effect:charge", renew=RENEW),
 ]
+TRANSACTIONAL = "connection" in inspect.signature(step).parameters
+"""Whether transactional steps exist (``step(..., connection=conn)``): then on Postgres
+``create_order`` is one, and a row kills the worker during its COMMIT."""
+
+
+def rows_of(store: str) -> list[Row]:
+    if store == "postgres" and TRANSACTIONAL:
+        return [*ROWS, Row("commit:create_order")]
+    return ROWS
 
 
 @dataclass
@@ -143,6 +154,8 @@ class Outcome:
     ledger: list[dict[str, Any]] = field(default_factory=list)
     orders: list[dict[str, Any]] = field(default_factory=list)
     """Postgres: the order rows (id, worker)."""
+    committed: float | None = None
+    """Postgres: when the COMMIT that kills its worker went on past its 2 s trigger."""
 
     def explain(self) -> str:
         return "\n".join(
@@ -274,9 +287,24 @@ async def prepare(kind: str, server: Any) -> dict[str, Any]:
                 f"CREATE TABLE {table}_orders (order_key text NOT NULL, id text NOT NULL, "
                 "worker text NOT NULL)"
             )
+            # The COMMIT of the row that kills its worker during one takes 2 s: a deferred
+            # trigger, run by the COMMIT itself, which then notes when it went on.
+            await connection.execute(
+                f"CREATE TABLE {table}_commits (order_key text NOT NULL, at float8 NOT NULL)"
+            )
+            await connection.execute(
+                f"CREATE FUNCTION {table}_slow() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN IF NEW.order_key LIKE 'commit-%' AND NEW.worker = 'first' THEN "
+                f"PERFORM pg_sleep(2); INSERT INTO {table}_commits VALUES (NEW.order_key, "
+                "extract(epoch FROM clock_timestamp())); END IF; RETURN NULL; END $$"
+            )
+            await connection.execute(
+                f"CREATE CONSTRAINT TRIGGER {table}_slow AFTER INSERT ON {table}_orders "
+                f"DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {table}_slow()"
+            )
         finally:
             await connection.close()
-        return {"kind": kind, "dsn": server.dsn, "table": table}
+        return {"kind": kind, "dsn": server.dsn, "table": table, "transactional": TRANSACTIONAL}
     async with open_client(server) as client:
         table = await fresh_table(client)
     return {"kind": kind, "endpoint": server, "table": table, "transport": DYNAMODB_TRANSPORT}
@@ -297,11 +325,14 @@ async def orders_of(spec: dict[str, Any], outcomes: list[Outcome]) -> None:
     connection = await asyncpg.connect(spec["dsn"])
     try:
         for outcome in outcomes:
+            key = outcome.orders[0]["order"]
             rows = await connection.fetch(
-                f"SELECT id, worker FROM {spec['table']}_orders WHERE order_key = $1",
-                outcome.orders[0]["order"],
+                f"SELECT id, worker FROM {spec['table']}_orders WHERE order_key = $1", key
             )
             outcome.orders = [dict(row) for row in rows]
+            outcome.committed = await connection.fetchval(
+                f"SELECT at FROM {spec['table']}_commits WHERE order_key = $1", key
+            )
     finally:
         await connection.close()
 
@@ -311,10 +342,10 @@ async def run_matrix(kind: str, server: Any, directory: Path) -> dict[str, Outco
     spec = await prepare(kind, server)
     async with forks(f"{kind}:{DYNAMODB_TRANSPORT}" if kind == "dynamodb" else kind) as workers:
         outcomes = await asyncio.gather(
-            *(run_row(workers, spec, row, directory / kind) for row in ROWS)
+            *(run_row(workers, spec, row, directory / kind) for row in rows_of(kind))
         )
     await orders_of(spec, outcomes)
-    return {row.name: outcome for row, outcome in zip(ROWS, outcomes, strict=True)}
+    return {row.name: outcome for row, outcome in zip(rows_of(kind), outcomes, strict=True)}
 
 
 async def run_all(servers: dict[str, Any], directory: Path) -> dict[str, Any]:
@@ -359,7 +390,7 @@ def test_the_shared_stores_without_recovery_points_are_the_expected_ones() -> No
     [
         pytest.param(store, row, marks=MARKS[store], id=f"{store}-{row.name}")
         for store in STEP_STORES
-        for row in ROWS
+        for row in rows_of(store)
     ],
 )
 def test_a_crash_at_a_step_boundary_resumes_once(
@@ -379,6 +410,14 @@ def test_a_crash_at_a_step_boundary_resumes_once(
     runs = Counter(line["effect"] for line in outcome.ledger if "effect" in line)
     runs["create_order"] = len(outcome.orders)
     expected = Counter({name: 2 if name == row.interrupted else 1 for name in STEPS})
+    if store == "postgres" and TRANSACTIONAL:
+        # A transactional step's row commits with its recovery point or not at all.
+        expected["create_order"] = 1
+    if row.kill.startswith("commit:"):
+        # Killed during the COMMIT (before the trigger inside it let it go on): it
+        # committed, the row with its recovery point.
+        assert [order["worker"] for order in outcome.orders] == ["first"], why
+        assert outcome.committed is not None and killed["t"] < outcome.committed, why
     assert runs == expected, why
     charges = [line for line in outcome.ledger if line.get("effect") == "charge"]
     assert len({line["downstream"] for line in charges}) == 1, why
