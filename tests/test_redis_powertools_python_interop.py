@@ -44,7 +44,7 @@ from test_powertools_python_interop import (
 from test_powertools_python_keys import run_oldest
 from test_typescript_interop import assert_same_json, must_not_run
 
-from idempotency_async import Manager, Options
+from idempotency_async import Manager, Options, step
 from idempotency_async.errors import (
     AlreadyInProgressError,
     ConfigError,
@@ -433,6 +433,61 @@ async def test_validation_on_powertools_records(
 
 
 # -- configuration ------------------------------------------------------------------------
+
+
+# -- recovery points (steps) --------------------------------------------------------------
+
+
+async def test_powertools_refuses_our_live_claim_carrying_steps(
+    shared_db: redis_asyncio.Redis, sync_client: redis.Redis
+) -> None:
+    ours = manager(shared_db)
+    stepped, finish = asyncio.Event(), asyncio.Event()
+
+    async def slow() -> Any:
+        await step("one", lambda: asyncio.sleep(0, {"data": 1}))
+        stepped.set()
+        await finish.wait()
+        return RESPONSE
+
+    holder = asyncio.create_task(ours.execute(ORDER, slow, timeout=TIMEOUT))
+    try:
+        await stepped.wait()
+        assert (await record(shared_db, ours.key_for(ORDER)))["step_count"] == 1
+        run = powertools_function(sync_client, powertools_must_not_run)
+        with pytest.raises(IdempotencyAlreadyInProgressError):
+            await asyncio.to_thread(run, ORDER)
+    finally:
+        finish.set()
+    assert await holder == RESPONSE
+    assert (
+        await asyncio.to_thread(powertools_function(sync_client, powertools_must_not_run), ORDER)
+        == RESPONSE
+    )
+
+
+async def test_powertools_takes_over_a_released_record_dropping_its_steps(
+    shared_db: redis_asyncio.Redis, sync_client: redis.Redis
+) -> None:
+    # Released with progress kept: a lapsed claim to Powertools, which takes its lock and
+    # replaces the record with a plain SET (docs/redis.md): it runs from the start.
+    ours = manager(shared_db)
+
+    async def fails() -> Any:
+        await step("one", lambda: asyncio.sleep(0, 1))
+        raise RuntimeError("after the step")
+
+    with pytest.raises(RuntimeError):
+        await ours.execute(ORDER, fails, timeout=TIMEOUT)
+    key = ours.key_for(ORDER)
+    released = await record(shared_db, key)
+    assert released["step_count"] == 1 and "owner" not in released
+
+    run = powertools_function(sync_client, returning(RESPONSE))
+    assert await asyncio.to_thread(run, ORDER) == RESPONSE
+    assert await shared_db.get(f"{key}:lock") == b"True"  # Powertools took its lock
+    assert "steps" not in await record(shared_db, key)
+    assert await ours.execute(ORDER, must_not_run, timeout=TIMEOUT) == RESPONSE
 
 
 async def test_the_manager_refuses_mismatched_formats(redis_server: RedisServer) -> None:

@@ -37,7 +37,7 @@ from test_typescript_interop import (
     node,
 )
 
-from idempotency_async import Manager, Options
+from idempotency_async import Manager, Options, step
 from idempotency_async.errors import AlreadyInProgressError, PayloadValidationError
 from idempotency_async.stores.redis import RedisStore
 
@@ -284,6 +284,66 @@ async def test_typescript_sees_a_python_claim_as_in_progress(
 
     replay = await run_ts(redis_node, redis_server, case, response="ran after completion")
     assert not replay.ran and replay.result == "done"
+
+
+# -- recovery points (steps) ------------------------------------------------------------
+
+
+async def test_typescript_reads_a_python_claim_carrying_steps_as_in_progress(
+    redis_node: str, redis_server: RedisServer, shared_db: redis_asyncio.Redis
+) -> None:
+    case = REDIS_CASES[1]
+    manager = manager_for(shared_db, case)
+    stepped, finish = asyncio.Event(), asyncio.Event()
+
+    async def slow() -> str:
+        await step("one", lambda: asyncio.sleep(0, {"data": ',"data":1}'}))
+        stepped.set()
+        await finish.wait()
+        return "done"
+
+    holder = asyncio.create_task(manager.execute(case.payload, slow, timeout=CALL_TIMEOUT))
+    try:
+        await stepped.wait()
+        _, record = await only_record(shared_db)
+        assert record["step_count"] == 1
+        ts = await run_ts(redis_node, redis_server, case, response="ran twice")
+        assert not ts.ran, "the TypeScript function ran while Python held the key"
+        assert ts.error is not None
+        assert ts.error["name"] == "IdempotencyAlreadyInProgressError", ts.error
+    finally:
+        finish.set()
+        with contextlib.suppress(Exception):
+            await holder
+    assert holder.result() == "done"
+
+
+async def test_typescript_takes_over_a_released_record_dropping_its_steps(
+    redis_node: str, redis_server: RedisServer, shared_db: redis_asyncio.Redis
+) -> None:
+    # A released record (progress kept, no owner, its lease ended) reads as a lapsed claim
+    # there: the port takes it over (its <key>:lock, then a plain SET) and runs its
+    # function from the start (a non-fencing writer); its completion then replays here,
+    # and nothing resumes.
+    case = REDIS_CASES[1]
+    manager = manager_for(shared_db, case)
+
+    async def fails() -> str:
+        await step("one", lambda: asyncio.sleep(0, 1))
+        raise RuntimeError("after the step")
+
+    with pytest.raises(RuntimeError):
+        await manager.execute(case.payload, fails, timeout=CALL_TIMEOUT)
+    key, record = await only_record(shared_db)
+    assert record["step_count"] == 1 and "owner" not in record
+
+    ts = await run_ts(redis_node, redis_server, case, response=RESPONSE)
+    assert ts.ran and ts.error is None
+    assert await shared_db.exists(f"{key}:lock")  # the port took its lock, as for any orphan
+    record = json.loads(await shared_db.get(key))
+    assert record["status"] == "COMPLETED" and "steps" not in record
+    replayed = await manager.execute(case.payload, must_not_run, timeout=CALL_TIMEOUT)
+    assert_same_json(replayed, RESPONSE)
 
 
 __all__ = ["node"]

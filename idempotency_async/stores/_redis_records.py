@@ -29,6 +29,8 @@ FORMAT_NOT_STORED: Final = "not-stored"
 """``data_format`` of a COMPLETED record without its response: ``not-stored: <why>``."""
 
 _DATA: Final = b',"data":'
+_MAX_STEPS: Final = 64
+"""The most steps a record holds (the manager's own limit, ``steps.MAX_STEPS``)."""
 _NEVER: Final = 2**63
 
 
@@ -66,7 +68,9 @@ def completion_tail(
     return b"".join(parts)
 
 
-def decode_record(key: str, raw: bytes, *, python: bool = False) -> Record:
+def decode_record(
+    key: str, raw: bytes, *, python: bool = False, max_steps_bytes: int = _NEVER
+) -> Record:
     """The record in ``raw``, read as untrusted input (other writers share the server).
 
     Malformed control fields (the text is not a JSON object, or its status, instants,
@@ -76,6 +80,10 @@ def decode_record(key: str, raw: bytes, *, python: bool = False) -> Record:
     COMPLETED record comes back "not stored", with the reason.
 
     ``python``: ``data`` is JSON text (``record_format="powertools-python"``).
+    ``max_steps_bytes``: the longest step list accepted (the store's ``max_response_bytes``);
+    ``steps`` and ``step_count`` come together, on an INPROGRESS record only, as a string
+    within the bound and a count from 1 to 64, or the record is unreadable (``ValueError``/
+    ``TypeError``).
     """
     fields, data, data_error = _split(raw)
     status = Status(fields["status"])
@@ -100,7 +108,30 @@ def decode_record(key: str, raw: bytes, *, python: bool = False) -> Record:
         response=response,
         response_stored=stored,
         not_stored=not_stored or None,
+        steps=_steps(fields, status, max_steps_bytes),
     )
+
+
+def _steps(fields: dict[str, Any], status: Status, bound: int) -> str | None:
+    """The record's step list (its JSON text, kept opaque: the manager reads its entries),
+    checked as far as the store answers for it: its length, and the count beside it."""
+    steps, count = fields.get("steps"), fields.get("step_count")
+    if steps is None and count is None:
+        return None
+    if status is not Status.INPROGRESS:
+        raise ValueError(f"a {status.value} record carries recovery points")
+    if not isinstance(steps, str):
+        raise TypeError(f"steps must be the step list's JSON text, got {type(steps).__name__}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= _MAX_STEPS:
+        raise ValueError(f"step_count must be an integer from 1 to {_MAX_STEPS}, got {count!r:.40}")
+    if len(steps) > bound:
+        raise ValueError(f"the step list is longer ({len(steps)} characters) than {bound}")
+    # A count that disagrees with the list would make a resumed call's next write miss its
+    # position (or land on another one): the list is read once here, bounded.
+    listed = decode_stored(steps)
+    if not isinstance(listed, list) or len(listed) != count:
+        raise ValueError(f"step_count {count} does not count the step list")
+    return steps
 
 
 def _response(data: Any, error: Exception | None, *, python: bool) -> tuple[Any, str | None]:

@@ -51,6 +51,8 @@ from idempotency_async.stores.base import (
     DEFAULT_MAX_RESPONSE_BYTES,
     Extended,
     Found,
+    Stepped,
+    StepWrite,
     Verdict,
     Watch,
     Written,
@@ -65,6 +67,8 @@ _SCHEMES: Final = ("redis://", "rediss://", "unix://")
 _IN_PROGRESS: Final = 2
 _COMPLETED: Final = 3
 _TAKEOVER: Final = 4
+_RESUMABLE: Final = 5
+_RESUMED: Final = 6  # claimed, keeping the record's steps: the answer carries the record
 # The extend script's answers.
 _EXTENDED: Final = {1: Extended.RENEWED, 2: Extended.ALREADY_LATER, 0: Extended.LOST}
 # Powertools (Python) takes over an orphaned record only while it holds "<key>:lock"
@@ -91,7 +95,21 @@ _EXTEND: Final = _Script(scripts.EXTEND)
 _GET: Final = _Script(scripts.GET)
 _FORCE_RELEASE: Final = _Script(scripts.FORCE_RELEASE)
 _RELEASE_EXACTLY: Final = _Script(scripts.RELEASE_EXACTLY)
-_SCRIPTS: Final = (_CLAIM, _COMPLETE, _RELEASE, _EXTEND, _GET, _FORCE_RELEASE, _RELEASE_EXACTLY)
+_STEP: Final = _Script(scripts.STEP)
+_SCRIPTS: Final = (
+    _CLAIM,
+    _COMPLETE,
+    _RELEASE,
+    _EXTEND,
+    _GET,
+    _FORCE_RELEASE,
+    _RELEASE_EXACTLY,
+    _STEP,
+)
+# A released record's lease end (milliseconds) when the client's clock judges: the store
+# has no clock of its own then (the manager's may be simulated), so long past on any
+# clock, as MemoryStore's.  The server's clock judging: its TIME less one millisecond.
+_RELEASED_MS: Final = b"1000"
 _NEVER: Final = 2**63  # the expiry of a record without one, as _redis_records reads it
 
 
@@ -116,6 +134,11 @@ class RedisStore:
     waiting on a key in progress (``Options(wait=Wait(...))``) are woken by it: one pub/sub
     connection per store, taken from the client's pool on the first wait and closed by
     :meth:`aclose`; polling stays underneath (``docs/redis.md``).
+
+    It records steps (recovery points,
+    :class:`~idempotency_async.stores.base.RecordsSteps`): the step list rides on the
+    in-progress record as one JSON string beside its count, kept by claims that resume it,
+    renewals and releases, dropped by the completion (``docs/redis.md``).
 
     ``record_format="powertools-python"`` reads and writes the records of
     aws-lambda-powertools (Python)'s Redis layer: the response is JSON text in ``data``,
@@ -424,6 +447,10 @@ class RedisStore:
         state, raw, now_text, answered = answer
         self._check_key(key, answered)
         record = self._decode(key, raw)
+        if state == _RESUMED and record.steps is not None:
+            return Verdict(Found.CLAIMED, record)
+        if state == _RESUMABLE and record.steps is not None:
+            return Verdict(Found.RESUMABLE, record)
         now = float(now_text)
         if state == _COMPLETED:
             return Verdict(Found.COMPLETED, record, None, record.expiration - now)
@@ -479,7 +506,11 @@ class RedisStore:
         )
 
     async def release(self, key: str, owner: str) -> bool:
-        answer = await self._eval("release", _RELEASE, key, owner, self._publish)
+        """Delete the owner's record, or write it *released* when it carries steps (no
+        owner, its lease ended, steps, validation, expiry and ``PX`` kept); a released
+        record counts as released.  Either way the key's waiters are woken."""
+        ended = _RELEASED_MS if self._client_clock else b""
+        answer = await self._eval("release", _RELEASE, key, owner, self._publish, ended)
         return bool(answer == 1)
 
     async def extend(self, claim: Claim) -> Extended:
@@ -500,6 +531,32 @@ class RedisStore:
                 "is not the store's script answer"
             )
         return extended
+
+    async def record_step(self, write: StepWrite) -> Stepped:
+        """Write ``write.steps`` on the owner's INPROGRESS record when it holds
+        ``write.position`` steps, or find it already there (a resend); move the expiry
+        forward, never the lease end.  One script (``STEP``)."""
+        steps = write.steps.encode()
+        if len(steps) > self.max_response_bytes:
+            return Stepped.TOO_LARGE
+        answer = await self._eval(
+            "step",
+            _STEP,
+            write.key,
+            write.owner,
+            repr(write.now) if self._client_clock else b"",
+            write.ttl,
+            write.position,
+            steps,
+        )
+        if answer == 1:
+            return Stepped.RECORDED
+        if answer == 0:
+            return Stepped.LOST
+        raise StoreUnavailableError(
+            f"the server answered the step write of key {write.key!r} with {answer!r:.200}, "
+            "which is not the store's script answer"
+        )
 
     async def force_release(self, key: str) -> Record | None:
         answer = await self._eval("force release", _FORCE_RELEASE, key)
@@ -529,8 +586,8 @@ class RedisStore:
 
     async def release_exactly(self, record: Record) -> bool:
         """Delete the record of ``record.key`` only if it is still ``record``: the same
-        owner, status, expiry and lease end (what ``idempotency-async release`` showed the
-        operator).  False, deleting nothing, when the key holds another record or none.
+        owner, status, expiry, lease end and steps (what ``idempotency-async release``
+        showed the operator).  False, deleting nothing, when the key holds another record or none.
         One atomic script."""
         expiration = "" if record.expiration >= _NEVER else str(record.expiration)
         lease = "" if record.lease_end is None else str(round(record.lease_end * 1000))
@@ -542,6 +599,7 @@ class RedisStore:
             record.status.value,
             expiration,
             lease,
+            b"" if record.steps is None else b"=" + record.steps.encode(),
         )
         return bool(answer == 1)
 
@@ -576,7 +634,8 @@ class RedisStore:
                 raise answer
             break
         short = isinstance(acknowledged, Exception) or acknowledged < self.min_replicas
-        if answer == 1 and short:
+        written = answer == 1 or (isinstance(answer, list) and answer[:1] == [_RESUMED])
+        if written and short:
             raise StoreUnavailableError(
                 f"the claim of key {key!r} was acknowledged by {acknowledged!r} replicas within "
                 f"{self.replica_timeout} s, fewer than min_replicas={self.min_replicas}; the "
@@ -588,7 +647,9 @@ class RedisStore:
         if isinstance(raw, str):  # a client built with decode_responses=True
             raw = raw.encode()
         try:
-            return decode_record(key, raw, python=self._python)
+            return decode_record(
+                key, raw, python=self._python, max_steps_bytes=self.max_response_bytes
+            )
         except (KeyError, ValueError, TypeError, RecursionError) as exc:
             # Malformed control fields (a malformed response is "not stored" instead).
             why = f"{type(exc).__name__}: {exc}"[:200]
