@@ -129,10 +129,12 @@ class Call:
         if self.released is None:
             self.released = reason[:300]
 
-    def step(self, name: str, fn: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+    def step(
+        self, name: str, fn: Callable[[], Awaitable[T]], *, connection: Any = None
+    ) -> Awaitable[T]:
         """:func:`~idempotency_async.step` of this call (the same thing, spelled on the
         handle)."""
-        return run_step(name, fn)
+        return run_step(name, fn, connection)
 
     def _lease(self) -> Lease:
         lease = self._flight.lease

@@ -32,7 +32,7 @@ from idempotency_async.errors import (
 )
 from idempotency_async.options import Options
 from idempotency_async.record import Record
-from idempotency_async.stores.base import Stepped, StepWrite, Store
+from idempotency_async.stores.base import Stepped, StepTransaction, StepWrite, Store
 
 __all__ = [
     "MAX_STEPS",
@@ -125,7 +125,13 @@ class Progress:
         must not release the key (a retry would run the step again before the lease
         ends)."""
 
-    async def run(self, flight: Flight, name: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def run(
+        self,
+        flight: Flight,
+        name: str,
+        fn: Callable[[], Awaitable[T]],
+        connection: Any = None,
+    ) -> T:
         key = flight.keys.key
         _check_step(self, flight, name, key)
         position = self.position
@@ -149,10 +155,23 @@ class Progress:
                 raise _not_stored(key, name, skipped)
             return decode_json(entry)[1]  # type: ignore[no-any-return]
         stepper = self.stepper
+        transaction: StepTransaction | None = None
+        if connection is not None and stepper.records:
+            # A transactional step: its own transaction on the caller's connection, opened
+            # before ``fn`` runs (a connection the store cannot use is ConfigError here).
+            try:
+                transaction = await _begin(stepper, name, connection)
+            except BaseException:
+                self.names.discard(name)  # not taken: the name may be used again
+                raise
         self.current = name
         try:
             pending: Any = fn()
             result: Any = await pending if hasattr(pending, "__await__") else pending
+        except BaseException:
+            if transaction is not None:
+                await transaction.rollback()
+            raise
         finally:
             self.current = None
         self.position = position + 1
@@ -173,12 +192,16 @@ class Progress:
                     f"list past the store's limit of {limit} bytes"
                 )
         if reason is None:
-            stepped = await _write(stepper, flight, position, [*self.entries, entry], result)
+            stepped = await _write(
+                stepper, flight, position, [*self.entries, entry], result, transaction
+            )
             if stepped is Stepped.TOO_LARGE:
                 reason = "the step list did not fit the store's record"
         if reason is not None:
             entry = encode_json([name, None, reason])
-            stepped = await _write(stepper, flight, position, [*self.entries, entry], result)
+            stepped = await _write(
+                stepper, flight, position, [*self.entries, entry], result, transaction
+            )
         if stepped is not Stepped.RECORDED:
             error = LeaseLostError(
                 f"key {key}: the recovery point of step {name!r} was not recorded: the lease "
@@ -197,8 +220,10 @@ class Progress:
         return result  # type: ignore[no-any-return]
 
 
-async def run_step(name: str, fn: Callable[[], Awaitable[T]]) -> T:
-    """What ``steps.step`` does: find the running call, and take the step in it."""
+async def run_step(name: str, fn: Callable[[], Awaitable[T]], connection: Any = None) -> T:
+    """What ``steps.step`` does: find the running call, and take the step in it
+    (``connection``: a transactional step's, see :class:`~idempotency_async.stores.base.
+    RecordsStepsIn`)."""
     run = CURRENT.get()
     if run is None or not run.open:
         if UNPROTECTED.get():
@@ -216,7 +241,7 @@ async def run_step(name: str, fn: Callable[[], Awaitable[T]]) -> T:
             raise ConfigError(steps.refusal)
         steps = run.steps = Progress(steps, [])
     assert isinstance(steps, Progress)
-    return await steps.run(run, name, fn)
+    return await steps.run(run, name, fn, connection)
 
 
 def current_step(run: object) -> str | None:
@@ -251,11 +276,31 @@ def _check_step(progress: Progress, flight: Flight, name: str, key: str) -> None
         )
 
 
+async def _begin(stepper: Stepper, name: str, connection: Any) -> StepTransaction:
+    """The transactional step's transaction, opened on ``connection`` by the store
+    (``RecordsStepsIn``); ``ConfigError`` when the store has no such steps."""
+    begin = getattr(stepper.store, "begin_step", None)
+    if begin is None:
+        raise ConfigError(
+            f"step({name!r}, connection=...) is a transactional step, which needs a "
+            f"PostgresStore; this call's store is {type(stepper.store).__name__}. Drop "
+            "connection= to record the step as a plain one"
+        )
+    transaction: StepTransaction = await begin(connection)
+    return transaction
+
+
 async def _write(
-    stepper: Stepper, flight: Flight, position: int, entries: list[bytes], result: Any
+    stepper: Stepper,
+    flight: Flight,
+    position: int,
+    entries: list[bytes],
+    result: Any,
+    transaction: StepTransaction | None = None,
 ) -> Stepped:
-    """Write the step list ``entries`` as the record's recovery point: bounded at the
-    lease end (not the cutoff), its failures raised as ``StepNotRecordedError``."""
+    """Write the step list ``entries`` as the record's recovery point (through
+    ``transaction``, committing it, for a transactional step): bounded at the lease end
+    (not the cutoff), its failures raised as ``StepNotRecordedError``."""
     lease = flight.lease
     assert lease is not None
     key = lease.key
@@ -272,7 +317,10 @@ async def _write(
     bound = asyncio.timeout_at(lease.write_bound(loop.time()))
     try:
         async with bound:
-            stepped = await stepper.store.record_step(write)  # type: ignore[attr-defined]
+            if transaction is None:
+                stepped = await stepper.store.record_step(write)  # type: ignore[attr-defined]
+            else:
+                stepped = await transaction.record(write)
     except asyncio.CancelledError:
         raise
     except Exception as exc:

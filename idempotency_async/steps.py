@@ -10,7 +10,7 @@ always.  See ``docs/steps.md``.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from idempotency_async._steps import MAX_STEP_NAME, MAX_STEPS, run_step
 
@@ -19,7 +19,7 @@ __all__ = ["MAX_STEPS", "MAX_STEP_NAME", "step"]
 T = TypeVar("T")
 
 
-def step(name: str, fn: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+def step(name: str, fn: Callable[[], Awaitable[T]], *, connection: Any = None) -> Awaitable[T]:
     """Run ``fn`` as the step ``name`` of the running idempotent call, once.
 
     The first time the call reaches ``name``, ``fn()`` runs and its result (a JSON value)
@@ -34,6 +34,12 @@ def step(name: str, fn: Callable[[], Awaitable[T]]) -> Awaitable[T]:
     call run without idempotency (no key, or disabled) and in ``execute_in_transaction``
     the function runs and nothing is recorded.
 
+    ``connection`` makes it a *transactional step* (``PostgresStore``): an asyncpg or
+    psycopg 3 connection, or a SQLAlchemy ``AsyncConnection`` / ``AsyncSession``, that is
+    not in a transaction.  The step opens one on it, runs ``fn`` (whose writes go through
+    that connection), writes the recovery point through it and commits: the writes and
+    the recovery point commit together or not at all.  A step that raises rolls it back.
+
     :raises ~idempotency_async.errors.StepMismatchError: the record holds another step at
         this position; ``fn`` did not run.
     :raises ~idempotency_async.errors.StepResultNotStoredError: the step ran (now or
@@ -42,9 +48,11 @@ def step(name: str, fn: Callable[[], Awaitable[T]]) -> Awaitable[T]:
         failed; the key is left to its lease.
     :raises ~idempotency_async.errors.LeaseLostError: another worker holds the key now.
     :raises ~idempotency_async.errors.ConfigError: outside a running call, after
-        ``Call.complete``, a bad or repeated name, a step inside a running step, or a
-        store that does not record steps — before ``fn`` runs.
+        ``Call.complete``, a bad or repeated name, a step inside a running step, a
+        store that does not record steps, or ``connection`` on a store other than
+        ``PostgresStore`` or on a connection already in a transaction — before ``fn``
+        runs.
 
     .. versionadded:: 0.2.0
     """
-    return run_step(name, fn)
+    return run_step(name, fn, connection)

@@ -6,10 +6,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
+from idempotency_async.errors import ConfigError
 from idempotency_async.record import Claim, Completion, Record
-from idempotency_async.stores.base import Extended, Stepped, StepWrite, Store, Verdict, Written
+from idempotency_async.stores.base import (
+    Extended,
+    Stepped,
+    StepTransaction,
+    StepWrite,
+    Store,
+    Verdict,
+    Written,
+)
 
 __all__ = ["ObservedStore", "RoundTripObserver", "system_of"]
 
@@ -75,6 +84,16 @@ class ObservedStore:
         inner = self.inner.record_step(write)  # type: ignore[attr-defined]
         return await self._timed("record_step", write.key, inner)
 
+    async def begin_step(self, connection: Any) -> StepTransaction:
+        begin = getattr(self.inner, "begin_step", None)
+        if begin is None:
+            raise ConfigError(
+                "step(..., connection=...) is a transactional step, which needs a "
+                f"PostgresStore; this call's store is {type(self.inner).__name__}"
+            )
+        transaction: StepTransaction = await begin(connection)
+        return _ObservedStep(self, transaction)
+
     async def aclose(self) -> None:
         await self.inner.aclose()
 
@@ -93,6 +112,20 @@ class ObservedStore:
         seconds = time.perf_counter() - started
         bound.store_round_trip(operation, key, seconds, started_ns, _describe(result), None)
         return result
+
+
+class _ObservedStep:
+    """A transactional step's transaction whose recovery point is timed as a round trip."""
+
+    def __init__(self, store: ObservedStore, inner: StepTransaction) -> None:
+        self._store = store
+        self._inner = inner
+
+    async def record(self, write: StepWrite) -> Stepped:
+        return await self._store._timed("record_step", write.key, self._inner.record(write))
+
+    async def rollback(self) -> None:
+        await self._inner.rollback()
 
 
 def _describe(result: object) -> str | None:

@@ -62,7 +62,8 @@ def translated(exc: Exception, operation: str, key: str, table: str) -> Exceptio
             return StoreValidationError(
                 f"{where} failed: {exc} — the table {table} is missing or has other columns; "
                 "create it with create_table() or `idempotency-async create-table "
-                "postgres://…` (docs/postgres.md)"
+                "postgres://…`, or bring a table made by an earlier version to the current "
+                "schema with `idempotency-async migrate` (docs/postgres.md)"
             )
         if state.startswith(_DENIED_CLASSES) or state in _DENIED_STATES:
             return StoreAccessDeniedError(

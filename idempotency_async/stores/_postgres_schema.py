@@ -1,4 +1,4 @@
-"""The table's transactional parts (schema version 2) and the statements that use them.
+"""The table's transactional parts (schema versions 2 and 3) and the statements that use them.
 
 A transactional call (``Manager.execute_in_transaction``) writes its claim in the caller's
 transaction, where only the database can stop the caller from committing it unfinished
@@ -24,6 +24,16 @@ otherwise refuse the claim itself) and notes its owner in a transaction-local se
 of the same transaction meeting a row this transaction left unfinished refuses instead of
 taking it over (see docs/postgres.md).  Everything is transaction-local: no session state.
 
+Version 3 adds the recovery points' columns (``steps``, ``step_count``: see
+``_postgres_sql``), and a claim function of its own version that applies their rule as the
+lease-mode claim does: it keeps the steps of a row it takes over (and answers with them,
+``"claimed"``), drops an expired row's, and refuses a lapsed or released row carrying
+another payload's steps (``"resumable"``, writing nothing).  An undo releases the row it
+took over with steps (no owner, its lease ended) instead of deleting it.  It also holds the
+*step function*: a transactional step's recovery point, written in the step's own
+transaction (``record_step`` below), which raises :data:`STEP_LOST` when the owner's
+in-progress row is absent, so that the step's own writes cannot commit without it.
+
 The names of the functions carry the schema version and a digest of the table name;
 :data:`SCHEMA_VERSION` says which version the library needs.
 """
@@ -41,47 +51,59 @@ from idempotency_async.stores._postgres_sql import (
     read_limit,
     record_columns,
     response_kept,
+    steps_ddl,
+    steps_take,
     table_ddl,
 )
 
 __all__ = [
     "REFUSED_COMMIT",
     "SCHEMA_VERSION",
+    "STEP_LOST",
     "TRIGGER",
     "Schema",
     "literal",
     "response_bound",
     "schema",
+    "step_script",
     "undo",
 ]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 REFUSED_COMMIT: Final = "IA001"
 """The SQLSTATE of a COMMIT the guard refused (an implementation-defined class: ``I``)."""
+STEP_LOST: Final = "IA003"
+"""The SQLSTATE the step function raises when the owner's INPROGRESS row is absent (the
+lease was lost): the step's transaction aborts, its writes with it."""
 TRIGGER: Final = "idempotency_async_unfinished"
 _AGAIN: Final = "IA002"  # inside the claim function: undo a refused take-over's row lock
 _UNFINISHED: Final = "idempotency_async.unfinished"
-# What the claim function answers first: "claimed", "read" (the row, not claimable), "mine"
-# (a claim this transaction left unfinished), or the SQLSTATE of what it caught.
+# What the claim function answers first: "claimed" (with the steps it kept), "read" (the
+# row, not claimable), "resumable" (the row: another payload's steps), "mine" (a claim this
+# transaction left unfinished), or the SQLSTATE of what it caught.
 _ANSWER: Final = (
     "answer text, status text, owner text, expires float8, lease_end float8, "
-    "validation text, response text, not_stored text, now float8, snapshot boolean, "
-    "stored_key text"
+    "validation text, response text, not_stored text, steps text, now float8, "
+    "snapshot boolean, stored_key text"
 )
 # The key of the row an answer came from, last: a key column that compares other than byte
 # for byte (citext, a nondeterministic collation) would find another key's row.
 _NOTHING: Final = (
-    "NULL::text, NULL::text, NULL::float8, NULL::float8, NULL::text, NULL::text, NULL::text"
+    "NULL::text, NULL::text, NULL::float8, NULL::float8, NULL::text, NULL::text, NULL::text, "
+    "NULL::text"
+)
+_ROW: Final = (
+    "r.status, r.owner, r.expires, r.lease_end, r.validation, r.response, r.not_stored, r.steps"
 )
 
 
 class Schema(NamedTuple):
-    """A table's version-2 SQL: DDL, and the statements of transactional calls."""
+    """A table's version-3 SQL: DDL, and the statements of transactional calls and steps."""
 
     create: tuple[str, ...]
     """Everything, for a new table (each statement idempotent)."""
     migrate: tuple[str, ...]
-    """What version 2 adds to a table created before it (idempotent)."""
+    """What versions 2 and 3 add to a table created before them (idempotent)."""
     check: str
     """Reads whether the table, the claim function and an enabled guard exist ($1: the
     table, $2: the claim function's signature, $3: the trigger's name)."""
@@ -91,12 +113,19 @@ class Schema(NamedTuple):
     (NULL: the caller's), $6 response read bound."""
     complete: str
     """$1 key, $2 owner, $3 ttl, $4 validation, $5 response text, $6 reason."""
+    record_step: str
+    """A transactional step's recovery point: $1 key, $2 owner, $3 now (NULL: the
+    server's), $4 ttl, $5 position, $6 steps.  True when written; ``STEP_LOST`` raised when
+    the owner's row is not in progress or holds another number of steps."""
+    step_function: str
+    """The step function's quoted name (for :func:`step_script`)."""
     table: str
     """The quoted table name."""
 
 
-def _names(table: str) -> tuple[str, str, str, str]:
-    """(claim function, guard function, qualified trigger name, schema prefix), quoted."""
+def _names(table: str) -> tuple[str, str, str, str, str]:
+    """(claim function, guard function, qualified trigger name, schema prefix, step
+    function), quoted."""
     digest = hashlib.sha1(table.encode()).hexdigest()[:10]
     schema_name, _, _ = table.rpartition(".")
     prefix = f'"{schema_name}".' if schema_name else ""
@@ -106,6 +135,7 @@ def _names(table: str) -> tuple[str, str, str, str]:
         f'{prefix}"idempotency_async_{version}_guard_{digest}"',
         f'{prefix}"{TRIGGER}"',
         prefix,
+        f'{prefix}"idempotency_async_{version}_step_{digest}"',
     )
 
 
@@ -118,15 +148,17 @@ def literal(text: str) -> str:
 
 
 def schema(table: str) -> Schema:
-    """The version-2 SQL of ``table`` (a name :func:`quote_table` accepts)."""
+    """The version-3 SQL of ``table`` (a name :func:`quote_table` accepts)."""
     t = quote_table(table)
-    claim_fn, guard_fn, trigger, _ = _names(table)
+    claim_fn, guard_fn, trigger, _, step_fn = _names(table)
     unfinished = f"coalesce(current_setting('{_UNFINISHED}', true), '')"
     read = record_columns("t", "p_read_limit")
-    take = ",\n          ".join(f"{column} = excluded.{column}" for column in COLUMNS)
+    refused, keep_steps = steps_take("t", "clock_timestamp()", "p_validation")
+    take = ",\n          ".join(f"{column} = excluded.{column}" for column in COLUMNS[:-2])
+    take += ",\n          " + keep_steps
     claimable_now = (
-        "t.expires_at < clock_timestamp() OR "
-        "(t.status = 'INPROGRESS' AND t.lease_ends_at < clock_timestamp())"
+        "(t.expires_at < clock_timestamp() OR "
+        f"(t.status = 'INPROGRESS' AND t.lease_ends_at < clock_timestamp())) AND NOT {refused}"
     )
     claim_function = f"""CREATE OR REPLACE FUNCTION {claim_fn}(
     p_key text, p_owner text, p_ttl float8, p_validation text, p_wait text, p_read_limit integer
@@ -139,6 +171,7 @@ DECLARE
     snap boolean := current_setting('transaction_isolation') <> 'read committed';
     got boolean;
     taken text;
+    kept text;
     r record;
 BEGIN
     BEGIN
@@ -152,8 +185,7 @@ BEGIN
             IF NOT got THEN
                 RETURN QUERY SELECT 'read'::text, {_NOTHING}, n, snap, NULL::text;
             ELSE
-                RETURN QUERY SELECT 'read'::text, r.status, r.owner, r.expires, r.lease_end,
-                    r.validation, r.response, r.not_stored, n, snap, r.stored_key;
+                RETURN QUERY SELECT 'read'::text, {_ROW}, n, snap, r.stored_key;
             END IF;
             RETURN;
         END IF;
@@ -165,8 +197,13 @@ BEGIN
                 RETURN;
             END IF;
             IF NOT (r.expires < n OR (r.status = 'INPROGRESS' AND r.lease_end < n)) THEN
-                RETURN QUERY SELECT 'read'::text, r.status, r.owner, r.expires, r.lease_end,
-                    r.validation, r.response, r.not_stored, n, snap, r.stored_key;
+                RETURN QUERY SELECT 'read'::text, {_ROW}, n, snap, r.stored_key;
+                RETURN;
+            END IF;
+            IF r.steps IS NOT NULL AND r.expires >= n AND r.status = 'INPROGRESS'
+                    AND r.validation IS DISTINCT FROM p_validation THEN
+                -- Another payload's recovery points: not taken over, nothing written.
+                RETURN QUERY SELECT 'resumable'::text, {_ROW}, n, snap, r.stored_key;
                 RETURN;
             END IF;
         END IF;
@@ -175,11 +212,11 @@ BEGIN
         END IF;
         INSERT INTO {t} AS t (key, {", ".join(COLUMNS)})
         VALUES (p_key, 'INPROGRESS', p_owner, to_timestamp(ceil(n + p_ttl)), '-infinity',
-                p_validation, NULL, NULL)
+                p_validation, NULL, NULL, NULL, NULL)
         ON CONFLICT (key) DO UPDATE SET
           {take}
         WHERE {claimable_now}
-        RETURNING t.key::text INTO taken;
+        RETURNING t.key::text, left(t.steps, p_read_limit) INTO taken, kept;
         IF NOT FOUND THEN
             -- The row changed while this waited for its lock (committed by another
             -- transaction) and may not be taken: answer with it, as READ COMMITTED now
@@ -190,15 +227,16 @@ BEGIN
         PERFORM set_config('lock_timeout', caller_wait, true);
         PERFORM set_config('{_UNFINISHED}',
             CASE WHEN mine = '' THEN ',' ELSE mine END || p_owner || ',', true);
-        RETURN QUERY SELECT 'claimed'::text, {_NOTHING}, n, snap, taken;
+        RETURN QUERY SELECT 'claimed'::text, NULL::text, NULL::text, NULL::float8,
+            NULL::float8, NULL::text, NULL::text, NULL::text, kept, n, snap, taken;
     EXCEPTION
         WHEN SQLSTATE '{_AGAIN}' THEN
-            RETURN QUERY SELECT 'read'::text, r.status, r.owner, r.expires, r.lease_end,
-                r.validation, r.response, r.not_stored, n, snap, r.stored_key;
+            RETURN QUERY SELECT 'read'::text, {_ROW}, n, snap, r.stored_key;
         WHEN lock_not_available OR serialization_failure OR deadlock_detected
                 OR query_canceled THEN
             RETURN QUERY SELECT SQLSTATE::text, NULL::text, NULL::text, NULL::float8,
-                NULL::float8, NULL::text, NULL::text, left(SQLERRM, 300), n, snap, NULL::text;
+                NULL::float8, NULL::text, NULL::text, left(SQLERRM, 300), NULL::text, n, snap,
+                NULL::text;
     END;
 END
 $claim$"""
@@ -230,8 +268,43 @@ BEGIN
     END IF;
 END
 $trigger$"""
+    # A transactional step's recovery point, in the step's own transaction: the owner's
+    # in-progress row holding p_position steps (or exactly p_steps already) takes the list;
+    # anything else raises, so that the step's writes cannot commit without their recovery
+    # point.  The expiry moves as in lease mode (``_postgres_sql``'s record_step).
+    step_function = f"""CREATE OR REPLACE FUNCTION {step_fn}(
+    p_key text, p_owner text, p_now float8, p_ttl float8, p_position integer, p_steps text
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $step$
+DECLARE
+    n float8 := coalesce(p_now, extract(epoch FROM clock_timestamp())::float8);
+BEGIN
+    UPDATE {t} AS r SET steps = p_steps, step_count = p_position + 1,
+        expires_at = greatest(r.expires_at, to_timestamp(ceil(greatest(
+            n + p_ttl, extract(epoch FROM r.lease_ends_at)::float8))))
+    WHERE r.key = p_key AND r.owner = p_owner AND r.status = 'INPROGRESS'
+        AND (coalesce(r.step_count, 0) = p_position OR r.steps = p_steps);
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '{STEP_LOST}',
+            MESSAGE = 'idempotency-async: the recovery point of a step of key '
+                || left(p_key, {TOKEN_LIMIT}) || ' was not recorded: the call no longer '
+                || 'holds the key at that step (its lease ended and another worker '
+                || 'claimed it)',
+            HINT = 'The step''s transaction cannot commit; roll it back.';
+    END IF;
+    RETURN true;
+END
+$step$"""
     comment = f"COMMENT ON TABLE {t} IS 'idempotency-async records, schema {SCHEMA_VERSION}'"
-    migrate = (guard_function, guard_trigger, claim_function, comment)
+    migrate = (
+        steps_ddl(table),
+        guard_function,
+        guard_trigger,
+        claim_function,
+        step_function,
+        comment,
+    )
     check = """SELECT to_regclass($1) IS NOT NULL AS table_exists,
        to_regprocedure($2) IS NOT NULL AS claims,
        EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS g
@@ -250,12 +323,15 @@ $trigger$"""
     lease_ends_at = CASE WHEN {kept} THEN r.lease_ends_at END,
     validation = CASE WHEN {kept} THEN r.validation ELSE $4 END,
     response = CASE WHEN {kept} THEN r.response ELSE $5::text::jsonb END,
-    not_stored = CASE WHEN {kept} THEN r.not_stored ELSE $6 END
+    not_stored = CASE WHEN {kept} THEN r.not_stored ELSE $6 END,
+    steps = CASE WHEN {kept} THEN r.steps END,
+    step_count = CASE WHEN {kept} THEN r.step_count END
   WHERE r.key = $1 AND r.owner = $2
   RETURNING {completion_wrote("$5")} AS wrote
 )
 SELECT (SELECT wrote FROM u) AS written,
   set_config('{_UNFINISHED}', replace({unfinished}, ',' || $2 || ',', ','), true) AS unfinished"""
+    record_step = f"SELECT {step_fn}($1, $2, $3::float8, $4::float8, $5::integer, $6::text)"
     return Schema(
         (*table_ddl(table), *migrate),
         migrate,
@@ -263,26 +339,47 @@ SELECT (SELECT wrote FROM u) AS written,
         (t, signature, TRIGGER),
         claim,
         complete,
+        record_step,
+        step_fn,
         t,
     )
 
 
 def undo(table: str, savepoint: str | None, key: str, owner: str) -> str:
     """The text (one round trip, no parameters) that undoes a claimed call: its savepoint
-    rolled back (the callback's writes), then its claim deleted and its owner dropped
-    from the transaction's unfinished claims.  The claim was written before the savepoint,
-    so its row lock stays until the caller's transaction ends."""
+    rolled back (the callback's writes), then its claim deleted — or, when it took over a
+    row carrying steps, released with them (no owner, its lease ended) — and its owner
+    dropped from the transaction's unfinished claims.  The claim was written before the
+    savepoint, so its row lock stays until the caller's transaction ends."""
     rollback = (
         ""
         if savepoint is None
         else (f"ROLLBACK TO SAVEPOINT {savepoint}; RELEASE SAVEPOINT {savepoint}; ")
     )
     unfinished = f"coalesce(current_setting('{_UNFINISHED}', true), '')"
+    mine = f"key = {literal(key)} AND owner = {literal(owner)} AND status = 'INPROGRESS'"
     return (
-        f"{rollback}DELETE FROM {quote_table(table)} WHERE key = {literal(key)} "
-        f"AND owner = {literal(owner)} AND status = 'INPROGRESS'; "
+        f"{rollback}UPDATE {quote_table(table)} SET owner = NULL, "
+        "lease_ends_at = clock_timestamp() - interval '1 millisecond' "
+        f"WHERE {mine} AND steps IS NOT NULL; "
+        f"DELETE FROM {quote_table(table)} WHERE {mine}; "
         f"SELECT set_config('{_UNFINISHED}', "
         f"replace({unfinished}, {literal(',' + owner + ',')}, ','), true)"
+    )
+
+
+def step_script(
+    function: str, key: str, owner: str, now: float | None, ttl: float, position: int, steps: str
+) -> str:
+    """The text (no parameters: one round trip with the ``COMMIT``) that writes a
+    transactional step's recovery point with the step ``function`` and commits.  When the
+    function raises (the lease was lost), the ``COMMIT`` is not run: the transaction is
+    left aborted, for the caller's ``ROLLBACK``."""
+    when = "NULL" if now is None else literal(repr(float(now)))
+    return (
+        f"SELECT {function}({literal(key)}, {literal(owner)}, {when}::float8, "
+        f"{literal(repr(float(ttl)))}::float8, {int(position)}::integer, "
+        f"{literal(steps)}::text); COMMIT"
     )
 
 

@@ -28,6 +28,15 @@ Rows are untrusted input (another tool may write the table): every statement ret
 record's text columns cut to bounds the library could have written (see
 :func:`statements`), so the server never sends what the library would refuse.
 
+Recovery points (schema version 3): ``steps`` holds a call's step list as the JSON text the
+manager wrote (``text``, not ``jsonb``: a resent write is recognised by comparing the text
+exactly, and ``jsonb`` would reorder and respace it), ``step_count`` its length; both NULL
+on every record of a call that took no step.  A claim keeps them when it takes over an
+unexpired in-progress row with its own validation hash, drops them with an expired row, and
+refuses (writes nothing) a lapsed or released unexpired row carrying another payload's
+steps; a completion drops them; a release of a row carrying them writes the *released*
+state (no owner, its lease ended a millisecond ago) instead of deleting it.
+
 Instants follow :mod:`idempotency_async.record`: expiry ``ceil(now + max(ttl, lease))``
 in whole seconds, lease end ``now + lease`` (microseconds, ``timestamptz``).
 """
@@ -51,6 +60,8 @@ __all__ = [
     "record_columns",
     "response_kept",
     "statements",
+    "steps_ddl",
+    "steps_take",
 ]
 
 DEFAULT_TABLE: Final = "idempotency_records"
@@ -62,6 +73,8 @@ COLUMNS: Final = (
     "validation",
     "response",
     "not_stored",
+    "steps",
+    "step_count",
 )
 _OPERATOR_LOCK_WAIT: Final = "2s"
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
@@ -100,8 +113,8 @@ def read_limit(max_response_bytes: int) -> int:
 
 def record_columns(alias: str, limit: int | str) -> str:
     """What a statement returns about a record (the ``alias`` row): its fields, instants as
-    Unix seconds, text cut to bounds (``limit``: the response's, a number or a
-    parameter)."""
+    Unix seconds, text cut to bounds (``limit``: the response's and the step list's, a
+    number or a parameter)."""
     r = alias
     return (
         f"{r}.status, left({r}.owner, {TOKEN_LIMIT + 1}) AS owner, "
@@ -109,8 +122,32 @@ def record_columns(alias: str, limit: int | str) -> str:
         f"extract(epoch FROM {r}.lease_ends_at)::float8 AS lease_end, "
         f"left({r}.validation, {TOKEN_LIMIT + 1}) AS validation, "
         f"left({r}.response::text, {limit}) AS response, "
-        f"left({r}.not_stored, {_REASON_LIMIT}) AS not_stored"
+        f"left({r}.not_stored, {_REASON_LIMIT}) AS not_stored, "
+        f"left({r}.steps, {limit}) AS steps"
     )
+
+
+def steps_take(row: str, now: str, validation: str) -> tuple[str, str]:
+    """(a claim's condition refusing the ``row`` it would take over, its keep of the step
+    columns) — the rule of recovery points on a claim, judged at ``now`` (a
+    ``timestamptz`` expression) for a claim carrying ``validation``:
+
+    - refused: the row is unexpired, in progress, and carries steps under another
+      validation hash (another payload's progress: the answer is "resumable");
+    - kept: the steps of an unexpired row the claim takes over (it is then in progress,
+      with the claim's own validation hash, or carries none);
+    - dropped: those of an expired row.
+    """
+    r = row
+    refused = (
+        f"({r}.steps IS NOT NULL AND {r}.expires_at >= {now} AND {r}.status = 'INPROGRESS' "
+        f"AND {r}.validation IS DISTINCT FROM {validation})"
+    )
+    keep = ",\n    ".join(
+        f"{column} = CASE WHEN {r}.expires_at < {now} THEN NULL ELSE {r}.{column} END"
+        for column in ("steps", "step_count")
+    )
+    return refused, keep
 
 
 class Statements(NamedTuple):
@@ -126,6 +163,7 @@ class Statements(NamedTuple):
     release_exactly: str
     vacuum: str
     page: str
+    record_step: str
 
 
 def quote_table(name: str) -> str:
@@ -155,9 +193,21 @@ def table_ddl(table: str) -> tuple[str, ...]:
         "    lease_ends_at timestamptz,\n"
         "    validation text,\n"
         "    response jsonb,\n"
-        "    not_stored text\n"
+        "    not_stored text,\n"
+        "    steps text,\n"
+        "    step_count integer\n"
         ")",
         f"CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at)",
+    )
+
+
+def steps_ddl(table: str) -> str:
+    """What schema version 3 adds to an existing table: the recovery points' columns
+    (NULL, no default: a change of the catalog only, no rewrite of the rows)."""
+    t = quote_table(table)
+    return (
+        f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS steps text, "
+        "ADD COLUMN IF NOT EXISTS step_count integer"
     )
 
 
@@ -167,20 +217,32 @@ def statements(table: str, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES)
     t = quote_table(table)
     record = record_columns("r", read_limit(max_response_bytes))
     create = table_ddl(table)
+    now = "to_timestamp(n.now)"
+    refused, _ = steps_take("r", now, "$6")
+    # (The SET reads ``n`` through a sub-select, as the CASEs below read ``claimable``.)
+    _, keep_steps = steps_take("r", "(SELECT to_timestamp(n.now) FROM n)", "$6")
+    refused_old = (
+        "(o.steps IS NOT NULL AND o.expires >= n.now AND o.status = 'INPROGRESS' "
+        "AND o.validation IS DISTINCT FROM $6)"
+    )
     claimable = (
-        "(r.expires_at < to_timestamp(n.now) OR (r.status = 'INPROGRESS' AND "
-        "(r.owner = $3 OR r.lease_ends_at < to_timestamp(n.now))))"
+        f"((r.expires_at < {now} OR (r.status = 'INPROGRESS' AND "
+        f"(r.owner = $3 OR r.lease_ends_at < {now}))) AND NOT {refused})"
     )
     claimable_old = (
-        "(o.expires < n.now OR (o.status = 'INPROGRESS' AND (o.owner = $3 OR o.lease_end < n.now)))"
+        "((o.expires < n.now OR (o.status = 'INPROGRESS' AND (o.owner = $3 OR "
+        f"o.lease_end < n.now))) AND NOT {refused_old})"
     )
     keep_or_take = ",\n    ".join(
         f"{column} = CASE WHEN c.claimable THEN excluded.{column} ELSE r.{column} END"
-        for column in COLUMNS
+        for column in COLUMNS[:-2]
     )
+    # The steps: kept unless the row expired (a row the claim may not take is kept whole,
+    # and an expired one is always claimable).
+    keep_or_take += ",\n    " + keep_steps
     # The CASEs read ``claimable`` from a sub-select over the conflicting row (``r``).
     keep_or_take = keep_or_take.replace("c.claimable", f"(SELECT {claimable} FROM n)")
-    fields = "status, owner, expires, lease_end, validation, response, not_stored"
+    fields = "status, owner, expires, lease_end, validation, response, not_stored, steps"
     # $7 bounds the claim's wait for a row lock (a row another transaction holds: a
     # transactional call's claim, until that transaction ends).  Transaction-local, and set
     # before the INSERT can wait: the INSERT reads ``n`` for its row.
@@ -193,7 +255,7 @@ old AS MATERIALIZED (
 w AS (
   INSERT INTO {t} AS r (key, {", ".join(COLUMNS)})
   SELECT $1, 'INPROGRESS', $3, to_timestamp(ceil(n.now + greatest($5::float8, $4::float8))),
-         to_timestamp(n.now + $4::float8), $6, NULL, NULL
+         to_timestamp(n.now + $4::float8), $6, NULL, NULL, NULL, NULL
   FROM n
   WHERE NOT EXISTS (SELECT 1 FROM old AS o WHERE {claimable_old} IS NOT TRUE)
   ON CONFLICT (key) DO UPDATE SET
@@ -221,12 +283,38 @@ UPDATE {t} AS r SET status = 'COMPLETED',
   lease_ends_at = CASE WHEN {kept} THEN r.lease_ends_at END,
   validation = CASE WHEN {kept} THEN r.validation ELSE $5 END,
   response = CASE WHEN {kept} THEN r.response ELSE $6::text::jsonb END,
-  not_stored = CASE WHEN {kept} THEN r.not_stored ELSE $7 END
+  not_stored = CASE WHEN {kept} THEN r.not_stored ELSE $7 END,
+  steps = CASE WHEN {kept} THEN r.steps END,
+  step_count = CASE WHEN {kept} THEN r.step_count END
 FROM n WHERE r.key = $1 AND r.owner = $2
 RETURNING {completion_wrote("$6")}"""
-    # Gone counts as released; a record another claim holds is not.
-    release = f"""WITH d AS (DELETE FROM {t} WHERE key = $1 AND owner = $2 RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM d) OR NOT EXISTS (SELECT 1 FROM {t} WHERE key = $1)"""
+    # The owner's row carrying steps is released (no owner, its lease ended a millisecond
+    # ago: $3, the manager's now, when it judges, else the server's clock), keeping its
+    # steps, validation and expiry; the owner's row without is deleted.  The two are
+    # exclusive (one row, ``steps`` NULL or not), each judged on the latest row version.
+    # Gone counts as released, and so does a released row; a record another claim holds
+    # is not.
+    release = f"""WITH u AS (
+  UPDATE {t} SET owner = NULL,
+    lease_ends_at = coalesce(to_timestamp($3::float8), clock_timestamp())
+      - interval '1 millisecond'
+  WHERE key = $1 AND owner = $2 AND status = 'INPROGRESS' AND steps IS NOT NULL RETURNING 1
+),
+d AS (DELETE FROM {t} WHERE key = $1 AND owner = $2 AND steps IS NULL RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM u) OR EXISTS (SELECT 1 FROM d) OR NOT EXISTS (
+  SELECT 1 FROM {t} WHERE key = $1
+    AND NOT (owner IS NULL AND status = 'INPROGRESS' AND steps IS NOT NULL))"""
+    # A recovery point: owner-fenced on the INPROGRESS row, applied when the row holds
+    # $4 steps — or already holds exactly $5 (this write, sent again: rewritten as it is).
+    # The expiry moves as a claim's would (ceil(now + ttl), never before the lease end)
+    # and never backwards; the lease end does not move.
+    record_step = f"""WITH n AS MATERIALIZED (SELECT {_NOW.format(param="$3")} AS now)
+UPDATE {t} AS r SET steps = $5::text, step_count = $4::integer + 1,
+  expires_at = greatest(r.expires_at, to_timestamp(ceil(greatest(
+    n.now + $6::float8, extract(epoch FROM r.lease_ends_at)::float8))))
+FROM n WHERE r.key = $1 AND r.owner = $2 AND r.status = 'INPROGRESS'
+  AND (coalesce(r.step_count, 0) = $4::integer OR r.steps = $5::text)
+RETURNING 1"""
     # Never backwards: the owner's row whose lease ends later already keeps every column
     # (judged on the latest row version, under the row lock) and answers false; no row is
     # a lost lease.
@@ -248,7 +336,7 @@ RETURNING r.lease_ends_at = n.lease_end"""
 )
 DELETE FROM {t} AS r USING n WHERE r.key = $1 RETURNING {record}, {_STORED_KEY}"""
     # An operator's release of the record they were shown: only while the row is still that
-    # record (owner, status, expiry and lease end as the store read them).
+    # record (owner, status, expiry, lease end and recovery points as the store read them).
     release_exactly = f"""WITH n AS MATERIALIZED (
   SELECT set_config('lock_timeout', '{_OPERATOR_LOCK_WAIT}', true) AS lock_wait
 )
@@ -257,6 +345,7 @@ WHERE r.key = $1 AND r.key::text = $1::text COLLATE "C"
   AND r.owner IS NOT DISTINCT FROM $2 AND r.status = $3
   AND ceil(extract(epoch FROM r.expires_at)::float8 - 1e-6::float8) = $4::float8
   AND extract(epoch FROM r.lease_ends_at)::float8 IS NOT DISTINCT FROM $5::float8
+  AND left(r.steps, {read_limit(max_response_bytes)}) IS NOT DISTINCT FROM $6::text
 RETURNING 1"""
     # One bounded batch: the oldest expired rows no other transaction holds.  An expired
     # record's lease has ended too (expiry is never before the lease end).
@@ -281,6 +370,7 @@ WHERE r.key > $1 AND ($2::text IS NULL OR r.status = $2) ORDER BY r.key LIMIT $3
         release_exactly,
         vacuum,
         page,
+        record_step,
     )
 
 

@@ -23,6 +23,7 @@ cancels it at the deadline.
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any, Final
 
 from idempotency_async.errors import (
@@ -48,7 +49,7 @@ from idempotency_async.stores.base import CLAIMED, Extended, Found, Verdict, Wri
 
 __all__ = ["TransactionStore"]
 
-_ANSWERED: Final = 11  # the claim function's columns
+_ANSWERED: Final = 12  # the claim function's columns
 _CLEANUP: Final = 0.5  # seconds a statement after the deadline may take (the savepoint, an undo)
 
 
@@ -113,7 +114,7 @@ class TransactionStore:
             raise
         answer = row[0] if row is not None and len(row) == _ANSWERED else None
         if answer == "claimed":
-            check_key(key, row[10])  # (the claim applied: the guard refuses the COMMIT)
+            check_key(key, row[11])  # (the claim applied: the guard refuses the COMMIT)
             self._owner = claim.owner
             savepoint = "idempotency_async_" + "".join(
                 c if c.isalnum() else "_" for c in claim.owner
@@ -128,11 +129,18 @@ class TransactionStore:
             self._savepoint = savepoint
             if self._session is not None:
                 self._session.remember()
-            return CLAIMED
+            if row[8] is None:
+                return CLAIMED
+            # It took over a row carrying recovery points of its own payload: they resume.
+            kept = claim.to_record(row[9])._replace(lease_end=-math.inf, steps=row[8])
+            return Verdict(Found.CLAIMED, kept)
+        if answer == "resumable":
+            check_key(key, row[11])
+            return Verdict(Found.RESUMABLE, record_from_row(key, row[1:9], self.max_response_bytes))
         if answer == "read":
-            check_key(key, row[10])
-            verdict = judge(record_from_row(key, row[1:8], self.max_response_bytes), row[8])
-            if verdict.found is Found.IN_PROGRESS and row[9] and wait > 0:
+            check_key(key, row[11])
+            verdict = judge(record_from_row(key, row[1:9], self.max_response_bytes), row[9])
+            if verdict.found is Found.IN_PROGRESS and row[10] and wait > 0:
                 # A lease-mode call holds the key: this transaction's snapshot will never see
                 # it complete, so waiting could only time out.
                 raise SerializationFailureError(
@@ -174,9 +182,9 @@ class TransactionStore:
         if row is None or len(row) != _ANSWERED or row[0] != "read":
             raise _caught(row[0] if row else None, row[7] if row else None, key, "get")
         if row[1] is None:
-            return judge(None, row[8])
-        check_key(key, row[10])
-        return judge(record_from_row(key, row[1:8], self.max_response_bytes), row[8])
+            return judge(None, row[9])
+        check_key(key, row[11])
+        return judge(record_from_row(key, row[1:9], self.max_response_bytes), row[9])
 
     async def complete(self, completion: Completion) -> Written:
         """The owner-fenced completion.  A failure leaves the caller's transaction aborted:

@@ -51,20 +51,31 @@ _WRITE_FACTOR: Final = 2
 
 def claim_verdict(claim: Claim, row: Any, limit: int) -> Verdict:
     """The verdict of the claim statement's answer ``row`` (the record that answered it
-    and the server's ``now``; a transactional claim adds two columns)."""
-    if row is None or len(row) not in (9, 11):
+    and the server's ``now``).
+
+    The claim's own row answers :data:`CLAIMED` — or, when it kept recovery points,
+    ``Verdict(Found.CLAIMED, record)`` with them.  Another's row that is in progress, whose
+    lease ended and that carries steps, answers ``RESUMABLE``: the statement refused it
+    (another payload's progress), as a claimable row is otherwise taken."""
+    if row is None or len(row) != 10:
         raise StoreUnavailableError(
             f"the server answered a claim of key {claim.key!r} with {row!r:.200}, which is not "
             "the store's statement answer; the callback was not run"
         )
     check_key(claim.key, row[-1])
     if row[0] == "INPROGRESS" and row[1] == claim.owner:
-        return CLAIMED
+        if row[7] is None:
+            return CLAIMED
+        return Verdict(Found.CLAIMED, record_from_row(claim.key, row, limit))
     record = record_from_row(claim.key, row, limit)
-    now = row[7]
+    now = row[8]
     if record.status is Status.COMPLETED:
         return Verdict(Found.COMPLETED, record, None, record.expiration - now)
-    end = record.expiration if record.lease_end is None else record.lease_end
+    end = record.lease_end
+    if end is None:
+        end = record.expiration
+    elif record.steps is not None and end < now and record.validation != claim.validation:
+        return Verdict(Found.RESUMABLE, record)
     return Verdict(Found.IN_PROGRESS, record, max(end - now, 0.0))
 
 
@@ -156,12 +167,13 @@ def _finite(value: Any) -> bool:
 
 
 def record_from_row(key: str, row: Any, limit: int) -> Record:
-    """The record in a statement's answer (``_postgres_sql._RECORD`` columns).
+    """The record in a statement's answer (``_postgres_sql.record_columns``).
 
     Control fields that do not make sense raise ``InconsistentStateError``; a response that
-    cannot be read makes a completed record "not stored", with the reason.
+    cannot be read makes a completed record "not stored", with the reason.  The step list
+    is kept as its text (the manager reads it, and refuses one it cannot).
     """
-    status, owner, expires, lease_end, validation, response, not_stored = row[:7]
+    status, owner, expires, lease_end, validation, response, not_stored, steps = row[:8]
     try:
         state = Status(status)
         if not isinstance(expires, float) or not math.isfinite(expires):
@@ -170,6 +182,8 @@ def record_from_row(key: str, row: Any, limit: int) -> Record:
         # its lease), so such a row committed some other way is claimable at once.
         if lease_end is not None and (math.isnan(lease_end) or lease_end == math.inf):
             raise ValueError(f"lease_ends_at is {lease_end!r}")
+        if steps is not None and not isinstance(steps, str):
+            raise ValueError(f"steps is {type(steps).__name__}, not text")
         for name, token in (("owner", owner), ("validation", validation)):
             if token is not None and len(token) > TOKEN_LIMIT:
                 raise ValueError(f"its {name} is longer than {TOKEN_LIMIT} characters")
@@ -192,4 +206,5 @@ def record_from_row(key: str, row: Any, limit: int) -> Record:
         response=value,
         response_stored=stored,
         not_stored=unreadable or not_stored,
+        steps=steps if state is Status.INPROGRESS else None,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from contextlib import AbstractContextManager
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from idempotency_async.errors import InconsistentStateError
 from idempotency_async.record import Claim, Completion, Record, Status
@@ -22,6 +22,8 @@ __all__ = [
     "Extended",
     "Found",
     "RecordsSteps",
+    "RecordsStepsIn",
+    "StepTransaction",
     "StepWrite",
     "Stepped",
     "Store",
@@ -275,6 +277,37 @@ class RecordsSteps(Protocol):
         """Write ``write.steps`` on the INPROGRESS record ``write.owner`` holds, when it
         holds ``write.position`` steps (or already exactly ``write.steps``), and move its
         expiry as a claim would; never moves its lease end."""
+        ...
+
+
+class StepTransaction(Protocol):
+    """A transactional step's own transaction on the caller's connection, opened by
+    :meth:`RecordsStepsIn.begin_step`: the step's function runs in it, then
+    :meth:`record` writes the recovery point through it and commits, so that the step's
+    database writes and its recovery point commit together or not at all."""
+
+    async def record(self, write: StepWrite) -> Stepped:
+        """Write ``write`` (as :meth:`RecordsSteps.record_step` would) in the transaction,
+        and commit it when it is ``RECORDED``.  ``TOO_LARGE``: nothing written, the
+        transaction still open (a shorter list may follow).  ``LOST``: rolled back.  A
+        failure rolls back what it can and raises."""
+        ...
+
+    async def rollback(self) -> None:
+        """Roll the transaction back (the step's function raised); never raises."""
+        ...
+
+
+@runtime_checkable
+class RecordsStepsIn(Protocol):
+    """An optional store capability, with :class:`RecordsSteps`: transactional steps
+    (``step(name, fn, connection=...)``), whose database writes commit with their
+    recovery point in one transaction on the caller's connection."""
+
+    async def begin_step(self, connection: Any) -> StepTransaction:
+        """Open the step's transaction on ``connection``: ``ConfigError`` before any
+        statement when it is not a connection this store writes through, or is already in a
+        transaction."""
         ...
 
 

@@ -42,6 +42,7 @@ from idempotency_async.stores._postgres_sql import (
     lock_wait,
     statements,
 )
+from idempotency_async.stores._postgres_steps import begin_step
 from idempotency_async.stores._postgres_transaction import TransactionStore
 from idempotency_async.stores._postgres_values import (
     check_key,
@@ -53,6 +54,9 @@ from idempotency_async.stores._postgres_values import (
 from idempotency_async.stores.base import (
     DEFAULT_MAX_RESPONSE_BYTES,
     Extended,
+    Stepped,
+    StepTransaction,
+    StepWrite,
     Verdict,
     Written,
     judge,
@@ -80,6 +84,9 @@ _DEFAULT_POOL: Final = {"min_size": 1, "max_size": 10}
 _VACUUM_BATCH: Final = 1000
 _LATER: Final = object()  # from_url: the pool is created on first use
 _PAGE: Final = 1000
+_RELEASED: Final = 1.001
+"""A released record's lease end (less a millisecond) when the manager's clock judges
+(simulated time): long past on any clock, as MemoryStore's."""
 
 
 class RecordPage(NamedTuple):
@@ -102,6 +109,11 @@ class PostgresStore:
     ``clock_timestamp()``, so workers with skewed clocks agree; ``judged_by="client"`` uses
     the ``now`` the manager sends (for simulated time).  ``table`` is ``"name"`` or
     ``"schema.name"``, quoted as given.
+
+    It records steps (recovery points, :class:`~idempotency_async.stores.base.RecordsSteps`)
+    in the table's ``steps`` and ``step_count`` columns (schema version 3: a table made by
+    an earlier version needs :func:`migrate_table`), and a transactional step's in the
+    step's own transaction on the caller's connection.
     """
 
     db_system_name: Final = "postgresql"
@@ -303,9 +315,9 @@ class PostgresStore:
             "get", key, self._sql.get, key, now if self._client_clock else None
         )
         if row[0] is None:
-            return judge(None, row[7])
-        check_key(key, row[8])
-        return judge(record_from_row(key, row, self.max_response_bytes), row[7])
+            return judge(None, row[8])
+        check_key(key, row[9])
+        return judge(record_from_row(key, row, self.max_response_bytes), row[8])
 
     async def complete(self, completion: Completion) -> Written:
         key = completion.key
@@ -348,8 +360,35 @@ class PostgresStore:
         return None if row is None else row[0] is not False
 
     async def release(self, key: str, owner: str) -> bool:
-        row = await self._fetchrow("release", key, self._sql.release, key, owner)
+        """Delete the owner's record — or, when it carries steps, release it with them (no
+        owner, its lease ended a millisecond ago): one statement.  True also when the
+        record is gone or already released."""
+        row = await self._fetchrow(
+            "release", key, self._sql.release, key, owner, _RELEASED if self._client_clock else None
+        )
         return bool(row[0])
+
+    async def record_step(self, write: StepWrite) -> Stepped:
+        """Write a recovery point on the owner's INPROGRESS record (one owner-fenced
+        ``UPDATE``): when it holds ``write.position`` steps, or already exactly
+        ``write.steps``.  ``TOO_LARGE`` (no round trip) above ``max_response_bytes``."""
+        steps = write.steps
+        if len(steps) > self.max_response_bytes or (
+            len(steps.encode("utf-8", "surrogatepass")) > self.max_response_bytes
+        ):
+            return Stepped.TOO_LARGE
+        row = await self._fetchrow(
+            "step",
+            write.key,
+            self._sql.record_step,
+            write.key,
+            write.owner,
+            write.now if self._client_clock else None,
+            int(write.position),
+            steps,
+            float(write.ttl),
+        )
+        return Stepped.LOST if row is None else Stepped.RECORDED
 
     async def extend(self, claim: Claim) -> Extended:
         row = await self._fetchrow_or_close(
@@ -371,14 +410,15 @@ class PostgresStore:
         row = await self._fetchrow("force release", key, self._sql.force_release, key)
         if row is None:
             return None
-        check_key(key, row[7])
+        check_key(key, row[8])
         return record_from_row(key, row, self.max_response_bytes)
 
     async def release_exactly(self, record: Record) -> bool:
         """Delete the record of ``record.key`` only if it is still ``record``: the same
-        owner, status, expiry and lease end (what ``idempotency-async release`` showed the
-        operator).  False, deleting nothing, when the key holds another record or none.
-        One statement; it waits at most 2 s for a row an open transaction holds."""
+        owner, status, expiry, lease end and recovery points (what ``idempotency-async
+        release`` showed the operator).  False, deleting nothing, when the key holds another
+        record or none.  One statement; it waits at most 2 s for a row an open transaction
+        holds."""
         row = await self._fetchrow(
             "release exactly",
             record.key,
@@ -388,8 +428,21 @@ class PostgresStore:
             record.status.value,
             float(record.expiration),
             record.lease_end,
+            record.steps,
         )
         return row is not None
+
+    async def begin_step(self, connection: Any) -> StepTransaction:
+        """A transactional step's own transaction on the caller's ``connection`` (asyncpg,
+        psycopg 3, or SQLAlchemy's ``AsyncConnection`` / ``AsyncSession``), which must not
+        be in a transaction: ``BEGIN`` now; the recovery point is written through it by the
+        table's step function, and committed with the step's writes
+        (:class:`~idempotency_async.stores.base.RecordsStepsIn`)."""
+        if self._closed:
+            raise closed_error("PostgresStore")
+        return await begin_step(
+            connection, self._schema, self.table, self._client_clock, self.max_response_bytes
+        )
 
     # -- transactional calls ---------------------------------------------------------
 
@@ -510,8 +563,10 @@ async def create_table(pool_or_dsn: Any, *, table: str = DEFAULT_TABLE) -> None:
 
 async def migrate_table(pool_or_dsn: Any, *, table: str = DEFAULT_TABLE) -> None:
     """Add to an existing table what :data:`SCHEMA_VERSION` needs (:func:`migration_sql`):
-    the guard trigger and the claim function of transactional calls.  Idempotent; run it as
-    the table's owner.  ``pool_or_dsn`` as for :func:`create_table`."""
+    the recovery points' columns (``ADD COLUMN … NULL``: the catalog only, no rewrite), the
+    guard trigger, and the claim and step functions of transactional calls.  Idempotent;
+    run it as the table's owner, before the library that needs it is deployed.
+    ``pool_or_dsn`` as for :func:`create_table`."""
     await _apply(pool_or_dsn, _schema_of(table).migrate, table)
 
 
