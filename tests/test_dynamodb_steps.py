@@ -464,6 +464,21 @@ async def test_force_release_removes_the_steps(store: DynamoDBStore) -> None:
     assert (await store.get(key, now=NOW)).record is None
 
 
+async def test_an_operators_exact_release_covers_the_steps_it_showed(
+    store: DynamoDBStore,
+) -> None:
+    key = new_key()
+    await claimed_with(store, key, "A", ONE)
+    shown = (await store.get(key, now=NOW)).record
+    assert shown is not None and shown.steps == ONE
+    # A step recorded in the same second: expiry and lease read the same, the steps do not.
+    assert await store.record_step(write(key, "A", 1, TWO)) is Stepped.RECORDED
+    assert await store.release_exactly(shown) is False
+    now_shown = (await store.get(key, now=NOW)).record
+    assert now_shown is not None and await store.release_exactly(now_shown) is True
+    assert (await store.get(key, now=NOW)).record is None
+
+
 # -- the layout -----------------------------------------------------------------------
 
 
@@ -725,3 +740,50 @@ async def test_a_renewed_lease_keeps_the_steps(store: DynamoDBStore, dynamodb_cl
 
 async def _value(value: Any) -> Any:
     return value
+
+
+class _LosesTakeoverAnswer:
+    """A client whose takeover (the UpdateItem answering ALL_NEW) applies, and whose
+    answer is then lost (a dropped connection)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def update_item(self, **request: Any) -> Any:
+        answer = await self._client.update_item(**request)
+        if request.get("ReturnValues") == "ALL_NEW" and not self.lost:
+            self.lost += 1
+            raise ConnectionResetError("the takeover's answer was lost")
+        return answer
+
+
+async def test_a_takeover_whose_answer_was_lost_is_released_keeping_the_steps(
+    store: DynamoDBStore, store_client: Any, dynamodb_client: Any
+) -> None:
+    work = _Work()
+    work.fail_after = 1
+    payload = {"id": uuid.uuid4().hex}
+    losing = _LosesTakeoverAnswer(store_client)
+    manager = manager_for(DynamoDBStore(losing, table_name=store.table_name))
+    key = manager.key_for(payload)
+    assert key is not None
+    with pytest.raises(RuntimeError):
+        await manager.execute(payload, work, timeout=30)
+    work.fail_after = None
+    # The resume's takeover applied, its answer was lost: the manager's owner-fenced
+    # release after an unknown claim keeps the steps it never saw.
+    with pytest.raises(errors.StoreUnavailableError):
+        await manager.execute(payload, work, timeout=30)
+    assert losing.lost == 1
+    item = await item_of(store, dynamodb_client, key)
+    assert item is not None and "owner" not in item and item["step_count"] == {"N": "1"}
+    assert await manager.execute(payload, work, timeout=30) == {
+        "order": "o1",
+        "charge": "ch1",
+        "n": 1.5,
+    }
+    assert work.runs == {"create": 1, "charge": 1, "receipt": 1}
