@@ -102,18 +102,35 @@ async def open_store(spec: dict[str, Any]) -> AsyncIterator[Any]:
         async with PostgresStore.from_url(spec["dsn"], table=spec["table"]) as store:
             yield store
     elif kind == "dynamodb":
-        from _moto import open_transport
-
         from idempotency_async.stores.dynamodb import DynamoDBStore
 
-        endpoint = spec["endpoint"]
         async with DynamoDBStore(
-            client_factory=lambda: open_transport(spec["transport"], endpoint),
-            table_name=spec["table"],
+            client_factory=lambda: dynamodb_client(spec), table_name=spec["table"]
         ) as store:
             yield store
     else:
         raise ValueError(f"no store kind {kind!r}")
+
+
+def dynamodb_client(spec: dict[str, Any]) -> Any:
+    """The DynamoDB client of ``spec["transport"]``: the light one is built here, so that a
+    worker on it never imports aioboto3."""
+    if spec["transport"] == "aioboto3":
+        from _moto import open_client
+
+        return open_client(spec["endpoint"])
+    from idempotency_async.stores.dynamodb_light import LightDynamoDBClient
+
+    return LightDynamoDBClient(
+        region="us-east-1",
+        endpoint_url=spec["endpoint"],
+        access_key_id="testing",
+        secret_access_key="testing",
+        session_token="testing",
+        max_attempts=2,
+        connect_timeout=5,
+        read_timeout=30,
+    )
 
 
 class Orders:
@@ -265,13 +282,16 @@ async def work(job: dict[str, Any]) -> dict[str, Any]:
             # worker's transaction may still be committing when the first one goes out).
             attempts.append(time.time())
             before = await store.get(key, now=time.time())
+            sent = time.time()
             try:
                 result = await manager.execute(payload, place_order, timeout=job["timeout"])
                 break
             except errors.AlreadyInProgressError as exc:
-                # Claim again when the store says the lease ends (counted from before its
-                # answer came, so this is at or just past the end): one request per lease.
-                await asyncio.sleep(max(exc.retry_after or 0.0, 0.01))
+                # Claim again when the store says the lease ends: retry_after counts from
+                # when the claim was sent (the error's lease_end, from when it was raised,
+                # is later by the claim's round trip).
+                end = sent + (exc.retry_after if exc.retry_after is not None else 0.05)
+                await asyncio.sleep(max(end - time.time(), 0.0) + 0.01)
         finished = time.time()
         after = await store.get(key, now=time.time())
     return {
@@ -313,14 +333,13 @@ def warm(kind: str) -> None:
 
         import idempotency_async.stores.postgres
     else:
-        import _moto
-
-        import idempotency_async.stores.dynamodb  # noqa: F401
+        import idempotency_async.stores.dynamodb
+        import idempotency_async.stores.dynamodb_light  # noqa: F401
 
         async def client() -> None:
             # aioboto3's session and botocore's service model (a second of CPU) are built
             # once, here, instead of in every worker; nothing is sent.
-            async with _moto.open_client("http://127.0.0.1:9"):
+            async with dynamodb_client({"transport": "aioboto3", "endpoint": "http://127.0.0.1:9"}):
                 pass
 
         if kind == "dynamodb:aioboto3":
