@@ -821,9 +821,11 @@ def _ended(exc: BaseException, declared: tuple[type[Exception], ...], cutoff: Cu
 
 
 def _step_unsettled(flight: Flight) -> bool:
-    """Whether a step of ``flight`` ran and its recovery point may be missing."""
+    """Whether a step of ``flight`` ran and its recovery point may be missing — or is
+    still running (a step the callback left behind, under ``asyncio.gather`` or in a task
+    it spawned): released, the key would let a retry run it again beside it."""
     steps = flight.steps
-    return isinstance(steps, Progress) and steps.unsettled
+    return isinstance(steps, Progress) and (steps.unsettled or steps.current is not None)
 
 
 def _said(call: Call | None) -> Answer:

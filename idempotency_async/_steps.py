@@ -83,7 +83,8 @@ class Stepper:
         if records and not capable:
             self.refusal = (
                 f"{type(store).__name__} does not record steps (recovery points): use a store "
-                "that does (MemoryStore, PostgresStore), or call the step's function directly"
+                "that does (MemoryStore, RedisStore, PostgresStore, DynamoDBStore), or call the "
+                "step's function directly"
             )
 
     def resume(self, record: Record) -> Progress:
@@ -183,25 +184,35 @@ class Progress:
         reason: str | None = None
         try:
             entry = encode_json([name, result])
-        except Exception as exc:  # not JSON: recorded without its result
-            reason = f"the step's result is not a JSON value ({exc})"[:300]
+        except Exception:  # not JSON: recorded without its result
+            # (Not the encoder's message: its advice, a response codec, is not for steps.)
+            reason = f"the step's result ({type(result).__name__:.80}) is not a JSON value"
         else:
             if _listed_size(self.entries, entry) > limit:
                 reason = (
                     f"the step's result ({len(entry)} bytes of JSON) would take the step "
                     f"list past the store's limit of {limit} bytes"
                 )
+        cancelled: list[asyncio.CancelledError] = []
         if reason is None:
             stepped = await _write(
-                stepper, flight, position, [*self.entries, entry], result, transaction
+                stepper, flight, position, [*self.entries, entry], result, cancelled, transaction
             )
             if stepped is Stepped.TOO_LARGE:
                 reason = "the step list did not fit the store's record"
-        if reason is not None:
+        if reason is not None and not cancelled:
             entry = encode_json([name, None, reason])
             stepped = await _write(
-                stepper, flight, position, [*self.entries, entry], result, transaction
+                stepper, flight, position, [*self.entries, entry], result, cancelled, transaction
             )
+        if cancelled:
+            # The call was cancelled (its cutoff, or its caller) while the write was in
+            # flight: what the write answered is settled, and nothing more is sent.
+            if stepped is Stepped.RECORDED:
+                self.entries.append(entry)
+                self.unsettled = False
+                stepper.emitter.emit("step_recorded", key)
+            raise cancelled[0]
         if stepped is not Stepped.RECORDED:
             error = LeaseLostError(
                 f"key {key}: the recovery point of step {name!r} was not recorded: the lease "
@@ -262,6 +273,13 @@ def _check_step(progress: Progress, flight: Flight, name: str, key: str) -> None
             "of one call run one at a time (not nested, not under asyncio.gather), so that "
             "their order is the same on every run"
         )
+    if progress.unsettled:
+        raise ConfigError(
+            f"key {key}: step {name!r} was taken after a step whose recovery point was not "
+            "recorded (StepNotRecordedError or LeaseLostError, caught): what the record "
+            "holds is unknown, so no later step of this call can be recorded. Let that error "
+            "propagate: the key is left to its lease, and a retry after it resumes"
+        )
     if name in progress.names:
         raise ConfigError(
             f"key {key}: step {name!r} was taken twice in one call: step names are unique "
@@ -296,11 +314,16 @@ async def _write(
     position: int,
     entries: list[bytes],
     result: Any,
+    cancelled: list[asyncio.CancelledError],
     transaction: StepTransaction | None = None,
 ) -> Stepped:
-    """Write the step list ``entries`` as the record's recovery point (through
-    ``transaction``, committing it, for a transactional step): bounded at the lease end
-    (not the cutoff), its failures raised as ``StepNotRecordedError``."""
+    """Write the step list ``entries`` as the record's recovery point: bounded at the
+    lease end (not the cutoff), its failures raised as ``StepNotRecordedError``.
+
+    The step has run: once sent, its write is awaited to its answer (or the lease end)
+    even when the call is cancelled meanwhile — by its own cutoff or by its caller — so
+    that a recorded step is known recorded.  Such a cancellation is appended to
+    ``cancelled`` for the caller to raise once the answer is settled."""
     lease = flight.lease
     assert lease is not None
     key = lease.key
@@ -314,27 +337,54 @@ async def _write(
         (b"[" + b",".join(entries) + b"]").decode(),
     )
     loop = asyncio.get_running_loop()
-    bound = asyncio.timeout_at(lease.write_bound(loop.time()))
+    sending = loop.create_task(
+        stepper.store.record_step(write)  # type: ignore[attr-defined]
+        if transaction is None
+        else transaction.record(write)
+    )
+    expiry = loop.call_at(lease.write_bound(loop.time()), sending.cancel)
+    current = asyncio.current_task()
+    seen = 0 if current is None else current.cancelling()
     try:
-        async with bound:
-            if transaction is None:
-                stepped = await stepper.store.record_step(write)  # type: ignore[attr-defined]
-            else:
-                stepped = await transaction.record(write)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        unknown = not isinstance(exc, ConfigError)
+        while not sending.done():
+            try:
+                await asyncio.shield(sending)
+            except asyncio.CancelledError as cancel:
+                if current is not None and current.cancelling() > seen:
+                    seen = current.cancelling()
+                    cancelled.append(cancel)  # this call's: raised once the write settled
+            except Exception:  # read from ``sending`` below
+                pass
+    finally:
+        expiry.cancel()
+    if sending.cancelled():
+        if cancelled:
+            return Stepped.LOST  # not raised: the cancellation is
         raise StepNotRecordedError(
-            f"key {key}: the step at position {position + 1} ran but recording it "
-            f"{'got no answer' if bound.expired() else f'failed ({exc!r})'}: the key stays "
-            "in progress until its lease ends, then a retry runs this step again. The "
-            "step's result is on this error",
+            f"key {key}: the step at position {position + 1} ran but recording it got no "
+            "answer before the lease end: the key stays in progress until its lease ends, "
+            "then a retry runs this step again. The step's result is on this error",
+            key=key,
+            result=result,
+            outcome_unknown=True,
+        ) from TimeoutError("the step write got no answer before the lease end")
+    failure = sending.exception()
+    if failure is not None:
+        if cancelled:
+            return Stepped.LOST
+        unknown = not isinstance(failure, ConfigError)
+        raise StepNotRecordedError(
+            f"key {key}: the step at position {position + 1} ran but recording it failed "
+            f"({failure!r}): the key stays in progress until its lease ends, then a retry runs "
+            "this step again. The step's result is on this error",
             key=key,
             result=result,
             outcome_unknown=unknown,
-        ) from exc
+        ) from failure
+    stepped = sending.result()
     if stepped.__class__ is not Stepped:
+        if cancelled:
+            return Stepped.LOST
         raise StepNotRecordedError(
             f"key {key}: the store answered a step write with {stepped!r}",
             key=key,

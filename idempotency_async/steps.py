@@ -48,10 +48,10 @@ def step(name: str, fn: Callable[[], Awaitable[T]], *, connection: Any = None) -
         failed; the key is left to its lease.
     :raises ~idempotency_async.errors.LeaseLostError: another worker holds the key now.
     :raises ~idempotency_async.errors.ConfigError: outside a running call, after
-        ``Call.complete``, a bad or repeated name, a step inside a running step, a
-        store that does not record steps, or ``connection`` on a store other than
-        ``PostgresStore`` or on a connection already in a transaction — before ``fn``
-        runs.
+        ``Call.complete``, a bad or repeated name, a step inside a running step, after a
+        step whose recovery point was not recorded (its error caught), a store that does
+        not record steps, or ``connection`` on a store other than ``PostgresStore`` or on
+        a connection already in a transaction — before ``fn`` runs.
 
     .. versionadded:: 0.2.0
     """

@@ -191,3 +191,58 @@ def test_every_row_names_its_test() -> None:
     defined = set(re.findall(r"^(?:async )?def (test_\w+)", Path(__file__).read_text(), re.M))
     assert {tests[0] for tests in named} <= defined
     assert f"{LEASE:g} s" in text
+
+
+async def test_recovery_points_resume_after_the_last_recorded_step() -> None:
+    """In process, on the MemoryStore (which dies with its process: a kill would take the
+    record with it): the call is cut off at its deadline inside its third step, after
+    that step's effect — the record is left as a crash leaves it.  The retry waits for the
+    lease, replays the two recorded steps, and runs the third again."""
+    import httpx
+
+    from idempotency_async import Manager, MemoryStore, Options, downstream_key, step
+
+    provider = Provider()
+    effects: Counter[str] = Counter()
+    manager = Manager(MemoryStore(), Options(key_prefix="choose", event_key_jmespath="id"))
+    dying = [True]
+
+    async with serve_aio(provider.app) as url, httpx.AsyncClient(base_url=url) as client:
+
+        async def charge() -> str:
+            answer = await client.post(
+                "/charges", headers={"Idempotency-Key": downstream_key("charge")}
+            )
+            return str(answer.json()["charge"])
+
+        async def receipt() -> str:
+            effects["receipt"] += 1
+            if dying[0]:
+                dying[0] = False
+                await asyncio.sleep(60)  # hangs after its effect: cut off at the deadline
+            return "sent"
+
+        async def order() -> str:
+            effects["order"] += 1
+            return "o-1"
+
+        async def place() -> str:
+            await step("order", order)
+            charged = await step("charge", charge)
+            await step("receipt", receipt)
+            return charged
+
+        with pytest.raises(errors.DeadlineExceededError):
+            await manager.execute({"id": "k"}, place, timeout=LEASE)
+        started = time.monotonic()
+        while True:
+            try:
+                result = await manager.execute({"id": "k"}, place, timeout=LEASE)
+                break
+            except errors.AlreadyInProgressError:
+                assert time.monotonic() - started < 10, "the key stayed blocked"
+                await asyncio.sleep(0.05)
+
+    # The recorded steps ran once; the interrupted one ran again once the lease ended.
+    assert effects == Counter({"order": 1, "receipt": 2})
+    assert list(provider.requests.values()) == [1] and result == "ch_1"

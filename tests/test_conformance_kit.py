@@ -28,8 +28,8 @@ from support import MemoryWrapper
 
 from idempotency_async import Manager, MemoryStore, Options, errors
 from idempotency_async.record import Claim, Completion, Status
-from idempotency_async.stores.base import Found, Verdict, Written
-from idempotency_async.testing import SimulationFailure, StoreContract, simulate
+from idempotency_async.stores.base import Found, Stepped, StepWrite, Verdict, Written
+from idempotency_async.testing import SimulationFailure, StepsContract, StoreContract, simulate
 from idempotency_async.testing._contract import _prepare_race, _race_has_one_owner, claim
 
 NOW = 1_700_000_000.0
@@ -205,3 +205,91 @@ async def test_the_hash_dropping_store_replays_another_payloads_response() -> No
 
 async def _value(value: str) -> str:
     return value
+
+
+# ------------------------------------------------------------- the steps section (RecordsSteps)
+
+
+class ReleaseDeletesSteps(MemoryStore):
+    """Forgot an obligation: its release deletes a record carrying steps."""
+
+    async def release(self, key: str, owner: str) -> bool:
+        record = (await self.get(key, now=NOW)).record
+        if record is not None and record.owner == owner:
+            await self.force_release(key)
+            return True
+        return await super().release(key, owner)
+
+
+class TakeoverDropsSteps(MemoryStore):
+    """Takes over a lapsed or released record as a fresh claim: its steps are lost (and
+    another payload's claim takes them over too)."""
+
+    async def claim(self, claim: Claim) -> Verdict:
+        read = await self.get(claim.key, now=claim.now)
+        if read.found is Found.CLAIMABLE and read.record is not None:
+            await self.force_release(claim.key)
+        return await super().claim(claim)
+
+
+class ResendIsLost(MemoryStore):
+    """Answers a step write sent again (its answer lost) as a lost lease."""
+
+    async def record_step(self, write: StepWrite) -> Stepped:
+        record = (await self.get(write.key, now=write.now)).record
+        if record is not None and record.steps == write.steps:
+            return Stepped.LOST
+        return await super().record_step(write)
+
+
+class StepMovesTheLease(MemoryStore):
+    """Renews the lease with every step write (a step must never move the lease end)."""
+
+    async def record_step(self, write: StepWrite) -> Stepped:
+        stepped = await super().record_step(write)
+        if stepped is Stepped.RECORDED:
+            await self.extend(Claim(write.key, write.owner, write.now, 30.0, write.ttl, "v-hash"))
+        return stepped
+
+
+async def _steps_failures(factory: Any) -> set[str]:
+    """The ``StepsContract`` tests that fail on a fresh store from ``factory``."""
+    failures = set()
+    suite = StepsContract()
+    for name, test in inspect.getmembers(suite, inspect.iscoroutinefunction):
+        if not name.startswith("test_"):
+            continue
+        store = factory()
+        try:
+            await test(store)
+        except AssertionError:
+            failures.add(name)
+        finally:
+            await store.aclose()
+    return failures
+
+
+async def test_the_steps_section_fails_every_test_of_a_store_without_record_step() -> None:
+    tests = {name for name in dir(StepsContract) if name.startswith("test_")}
+    assert len(tests) > 15
+    assert await _steps_failures(MemoryWrapper) == tests
+
+
+@pytest.mark.parametrize(
+    ("factory", "caught"),
+    [
+        (ReleaseDeletesSteps, "test_release_of_a_stepped_record_keeps_its_progress"),
+        (TakeoverDropsSteps, "test_a_claim_after_the_lease_lapsed_keeps_the_steps"),
+        (TakeoverDropsSteps, "test_another_payloads_claim_is_resumable_and_writes_nothing"),
+        (ResendIsLost, "test_a_step_write_sent_again_is_recorded_and_changes_nothing"),
+        (StepMovesTheLease, "test_a_step_moves_the_expiry_and_never_the_lease_end"),
+    ],
+)
+async def test_the_steps_section_fails_a_store_that_breaks_an_obligation(
+    factory: Any, caught: str
+) -> None:
+    assert caught in await _steps_failures(factory)
+
+
+async def test_the_memory_store_passes_the_steps_section() -> None:
+    assert await _steps_failures(MemoryStore) == set()

@@ -39,6 +39,7 @@ GUIDES = [
     "http.md",
     "agents.md",
     "downstream.md",
+    "steps.md",
     "dynamodb.md",
     "redis.md",
     "postgres.md",
@@ -96,7 +97,8 @@ def test_every_guide_opens_with_its_code_and_a_table(page: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "page", ["manager.md", "downstream.md", "stores.md", "observability.md", "agents.md"]
+    "page",
+    ["manager.md", "downstream.md", "steps.md", "stores.md", "observability.md", "agents.md"],
 )
 def test_in_process_openings_print_their_output(
     page: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -414,7 +414,8 @@ async def test_step_moves_the_expiry_forward_never_the_lease_end(store: RedisSto
     after = await parsed(store)
     assert after["expiration"] == item["expiration"]
     assert after["in_progress_expiration"] == before["in_progress_expiration"]
-    assert await pttl(store) >= ttl_now - 1000
+    # Moved back, the PX would be about 1 s; a loaded machine may take seconds between reads.
+    assert await pttl(store) >= ttl_now - 30_000
 
 
 async def test_step_never_shortens_the_keys_px(redis_server: RedisServer) -> None:

@@ -99,6 +99,13 @@ def _confirm(record: Record, now: float) -> None:
             "retry runs the side effect a second time",
             file=err,
         )
+    if record.status is Status.INPROGRESS and record.steps is not None:
+        print(
+            "warning: the record holds recovery points (steps); after the release a retry "
+            "runs every step again from the first (downstream keys derived in them stay the "
+            "same)",
+            file=err,
+        )
     print("Delete this record? [y/N] ", end="", file=err, flush=True)
     try:
         answer = sys.stdin.readline().strip().lower()

@@ -9,6 +9,7 @@ import json
 import re
 from typing import Any, Final
 
+from idempotency_async.cli._progress import progress_of, released, steps_json, steps_lines
 from idempotency_async.cli._terminal import printable
 from idempotency_async.record import Record, Status
 
@@ -29,6 +30,15 @@ _NEVER: Final = 2**62
 _EXPLANATIONS: Final = {
     "in_progress": "duplicates are refused (HTTP 409) until the lease ends",
     "lapsed": "the lease ended (the call crashed or ran out of time): the next call runs again",
+    "lapsed_steps": (
+        "the lease ended while the call held recorded steps (it crashed or ran out of "
+        "time; its owner is still on the record): the next call with the same payload "
+        "resumes after them"
+    ),
+    "released": (
+        "a call failed after recording steps and gave the key back with its progress kept "
+        "(no owner): the next call with the same payload resumes at once"
+    ),
     "completed": "duplicates get the stored response",
     "completed_not_stored": (
         "completed without its response: duplicates get ResponseNotStoredError "
@@ -39,9 +49,12 @@ _EXPLANATIONS: Final = {
 
 
 def state_of(record: Record, now: float) -> str:
-    """``in_progress``, ``lapsed``, ``completed`` or ``expired``: what a claim at ``now`` meets."""
+    """``in_progress``, ``lapsed``, ``released``, ``completed`` or ``expired``: what a claim
+    at ``now`` meets (``released``: a lapsed record a failed call left with its steps)."""
     if record.is_expired(now):
         return "expired"
+    if released(record, now):
+        return "released"
     if record.lease_lapsed(now):
         return "lapsed"
     return "in_progress" if record.status is Status.INPROGRESS else "completed"
@@ -121,6 +134,7 @@ def record_json(record: Record, now: float, *, show_response: bool = False) -> d
         "response_stored": record.response_stored if completed else None,
         "not_stored": record.not_stored,
     }
+    result.update(steps_json(record, show_results=show_response))
     if show_response:
         result["response"] = record.response
     return result
@@ -132,6 +146,8 @@ def record_lines(record: Record, now: float, *, show_response: bool = False) -> 
     explained = state
     if state == "completed" and not record.response_stored:
         explained = "completed_not_stored"
+    if state == "lapsed" and record.steps is not None:
+        explained = "lapsed_steps"
     rows = [
         ("key", record.key),
         ("status", record.status.value),
@@ -139,7 +155,9 @@ def record_lines(record: Record, now: float, *, show_response: bool = False) -> 
     ]
     if record.status is Status.INPROGRESS:
         lease = "none (held until expiry)"
-        if record.lease_end is not None:
+        if state == "released":
+            lease = "ended at the release (no call holds the key)"
+        elif record.lease_end is not None:
             lease = _when(record.lease_end, now)
         rows.append(("lease end", lease))
     rows += [
@@ -147,6 +165,7 @@ def record_lines(record: Record, now: float, *, show_response: bool = False) -> 
         ("owner", record.owner or "-"),
         ("validation", record.validation or "-"),
     ]
+    rows += steps_lines(record, show_results=show_response)
     if record.status is Status.COMPLETED:
         rows.append(("response", _response_summary(record, show_response)))
     lines = [f"{label:<11} {value}" for label, value in rows]
@@ -217,6 +236,8 @@ def record_row(record: Record, now: float) -> str:
         when = f"lease ends {relative(end, now)}"
     elif state == "lapsed":
         when = f"lease lapsed {relative(record.lease_end or now, now)}"
+    elif state == "released":
+        when = "released, progress kept"
     elif state == "completed":
         when = f"expires {relative(record.expiration, now)}"
         if record.expiration >= _NEVER:
@@ -225,6 +246,9 @@ def record_row(record: Record, now: float) -> str:
         when = f"expired {relative(record.expiration, now)}"
     if state == "completed" and not record.response_stored:
         when += ", response not stored"
+    progress = progress_of(record)
+    if progress is not None:
+        when += f", {len(progress)} steps" if isinstance(progress, list) else ", steps unreadable"
     return printable(f"{record.status.value:<10}  {when:<32}  {record.key}")
 
 

@@ -12,8 +12,9 @@ with an oracle judging against the plan; a failing scenario is shrunk and printe
 ``--scenario`` reproducer (``run_live`` reruns a real-time one with its faults).
 ``simulate_transactions(dsn, seeds)`` does the same for transactional calls
 (``Manager.execute_in_transaction``) on a live PostgreSQL server (it needs asyncpg).
-``StoreContract`` is the protocol's pytest suite, to subclass with a ``store`` fixture.
-``StoreContract`` needs pytest and pytest-asyncio (imported when first used); the
+``StoreContract`` is the protocol's pytest suite, to subclass with a ``store`` fixture;
+``StepsContract`` adds the obligations of stores that record steps (``RecordsSteps``).
+Both need pytest and pytest-asyncio (imported when first used); the
 simulator needs nothing beyond the library.  See ``docs/stores.md`` and ``docs/guarantees.md``.
 ``check_handler`` (the users' test kit, ``idempotency_async.testing.kit``) runs your own
 handler through duplicates, crashes and expiry: ``docs/testing-your-handler.md``.
@@ -59,7 +60,7 @@ from idempotency_async.testing.kit import (
 )
 
 if TYPE_CHECKING:
-    from idempotency_async.testing._contract import StoreContract
+    from idempotency_async.testing._contract import StepsContract, StoreContract
 
 __all__ = [
     "FEATURES",
@@ -71,6 +72,7 @@ __all__ = [
     "Scenario",
     "SimulationFailure",
     "SimulationReport",
+    "StepsContract",
     "StoreContract",
     "StoreFactory",
     "TransactionSimulationFailure",
@@ -99,4 +101,8 @@ def __getattr__(name: str) -> Any:
         from idempotency_async.testing._contract import StoreContract
 
         return StoreContract
+    if name == "StepsContract":
+        from idempotency_async.testing._contract import StepsContract
+
+        return StepsContract
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,9 +22,18 @@ import pytest
 
 from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion, Record, Status
-from idempotency_async.stores.base import CLAIMED, Extended, Found, Store, Written
+from idempotency_async.stores.base import (
+    CLAIMED,
+    Extended,
+    Found,
+    RecordsSteps,
+    Stepped,
+    StepWrite,
+    Store,
+    Written,
+)
 
-__all__ = ["StoreContract"]
+__all__ = ["StepsContract", "StoreContract"]
 
 NOW = 1_700_000_000.0
 
@@ -492,3 +501,348 @@ def _types(value: object) -> object:
     if isinstance(value, list):
         return [_types(v) for v in value]
     return type(value)
+
+
+# -- recovery points (steps): the RecordsSteps capability ------------------------------
+
+ONE = '[["create",{"id":7}]]'
+"""A step list of one step, as the manager writes it."""
+TWO = '[["create",{"id":7}],["charge",null,"not a JSON value"]]'
+THREE = '[["create",{"id":7}],["charge",null,"not a JSON value"],["receipt",true]]'
+
+
+def step_write(
+    steps: str = ONE,
+    position: int = 0,
+    *,
+    key: str = "k#1",
+    owner: str = "owner-a",
+    now: float = NOW,
+    ttl: float = 3600.0,
+) -> StepWrite:
+    return StepWrite(key, owner, now, ttl, position, steps)
+
+
+async def stepped(
+    store: Store, *steps: str, key: str = "k#1", owner: str = "owner-a", lease_s: float = 5
+) -> None:
+    """Claim ``key`` for ``owner`` at ``NOW`` (a ``lease_s`` lease) and record ``steps``
+    (each the whole list after one more step), one write each, at ``NOW``."""
+    assert isinstance(store, RecordsSteps), _NOT_CAPABLE
+    assert await store.claim(claim(key, owner, lease_s=lease_s)) is CLAIMED
+    for position, steps_after in enumerate(steps):
+        written = await store.record_step(step_write(steps_after, position, key=key, owner=owner))
+        assert written is Stepped.RECORDED, (position, written)
+
+
+_NOT_CAPABLE = (
+    "the store does not record steps (no record_step: stores.base.RecordsSteps); "
+    "StepsContract checks stores that do"
+)
+
+
+@pytest.mark.asyncio
+class StepsContract:
+    """Every test a store that records steps (:class:`~idempotency_async.stores.base.RecordsSteps`)
+    must pass, on top of :class:`StoreContract`: the obligations of ``RecordsSteps``,
+    checked against the store protocol directly.  Override the ``store`` fixture: a fresh,
+    empty store.  A store without ``record_step`` fails every test (it is not skipped)."""
+
+    @pytest.fixture
+    def store(self) -> Store:
+        raise NotImplementedError("override the store fixture: yield a fresh, empty store")
+
+    async def test_the_store_records_steps(self, store: Store) -> None:
+        assert isinstance(store, RecordsSteps), _NOT_CAPABLE
+
+    # -- record_step --------------------------------------------------------------------
+
+    async def test_a_step_is_recorded_on_its_owners_record(self, store: Store) -> None:
+        await stepped(store)
+        assert isinstance(store, RecordsSteps), _NOT_CAPABLE
+        assert await store.record_step(step_write(ONE, 0, now=NOW + 1)) is Stepped.RECORDED
+        verdict = await store.get("k#1", now=NOW + 1)
+        assert verdict.found is Found.IN_PROGRESS, verdict
+        record = verdict.record
+        assert record is not None and record.steps == ONE, record
+        assert record.status is Status.INPROGRESS and record.owner == "owner-a", record
+        assert record.validation == "v-hash", record
+        assert await store.record_step(step_write(TWO, 1, now=NOW + 2)) is Stepped.RECORDED
+        assert (await record_of(store, now=NOW + 2)).steps == TWO
+        assert await store.record_step(step_write(THREE, 2, now=NOW + 3)) is Stepped.RECORDED
+        assert (await record_of(store, now=NOW + 3)).steps == THREE
+
+    async def test_a_step_write_sent_again_is_recorded_and_changes_nothing(
+        self, store: Store
+    ) -> None:
+        # Its answer was lost and the client sent it again: the record already holds it.
+        await stepped(store, ONE)
+        assert isinstance(store, RecordsSteps), _NOT_CAPABLE
+        assert await store.record_step(step_write(ONE, 0, now=NOW + 1)) is Stepped.RECORDED
+        assert (await record_of(store, now=NOW + 1)).steps == ONE
+        # The count is still one step: the next write applies at position 1, not 2.
+        assert await store.record_step(step_write(THREE, 2, now=NOW + 1)) is Stepped.LOST
+        assert await store.record_step(step_write(TWO, 1, now=NOW + 1)) is Stepped.RECORDED
+        assert await store.record_step(step_write(TWO, 1, now=NOW + 2)) is Stepped.RECORDED
+        assert (await record_of(store, now=NOW + 2)).steps == TWO
+
+    async def test_a_step_write_at_another_position_is_lost(self, store: Store) -> None:
+        await stepped(store)
+        assert isinstance(store, RecordsSteps), _NOT_CAPABLE
+        # No step yet: a write that says one came before it does not apply.
+        assert await store.record_step(step_write(TWO, 1)) is Stepped.LOST
+        assert (await record_of(store)).steps is None
+        await store.record_step(step_write(ONE, 0))
+        # One step held: another first step, or a third, does not apply.
+        other = '[["other",1]]'
+        assert await store.record_step(step_write(other, 0)) is Stepped.LOST
+        assert await store.record_step(step_write(THREE, 2)) is Stepped.LOST
+        record = await record_of(store)
+        assert record.steps == ONE and record.owner == "owner-a", record
+
+    async def test_a_step_write_is_fenced_by_the_owner(self, store: Store) -> None:
+        await stepped(store, ONE, lease_s=1)
+        assert isinstance(store, RecordsSteps), _NOT_CAPABLE
+        assert await store.record_step(step_write(TWO, 1, owner="owner-b")) is Stepped.LOST
+        assert (await record_of(store)).steps == ONE
+        # Another claim took the lapsed key (keeping the step): the old owner is fenced.
+        taken = await store.claim(claim(owner="owner-b", now=NOW + 2))
+        assert taken.found is Found.CLAIMED, taken
+        late = step_write(TWO, 1, now=NOW + 2)
+        assert await store.record_step(late) is Stepped.LOST
+        record = await record_of(store, now=NOW + 2)
+        assert record.owner == "owner-b" and record.steps == ONE, record
+
+    async def test_a_step_write_on_a_completed_or_missing_record_is_lost(
+        self, store: Store
+    ) -> None:
+        assert isinstance(store, RecordsSteps), _NOT_CAPABLE
+        assert await store.record_step(step_write(ONE, 0)) is Stepped.LOST
+        assert await record_of(store) is None, "a step write created a record"
+        await stepped(store, ONE)
+        assert await store.complete(completion(response={"done": 1})) is Written.RESPONSE
+        assert await store.record_step(step_write(TWO, 1, now=NOW + 1)) is Stepped.LOST
+        assert await store.record_step(step_write(ONE, 0, now=NOW + 1)) is Stepped.LOST
+        record = await record_of(store, now=NOW + 1)
+        assert record.status is Status.COMPLETED and record.response == {"done": 1}, record
+        assert record.steps is None, record
+
+    async def test_a_step_list_past_the_stores_bound_is_too_large(self, store: Store) -> None:
+        await stepped(store, ONE)
+        assert isinstance(store, RecordsSteps), _NOT_CAPABLE
+        filler = "x" * (store.max_response_bytes + 1)
+        huge = ONE[:-1] + ',["big","' + filler + '"]]'
+        assert await store.record_step(step_write(huge, 1)) is Stepped.TOO_LARGE
+        record = await record_of(store)
+        assert record.steps == ONE and record.owner == "owner-a", record
+        assert await store.record_step(step_write(TWO, 1)) is Stepped.RECORDED
+
+    async def test_a_step_moves_the_expiry_and_never_the_lease_end(self, store: Store) -> None:
+        assert isinstance(store, RecordsSteps), _NOT_CAPABLE
+        await store.claim(Claim("k#1", "owner-a", NOW, 30.0, 60.0, "v-hash"))
+        assert (await record_of(store)).expiration == math.ceil(NOW + 60)
+        write = step_write(ONE, 0, now=NOW + 20.5, ttl=60.0)
+        assert await store.record_step(write) is Stepped.RECORDED
+        record = await record_of(store, now=NOW + 21)
+        assert record.expiration == math.ceil(NOW + 80.5), record
+        assert record.lease_end is not None and abs(record.lease_end - (NOW + 30)) < 0.002, record
+        # Never backwards: a shorter TTL leaves the expiry where it is.
+        assert await store.record_step(step_write(TWO, 1, now=NOW + 21, ttl=5.0)) is (
+            Stepped.RECORDED
+        )
+        record = await record_of(store, now=NOW + 21)
+        assert record.expiration == math.ceil(NOW + 80.5), record
+        assert abs(record.lease_end - (NOW + 30)) < 0.002, record
+        # Held until the lease end, as before the steps.
+        assert (await store.claim(claim(owner="owner-b", now=NOW + 29))).found is (
+            Found.IN_PROGRESS
+        )
+
+    async def test_a_step_never_moves_the_expiry_before_the_lease_end(self, store: Store) -> None:
+        assert isinstance(store, RecordsSteps), _NOT_CAPABLE
+        await store.claim(Claim("k#1", "owner-a", NOW, 7200.0, 60.0, "v-hash"))
+        assert await store.record_step(step_write(ONE, 0, ttl=60.0)) is Stepped.RECORDED
+        record = await record_of(store)
+        assert record.expiration >= NOW + 7200, record
+        assert record.lease_end is not None and abs(record.lease_end - (NOW + 7200)) < 0.002
+
+    # -- claim ----------------------------------------------------------------------------
+
+    async def test_a_claim_after_the_lease_lapsed_keeps_the_steps(self, store: Store) -> None:
+        await stepped(store, ONE, TWO)
+        verdict = await store.claim(claim(owner="owner-b", now=NOW + 6))
+        assert verdict.found is Found.CLAIMED, verdict
+        assert verdict.record is not None, "a claim keeping steps must answer with them"
+        assert verdict.record.key == "k#1" and verdict.record.steps == TWO, verdict
+        record = await record_of(store, now=NOW + 6)
+        assert record.owner == "owner-b" and record.steps == TWO, record
+        assert record.lease_end is not None and abs(record.lease_end - (NOW + 36)) < 0.002
+        # The count came along: the new owner's next step is the third.
+        assert isinstance(store, RecordsSteps)
+        assert await store.record_step(step_write(ONE, 0, owner="owner-b")) is Stepped.LOST
+        third = step_write(THREE, 2, owner="owner-b", now=NOW + 7)
+        assert await store.record_step(third) is Stepped.RECORDED
+        assert (await record_of(store, now=NOW + 7)).steps == THREE
+
+    async def test_a_claim_without_a_validation_hash_keeps_steps_recorded_without_one(
+        self, store: Store
+    ) -> None:
+        assert isinstance(store, RecordsSteps), _NOT_CAPABLE
+        await store.claim(Claim("k#1", "owner-a", NOW, 5.0, 3600.0, None))
+        assert await store.record_step(step_write(ONE, 0)) is Stepped.RECORDED
+        verdict = await store.claim(Claim("k#1", "owner-b", NOW + 6, 30.0, 3600.0, None))
+        assert verdict.found is Found.CLAIMED and verdict.record is not None, verdict
+        assert verdict.record.steps == ONE, verdict
+        # A hash where none was recorded is another payload's claim.
+        await store.release("k#1", "owner-b")
+        other = await store.claim(Claim("k#1", "owner-c", NOW + 7, 30.0, 3600.0, "v-hash"))
+        assert other.found is Found.RESUMABLE, other
+
+    async def test_a_claim_sent_again_by_its_owner_keeps_the_steps(self, store: Store) -> None:
+        await stepped(store, ONE, lease_s=30)
+        verdict = await store.claim(claim(owner="owner-a", now=NOW + 1))
+        assert verdict.found is Found.CLAIMED, verdict
+        assert verdict.record is not None and verdict.record.steps == ONE, verdict
+        record = await record_of(store, now=NOW + 1)
+        assert record.owner == "owner-a" and record.steps == ONE, record
+        assert isinstance(store, RecordsSteps)
+        assert await store.record_step(step_write(TWO, 1, now=NOW + 1)) is Stepped.RECORDED
+
+    async def test_a_claim_meeting_a_live_stepped_record_is_in_progress(self, store: Store) -> None:
+        await stepped(store, ONE, lease_s=30)
+        verdict = await store.claim(claim(owner="owner-b", now=NOW + 1))
+        assert verdict.found is Found.IN_PROGRESS, verdict
+        assert verdict.record is not None and verdict.record.owner == "owner-a", verdict
+        assert (await record_of(store, now=NOW + 1)).steps == ONE
+
+    async def test_an_expired_records_steps_are_dropped(self, store: Store) -> None:
+        assert isinstance(store, RecordsSteps), _NOT_CAPABLE
+        await store.claim(Claim("k#1", "owner-a", NOW, 5.0, 60.0, "v-hash"))
+        assert await store.record_step(step_write(ONE, 0, ttl=60.0)) is Stepped.RECORDED
+        later = NOW + 61  # past ceil(NOW + 60)
+        verdict = await store.claim(claim(owner="owner-b", now=later))
+        assert verdict.found is Found.CLAIMED, verdict
+        assert verdict.record is None or verdict.record.steps is None, verdict
+        record = await record_of(store, now=later)
+        assert record.owner == "owner-b" and record.steps is None, record
+        # The count went with them: the new owner's first step is at position 0.
+        assert await store.record_step(step_write(TWO, 1, owner="owner-b", now=later)) is (
+            Stepped.LOST
+        )
+        first = step_write(ONE, 0, owner="owner-b", now=later)
+        assert await store.record_step(first) is Stepped.RECORDED
+
+    async def test_another_payloads_claim_is_resumable_and_writes_nothing(
+        self, store: Store
+    ) -> None:
+        await stepped(store, ONE)
+        other = Claim("k#1", "owner-b", NOW + 6, 30.0, 3600.0, "v-other")
+        verdict = await store.claim(other)
+        assert verdict.found is Found.RESUMABLE, verdict
+        assert verdict.record is not None, verdict
+        assert verdict.record.key == "k#1" and verdict.record.validation == "v-hash", verdict
+        record = await record_of(store, now=NOW + 6)
+        assert record.owner == "owner-a" and record.steps == ONE, record
+        assert record.lease_end is not None and abs(record.lease_end - (NOW + 5)) < 0.002
+        # Released: the same answer.
+        assert await store.release("k#1", "owner-a") is True
+        assert (await store.claim(other._replace(now=NOW + 7))).found is Found.RESUMABLE
+        record = await record_of(store, now=NOW + 7)
+        assert record.owner is None and record.steps == ONE, record
+        # Its own payload still resumes it.
+        mine = await store.claim(claim(owner="owner-c", now=NOW + 8))
+        assert mine.found is Found.CLAIMED and mine.record is not None, mine
+        assert mine.record.steps == ONE, mine
+
+    # -- extend, complete, release, force_release ---------------------------------------
+
+    async def test_extend_keeps_the_steps(self, store: Store) -> None:
+        await stepped(store, ONE, TWO)
+        renewal = Claim("k#1", "owner-a", NOW + 4, 5.0, 60.0, "v-hash")
+        assert await store.extend(renewal) is Extended.RENEWED
+        record = await record_of(store, now=NOW + 4)
+        assert record.steps == TWO and record.owner == "owner-a", record
+        assert record.lease_end is not None and abs(record.lease_end - (NOW + 9)) < 0.002
+        assert isinstance(store, RecordsSteps)
+        assert await store.record_step(step_write(THREE, 2, now=NOW + 5)) is Stepped.RECORDED
+
+    async def test_complete_drops_the_steps(self, store: Store) -> None:
+        await stepped(store, ONE, TWO)
+        assert await store.complete(completion(response={"ok": True})) is Written.RESPONSE
+        verdict = await store.get("k#1", now=NOW + 1)
+        assert verdict.found is Found.COMPLETED, verdict
+        assert verdict.record is not None and verdict.record.steps is None, verdict
+        assert verdict.record.response == {"ok": True}, verdict
+        replayed = await store.claim(claim(owner="owner-b", now=NOW + 2))
+        assert replayed.found is Found.COMPLETED, replayed
+        assert replayed.record is not None and replayed.record.steps is None, replayed
+
+    async def test_complete_without_a_response_drops_the_steps(self, store: Store) -> None:
+        await stepped(store, ONE)
+        bare = Completion("k#1", "owner-a", NOW, 3600.0, "v-hash", None, None, "why")
+        assert await store.complete(bare) is Written.WITHOUT_RESPONSE
+        record = await record_of(store, now=NOW + 1)
+        assert record.status is Status.COMPLETED and record.steps is None, record
+
+    async def test_release_of_a_stepped_record_keeps_its_progress(self, store: Store) -> None:
+        await stepped(store, ONE, TWO, lease_s=30)
+        before = await record_of(store, now=NOW + 1)
+        assert await store.release("k#1", "owner-a") is True
+        verdict = await store.get("k#1", now=NOW + 1)
+        assert verdict.found is Found.CLAIMABLE, verdict
+        record = verdict.record
+        assert record is not None, "the release deleted a record carrying steps"
+        assert record.status is Status.INPROGRESS and record.owner is None, record
+        assert record.lease_end is not None and record.lease_end < NOW + 1, record
+        assert record.steps == TWO and record.validation == "v-hash", record
+        assert record.expiration == before.expiration, (before, record)
+        # Sent again (its answer was lost): released, and nothing changes.
+        assert await store.release("k#1", "owner-a") is True
+        assert await store.release("k#1", "owner-b") is True  # no claim holds the key
+        assert await record_of(store, now=NOW + 1) == record
+        # The released owner is fenced: it writes no step, extends nothing, completes nothing.
+        assert isinstance(store, RecordsSteps)
+        assert await store.record_step(step_write(THREE, 2, now=NOW + 1)) is Stepped.LOST
+        renewal = Claim("k#1", "owner-a", NOW + 1, 30.0, 3600.0, "v-hash")
+        assert await store.extend(renewal) is Extended.LOST
+        assert await store.complete(completion(response=1, now=NOW + 1)) is Written.NOTHING
+        assert await record_of(store, now=NOW + 1) == record
+
+    async def test_a_released_record_is_resumed_at_once_by_its_payload(self, store: Store) -> None:
+        await stepped(store, ONE, TWO, lease_s=30)
+        assert await store.release("k#1", "owner-a") is True
+        verdict = await store.claim(claim(owner="owner-b", now=NOW + 1))
+        assert verdict.found is Found.CLAIMED, verdict
+        assert verdict.record is not None and verdict.record.steps == TWO, verdict
+        record = await record_of(store, now=NOW + 1)
+        assert record.owner == "owner-b" and record.steps == TWO, record
+        assert record.lease_end is not None and abs(record.lease_end - (NOW + 31)) < 0.002
+        assert isinstance(store, RecordsSteps)
+        assert await store.record_step(step_write(THREE, 2, owner="owner-b", now=NOW + 2)) is (
+            Stepped.RECORDED
+        )
+        # The resumed record is released, completed, as any other.
+        assert await store.complete(completion(owner="owner-b", response=3)) is Written.RESPONSE
+        assert (await record_of(store, now=NOW + 3)).steps is None
+
+    async def test_a_release_after_another_claim_took_the_key_is_refused(
+        self, store: Store
+    ) -> None:
+        await stepped(store, ONE, lease_s=1)
+        await store.claim(claim(owner="owner-b", now=NOW + 2))
+        assert await store.release("k#1", "owner-a") is False
+        record = await record_of(store, now=NOW + 2)
+        assert record.owner == "owner-b" and record.steps == ONE, record
+
+    async def test_force_release_removes_the_record_with_its_steps(self, store: Store) -> None:
+        await stepped(store, ONE, TWO)
+        deleted = await store.force_release("k#1")
+        assert deleted is not None and deleted.steps == TWO, deleted
+        assert await record_of(store) is None
+        assert await store.claim(claim(owner="owner-b", now=NOW + 1)) is CLAIMED
+        assert (await record_of(store, now=NOW + 1)).steps is None
+        # Released progress is removed as well.
+        await stepped(store, ONE, key="k#2")
+        assert await store.release("k#2", "owner-a") is True
+        assert (await store.force_release("k#2")) is not None
+        assert await record_of(store, "k#2") is None
