@@ -2,42 +2,46 @@
 of a three-step call on a shared store, a retry worker resumes the key once its lease
 ends, and a third worker replays the result.  An oracle counts the effects of each step.
 
-The call (``tests/_steps_worker.py``): ``create_order`` (a committed row on Postgres, else
-a ledger line), ``charge`` (a fake provider that honours ``Idempotency-Key``: a ledger line
-per request, carrying the step's ``downstream_key("charge")``; a key it has seen makes no
-new charge), ``send_receipt`` (a ledger line).  The ledger is append-only, one ``fsync``
-per line: the SIGKILL loses nothing written.
+The call (``tests/_steps_worker.py``): ``create_order`` (a row in the application's table
+on Postgres, as a transactional step once ``step(..., connection=)`` exists; a ledger
+line elsewhere), ``charge`` (a fake provider that honours ``Idempotency-Key``: a ledger
+line per request, carrying the step's ``downstream_key("charge")``; a key it has seen
+makes no new charge), ``send_receipt`` (a ledger line).  The ledger is append-only, one
+``fsync`` per line: the SIGKILL loses nothing written.
 
 Kill points (``Row``): inside a step's function after its effect, before its recovery
 point (``effect:STEP``); right after ``await step(...)`` returned (``recorded:STEP``);
 during the final completion, before it is sent and after it was written
-(``completion-unsent``, ``completion-unanswered``); and with renewal on, after the charge's
-effect.  Judged per row: the steps before the kill point ran once; the interrupted step
-ran twice at the raw level and made one charge per downstream key at the provider; the
-retry was admitted by the first claim it sent after the lease end, sent within ``MARGIN``
-of it, and never before it (with renewal: one short lease after the kill, not the
-deadline); it replayed the
-recorded steps and recorded the others; the final record is completed, without steps,
-and replays the result to a third worker that runs nothing.
+(``completion-unsent``, ``completion-unanswered``); with renewal on, after the charge's
+effect; twice in a row (the resumed call dies too); and on Postgres during the
+transactional step's COMMIT.  Judged per row: the steps before the kill point ran once;
+the interrupted step ran twice at the raw level and made one charge per downstream key at
+the provider; a transactional step's row once; the retry got through with the first
+claim it sent after the lease end, sent within ``MARGIN`` of it, and started nothing
+before it (with renewal: one short lease after the kill, not the deadline); it replayed
+the recorded steps and recorded the others; the final record is completed and holds no
+steps, read raw; a third worker replays the result and runs nothing.
 
 Every shared store with the ``RecordsSteps`` capability is in the matrix; a test pins
 which shared stores lack it, so a store gains its rows when it gains the capability.
-Each store's rows run at once, forked from one server process per store (a fork costs
-milliseconds where a fresh interpreter costs a second of CPU): the whole file takes a few
-seconds per store.
+The rows of every store run at once, forked from one server process per store (a fork
+costs milliseconds where a fresh interpreter costs a second of CPU), once per session
+(under pytest-xdist too).  ``STEPS_CRASH_DYNAMODB=aioboto3`` runs the DynamoDB workers on
+aioboto3 instead of the light transport (same requests, more CPU per worker).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import inspect
 import json
 import os
 import sys
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -405,19 +409,54 @@ async def run_all(servers: dict[str, Any], directory: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def crashes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The rows of every store this session selected, run at once: for each store, its
-    outcomes by row name, or why its server could not start (outside CI)."""
-    selected = set()
-    for item in request.session.items:
-        callspec = getattr(item, "callspec", None)
-        if item.path == request.path and callspec is not None and "store" in callspec.params:
-            selected.add(callspec.params["store"])
-    servers: dict[str, Any] = {}
-    for kind in sorted(selected):
-        try:
-            servers[kind] = request.getfixturevalue(SERVERS[kind])
-        except pytest.skip.Exception as exc:  # CI=true fails instead (tests/_redis.py)
-            servers[kind] = Unavailable(str(exc))
-    return asyncio.run(run_all(servers, tmp_path_factory.mktemp("steps-crash")))
+    outcomes by row name, or why its server could not start (outside CI).
+
+    Run once per session, also under pytest-xdist: the first worker to get here runs the
+    matrix and leaves the outcomes in the run's shared temporary directory, where the
+    others, waiting on a lock, read them (the matrix twice at once would load the machine
+    its timings are judged on)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    with open(shared / "steps-crash.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved = shared / "steps-crash.json"
+        if saved.exists():
+            return load(saved.read_text())
+        selected = set()
+        for item in request.session.items:
+            callspec = getattr(item, "callspec", None)
+            if item.path == request.path and callspec is not None and "store" in callspec.params:
+                selected.add(callspec.params["store"])
+        servers: dict[str, Any] = {}
+        for kind in sorted(selected):
+            try:
+                servers[kind] = request.getfixturevalue(SERVERS[kind])
+            except pytest.skip.Exception as exc:  # CI=true fails instead (tests/_redis.py)
+                servers[kind] = Unavailable(str(exc))
+        outcomes = asyncio.run(run_all(servers, tmp_path_factory.mktemp("steps-crash")))
+        saved.write_text(dump(outcomes))
+        return outcomes
+
+
+def dump(outcomes: dict[str, Any]) -> str:
+    return json.dumps(
+        {
+            store: {"unavailable": rows.reason}
+            if isinstance(rows, Unavailable)
+            else {name: {**asdict(o), "final": sorted(o.final)} for name, o in rows.items()}
+            for store, rows in outcomes.items()
+        }
+    )
+
+
+def load(text: str) -> dict[str, Any]:
+    return {
+        store: Unavailable(rows["unavailable"])
+        if "unavailable" in rows
+        else {name: Outcome(**{**o, "final": set(o["final"])}) for name, o in rows.items()}
+        for store, rows in json.loads(text).items()
+    }
 
 
 def test_the_shared_stores_without_recovery_points_are_the_expected_ones() -> None:
