@@ -9,7 +9,8 @@ loses a line that was written.  A worker told to die kills itself with SIGKILL a
 point and writes a ``kill`` line first; the others write a JSON report when they finish.
 
 Usage:
-  python _steps_worker.py serve KIND   (redis, postgres, dynamodb:aioboto3, dynamodb:light)
+  python _steps_worker.py serve KIND
+      (KIND: redis, redis-cluster, postgres, dynamodb:aioboto3, dynamodb:light)
       the forking server the matrix uses: imports the store's modules once, prints
       "ready", then reads one job (JSON) per line on stdin and forks one worker process
       per job, printing "started ID PID" and, when the worker ends, "exited ID CODE"
@@ -20,7 +21,8 @@ Usage:
   python _steps_worker.py run JOB
       one worker in this process (a row replayed by hand).
 
-A job: ``id``; ``store`` (``kind``: redis | postgres | dynamodb, and where it is);
+A job: ``id``; ``store`` (``kind``: redis | redis-cluster | postgres | dynamodb, and where
+it is);
 ``order`` (the payload's order id: the key); ``ledger``, ``report`` and ``log`` (paths);
 ``role`` (first | retry | replay: only ledger lines and reports tell them apart); ``kill``
 (none; ``effect:STEP``: inside the step's function after its effect, before its recovery
@@ -89,12 +91,13 @@ def record_summary(record: Any) -> dict[str, Any] | None:
 @contextlib.asynccontextmanager
 async def open_store(spec: dict[str, Any]) -> AsyncIterator[Any]:
     kind = spec["kind"]
-    if kind == "redis":
+    if kind in ("redis", "redis-cluster"):
         import redis.asyncio as redis_asyncio
 
         from idempotency_async.stores.redis import RedisStore
 
-        async with redis_asyncio.Redis(host="127.0.0.1", port=spec["port"]) as client:
+        connect = redis_asyncio.RedisCluster if kind == "redis-cluster" else redis_asyncio.Redis
+        async with connect(host="127.0.0.1", port=spec["port"]) as client:
             yield RedisStore(client, key_prefix=spec["prefix"])
     elif kind == "postgres":
         from idempotency_async.stores.postgres import PostgresStore
@@ -324,7 +327,7 @@ def warm(kind: str) -> None:
     """Import what a worker on ``kind`` imports, once, before any fork."""
     import idempotency_async
 
-    if kind == "redis":
+    if kind in ("redis", "redis-cluster"):
         import redis.asyncio  # noqa: F401
 
         import idempotency_async.stores.redis
