@@ -94,7 +94,7 @@ class Stepper:
         try:
             if len(text) > 2 * self.store.max_response_bytes + 2:
                 raise StoredDataError("longer than the store's bound")
-            steps = decode_stored(text)
+            steps = decode_stored(text, exact=True)  # wide integers stay exact
             recorded = [_entry(item) for item in steps] if isinstance(steps, list) else None
         except (StoredDataError, ValueError, TypeError) as exc:
             raise _unreadable(record.key, str(exc)) from None

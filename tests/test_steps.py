@@ -1288,3 +1288,69 @@ async def test_a_step_write_that_never_answers_is_given_up_at_the_lease_end() ->
     record = await record_of(store, manager.key_for(PAYLOAD), manager.options.clock())
     assert record is not None and record.owner is not None, "released with a write unanswered"
     assert events.count("released") == 0 and events.count("step_recorded") == 0
+
+
+# -- with telemetry: the timing wrapper passes step writes on ----------------------------
+
+
+@pytest.mark.parametrize("capable", [True, False], ids=["memory", "without record_step"])
+async def test_steps_under_telemetry(clock: Clock, capable: bool) -> None:
+    pytest.importorskip("opentelemetry")
+    from idempotency_async.otel import Telemetry
+
+    store: Any = MemoryStore() if capable else NoSteps()
+    manager = manager_for(store, clock, telemetry=Telemetry())
+    effects = Effects()
+    fail = [True]
+
+    async def place() -> list[Any]:
+        done = await effects.take("create")
+        if fail[0]:
+            raise Boom
+        return done
+
+    if not capable:
+        with pytest.raises(errors.ConfigError, match="does not record steps"):
+            await manager.execute(PAYLOAD, place, timeout=10)
+        assert not effects.runs
+        return
+    with pytest.raises(Boom):
+        await manager.execute(PAYLOAD, place, timeout=10)
+    fail[0] = False
+    assert await manager.execute(PAYLOAD, place, timeout=10) == [{"step": "create"}]
+    assert effects.runs == {"create": 1}
+
+
+@pytest.mark.parametrize("surrogate", [False, True], ids=["wide only", "with a surrogate"])
+async def test_a_wide_integer_result_replays_exact(
+    store: MemoryStore, clock: Clock, surrogate: bool
+) -> None:
+    # Beyond 64 bits, as responses: the resumed step list must not read it as a float.
+    manager = manager_for(store, clock)
+    values: list[Any] = [2**70, {"n": -(2**64)}, [2**63, 1.5]]
+    if surrogate:
+        values.append("\ud800")
+    got: list[Any] = []
+    fail = [True]
+
+    async def place() -> str:
+        for n, value in enumerate(values):
+            got.append(await step(f"s{n}", _returning_raw(value)))
+        if fail[0]:
+            raise Boom
+        return "ok"
+
+    with pytest.raises(Boom):
+        await manager.execute(PAYLOAD, place, timeout=10)
+    fail[0] = False
+    got.clear()
+    assert await manager.execute(PAYLOAD, place, timeout=10) == "ok"
+    assert got == values
+    assert type(got[0]) is int and type(got[1]["n"]) is int and type(got[2][0]) is int
+
+
+def _returning_raw(value: Any) -> Callable[[], Awaitable[Any]]:
+    async def fn() -> Any:
+        return value
+
+    return fn
