@@ -181,9 +181,11 @@ class Progress:
                 reason = "the step list did not fit the store's record"
         if reason is not None and not cancelled:
             entry = encode_json([name, None, reason])
-            stepped = await _write(
-                stepper, flight, position, [*self.entries, entry], result, cancelled
-            )
+            stepped = Stepped.TOO_LARGE  # the list is full: not even the mark fits
+            if _listed_size(self.entries, entry) <= limit:
+                stepped = await _write(
+                    stepper, flight, position, [*self.entries, entry], result, cancelled
+                )
         if cancelled:
             # The call was cancelled (its cutoff, or its caller) while the write was in
             # flight: what the write answered is settled, and nothing more is sent.
@@ -192,6 +194,16 @@ class Progress:
                 self.unsettled = False
                 stepper.emitter.emit("step_recorded", key)
             raise cancelled[0]
+        if stepped is Stepped.TOO_LARGE:
+            raise StepNotRecordedError(
+                f"key {key}: step {name!r} ran but the step list is full: not even a mark "
+                f"that its result was not stored fits the store's limit ({reason}). The key "
+                "stays in progress until its lease ends, then a retry runs this step again. "
+                "The step's result is on this error",
+                key=key,
+                result=result,
+                outcome_unknown=False,
+            )
         if stepped is not Stepped.RECORDED:
             error = LeaseLostError(
                 f"key {key}: the recovery point of step {name!r} was not recorded: the lease "

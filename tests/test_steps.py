@@ -1354,3 +1354,31 @@ def _returning_raw(value: Any) -> Callable[[], Awaitable[Any]]:
         return value
 
     return fn
+
+
+@pytest.mark.parametrize("bound", ["manager", "store"])
+async def test_a_step_list_too_full_for_even_the_not_stored_mark_is_not_recorded(
+    clock: Clock, bound: str
+) -> None:
+    # The first step fills the list: the second cannot be recorded even without its
+    # result.  No lease was lost; the key is left to its lease, as for a failed write.
+    store: MemoryStore = MemoryStore(max_response_bytes=1000)
+    first = "x" * 980
+    if bound == "store":
+        store = BoundedLower()  # refuses lists past 200 characters itself
+        first = "x" * 170
+    events = Events()
+    manager = manager_for(store, clock, on_event=events)
+    effects = Effects()
+
+    async def place() -> Any:
+        await step("a", effects.fn("a", first))
+        await step("b", effects.fn("b", "y" * 100))
+        return "ok"
+
+    with pytest.raises(errors.StepNotRecordedError, match="step list is full") as caught:
+        await manager.execute(PAYLOAD, place, timeout=30)
+    assert caught.value.result == "y" * 100 and not caught.value.outcome_unknown
+    assert events.count("lease_lost") == 0 and events.count("released") == 0
+    record = await the_record(store, manager, clock)
+    assert record.owner is not None and steps_of(record) == [["a", first]]
