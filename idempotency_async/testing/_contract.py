@@ -785,6 +785,9 @@ class StepsContract:
         assert record.status is Status.COMPLETED and record.steps is None, record
 
     async def test_release_of_a_stepped_record_keeps_its_progress(self, store: Store) -> None:
+        # ``release`` is sent no ``now``: the released lease end must be in the past by
+        # every clock the store may be judged by — here the suite's NOW, years before the
+        # machine's clock (MemoryStore writes 1.0, one second after the epoch).
         await stepped(store, ONE, TWO, lease_s=30)
         before = await record_of(store, now=NOW + 1)
         assert await store.release("k#1", "owner-a") is True
