@@ -1382,3 +1382,44 @@ async def test_a_step_list_too_full_for_even_the_not_stored_mark_is_not_recorded
     assert events.count("lease_lost") == 0 and events.count("released") == 0
     record = await the_record(store, manager, clock)
     assert record.owner is not None and steps_of(record) == [["a", first]]
+
+
+# -- in a caller's transaction: steps run, nothing recorded (PostgreSQL) ----------------
+
+
+@pytest.mark.postgres
+async def test_steps_in_a_transaction_run_unrecorded_and_scope_downstream_keys(
+    postgres_server: Any,
+) -> None:
+    from _postgres import fresh_table_name
+
+    from idempotency_async.stores.postgres import PostgresStore, create_table
+
+    pool = await postgres_server.pool(max_size=4)
+    try:
+        table = fresh_table_name()
+        await create_table(pool, table=table)
+        store = PostgresStore(pool, table=table)
+        manager = Manager(store, Options(key_prefix="steps-tx"))
+        effects = Effects()
+        keys: list[str] = []
+
+        async def charge() -> str:
+            keys.append(downstream_key("charge"))
+            effects.runs["charge"] += 1
+            return "ch_1"
+
+        async def place() -> str:
+            return await step("charge", charge)
+
+        async with pool.acquire() as conn, conn.transaction():
+            assert await manager.execute_in_transaction(conn, PAYLOAD, place) == "ch_1"
+        key = manager.key_for(PAYLOAD)
+        assert key is not None
+        assert keys == [_in_step_key(key, "charge", "charge")]
+        assert effects.runs == {"charge": 1}
+        record = await record_of(store, key, manager.options.clock())
+        assert record is not None and record.status is Status.COMPLETED
+        assert record.steps is None
+    finally:
+        await pool.close()
