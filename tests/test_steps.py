@@ -117,10 +117,7 @@ async def test_a_first_run_records_each_step_once_as_it_finishes(
     assert seen[-1] == [
         ["create", {"step": "create"}],
         ["charge", {"step": "charge"}],
-        [
-            "receipt",
-            {"step": "receipt"},
-        ],
+        ["receipt", {"step": "receipt"}],
     ]
     assert effects.runs == {"create": 1, "charge": 1, "receipt": 1}
     assert events.count("step_recorded") == 3 and events.count("step_replayed") == 0
@@ -800,9 +797,9 @@ async def test_httpx_hook_numbers_requests_per_step(store: MemoryStore, clock: C
         await manager.execute(PAYLOAD, place, timeout=10)
     _outside, _a1, _a2, b1, b2 = sent
     assert len(set(sent)) == 5 and None not in sent
-    # The first request of each step is numbered 1 in it: re-running only step b (after
-    # a crash) sends the keys b sent the first time.
-    replay: list[str | None] = []
+    # Requests are numbered within their step: a run that replays step a (no requests)
+    # and runs only step b sends the keys b sent the first time, although they are the
+    # run's first requests and were its fourth and fifth.
     sent_before = list(sent)
     sent.clear()
     await store.force_release(manager.key_for(PAYLOAD) or "")
