@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import json
 from collections import Counter
@@ -18,6 +19,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import Clock, MemoryWrapper, record_of
 
 from idempotency_async import (
@@ -1420,3 +1423,73 @@ async def test_steps_in_a_transaction_run_unrecorded_and_scope_downstream_keys(
         assert record.steps is None
     finally:
         await pool.close()
+
+
+# -- a property: any sequence of failures, each step's function runs once -------------
+
+
+@settings(max_examples=60)
+@given(
+    steps=st.integers(min_value=1, max_value=6),
+    attempts=st.lists(
+        st.tuples(st.sampled_from(["raise", "crash", "inside"]), st.integers(0, 6)),
+        max_size=6,
+    ),
+)
+def test_any_sequence_of_failures_runs_each_step_once(
+    steps: int, attempts: list[tuple[str, int]]
+) -> None:
+    """Runs that raise after k steps, crash after k steps (no store write: the lease must
+    end first), or raise inside step k's function, then a run that finishes: each step's
+    function ran exactly once — but a step whose function raised, which ran again — and
+    the result is the same for every later call."""
+
+    async def scenario() -> None:
+        store, clock = MemoryStore(), Clock()
+        effects = Effects()
+        names = [f"s{n}" for n in range(steps)]
+        plan: list[tuple[str, int] | None] = [*attempts, None]
+        raised_inside: Counter[str] = Counter()
+
+        for attempt in plan:
+            manager = manager_for(store, clock)  # each attempt another process
+            how, k = attempt if attempt is not None else ("finish", steps)
+            k = min(k, steps)
+
+            async def failing(name: str) -> Any:
+                effects.runs[name] += 1
+                raised_inside[name] += 1
+                raise Boom
+
+            async def place(how: str = how, k: int = k) -> list[Any]:
+                done = []
+                for n, name in enumerate(names):
+                    if n == k and how in ("raise", "crash"):
+                        if how == "crash":
+                            await asyncio.sleep(3600)
+                        raise Boom
+                    if how == "inside" and n == k:
+                        fn = functools.partial(failing, name)  # runs unless recorded
+                    else:
+                        fn = effects.fn(name)
+                    done.append(await step(name, fn))
+                return done
+
+            task = asyncio.create_task(manager.execute(PAYLOAD, place, timeout=30))
+            if how == "crash":
+                for _ in range(20):
+                    await asyncio.sleep(0)
+                task.cancel()
+            try:
+                result = await task
+            except (Boom, asyncio.CancelledError):
+                clock.advance(31 if how == "crash" else 0)
+                continue
+            assert result == [{"step": name} for name in names]
+        expected = Counter({name: 1 + raised_inside[name] for name in names})
+        assert effects.runs == expected, (attempts, effects.runs)
+        replayed = await manager_for(store, clock).execute(PAYLOAD, place, timeout=30)
+        assert replayed == [{"step": name} for name in names]
+        assert effects.runs == expected
+
+    asyncio.run(scenario())
