@@ -38,7 +38,7 @@ from idempotency_async import (
     step,
 )
 from idempotency_async.record import Claim, Record, Status
-from idempotency_async.stores.base import Stepped, StepWrite
+from idempotency_async.stores.base import Extended, Stepped, StepWrite
 
 PAYLOAD = {"order": 7}
 
@@ -859,8 +859,20 @@ async def test_steps_recorded_and_replayed_are_events(store: MemoryStore, clock:
     assert events.kinds.index("claimed") < events.kinds.index("step_replayed")
 
 
-async def test_renewals_keep_the_steps(store: MemoryStore) -> None:
+class CountingExtends(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.extended: list[Extended] = []
+
+    async def extend(self, claim: Claim) -> Extended:
+        answer = await super().extend(claim)
+        self.extended.append(answer)
+        return answer
+
+
+async def test_renewals_keep_the_steps() -> None:
     # Real time: the renewal runs on the loop's clock.
+    store = CountingExtends()
     manager = Manager(store, Options(key_prefix="steps", renewal=Renewal(lease=0.6, every=0.15)))
     effects = Effects()
     fail = [True]
@@ -875,6 +887,7 @@ async def test_renewals_keep_the_steps(store: MemoryStore) -> None:
 
     with pytest.raises(Boom):
         await manager.execute(PAYLOAD, place, timeout=10)
+    assert Extended.RENEWED in store.extended, "no renewal while the step list was held"
     record = await record_of(store, manager.key_for(PAYLOAD), manager.options.clock())
     assert [entry[0] for entry in steps_of(record) or []] == ["create", "charge"]
     fail[0] = False
