@@ -21,6 +21,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self
 
+from idempotency_async._json import StoredDataError, decode_stored
 from idempotency_async.errors import (
     ConfigError,
     InconsistentStateError,
@@ -648,11 +649,21 @@ class DynamoDBStore:
     async def release_exactly(self, record: Record) -> bool:
         """Delete the record of ``record.key`` only if it is still ``record``: the same
         owner, status, expiry and lease end (what ``idempotency-async release`` showed the
-        operator; instants compared as this store reads them, rounded up).  False, deleting
-        nothing, when the key holds another record or none.  One conditional DeleteItem."""
+        operator; instants compared as this store reads them, rounded up), and the same
+        number of steps.  False, deleting nothing, when the key holds another record or
+        none.  One conditional DeleteItem."""
         names = {"#id": self._key_attr, "#status": self._status_attr}
         values: dict[str, Any] = {":status": {"S": record.status.value}}
         conditions = ["attribute_exists(#id)", "#status = :status"]
+        count = _step_count(record.steps)
+        if count is not None:
+            # The steps the operator was shown: a step recorded since keeps the record.
+            names["#step_count"] = self._step_count_attr
+            values[":step_count"] = {"N": str(count)}
+            conditions.append("#step_count = :step_count")
+        elif record.steps is None:
+            names["#step_count"] = self._step_count_attr
+            conditions.append("attribute_not_exists(#step_count)")
         for name, attribute, value in (
             ("owner", self._owner_attr, record.owner),
             (
@@ -822,6 +833,18 @@ class DynamoDBStore:
         if self._sort_key_attr is None:
             return {self._key_attr: {"S": key}}
         return {self._key_attr: {"S": self._static_pk_value}, self._sort_key_attr: {"S": key}}
+
+
+def _step_count(steps: str | None) -> int | None:
+    """How many steps ``steps`` (a record's step list) holds; None when it holds none or
+    cannot be read as a JSON array."""
+    if steps is None:
+        return None
+    try:
+        listed = decode_stored(steps)
+    except (StoredDataError, ValueError, TypeError):
+        return None
+    return len(listed) if isinstance(listed, list) else None
 
 
 def __getattr__(name: str) -> Any:
