@@ -48,7 +48,9 @@ One round = N sequential calls of one path; the paths' rounds are interleaved (t
 rotates every repeat) and the medians of the per-round means are compared.  Budget: the
 manager's time per call at most 1.10x raw's.  Round trips (statements) are counted through
 the pool in a separate, untimed pass: first call, replay, cached replay, in-progress
-rejection (budget 2/1/0/1).
+rejection (budget 2/1/0/1); and with recovery points: a first call taking two steps, one
+failing after its first step, and its retry (budget 4/3/3: one round trip per recorded
+step, none per replayed one).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _stats import paired, parse_args
 
-from idempotency_async import LocalCache, Manager, Options
+from idempotency_async import LocalCache, Manager, Options, step
 from idempotency_async.stores._postgres_sql import statements
 from idempotency_async.stores.postgres import PostgresStore, create_table
 
@@ -677,6 +679,40 @@ def round_trips(loop: asyncio.AbstractEventLoop, pool: Any) -> dict[str, int]:
     return loop.run_until_complete(count())
 
 
+def step_round_trips(loop: asyncio.AbstractEventLoop, pool: Any) -> dict[str, int]:
+    """Statements sent per call with recovery points: a first call taking two steps, one
+    failing after its first step (its release keeps it), and its retry (the claim's answer
+    carries the recorded step: replayed without a round trip)."""
+
+    async def count() -> dict[str, int]:
+        counting = CountingPool(pool)
+        manager = Manager(PostgresStore(counting, table=TABLE), Options(key_prefix="steps"))
+        fail = [False]
+
+        async def two_steps() -> dict[str, Any]:
+            await step("one", lambda: asyncio.sleep(0, 1))
+            if fail[0]:
+                raise RuntimeError("after step one")
+            await step("two", lambda: asyncio.sleep(0, 2))
+            return RESPONSE
+
+        trips = {}
+        counting.sent = 0
+        assert await manager.execute(order(uuid.uuid4().hex), two_steps, timeout=TIMEOUT)
+        trips["two steps"] = counting.sent
+        payload = order(uuid.uuid4().hex)
+        fail[0], counting.sent = True, 0
+        with contextlib.suppress(RuntimeError):
+            await manager.execute(payload, two_steps, timeout=TIMEOUT)
+        trips["failed after one"] = counting.sent
+        fail[0], counting.sent = False, 0
+        assert await manager.execute(payload, two_steps, timeout=TIMEOUT)
+        trips["resumed"] = counting.sent
+        return trips
+
+    return loop.run_until_complete(count())
+
+
 # -- report --------------------------------------------------------------------------
 
 
@@ -769,6 +805,7 @@ def main() -> None:
                 path.timed_round(calls)
         within = report(base, calls, repeats, durable)
         trips = round_trips(loop, pool)
+        steps = step_round_trips(loop, pool)
         tx_counts = tx_round_trips(loop, server)
         tx_report(transactional, tx_counts)
         if not isinstance(idemkit, str):
@@ -780,6 +817,7 @@ def main() -> None:
         loop.close()
         server.stop()
     print("  round trips per call: " + ", ".join(f"{k} {v}" for k, v in trips.items()))
+    print("  with steps: " + ", ".join(f"{k} {v}" for k, v in steps.items()))
     tx_trips_ok = True
     for name, counted in tx_counts.items():
         reset = 1 if name == "asyncpg" else 0  # asyncpg's pool resets a returned connection
@@ -791,6 +829,8 @@ def main() -> None:
         raise SystemExit("transactional round trips over budget")
     if trips != {"first": 2, "replay": 1, "cached": 0, "in progress": 1}:
         raise SystemExit(f"round trips are not 2/1/0/1: {trips}")
+    if steps != {"two steps": 4, "failed after one": 3, "resumed": 3}:
+        raise SystemExit(f"round trips with steps are not 4/3/3: {steps}")
     if not within:
         if args.smoke:
             print("  (over budget: smoke runs are too short to judge; not failing)")

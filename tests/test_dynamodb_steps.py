@@ -11,6 +11,7 @@ import uuid
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from _moto import fresh_store
@@ -18,6 +19,7 @@ from support import Clock
 from test_dynamodb_store import sent_requests
 
 from idempotency_async import Manager, Options, Renewal, errors, step
+from idempotency_async.cli._dynamodb import parse as parse_url
 from idempotency_async.record import Claim, Completion, Status
 from idempotency_async.stores.base import CLAIMED, Found, RecordsSteps, Stepped, StepWrite
 from idempotency_async.stores.dynamodb import DynamoDBStore
@@ -496,6 +498,13 @@ async def test_the_step_attributes_can_be_renamed(dynamodb_client: Any, store_cl
     await store.release(key, "B")
     item = await item_of(store, dynamodb_client, key)
     assert item is not None and "owner" not in item and item["sp"] == {"S": ONE}
+
+
+def test_the_cli_url_renames_the_step_attributes() -> None:
+    target = parse_url(
+        urlsplit("dynamodb://orders?region=eu-west-1&steps_attr=sp&step_count_attr=sn")
+    )
+    assert target.options == {"steps_attr": "sp", "step_count_attr": "sn"}
 
 
 @pytest.mark.parametrize(

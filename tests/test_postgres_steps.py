@@ -623,9 +623,13 @@ async def test_migration_from_schema_2_keeps_the_records_and_rewrites_nothing(
     pool = await postgres_server.pool()
     table = fresh_table_name()
     try:
-        # A table at schema version 2: today's DDL without the step columns.
+        # A table at schema version 2: without the step columns and version 3's claim and
+        # step functions.
         await create_table(pool, table=table)
         await pool.execute(f"ALTER TABLE {table} DROP COLUMN steps, DROP COLUMN step_count")
+        await pool.execute(f"DROP FUNCTION {_function(table, 'claim')}")
+        await pool.execute(f"DROP FUNCTION {_function(table, 'step')}")
+        await pool.execute(f"COMMENT ON TABLE {table} IS 'idempotency-async records, schema 2'")
         await pool.execute(
             f"INSERT INTO {table} (key, status, owner, expires_at, lease_ends_at, "
             "validation, response) VALUES "
@@ -653,6 +657,16 @@ async def test_migration_from_schema_2_keeps_the_records_and_rewrites_nothing(
         assert await store.record_step(write(ONE, 0)) is Stepped.RECORDED
         comment = await pool.fetchval("SELECT obj_description($1::regclass)", table)
         assert comment == "idempotency-async records, schema 3"
+        # Transactional calls and steps work on it.
+        calls = manager(store)
+        async with pool.acquire() as conn:
+            async with conn.transaction():
+                assert await calls.execute_in_transaction(conn, {"id": "t", "body": 1}, _one) == 1
+
+            async def stepped() -> int:
+                return await step("one", _one, connection=conn)
+
+            assert await calls.execute({"id": "s", "body": 1}, stepped, timeout=30) == 1
     finally:
         await pool.close()
 
@@ -664,7 +678,7 @@ async def test_a_transactional_call_on_a_schema_2_table_asks_for_the_migration(
     table = fresh_table_name()
     try:
         await create_table(pool, table=table)
-        await pool.execute(f"DROP FUNCTION {_claim_function(table)}")
+        await pool.execute(f"DROP FUNCTION {_function(table, 'claim')}")
         store = PostgresStore(pool, table=table)
         async with pool.acquire() as conn, conn.transaction():
             with pytest.raises(errors.ConfigError, match="schema version 3"):
@@ -673,11 +687,15 @@ async def test_a_transactional_call_on_a_schema_2_table_asks_for_the_migration(
         await pool.close()
 
 
-def _claim_function(table: str) -> str:
+def _function(table: str, kind: str) -> str:
     import hashlib
 
     digest = hashlib.sha1(table.encode()).hexdigest()[:10]
-    return f'"idempotency_async_v3_claim_{digest}"'
+    return f'"idempotency_async_v3_{kind}_{digest}"'
+
+
+async def _one() -> int:
+    return 1
 
 
 # -- transactional steps ----------------------------------------------------------------------
@@ -1022,3 +1040,150 @@ async def test_with_telemetry_a_transactional_steps_write_is_a_timed_round_trip(
     finally:
         provider.shutdown()
     assert await tx.effects() == [("fx", 1)]
+
+
+class CountingConnection:
+    """An asyncpg connection that counts what it sends (each call: one round trip)."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self.sent: list[str] = []
+
+    def is_in_transaction(self) -> bool:
+        return bool(self._conn.is_in_transaction())
+
+    async def fetchrow(self, sql: str, *args: Any) -> Any:
+        self.sent.append(sql.split()[0])
+        return await self._conn.fetchrow(sql, *args)
+
+    async def execute(self, sql: str, *args: Any) -> Any:
+        self.sent.append(sql.split()[0] + (" … COMMIT" if sql.endswith("; COMMIT") else ""))
+        return await self._conn.execute(sql, *args)
+
+
+async def test_a_transactional_step_adds_two_round_trips_on_asyncpg(tx: TxSetup) -> None:
+    calls = tx.manager()
+    async with tx.pool.acquire() as raw:
+        conn = CountingConnection(raw)
+
+        async def work() -> dict[str, int]:
+            return await step("one", tx.insert(conn, 1), connection=conn)
+
+        assert await calls.execute(PAYLOAD, work, timeout=30) == {"n": 1}
+    # BEGIN; the step's own INSERT; the step function and the COMMIT in one message.
+    assert conn.sent == ["BEGIN", "INSERT", "SELECT … COMMIT"]
+    assert await tx.effects() == [("fx", 1)]
+
+
+@pytest.mark.parametrize("point", ["in2", "after2"])
+async def test_a_killed_process_leaves_each_transactional_step_once(
+    tx: TxSetup, point: str
+) -> None:
+    import os
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("_postgres_steps_worker.py")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(worker), tx.server.dsn, tx.table, point, env=env
+    )
+    assert await process.wait() == -9  # SIGKILLed at the point
+    calls = tx.manager()
+    key = calls.key_for(PAYLOAD)
+    row = await tx.record(key)
+    assert row is not None and row["owner"] is not None  # the dead holder's lease
+    if point == "in2":
+        # Step two's insert died with its transaction: neither it nor its point is there.
+        assert await tx.effects() == [("fx", 1)] and row["step_count"] == 1
+    else:
+        assert await tx.effects() == [("fx", 1), ("fx", 2)] and row["step_count"] == 2
+    await asyncio.sleep(1.2)  # the dead holder's lease (1 s) ends
+    async with tx.pool.acquire() as conn:
+
+        async def work() -> str:
+            for n in (1, 2, 3):
+                await step(f"step-{n}", tx.insert(conn, n), connection=conn)
+            return "done"
+
+        assert await calls.execute(PAYLOAD, work, timeout=30) == "done"
+    # Each step's row exactly once; the resume ran only what was not committed.
+    assert await tx.effects() == [("fx", 1), ("fx", 2), ("fx", 3)]
+    assert tx.ran == (["insert 2", "insert 3"] if point == "in2" else ["insert 3"])
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_a_transactional_steps_result_travels_as_a_literal_intact(
+    tx: TxSetup, driver: str
+) -> None:
+    tricky = {"s": "%s %(x)s $1 ' '' \\ \\' E'x' \u00e9 \U0001f600 ;COMMIT; --", "n": 1e300}
+    if driver == "psycopg":
+        psycopg = pytest.importorskip("psycopg")
+        conn: Any = await psycopg.AsyncConnection.connect(tx.server.dsn, autocommit=True)
+    else:
+        conn = await tx.server.connect()
+    calls = tx.manager()
+    key = calls.key_for(PAYLOAD)
+    try:
+
+        async def value() -> dict[str, Any]:
+            return tricky
+
+        async def work() -> None:
+            assert await step("one", value, connection=conn) == tricky
+            raise RuntimeError("keep the progress")
+
+        with pytest.raises(RuntimeError):
+            await calls.execute(PAYLOAD, work, timeout=30)
+    finally:
+        await conn.close()
+    row = await tx.record(key)
+    assert row is not None and row["step_count"] == 1
+    import json
+
+    assert json.loads(row["steps"]) == [["one", tricky]]
+
+
+async def test_a_transactional_step_whose_list_never_fits_rolls_back(tx: TxSetup) -> None:
+    calls = manager(PostgresStore(tx.pool, table=tx.table, max_response_bytes=30))
+    async with tx.pool.acquire() as conn:
+
+        async def big() -> str:
+            await tx.insert(conn, 1)()
+            return "x" * 100
+
+        async def work() -> None:
+            await step("one", big, connection=conn)
+
+        # Neither the result nor the note that it was not stored fits 30 bytes.
+        with pytest.raises(errors.IdempotencyError):
+            await calls.execute(PAYLOAD, work, timeout=30)
+        assert not conn.is_in_transaction()
+    assert await tx.effects() == []
+
+
+async def test_racing_claims_resume_a_released_row_once(setup: Setup) -> None:
+    store = setup.store
+    keys = [f"race-{n}" for n in range(10)]
+    for key in keys:
+        assert await store.claim(claim(key=key)) is CLAIMED
+        assert await store.record_step(write(ONE, 0, key=key)) is Stepped.RECORDED
+        assert await store.release(key, "a") is True
+    verdicts = await asyncio.gather(
+        *(store.claim(claim(f"w{n}", key=key, now=NOW + 1)) for key in keys for n in range(3))
+    )
+    for index, key in enumerate(keys):
+        mine = verdicts[3 * index : 3 * index + 3]
+        claimed = [v for v in mine if v.found is Found.CLAIMED]
+        assert len(claimed) == 1, (key, mine)
+        assert claimed[0].record is not None and claimed[0].record.steps == ONE
+        others = [v for v in mine if v.found is not Found.CLAIMED]
+        assert all(v.found is Found.IN_PROGRESS for v in others)
+        row = await setup.row(key)
+        assert row is not None and row["owner"] == claimed[0].record.owner
+        assert row["step_count"] == 1

@@ -847,6 +847,53 @@ async def test_powertools_python_format_records_steps_too(redis_server: RedisSer
         assert json.loads(item["data"]) == "done"
 
 
+async def test_powertools_python_format_answers_resumable_without_the_lock(
+    redis_server: RedisServer,
+) -> None:
+    async with fresh_redis_store(redis_server, record_format="powertools-python") as store:
+        _standalone(store, redis_server)
+        await stepped(store)
+        assert await store.release("k", "a") is True
+        verdict = await store.claim(claim(owner="b", validation="other"))
+        assert verdict.found is Found.RESUMABLE
+        async with _client(store) as client:
+            assert not await client.exists(store.key_prefix + "k:lock")  # nothing taken
+        verdict = await store.claim(claim(owner="b"))
+        assert verdict.found is Found.CLAIMED and verdict.record is not None
+        assert verdict.record.steps == ONE
+        async with _client(store) as client:
+            assert await client.exists(store.key_prefix + "k:lock")  # taken, as Powertools
+
+
+async def test_a_step_result_past_the_bound_is_recorded_not_stored(
+    redis_server: RedisServer,
+) -> None:
+    async with fresh_redis_store(redis_server, max_response_bytes=200) as store:
+        manager = _manager(store)
+        ran: list[str] = []
+        refused: list[str] = []
+
+        async def callback() -> str:
+            try:
+                await step("big", lambda: asyncio.sleep(0, ran.append("big") or "x" * 500))
+            except errors.StepResultNotStoredError as exc:
+                refused.append(exc.step)
+            raise Boom
+
+        with pytest.raises(Boom):
+            await manager.execute("big", callback)
+        key = manager.key_for("big")
+        assert key is not None
+        async with _client(_standalone(store, redis_server)) as client:
+            item = json.loads(await client.get(store.key_prefix + key))
+        (entry,) = json.loads(item["steps"])
+        assert entry[:2] == ["big", None] and "limit" in entry[2]
+        with pytest.raises(Boom):
+            await manager.execute("big", callback)
+        assert ran == ["big"]  # not stored, and not run again
+        assert refused == ["big", "big"]  # now and on the resume
+
+
 async def test_status_of_a_resumed_record_is_in_progress(store: RedisStore) -> None:
     await stepped(store)
     await store.release("k", "a")
