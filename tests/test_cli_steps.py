@@ -63,7 +63,7 @@ async def test_a_released_record_shows_its_steps_and_that_a_retry_resumes() -> N
 
     shown = "\n".join(record_lines(record, now, show_response=True))
     assert 'step 1      create_order = {"id": "ord_1"}' in shown
-    assert "step 2      charge = not stored: the step's result is not a JSON value" in shown
+    assert "step 2      charge = not stored: the step's result (dict) is not a JSON value" in shown
 
     as_json = record_json(record, now)
     assert as_json["state"] == "released" and as_json["owner"] is None
