@@ -2,7 +2,7 @@
 one call, the named triples, and a covering array of the pairs.
 
 A call of a scenario has one value on each axis (an operator's ``force_release`` none on
-``shape``, ``outcome`` and ``deadline``: it runs no callback); every fault that fired on
+``shape``, ``outcome``, ``deadline`` and ``steps``: it runs no callback); every fault that fired on
 one of its store requests gives it a ``fault`` and a ``place`` value, paired with its other
 values (a call with two faults pairs each fault with its own request only).  The features
 cross where every *pair* of values of two axes meets in some call — every pair that can

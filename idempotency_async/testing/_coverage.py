@@ -1,7 +1,8 @@
 """Which pairs of axis values (and named triples) a run crossed, read from its traces.
 
 A call's values are what it was (its door, its manager's renewal and cache, the store's
-clock, its process's skew, its callback's shape and outcome, its deadline sources) and,
+clock, its process's skew, its callback's shape and outcome, its deadline sources, its
+steps — none when the store does not record steps) and,
 for the faults, what happened: a fault counts where it fired, on the request it fired on.
 """
 

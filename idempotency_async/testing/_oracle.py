@@ -1,4 +1,5 @@
-"""The oracle: checks a scenario's trace against the guarantee (G1-G7).
+"""The oracle: checks a scenario's trace against the guarantee (G1-G7), and the steps
+(recovery points) of its callbacks against the ledger of their effects.
 
 Each check returns violations as text naming the invariant, the calls and the times.
 The documented exceptions are recognised, never assumed: a late holder (G1 a-c) is
