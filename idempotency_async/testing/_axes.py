@@ -291,6 +291,8 @@ def _steps_conflict(values: Mapping[str, str], steps: str) -> str | None:
         return "a plain function cannot await a step"
     if place == "record_step" and steps not in _WRITES:
         return "a mismatched step raises before writing"
+    if place == "extend" and steps == "mismatch":
+        return "a mismatched retry raises at its step, before a renewal is due"
     if steps in STEP_ENDS:
         own = "crash" if steps == "crash_in" else "raise"
         if outcome not in (None, own):
