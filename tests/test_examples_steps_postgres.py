@@ -1,10 +1,10 @@
 """examples/steps_fastapi_postgres.py as real servers (uvicorn) on the real postgres: the
 payment provider in a process of its own, and shop instances sharing one database.
 
-After a request that fails after the charge, and after a shop process that dies inside
-the charge step, the client's retry leaves one order row, one charge at the provider and
-one receipt in the outbox; concurrent duplicates run the steps once; another body with
-the same key is 422.
+After a request that fails after the charge, a shop process that dies inside the charge
+step, and a client that gives up mid-request, the client's retry leaves one order row, one
+charge at the provider and one receipt in the outbox; concurrent duplicates run the steps
+once; another body with the same key is 422.
 """
 
 from __future__ import annotations
@@ -139,6 +139,22 @@ async def test_a_shop_process_dying_in_the_charge_resumes_on_another_with_one_ch
         await _check_one_of_each(shop, resumed)
         (requests,) = (await shop.provider_requests()).values()
         assert requests == 2  # two requests with one key: one charge
+
+
+async def test_a_client_that_gives_up_mid_request_then_retries_gets_one_of_each(
+    postgres_server: PostgresServer,
+) -> None:
+    """The client cuts the connection during the charge: the request goes on without it
+    (nothing after the charge is undone), and the retry gets its answer."""
+    async with deployment(postgres_server) as shop, running(EXAMPLE, shop.env) as url:
+        slow = {**CART, "slow": 1.5}
+        async with httpx.AsyncClient(base_url=url, timeout=0.5) as impatient:
+            with pytest.raises(httpx.ReadTimeout):
+                await impatient.post("/orders", json=slow, headers=_headers("k-4"))
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            retried = await client.post("/orders", json=slow, headers=_headers("k-4"))
+        await _check_one_of_each(shop, retried)
+        assert list((await shop.provider_requests()).values()) == [1]
 
 
 async def test_concurrent_duplicates_run_each_step_once_and_another_body_is_422(
