@@ -26,8 +26,9 @@ the shop::
     curl -s http://127.0.0.1:8001/charges
 
 With ``DEMO_FAULTS=1`` the shop honours an ``X-Demo-Fault`` header (never enable it in
-production): ``after-charge`` raises after the charge step (a 500), ``die-in-charge``
-ends the process after the provider charged, before the step's recovery point is written.
+production): ``after-charge`` raises after the charge step (a 500), ``die-in-order`` ends
+the process after the order's INSERT and before its step commits, ``die-in-charge`` after
+the provider charged and before the step's recovery point is written.
 The tables are created at start-up for the demo; in production create them with a
 migration (``idempotency-async create-table --print-sql``, docs/postgres.md).  Needs the
 ``postgres`` and ``fastapi`` extras and httpx.
@@ -138,7 +139,7 @@ class Cart(BaseModel):
     slow: float = Field(0.0, ge=0, le=10, description="seconds the charge takes (demo)")
 
 
-async def insert_order(connection: Any, cart: Cart) -> dict[str, Any]:
+async def insert_order(connection: Any, cart: Cart, fault: str | None) -> dict[str, Any]:
     # Runs in the step's transaction: the row commits with the recovery point, or not at all.
     order_id = f"ord_{uuid.uuid4().hex[:12]}"
     await connection.execute(
@@ -148,6 +149,9 @@ async def insert_order(connection: Any, cart: Cart) -> dict[str, Any]:
         cart.qty,
         cart.amount,
     )
+    if fault == "die-in-order":  # inserted, not committed: the row goes with the process
+        print("the shop process dies in the create_order step", flush=True)
+        os._exit(1)
     return {"id": order_id, "amount": cart.amount}
 
 
@@ -189,7 +193,7 @@ async def place_order(
     # The same steps in the same order on every run; a retry replays the recorded ones.
     async with pool.acquire() as connection:  # not in a transaction: the step opens its own
         order = await step(
-            "create_order", lambda: insert_order(connection, cart), connection=connection
+            "create_order", lambda: insert_order(connection, cart, fault), connection=connection
         )
     charge = await step("charge", lambda: charge_card(payments, order, cart.slow, fault))
     if fault == "after-charge":

@@ -1,10 +1,10 @@
 """examples/steps_fastapi_postgres.py as real servers (uvicorn) on the real postgres: the
 payment provider in a process of its own, and shop instances sharing one database.
 
-After a request that fails after the charge, a shop process that dies inside the charge
-step, and a client that gives up mid-request, the client's retry leaves one order row, one
-charge at the provider and one receipt in the outbox; concurrent duplicates run the steps
-once; another body with the same key is 422.
+After a request that fails after the charge, a shop process that dies inside the order's
+transactional step or inside the charge step, and a client that gives up mid-request, the
+client's retry leaves one order row, one charge at the provider and one receipt in the
+outbox; concurrent duplicates run the steps once; another body with the same key is 422.
 """
 
 from __future__ import annotations
@@ -112,9 +112,20 @@ async def test_a_request_failing_after_the_charge_resumes_at_the_receipt(
         assert list((await shop.provider_requests()).values()) == [1]
 
 
-async def test_a_shop_process_dying_in_the_charge_resumes_on_another_with_one_charge(
-    postgres_server: PostgresServer,
+# (fault, what the dead process left: order rows, recorded steps; requests the provider got)
+_DEATHS = {
+    # Inside the transactional step: its INSERT dies uncommitted with its recovery point.
+    "die-in-order": (0, None, 1),
+    # After the provider charged: the retry charges again with the same key.
+    "die-in-charge": (1, 1, 2),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(_DEATHS))
+async def test_a_shop_process_dying_in_a_step_resumes_on_another_with_one_of_each(
+    fault: str, postgres_server: PostgresServer
 ) -> None:
+    orders_left, steps_left, provider_requests = _DEATHS[fault]
     async with (
         deployment(postgres_server) as shop,
         running(EXAMPLE, shop.env) as dying,
@@ -123,22 +134,22 @@ async def test_a_shop_process_dying_in_the_charge_resumes_on_another_with_one_ch
         async with httpx.AsyncClient(timeout=60) as client:
             with pytest.raises(httpx.TransportError):  # the connection drops with the process
                 await client.post(
-                    f"{dying}/orders",
-                    json=CART,
-                    headers=_headers("k-2", **{"X-Demo-Fault": "die-in-charge"}),
+                    f"{dying}/orders", json=CART, headers=_headers("k-2", **{"X-Demo-Fault": fault})
                 )
             died = time.monotonic()
             orders, outbox, records = await shop.rows()
-            assert len(orders) == 1 and outbox == []
-            assert [(row["status"], row["step_count"]) for row in records] == [("INPROGRESS", 1)]
+            assert len(orders) == orders_left and outbox == []
+            assert [(row["status"], row["step_count"]) for row in records] == [
+                ("INPROGRESS", steps_left)
+            ]
             # The client's retry reaches the other instance: it waits for the dead
-            # process's lease to end, takes the key over keeping create_order, and runs
-            # the charge again with the same downstream key.
+            # process's lease to end, takes the key over keeping the recorded steps, and
+            # runs the step that died again (the charge with the same downstream key).
             resumed = await client.post(f"{other}/orders", json=CART, headers=_headers("k-2"))
         assert time.monotonic() - died < LEASE + 15
         await _check_one_of_each(shop, resumed)
         (requests,) = (await shop.provider_requests()).values()
-        assert requests == 2  # two requests with one key: one charge
+        assert requests == provider_requests  # one key at the provider: one charge
 
 
 async def test_a_client_that_gives_up_mid_request_then_retries_gets_one_of_each(
