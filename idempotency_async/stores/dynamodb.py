@@ -21,7 +21,6 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self
 
-from idempotency_async._json import StoredDataError, decode_stored
 from idempotency_async.errors import (
     ConfigError,
     InconsistentStateError,
@@ -43,7 +42,11 @@ from idempotency_async.stores._dynamodb_items import (
     check_attribute_names,
     default_static_pk,
 )
-from idempotency_async.stores._dynamodb_values import FORMAT_NOT_STORED, number_text
+from idempotency_async.stores._dynamodb_values import (
+    FORMAT_NOT_STORED,
+    number_text,
+    steps_attribute,
+)
 from idempotency_async.stores._record_formats import (
     POWERTOOLS_PYTHON,
     RecordFormat,
@@ -648,22 +651,19 @@ class DynamoDBStore:
 
     async def release_exactly(self, record: Record) -> bool:
         """Delete the record of ``record.key`` only if it is still ``record``: the same
-        owner, status, expiry and lease end (what ``idempotency-async release`` showed the
-        operator; instants compared as this store reads them, rounded up), and the same
-        number of steps.  False, deleting nothing, when the key holds another record or
-        none.  One conditional DeleteItem."""
-        names = {"#id": self._key_attr, "#status": self._status_attr}
+        owner, status, expiry, lease end and recovery points (what ``idempotency-async
+        release`` showed the operator; instants compared as this store reads them, rounded
+        up; the step list as this store writes it).  False, deleting nothing, when the key
+        holds another record or none.  One conditional DeleteItem."""
+        names = {"#id": self._key_attr, "#status": self._status_attr, "#steps": self._steps_attr}
         values: dict[str, Any] = {":status": {"S": record.status.value}}
         conditions = ["attribute_exists(#id)", "#status = :status"]
-        count = _step_count(record.steps)
-        if count is not None:
-            # The steps the operator was shown: a step recorded since keeps the record.
-            names["#step_count"] = self._step_count_attr
-            values[":step_count"] = {"N": str(count)}
-            conditions.append("#step_count = :step_count")
-        elif record.steps is None:
-            names["#step_count"] = self._step_count_attr
-            conditions.append("attribute_not_exists(#step_count)")
+        # A step recorded since the record was read is progress the operator never saw.
+        if record.steps is None:
+            conditions.append("attribute_not_exists(#steps)")
+        else:
+            conditions.append("#steps = :steps")
+            values[":steps"] = steps_attribute(record.steps)
         for name, attribute, value in (
             ("owner", self._owner_attr, record.owner),
             (
@@ -833,18 +833,6 @@ class DynamoDBStore:
         if self._sort_key_attr is None:
             return {self._key_attr: {"S": key}}
         return {self._key_attr: {"S": self._static_pk_value}, self._sort_key_attr: {"S": key}}
-
-
-def _step_count(steps: str | None) -> int | None:
-    """How many steps ``steps`` (a record's step list) holds; None when it holds none or
-    cannot be read as a JSON array."""
-    if steps is None:
-        return None
-    try:
-        listed = decode_stored(steps)
-    except (StoredDataError, ValueError, TypeError):
-        return None
-    return len(listed) if isinstance(listed, list) else None
 
 
 def __getattr__(name: str) -> Any:

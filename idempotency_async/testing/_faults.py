@@ -27,6 +27,9 @@ from idempotency_async.record import Claim, Completion, Record
 from idempotency_async.stores.base import (
     Extended,
     Found,
+    RecordsSteps,
+    Stepped,
+    StepWrite,
     Store,
     Verdict,
     Wakes,
@@ -55,6 +58,7 @@ _NONSENSE: dict[str, object] = {
     "release": "yes",
     "extend": "OK",
     "force_release": "yes",
+    "record_step": "OK",
 }
 
 
@@ -83,7 +87,8 @@ class Op:
     name: str
     key: str
     arg: Any
-    """The claim, the completion, the owner (release) or the judging time (get)."""
+    """The claim, the completion, the owner (release), the judging time (get) or the step
+    write (record_step)."""
     started: float
     fault: Fault | None = None
     ended: float | None = None
@@ -97,9 +102,13 @@ class FaultyStore:
     """Wraps a real store: logs every operation and injects the faults of each call.
 
     A store that wakes waiters (:class:`Wakes`) keeps doing so through the wrapper: its
-    wake-ups are hints the waiter checks with a read, which is logged and faulted."""
+    wake-ups are hints the waiter checks with a read, which is logged and faulted.  A store
+    that records steps (:class:`RecordsSteps`) does so through the wrapper too, each
+    ``record_step`` logged and faulted as the other operations are; one that does not
+    leaves the wrapper without the capability (the managers then refuse steps)."""
 
     watch: Callable[[str], AbstractContextManager[Watch]]
+    record_step: Callable[[StepWrite], Awaitable[Stepped]]
 
     def __init__(
         self,
@@ -111,6 +120,8 @@ class FaultyStore:
         self.max_response_bytes = inner.max_response_bytes
         if isinstance(inner, Wakes):
             self.watch = inner.watch
+        if isinstance(inner, RecordsSteps):
+            self.record_step = self._record_step
         self.ops: list[Op] = []
         self.claimed: dict[int, str] = {}
         """The owner of each call's last claim that the manager was told succeeded."""
@@ -257,6 +268,13 @@ class FaultyStore:
         )
         return result
 
+    async def _record_step(self, write: StepWrite) -> Stepped:
+        inner: Any = self.inner
+        result: Stepped = await self._run(
+            "record_step", write.key, write, lambda: inner.record_step(write)
+        )
+        return result
+
     async def aclose(self) -> None:
         await self.inner.aclose()
 
@@ -272,6 +290,7 @@ class ServerClockStore:
     managers send is replaced by ``clock()``, so their skew no longer moves leases."""
 
     watch: Callable[[str], AbstractContextManager[Watch]]
+    record_step: Callable[[StepWrite], Awaitable[Stepped]]
 
     def __init__(self, inner: Store, clock: Callable[[], float]) -> None:
         self.inner = inner
@@ -279,6 +298,8 @@ class ServerClockStore:
         self.max_response_bytes = inner.max_response_bytes
         if isinstance(inner, Wakes):
             self.watch = inner.watch
+        if isinstance(inner, RecordsSteps):
+            self.record_step = self._record_step
 
     async def claim(self, claim: Claim) -> Verdict:
         return await self.inner.claim(claim._replace(now=self.clock()))
@@ -297,6 +318,11 @@ class ServerClockStore:
 
     async def force_release(self, key: str) -> Record | None:
         return await self.inner.force_release(key)
+
+    async def _record_step(self, write: StepWrite) -> Stepped:
+        inner: Any = self.inner
+        result: Stepped = await inner.record_step(write._replace(now=self.clock()))
+        return result
 
     async def aclose(self) -> None:
         await self.inner.aclose()

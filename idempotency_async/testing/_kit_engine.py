@@ -22,6 +22,7 @@ from idempotency_async.stores.memory import MemoryStore
 from idempotency_async.testing._kit_oracle import describe, judge, kind_of, normal
 from idempotency_async.testing._kit_run import Effects, Trace, run_scenario
 from idempotency_async.testing._kit_scenario import Call, Scenario, candidates
+from idempotency_async.testing._kit_step_oracle import is_stepped
 from idempotency_async.testing._kit_targets import HttpAnswer, Target
 from idempotency_async.testing._kit_variants import differing, same_apart_from
 from idempotency_async.testing._shrink import shrink_live
@@ -48,6 +49,8 @@ class Engine:
     """The counter counts a provider's effects, deduplicated by a downstream key."""
     runs: int = 0
     modes: set[str] = field(default_factory=set)
+    steps: bool = False
+    """The handler takes steps: each scenario marks the counter at every replayed step."""
 
     @property
     def virtual(self) -> bool:
@@ -57,6 +60,9 @@ class Engine:
         with _captured() as records:
             trace = self._run(scenario)
         trace.logs = [record.getMessage() for record in records]
+        trace.logged_errors = [
+            record.exc_info[1] for record in records if record.exc_info and record.exc_info[1]
+        ]
         return trace
 
     def _run(self, scenario: Scenario) -> Trace:
@@ -68,7 +74,13 @@ class Engine:
         settle = 1.0 if self.virtual else 0.05
         try:
             coro = run_scenario(
-                self.target, scenario, self.effects, make_store, virtual=self.virtual, settle=settle
+                self.target,
+                scenario,
+                self.effects,
+                make_store,
+                virtual=self.virtual,
+                settle=settle,
+                step_events=self.steps,
             )
             trace = loop.run_until_complete(coro)
         except Deadlock as exc:
@@ -76,12 +88,13 @@ class Engine:
         finally:
             _close(loop)
         trace.downstream = self.downstream
+        stepped = " + recovery points" if is_stepped(trace) else ""
         if trace.transactional:
             self.modes.add("transactional")
         elif any(mark.what.startswith("extend") for mark in trace.marks):
-            self.modes.add("lease + renewal")
+            self.modes.add("lease + renewal" + stepped)
         elif any(mark.what == "claimed" for mark in trace.marks):
-            self.modes.add("downstream keys" if self.downstream else "lease")
+            self.modes.add(("downstream keys" if self.downstream else "lease") + stepped)
         return trace
 
     def violations(self, scenario: Scenario) -> list[str]:

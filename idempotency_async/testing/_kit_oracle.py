@@ -19,6 +19,10 @@ checks, each violation a line starting with the name of what was broken:
 - ``effect repeated downstream`` (``check_handler(downstream=True)``): the counter, of
   what a provider deduplicating by key applied, moved twice for one key.
 
+A handler that takes steps (recovery points) makes several effects per run: it is judged
+per step instead of per run (``_kit_step_oracle``), with the checks above that do not
+count effects per run.
+
 A transactional HTTP route that returns a response without running its transaction is
 reported first (``transaction not run``, from the library's own error).  A handler whose
 calls are all transactional (``execute_in_transaction``) is judged by
@@ -36,6 +40,7 @@ from typing import Any
 from idempotency_async import errors
 from idempotency_async.record import Status
 from idempotency_async.testing._kit_run import Mark, Outcome, Trace
+from idempotency_async.testing._kit_step_oracle import is_stepped, judge_steps
 from idempotency_async.testing._kit_targets import HttpAnswer
 
 __all__ = ["describe", "judge", "kind_of", "normal"]
@@ -80,6 +85,11 @@ def judge(trace: Trace) -> list[str]:
     if trace.transactional:
         return _transactional(trace, total) + _answers(trace)
     violations += _before_claim(trace)
+    if is_stepped(trace):
+        # Several effects per run, judged per step (``_kit_step_oracle``).
+        violations += _after_cancel(trace)
+        violations += judge_steps(trace)
+        return violations + _answers(trace) + _stuck(trace)
     runs = [mark for mark in marks if mark.what == "claimed"]
     if total > len(runs) and not violations:
         violations.append(

@@ -14,19 +14,30 @@ import asyncio
 import contextlib
 import contextvars
 import itertools
+import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from idempotency_async.record import Claim, Completion, Record, Status
-from idempotency_async.stores.base import Extended, Found, Store, Verdict, Written
+from idempotency_async.stores.base import (
+    Extended,
+    Found,
+    RecordsSteps,
+    Stepped,
+    StepWrite,
+    Store,
+    Verdict,
+    Written,
+)
 from idempotency_async.testing._faults import CALL, FaultyStore, ServerClockStore
 from idempotency_async.testing._kit_scenario import Call, Scenario
 from idempotency_async.testing._kit_steps import STEPS, Steps, child_tasks, stepping
 from idempotency_async.testing._kit_targets import Sender, Target
 
-__all__ = ["Mark", "Outcome", "Trace", "run_scenario"]
+__all__ = ["Mark", "Outcome", "Trace", "run_scenario", "step_names"]
 
 Effects = Callable[[], int]
 _request_keys = itertools.count(1)
@@ -45,6 +56,10 @@ class Mark:
     at: float = 0.0
     steps: int = 0
     """Awaits the call had made by then."""
+    detail: Any = None
+    """``claimed``: the names of the recorded steps the claim resumed (a tuple);
+    ``record_step sent``: the step's position (0-based) and the names written (a tuple);
+    ``record_step done``: whether the recovery point was recorded."""
 
 
 @dataclass(slots=True)
@@ -69,6 +84,8 @@ class Trace:
     error: BaseException | None = None
     logs: list[str] = field(default_factory=list)
     """What the library logged (warnings and errors) while the scenario ran."""
+    logged_errors: list[BaseException] = field(default_factory=list)
+    """The exceptions those log lines carried (a batch item's, a route's)."""
     downstream: bool = False
     """The effects counted are a provider's, deduplicated by the key the handler sends it
     (``downstream_key``): one effect per key, whatever crashed."""
@@ -88,17 +105,23 @@ class Trace:
 class _Sampling:
     """A store wrapper marking the effect counter around every request."""
 
+    record_step: Callable[[StepWrite], Awaitable[Stepped]]
+
     def __init__(self, inner: Store, trace: Trace, effects: Effects, clock: Callable[[], float]):
         self.inner = inner
         self.max_response_bytes = inner.max_response_bytes
         self.trace = trace
         self.effects = effects
         self.clock = clock
+        self.crashed: set[int] = set()
+        """Calls the kit crashed at a recovery point (``Call.crash_before_step``...)."""
+        if isinstance(inner, RecordsSteps):
+            self.record_step = self._record_step
 
-    def mark(self, what: str, owner: str | None = None) -> None:
+    def mark(self, what: str, owner: str | None = None, detail: Any = None) -> None:
         steps = STEPS.get()
         count = 0 if steps is None else steps.count
-        mark = Mark(CALL.get(), what, self.read(), owner, self.clock(), count)
+        mark = Mark(CALL.get(), what, self.read(), owner, self.clock(), count, detail)
         self.trace.marks.append(mark)
 
     def read(self) -> int:
@@ -111,10 +134,15 @@ class _Sampling:
             return self.trace.marks[-1].count if self.trace.marks else 0
 
     async def _op(
-        self, name: str, key: str, owner: str | None, request: Callable[[], Awaitable[Any]]
+        self,
+        name: str,
+        key: str,
+        owner: str | None,
+        request: Callable[[], Awaitable[Any]],
+        detail: Any = None,
     ) -> Any:
         self.trace.store_keys.add(key)
-        self.mark(f"{name} sent", owner)
+        self.mark(f"{name} sent", owner, detail)
         try:
             # A request is two awaits, as on a network: on its way (cancelled there, it
             # never lands) and on its way back (cancelled there, it applied unanswered).
@@ -126,9 +154,45 @@ class _Sampling:
             raise
         if name == "claim":
             claimed = isinstance(answer, Verdict) and answer.found is Found.CLAIMED
-            self.mark("claimed" if claimed else "refused", owner)
+            resumed = step_names(answer.record.steps) if claimed and answer.record else ()
+            self.mark("claimed" if claimed else "refused", owner, resumed)
+        elif name == "record_step":
+            self.mark("record_step done", owner, answer is Stepped.RECORDED)
         else:
             self.mark(f"{name} done", owner)
+        return answer
+
+    async def _record_step(self, write: StepWrite) -> Stepped:
+        """A step's recovery point; the scenario's call may crash just before it is sent
+        (``Call.crash_before_step``: the step's effect made, nothing written) or just after
+        it was written (``Call.crash_after_step``)."""
+        inner: Any = self.inner
+        index = CALL.get()
+        steps = STEPS.get()
+        call = None if index is None else self.trace.scenario.calls[index]
+        number = write.position + 1
+        crash = (
+            call is not None
+            and steps is not None
+            and index not in self.crashed
+            and number in (call.crash_before_step, call.crash_after_step)
+        )
+        if crash and call is not None and call.crash_before_step == number:
+            assert index is not None and steps is not None
+            self.crashed.add(index)
+            self.trace.store_keys.add(write.key)
+            self.mark("record_step sent", write.owner, (write.position, step_names(write.steps)))
+            _crash(steps)
+            self.mark("record_step failed", write.owner)
+            raise asyncio.CancelledError  # never sent: the process is gone
+        detail = (write.position, step_names(write.steps))
+        answer: Stepped = await self._op(
+            "record_step", write.key, write.owner, lambda: inner.record_step(write), detail
+        )
+        if crash:
+            assert index is not None and steps is not None
+            self.crashed.add(index)
+            _crash(steps)  # written; the process dies before it hears the answer
         return answer
 
     async def claim(self, claim: Claim) -> Verdict:
@@ -163,6 +227,56 @@ class _Sampling:
         await self.inner.aclose()
 
 
+def step_names(text: str | None) -> tuple[str, ...]:
+    """The names in a record's step list (``Record.steps``, ``StepWrite.steps``)."""
+    if not text:
+        return ()
+    try:
+        entries = json.loads(text)
+        return tuple(str(entry[0]) for entry in entries)
+    except (ValueError, TypeError, IndexError, KeyError):
+        return ()
+
+
+def _crash(steps: Steps) -> None:
+    """Cancel the call's own task, as the kit's crash at an await does."""
+    if steps.task is not None and not steps.cancelled:
+        steps.task.cancel()
+        steps.cancelled = True
+        steps.on_cancel()
+
+
+class _StepEvents(logging.Handler):
+    """Marks the counter at each ``step_replayed`` event (logged at DEBUG by the library,
+    in the task of the call that replayed the step): the effects a resumed call makes
+    while its recorded steps are replayed are code outside the steps, running again."""
+
+    def __init__(self, sampling: _Sampling) -> None:
+        super().__init__(logging.DEBUG)
+        self.sampling = sampling
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "idempotency_event", None) == "step_replayed":
+            self.sampling.mark("step_replayed")
+
+
+@contextlib.contextmanager
+def _step_events(sampling: _Sampling, wanted: bool) -> Any:
+    if not wanted:
+        yield
+        return
+    logger = logging.getLogger("idempotency_async")
+    handler = _StepEvents(sampling)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 async def run_scenario(
     target: Target,
     scenario: Scenario,
@@ -171,9 +285,10 @@ async def run_scenario(
     *,
     virtual: bool,
     settle: float = 1.0,
+    step_events: bool = False,
 ) -> Trace:
     """Run ``scenario`` on the running loop; ``virtual``: the loop's clock is virtual and the
-    store judges by it."""
+    store judges by it; ``step_events``: mark the counter at each replayed step."""
     loop = asyncio.get_running_loop()
     trace = Trace(scenario)
     base = time.time() - loop.time()
@@ -197,7 +312,7 @@ async def run_scenario(
     counted = (
         child_tasks(loop) if getattr(target, "child_tasks", False) else contextlib.nullcontext()
     )
-    with counted:
+    with counted, _step_events(sampling, step_events):
         await _calls(scenario, senders, request_key, trace, faulty, sampling, clock, settle)
     trace.marks.append(Mark(None, "settled", sampling.read(), None, clock()))
     for task in asyncio.all_tasks() - before - {asyncio.current_task()}:

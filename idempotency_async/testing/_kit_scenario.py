@@ -30,7 +30,11 @@ class Call:
     (each copy is built on the same store, as two processes are).  ``variant``: it sends
     the scenario's other payload (the same key, other fields).  ``cancel_at``: its task is
     cancelled at its n-th await (1-based), as a process crash or a caller giving up would.
-    ``faults``: what goes wrong with the store requests it sends.
+    ``faults``: what goes wrong with the store requests it sends (``Fault("record_step",
+    n, ...)``: the recovery point of its step n + 1).  For a handler that takes steps
+    (recovery points): ``crash_before_step=n`` crashes the call once its step n (1-based)
+    has run, before its recovery point is sent (the step's effect made, nothing recorded);
+    ``crash_after_step=n`` crashes it once that recovery point is written.
     """
 
     start: Start = "after_previous"
@@ -38,6 +42,8 @@ class Call:
     variant: bool = False
     cancel_at: int | None = None
     faults: tuple[Fault, ...] = ()
+    crash_before_step: int | None = None
+    crash_after_step: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +67,15 @@ class Scenario:
 def _call_repr(call: Call) -> str:
     parts = [
         f"{name}={getattr(call, name)!r}"
-        for name in ("start", "process", "variant", "cancel_at", "faults")
+        for name in (
+            "start",
+            "process",
+            "variant",
+            "cancel_at",
+            "faults",
+            "crash_before_step",
+            "crash_after_step",
+        )
         if getattr(call, name) != getattr(_DEFAULT, name)
     ]
     return f"Call({', '.join(parts)})"
@@ -87,10 +101,14 @@ _FAULTS: tuple[Fault, ...] = (
 it applied), SDK resends, nonsense answers, late and slow answers."""
 
 
-def scenarios_for(payload: Any, variants: list[Any], steps: int, limit: int) -> list[Scenario]:
+def scenarios_for(
+    payload: Any, variants: list[Any], steps: int, limit: int, recovery_points: int = 0
+) -> list[Scenario]:
     """The default scenarios for ``payload`` after its one-call check: ``steps`` is how many
     awaits its first call makes until its record completes (each becomes a crash point, at
-    most ``limit`` of them spread evenly); ``variants`` are payloads sharing its key."""
+    most ``limit`` of them spread evenly); ``variants`` are payloads sharing its key;
+    ``recovery_points``: how many steps its first call recorded (each is crashed before and
+    after its recovery point, and its write failed and its answer lost)."""
     after: Start = "after_previous"
     together: Start = "with_previous"
     lease: Start = "after_lease"
@@ -131,7 +149,52 @@ def scenarios_for(payload: Any, variants: list[Any], steps: int, limit: int) -> 
     ]
     # The key check first (as the one-call check the kit runs before these): it names a
     # defect of the key expression that the scenarios after it would report less plainly.
-    return reuse + plain + crashes + faults
+    return reuse + plain + _at_recovery_points(payload, recovery_points) + crashes + faults
+
+
+_RECOVERY_POINTS = 8
+"""At most this many of a handler's steps are crashed at (the first, the last, and
+between them spread evenly)."""
+
+
+def _at_recovery_points(payload: Any, count: int) -> list[Scenario]:
+    """For a handler that takes steps: at each step, a crash after its effect and before
+    its recovery point (a duplicate at once is refused, the retry after the lease runs the
+    step again, the next replays), a crash once it is recorded (the retry resumes after
+    it), and its write failed before and after it applied (``StepNotRecordedError``)."""
+    after: Start = "after_previous"
+    lease: Start = "after_lease"
+    found: list[Scenario] = []
+    for number in _spread(count, _RECOVERY_POINTS) if count else ():
+        found += [
+            Scenario(
+                payload,
+                (
+                    Call(crash_before_step=number),
+                    Call(after, process=1),
+                    Call(lease, process=1),
+                    Call(after),
+                ),
+                name=f"a crash after step {number}'s effect, before its recovery point",
+            ),
+            Scenario(
+                payload,
+                (Call(crash_after_step=number), Call(lease, process=1), Call(after)),
+                name=f"a crash after step {number}'s recovery point",
+            ),
+        ]
+        found += [
+            Scenario(
+                payload,
+                (Call(faults=(fault,)), Call(after), Call(lease, process=1), Call(after)),
+                name=f"{fault.kind} on step {number}'s recovery point",
+            )
+            for fault in (
+                Fault("record_step", number - 1, "error"),
+                Fault("record_step", number - 1, "lose"),
+            )
+        ]
+    return found
 
 
 def _spread(steps: int, limit: int) -> list[int]:
@@ -153,6 +216,8 @@ def candidates(scenario: Scenario) -> Iterator[Scenario]:
             simpler.append(replace(call, faults=call.faults[:fault] + call.faults[fault + 1 :]))
         for change in (
             {"cancel_at": None},
+            {"crash_before_step": None},
+            {"crash_after_step": None},
             {"process": 0},
             {"variant": False},
             {"start": "after_previous"},

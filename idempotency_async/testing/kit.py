@@ -18,7 +18,11 @@ until its record completes, store faults and lost answers on its requests, a ret
 the lease, and the key reused with a payload differing in one field — and judges each run
 against the guarantee of lease mode with the effect counter you give: at most one effect
 per lease, and one effect when nothing crashed (one effect per key with
-``downstream=True``, exactly once for transactional calls).  Doors:
+``downstream=True``, exactly once for transactional calls).  A handler that takes steps
+(recovery points) is judged per step, and crashed before and after each step's recovery
+point: a recorded step never runs again, an interrupted one at most once per lease, code
+between steps makes no effect while a resumed call replays them, and a retry takes the
+same steps in the same order.  Doors:
 :func:`function_handler`, :func:`lambda_handler`, :func:`sqs_batch_handler`,
 :func:`asgi_route`, :func:`aiohttp_route`.  A failure is shrunk to a smallest
 scenario and raised as :class:`HandlerCheckFailed`, whose message ends with a reproducer
@@ -197,6 +201,7 @@ def replay(
 ) -> None:
     """Rerun one scenario (a reproducer); raise :class:`HandlerCheckFailed` if it fails."""
     engine = Engine(target, effects, store, downstream)
+    engine.steps = True  # one scenario: its replayed steps are marked, if it takes steps
 
     def run() -> None:
         violations = engine.violations(scenario)
@@ -263,7 +268,11 @@ def _check_payload(
     ended = ("complete done", "complete failed")
     completion = [m.steps for m in trace.marks if m.call == 0 and m.what in ended]
     steps = completion[0] if completion else trace.outcomes[0].steps
-    for scenario in scenarios_for(payload, _same_key(engine, target, payload), steps, crash_points):
+    # A handler taking steps: each recovery point its first call wrote is crashed at.
+    recovery_points = {m.detail[0] for m in trace.marks if m.what == "record_step sent"}
+    engine.steps = engine.steps or bool(recovery_points)
+    variants = _same_key(engine, target, payload)
+    for scenario in scenarios_for(payload, variants, steps, crash_points, len(recovery_points)):
         violations = engine.violations(scenario)
         if violations:
             return Failure(scenario, violations, scenario.name), answered
@@ -355,7 +364,19 @@ def _message(failure: Failure, engine: Engine) -> str:
     ]
     found = "\n".join(f"  - {violation}" for violation in failure.violations)
     guarantee = (
-        "the transactional guarantee (the database effect exactly once)"
+        "the recovery-point guarantee (a recorded step never runs again; an interrupted "
+        "step runs again at most once per lease; a retry takes the same steps in the same "
+        "order)"
+        if failure.violations[0].startswith(
+            (
+                "step order differs",
+                "effect outside a step",
+                "recorded step",
+                "step repeated",
+                "step ran again",
+            )
+        )
+        else "the transactional guarantee (the database effect exactly once)"
         if failure.violations[0].startswith(
             ("effect committed", "effect never committed", "transaction not run")
         )
