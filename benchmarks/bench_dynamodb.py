@@ -77,8 +77,9 @@ def claim_request(table: str, key: str, now: float) -> dict[str, Any]:
         },
         "ConditionExpression": (
             "attribute_not_exists(#id) OR #expiry < :now OR (#status = :inprogress AND "
-            "attribute_exists(#in_progress_expiry) AND #in_progress_expiry < :now_in_millis) "
-            "OR (#status = :inprogress AND #owner = :owner)"
+            "attribute_exists(#in_progress_expiry) AND #in_progress_expiry < :now_in_millis "
+            "AND attribute_not_exists(#steps)) OR (#status = :inprogress AND #owner = :owner "
+            "AND attribute_not_exists(#steps))"
         ),
         "ExpressionAttributeNames": {
             "#id": "id",
@@ -86,6 +87,7 @@ def claim_request(table: str, key: str, now: float) -> dict[str, Any]:
             "#status": "status",
             "#in_progress_expiry": "in_progress_expiration",
             "#owner": "owner",
+            "#steps": "steps",
         },
         "ExpressionAttributeValues": {
             ":now": {"N": repr(now)},
@@ -103,13 +105,18 @@ def complete_request(table: str, key: str, now: float) -> dict[str, Any]:
     return {
         "TableName": table,
         "Key": {"id": {"S": key}},
-        "UpdateExpression": "SET #status = :status, #expiry = :expiry, #data = :data REMOVE #lease",
+        "UpdateExpression": (
+            "SET #status = :status, #expiry = :expiry, #data = :data "
+            "REMOVE #lease, #steps, #step_count"
+        ),
         "ConditionExpression": "#owner = :owner",
         "ExpressionAttributeNames": {
             "#status": "status",
             "#expiry": "expiration",
             "#data": "data",
             "#lease": "in_progress_expiration",
+            "#steps": "steps",
+            "#step_count": "step_count",
             "#owner": "owner",
         },
         "ExpressionAttributeValues": {

@@ -95,7 +95,7 @@ class Stepper:
         try:
             if len(text) > 2 * self.store.max_response_bytes + 2:
                 raise StoredDataError("longer than the store's bound")
-            steps = decode_stored(text)
+            steps = decode_stored(text, exact=True)  # wide integers stay exact
             recorded = [_entry(item) for item in steps] if isinstance(steps, list) else None
         except (StoredDataError, ValueError, TypeError) as exc:
             raise _unreadable(record.key, str(exc)) from None
@@ -202,9 +202,17 @@ class Progress:
                 reason = "the step list did not fit the store's record"
         if reason is not None and not cancelled:
             entry = encode_json([name, None, reason])
-            stepped = await _write(
-                stepper, flight, position, [*self.entries, entry], result, cancelled, transaction
-            )
+            stepped = Stepped.TOO_LARGE  # the list is full: not even the mark fits
+            if _listed_size(self.entries, entry) <= limit:
+                stepped = await _write(
+                    stepper,
+                    flight,
+                    position,
+                    [*self.entries, entry],
+                    result,
+                    cancelled,
+                    transaction,
+                )
         if cancelled:
             # The call was cancelled (its cutoff, or its caller) while the write was in
             # flight: what the write answered is settled, and nothing more is sent.
@@ -214,17 +222,17 @@ class Progress:
                 stepper.emitter.emit("step_recorded", key)
             raise cancelled[0]
         if stepped is Stepped.TOO_LARGE:
-            # Not even the step's "not stored" entry fits after the steps before it.
             if transaction is not None:
                 await transaction.rollback()  # its effects are undone: nothing to keep
                 self.unsettled = False
             raise StepNotRecordedError(
-                f"key {key}: step {name!r} ran but its recovery point does not fit the "
-                "store's record, even without its result: the steps before it fill it. "
-                "Return smaller step results. The key stays in progress until its lease ends; "
-                "the step's result is on this error",
+                f"key {key}: step {name!r} ran but the step list is full: not even a mark "
+                f"that its result was not stored fits the store's limit ({reason}). The key "
+                "stays in progress until its lease ends, then a retry runs this step again. "
+                "The step's result is on this error",
                 key=key,
                 result=result,
+                outcome_unknown=False,
             )
         if stepped is not Stepped.RECORDED:
             error = LeaseLostError(

@@ -28,7 +28,7 @@ from _postgres import PostgresServer, fresh_table_name, postgres_server
 from _redis import RedisServer, redis_server
 
 from idempotency_async.record import Claim, Completion, Status
-from idempotency_async.stores.base import Found
+from idempotency_async.stores.base import Found, Stepped, StepWrite
 from idempotency_async.stores.dynamodb import DynamoDBStore, create_table
 from idempotency_async.stores.postgres import PostgresStore
 from idempotency_async.stores.postgres import create_table as create_sql_table
@@ -134,6 +134,18 @@ async def test_release_deletes_the_record_it_showed(
         assert (await store.get(KEY, now=time.time())).record is None
 
 
+ONE = '[["create_order",{"id":"o1"}]]'
+TWO = '[["create_order",{"id":"o1"}],["charge",{"id":"ch_1"}]]'
+
+
+async def _step(
+    store: Any, owner: str, position: int, steps: str, now: float | None = None
+) -> None:
+    now = time.time() if now is None else now
+    written = await store.record_step(StepWrite(KEY, owner, now, TTL, position, steps))
+    assert written is Stepped.RECORDED
+
+
 async def _renew(store: Any, owner: str) -> None:
     assert await store.extend(Claim(KEY, owner, time.time(), 90.0, TTL, "v"))
 
@@ -144,6 +156,7 @@ _CHANGES: dict[str, tuple[float, Callable[[Any], Awaitable[None]]]] = {
     "completed by its holder": (60, lambda store: _complete(store, "holder")),
     "renewed by its holder": (60, lambda store: _renew(store, "holder")),
     "released by its holder": (60, lambda store: store.release(KEY, "holder")),
+    "a step recorded by its holder": (60, lambda store: _step(store, "holder", 0, ONE)),
 }
 
 
@@ -180,3 +193,72 @@ async def test_a_record_that_cannot_be_shown_needs_yes(request: pytest.FixtureRe
         asked = await cli("release", "--store", url, KEY, stdin="y\n")
         assert "pass --yes" in asked.error()
         assert await store._client.get(store.key_prefix + KEY) == b"not json"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_release_exactly_refuses_a_step_recorded_since_it_was_shown(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """A record shown with its steps is deleted only while it holds those steps: a step the
+    holder recorded meanwhile (whose effect a retry would repeat) was never confirmed."""
+    # Over 64 KB of UTF-8: DynamoDB keeps such a list compressed.
+    big = '[["create_order",{"id":"o1","note":"' + "é" * 40_000 + '"}]]'
+    bigger = big[:-1] + ',["charge",{"id":"ch_1"}]]'
+    async with _store(backend, request) as (store, _):
+        for first, second in [(ONE, TWO), (big, bigger)]:
+            await _claim(store, "holder", lease=60)
+            await _step(store, "holder", 0, first)
+            shown = (await store.get(KEY, now=time.time())).record
+            assert shown is not None and shown.steps == first
+            await _step(store, "holder", 1, second)
+            assert not await store.release_exactly(shown)
+            after = (await store.get(KEY, now=time.time())).record
+            assert after is not None and after.steps == second
+            assert await store.release_exactly(after)
+            assert (await store.get(KEY, now=time.time())).record is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_release_deletes_nothing_once_the_holder_recorded_another_step(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    async with _store(backend, request) as (store, url):
+        await _claim(store, "holder", lease=60)
+        first = time.time()
+        await _step(store, "holder", 0, ONE, now=first)
+
+        async def holder_records_a_step() -> None:
+            # The client's clock of the first step (DynamoDB's expiry is the client's): the
+            # expiry stays, and only the steps tell the records apart.
+            await _step(store, "holder", 1, TWO, now=first)
+
+        code, out, err = await _release_answering_yes_after(url, holder_records_a_step)
+        assert "1 recorded: create_order" in err  # what the operator saw
+        assert code == 1 and out == "", err
+        assert "changed" in err and "Traceback" not in err
+        record = (await store.get(KEY, now=time.time())).record
+    assert record is not None and record.steps == TWO
+
+
+@pytest.mark.postgres
+async def test_postgres_release_exactly_compares_the_whole_step_list_not_what_it_read(
+    postgres_server: PostgresServer,
+) -> None:
+    """The operator's store reads a step list cut at its bound (a worker with a larger
+    ``max_response_bytes`` wrote it): a step recorded after it is past the cut, and the
+    record still is not the one shown."""
+    table = fresh_table_name()
+    await create_sql_table(postgres_server.dsn, table=table)
+    long = '[["create_order",{"note":"' + "x" * 3000 + '"}]]'
+    longer = long[:-1] + ',["charge",{"id":"ch_1"}]]'
+    async with (
+        PostgresStore.from_url(postgres_server.dsn, table=table) as worker,
+        PostgresStore.from_url(postgres_server.dsn, table=table, max_response_bytes=100) as cli,
+    ):
+        await _claim(worker, "holder", lease=60)
+        await _step(worker, "holder", 0, long)
+        shown = (await cli.get(KEY, now=time.time())).record
+        assert shown is not None and shown.steps is not None and shown.steps != long
+        await _step(worker, "holder", 1, longer)
+        assert not await cli.release_exactly(shown)
+        assert (await worker.get(KEY, now=time.time())).record is not None

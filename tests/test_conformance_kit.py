@@ -232,6 +232,24 @@ class TakeoverDropsSteps(MemoryStore):
         return await super().claim(claim)
 
 
+class ReadThenWriteResume(MemoryStore):
+    """Resumes a lapsed or released record by reading its steps, then writing a fresh
+    claim and the steps back: two racing claims both resume it."""
+
+    async def claim(self, claim: Claim) -> Verdict:
+        read = await self.get(claim.key, now=claim.now)
+        record = read.record
+        if read.found is not Found.CLAIMABLE or record is None or record.steps is None:
+            return await super().claim(claim)
+        await asyncio.sleep(0)  # the round trip between the read and the writes
+        await self.force_release(claim.key)
+        await super().claim(claim)
+        await self.record_step(
+            StepWrite(claim.key, claim.owner, claim.now, claim.ttl, 0, record.steps)
+        )
+        return Verdict(Found.CLAIMED, (await self.get(claim.key, now=claim.now)).record)
+
+
 class ResendIsLost(MemoryStore):
     """Answers a step write sent again (its answer lost) as a lost lease."""
 
@@ -282,6 +300,7 @@ async def test_the_steps_section_fails_every_test_of_a_store_without_record_step
         (TakeoverDropsSteps, "test_a_claim_after_the_lease_lapsed_keeps_the_steps"),
         (TakeoverDropsSteps, "test_another_payloads_claim_is_resumable_and_writes_nothing"),
         (ResendIsLost, "test_a_step_write_sent_again_is_recorded_and_changes_nothing"),
+        (ReadThenWriteResume, "test_claims_racing_for_stepped_progress_have_one_winner"),
         (StepMovesTheLease, "test_a_step_moves_the_expiry_and_never_the_lease_end"),
     ],
 )

@@ -2,13 +2,15 @@
 
 The opening program (``checkout.py``) runs with the other guides' openings in
 ``tests/test_docs_guides.py``; the others run here, in this process: ``call_step.py`` and
-``mismatch.py`` print their output blocks, and ``app.py`` is served through httpx's ASGI
-transport.  A Python block without a test here fails ``test_every_python_block_is_run``.
+``mismatch.py`` print their output blocks, ``app.py`` is served through httpx's ASGI
+transport, and ``transactional_step.py`` prints its output on the Postgres fixture, in a
+database of its own.  A Python block without a test here fails ``test_every_python_block_is_run``.
 The CLI block is what ``get`` prints for the record a real failed call leaves.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import runpy
 import uuid
@@ -21,7 +23,7 @@ import pytest
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "steps.md"
 _FENCE = re.compile(r'^```(\w*)(?: title="([^"]*)")?\n(.*?)^```$', re.S | re.M)
 
-RUN_HERE = {"call_step.py", "mismatch.py", "app.py"}
+RUN_HERE = {"call_step.py", "mismatch.py", "app.py", "transactional_step.py"}
 RUN_WITH_THE_GUIDES = {"checkout.py"}
 
 
@@ -53,6 +55,30 @@ def test_program_prints_its_output(
 ) -> None:
     _run(title, tmp_path, capsys)
     assert capsys.readouterr().out == _blocks()[f"{title} output"][1]
+
+
+@pytest.mark.postgres
+def test_the_transactional_step_commits_its_row_with_its_recovery_point(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    postgres_server: Any,
+) -> None:
+    database = f"docs_{uuid.uuid4().hex[:12]}"  # the program uses the default tables
+
+    async def sql(statement: str, **options: Any) -> Any:
+        connection = await postgres_server.connect(**options)
+        try:
+            return await connection.fetch(statement)
+        finally:
+            await connection.close()
+
+    asyncio.run(sql(f"CREATE DATABASE {database}"))
+    monkeypatch.setenv("DATABASE_URL", postgres_server.dsn.rsplit("/", 1)[0] + f"/{database}")
+    _run("transactional_step.py", tmp_path, capsys)
+    assert capsys.readouterr().out == _blocks()["transactional_step.py output"][1]
+    records = asyncio.run(sql("SELECT status, steps FROM idempotency_records", database=database))
+    assert [(row["status"], row["steps"]) for row in records] == [("COMPLETED", None)]
 
 
 async def test_the_http_app_resumes_after_a_500_without_a_second_charge(

@@ -11,6 +11,7 @@ import uuid
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from _moto import fresh_store
@@ -18,6 +19,7 @@ from support import Clock
 from test_dynamodb_store import sent_requests
 
 from idempotency_async import Manager, Options, Renewal, errors, step
+from idempotency_async.cli._dynamodb import parse as parse_url
 from idempotency_async.record import Claim, Completion, Status
 from idempotency_async.stores.base import CLAIMED, Found, RecordsSteps, Stepped, StepWrite
 from idempotency_async.stores.dynamodb import DynamoDBStore
@@ -464,6 +466,21 @@ async def test_force_release_removes_the_steps(store: DynamoDBStore) -> None:
     assert (await store.get(key, now=NOW)).record is None
 
 
+async def test_an_operators_exact_release_covers_the_steps_it_showed(
+    store: DynamoDBStore,
+) -> None:
+    key = new_key()
+    await claimed_with(store, key, "A", ONE)
+    shown = (await store.get(key, now=NOW)).record
+    assert shown is not None and shown.steps == ONE
+    # A step recorded in the same second: expiry and lease read the same, the steps do not.
+    assert await store.record_step(write(key, "A", 1, TWO)) is Stepped.RECORDED
+    assert await store.release_exactly(shown) is False
+    now_shown = (await store.get(key, now=NOW)).record
+    assert now_shown is not None and await store.release_exactly(now_shown) is True
+    assert (await store.get(key, now=NOW)).record is None
+
+
 # -- the layout -----------------------------------------------------------------------
 
 
@@ -481,6 +498,13 @@ async def test_the_step_attributes_can_be_renamed(dynamodb_client: Any, store_cl
     await store.release(key, "B")
     item = await item_of(store, dynamodb_client, key)
     assert item is not None and "owner" not in item and item["sp"] == {"S": ONE}
+
+
+def test_the_cli_url_renames_the_step_attributes() -> None:
+    target = parse_url(
+        urlsplit("dynamodb://orders?region=eu-west-1&steps_attr=sp&step_count_attr=sn")
+    )
+    assert target.options == {"steps_attr": "sp", "step_count_attr": "sn"}
 
 
 @pytest.mark.parametrize(
@@ -725,3 +749,50 @@ async def test_a_renewed_lease_keeps_the_steps(store: DynamoDBStore, dynamodb_cl
 
 async def _value(value: Any) -> Any:
     return value
+
+
+class _LosesTakeoverAnswer:
+    """A client whose takeover (the UpdateItem answering ALL_NEW) applies, and whose
+    answer is then lost (a dropped connection)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def update_item(self, **request: Any) -> Any:
+        answer = await self._client.update_item(**request)
+        if request.get("ReturnValues") == "ALL_NEW" and not self.lost:
+            self.lost += 1
+            raise ConnectionResetError("the takeover's answer was lost")
+        return answer
+
+
+async def test_a_takeover_whose_answer_was_lost_is_released_keeping_the_steps(
+    store: DynamoDBStore, store_client: Any, dynamodb_client: Any
+) -> None:
+    work = _Work()
+    work.fail_after = 1
+    payload = {"id": uuid.uuid4().hex}
+    losing = _LosesTakeoverAnswer(store_client)
+    manager = manager_for(DynamoDBStore(losing, table_name=store.table_name))
+    key = manager.key_for(payload)
+    assert key is not None
+    with pytest.raises(RuntimeError):
+        await manager.execute(payload, work, timeout=30)
+    work.fail_after = None
+    # The resume's takeover applied, its answer was lost: the manager's owner-fenced
+    # release after an unknown claim keeps the steps it never saw.
+    with pytest.raises(errors.StoreUnavailableError):
+        await manager.execute(payload, work, timeout=30)
+    assert losing.lost == 1
+    item = await item_of(store, dynamodb_client, key)
+    assert item is not None and "owner" not in item and item["step_count"] == {"N": "1"}
+    assert await manager.execute(payload, work, timeout=30) == {
+        "order": "o1",
+        "charge": "ch1",
+        "n": 1.5,
+    }
+    assert work.runs == {"create": 1, "charge": 1, "receipt": 1}

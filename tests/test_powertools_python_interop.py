@@ -37,7 +37,7 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 from test_powertools_python_keys import run_oldest
 from test_typescript_interop import assert_same_json, must_not_run, only_item
 
-from idempotency_async import Manager, Options
+from idempotency_async import Manager, Options, step
 from idempotency_async.errors import (
     AlreadyInProgressError,
     LeaseLostError,
@@ -303,6 +303,31 @@ async def test_powertools_takes_over_our_lapsed_claim(
 
     run = powertools_function(moto_endpoint, table, returning(RESPONSE))
     assert await asyncio.to_thread(run, ORDER) == RESPONSE
+
+
+async def test_powertools_takes_over_our_released_record_and_drops_its_steps(
+    moto_endpoint: str, shared_table: tuple[Any, str]
+) -> None:
+    # Our call recorded a step, then raised: released with its progress kept (no owner, a
+    # lease end long past).  Powertools reads it as a lapsed claim, replaces it and runs:
+    # a writer that does not fence (G1(e)).
+    client, table = shared_table
+    ours = manager(client, table)
+
+    async def fails_after_a_step() -> Any:
+        await step("create", lambda: asyncio.sleep(0, {"order": "o1"}))
+        raise RuntimeError("after the step")
+
+    with pytest.raises(RuntimeError):
+        await ours.execute(ORDER, fails_after_a_step, timeout=TIMEOUT)
+    released = await only_item(client, table)
+    assert "owner" not in released and "steps" in released
+
+    run = powertools_function(moto_endpoint, table, returning(RESPONSE))
+    assert await asyncio.to_thread(run, ORDER) == RESPONSE
+    written = await only_item(client, table)
+    assert written["status"] == {"S": "COMPLETED"} and "steps" not in written
+    assert await ours.execute(ORDER, must_not_run, timeout=TIMEOUT) == RESPONSE
 
 
 async def test_we_take_over_a_lapsed_powertools_claim(

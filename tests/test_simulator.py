@@ -67,6 +67,11 @@ def test_memory_store_keeps_the_guarantee() -> None:
         "StoreUnavailableError",
         "ServerError",  # an HTTP endpoint's 5xx
         "RetryLater",  # an HTTP endpoint's (or a route's) 408/425/429, released like a 5xx
+        # Steps: a retry whose step differs from the record's, a step result that is not
+        # JSON (on its run and every resume), a recovery point whose write failed.
+        "StepMismatchError",
+        "StepResultNotStoredError",
+        "StepNotRecordedError",
     ):
         assert report.outcomes.get(outcome, 0) > 0, outcome
 

@@ -14,7 +14,15 @@ ORACLE = [TESTING / "_oracle.py", TESTING / "_store_checks.py", TESTING / "_tx_o
 
 ALLOWED_NAMES = {
     "idempotency_async.record": {"Claim", "Completion", "Record", "Status"},
-    "idempotency_async.stores.base": {"Extended", "Found", "Verdict", "Written"},
+    # Answer types, and a step write (recovery points): data, not judgement.
+    "idempotency_async.stores.base": {
+        "Extended",
+        "Found",
+        "Stepped",
+        "StepWrite",
+        "Verdict",
+        "Written",
+    },
     # The simulated processes' clocks (the simulator's own arithmetic, not the library's).
     "idempotency_async.testing._managers": {"clock_offset"},
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import json
 from collections import Counter
@@ -18,6 +19,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import Clock, MemoryWrapper, record_of
 
 from idempotency_async import (
@@ -35,7 +38,7 @@ from idempotency_async import (
     step,
 )
 from idempotency_async.record import Claim, Record, Status
-from idempotency_async.stores.base import Stepped, StepWrite
+from idempotency_async.stores.base import Extended, Stepped, StepWrite
 
 PAYLOAD = {"order": 7}
 
@@ -117,10 +120,7 @@ async def test_a_first_run_records_each_step_once_as_it_finishes(
     assert seen[-1] == [
         ["create", {"step": "create"}],
         ["charge", {"step": "charge"}],
-        [
-            "receipt",
-            {"step": "receipt"},
-        ],
+        ["receipt", {"step": "receipt"}],
     ]
     assert effects.runs == {"create": 1, "charge": 1, "receipt": 1}
     assert events.count("step_recorded") == 3 and events.count("step_replayed") == 0
@@ -383,7 +383,7 @@ async def test_a_step_whose_not_stored_entry_cannot_fit_either_is_not_recorded(
         await step("big", effects.fn("big", "y" * 10))
         return "unreachable"
 
-    with pytest.raises(errors.StepNotRecordedError, match="does not fit") as caught:
+    with pytest.raises(errors.StepNotRecordedError, match="step list is full") as caught:
         await manager.execute(PAYLOAD, place, timeout=10)
     assert caught.value.result == "y" * 10
     record = await the_record(store, manager, clock)
@@ -823,9 +823,9 @@ async def test_httpx_hook_numbers_requests_per_step(store: MemoryStore, clock: C
         await manager.execute(PAYLOAD, place, timeout=10)
     _outside, _a1, _a2, b1, b2 = sent
     assert len(set(sent)) == 5 and None not in sent
-    # The first request of each step is numbered 1 in it: re-running only step b (after
-    # a crash) sends the keys b sent the first time.
-    replay: list[str | None] = []
+    # Requests are numbered within their step: a run that replays step a (no requests)
+    # and runs only step b sends the keys b sent the first time, although they are the
+    # run's first requests and were its fourth and fifth.
     sent_before = list(sent)
     sent.clear()
     await store.force_release(manager.key_for(PAYLOAD) or "")
@@ -882,8 +882,20 @@ async def test_steps_recorded_and_replayed_are_events(store: MemoryStore, clock:
     assert events.kinds.index("claimed") < events.kinds.index("step_replayed")
 
 
-async def test_renewals_keep_the_steps(store: MemoryStore) -> None:
+class CountingExtends(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.extended: list[Extended] = []
+
+    async def extend(self, claim: Claim) -> Extended:
+        answer = await super().extend(claim)
+        self.extended.append(answer)
+        return answer
+
+
+async def test_renewals_keep_the_steps() -> None:
     # Real time: the renewal runs on the loop's clock.
+    store = CountingExtends()
     manager = Manager(store, Options(key_prefix="steps", renewal=Renewal(lease=0.6, every=0.15)))
     effects = Effects()
     fail = [True]
@@ -898,6 +910,7 @@ async def test_renewals_keep_the_steps(store: MemoryStore) -> None:
 
     with pytest.raises(Boom):
         await manager.execute(PAYLOAD, place, timeout=10)
+    assert Extended.RENEWED in store.extended, "no renewal while the step list was held"
     record = await record_of(store, manager.key_for(PAYLOAD), manager.options.clock())
     assert [entry[0] for entry in steps_of(record) or []] == ["create", "charge"]
     fail[0] = False
@@ -1311,3 +1324,208 @@ async def test_a_step_write_that_never_answers_is_given_up_at_the_lease_end() ->
     record = await record_of(store, manager.key_for(PAYLOAD), manager.options.clock())
     assert record is not None and record.owner is not None, "released with a write unanswered"
     assert events.count("released") == 0 and events.count("step_recorded") == 0
+
+
+# -- with telemetry: the timing wrapper passes step writes on ----------------------------
+
+
+@pytest.mark.parametrize("capable", [True, False], ids=["memory", "without record_step"])
+async def test_steps_under_telemetry(clock: Clock, capable: bool) -> None:
+    pytest.importorskip("opentelemetry")
+    from idempotency_async.otel import Telemetry
+
+    store: Any = MemoryStore() if capable else NoSteps()
+    manager = manager_for(store, clock, telemetry=Telemetry())
+    effects = Effects()
+    fail = [True]
+
+    async def place() -> list[Any]:
+        done = await effects.take("create")
+        if fail[0]:
+            raise Boom
+        return done
+
+    if not capable:
+        with pytest.raises(errors.ConfigError, match="does not record steps"):
+            await manager.execute(PAYLOAD, place, timeout=10)
+        assert not effects.runs
+        return
+    with pytest.raises(Boom):
+        await manager.execute(PAYLOAD, place, timeout=10)
+    fail[0] = False
+    assert await manager.execute(PAYLOAD, place, timeout=10) == [{"step": "create"}]
+    assert effects.runs == {"create": 1}
+
+
+@pytest.mark.parametrize("surrogate", [False, True], ids=["wide only", "with a surrogate"])
+async def test_a_wide_integer_result_replays_exact(
+    store: MemoryStore, clock: Clock, surrogate: bool
+) -> None:
+    # Beyond 64 bits, as responses: the resumed step list must not read it as a float.
+    manager = manager_for(store, clock)
+    values: list[Any] = [2**70, {"n": -(2**64)}, [2**63, 1.5]]
+    if surrogate:
+        values.append("\ud800")
+    got: list[Any] = []
+    fail = [True]
+
+    async def place() -> str:
+        for n, value in enumerate(values):
+            got.append(await step(f"s{n}", _returning_raw(value)))
+        if fail[0]:
+            raise Boom
+        return "ok"
+
+    with pytest.raises(Boom):
+        await manager.execute(PAYLOAD, place, timeout=10)
+    fail[0] = False
+    got.clear()
+    assert await manager.execute(PAYLOAD, place, timeout=10) == "ok"
+    assert got == values
+    assert type(got[0]) is int and type(got[1]["n"]) is int and type(got[2][0]) is int
+
+
+def _returning_raw(value: Any) -> Callable[[], Awaitable[Any]]:
+    async def fn() -> Any:
+        return value
+
+    return fn
+
+
+@pytest.mark.parametrize("bound", ["manager", "store"])
+async def test_a_step_list_too_full_for_even_the_not_stored_mark_is_not_recorded(
+    clock: Clock, bound: str
+) -> None:
+    # The first step fills the list: the second cannot be recorded even without its
+    # result.  No lease was lost; the key is left to its lease, as for a failed write.
+    store: MemoryStore = MemoryStore(max_response_bytes=1000)
+    first = "x" * 980
+    if bound == "store":
+        store = BoundedLower()  # refuses lists past 200 characters itself
+        first = "x" * 170
+    events = Events()
+    manager = manager_for(store, clock, on_event=events)
+    effects = Effects()
+
+    async def place() -> Any:
+        await step("a", effects.fn("a", first))
+        await step("b", effects.fn("b", "y" * 100))
+        return "ok"
+
+    with pytest.raises(errors.StepNotRecordedError, match="step list is full") as caught:
+        await manager.execute(PAYLOAD, place, timeout=30)
+    assert caught.value.result == "y" * 100 and not caught.value.outcome_unknown
+    assert events.count("lease_lost") == 0 and events.count("released") == 0
+    record = await the_record(store, manager, clock)
+    assert record.owner is not None and steps_of(record) == [["a", first]]
+
+
+# -- in a caller's transaction: steps run, nothing recorded (PostgreSQL) ----------------
+
+
+@pytest.mark.postgres
+async def test_steps_in_a_transaction_run_unrecorded_and_scope_downstream_keys(
+    postgres_server: Any,
+) -> None:
+    from _postgres import fresh_table_name
+
+    from idempotency_async.stores.postgres import PostgresStore, create_table
+
+    pool = await postgres_server.pool(max_size=4)
+    try:
+        table = fresh_table_name()
+        await create_table(pool, table=table)
+        store = PostgresStore(pool, table=table)
+        manager = Manager(store, Options(key_prefix="steps-tx"))
+        effects = Effects()
+        keys: list[str] = []
+
+        async def charge() -> str:
+            keys.append(downstream_key("charge"))
+            effects.runs["charge"] += 1
+            return "ch_1"
+
+        async def place() -> str:
+            return await step("charge", charge)
+
+        async with pool.acquire() as conn, conn.transaction():
+            assert await manager.execute_in_transaction(conn, PAYLOAD, place) == "ch_1"
+        key = manager.key_for(PAYLOAD)
+        assert key is not None
+        assert keys == [_in_step_key(key, "charge", "charge")]
+        assert effects.runs == {"charge": 1}
+        record = await record_of(store, key, manager.options.clock())
+        assert record is not None and record.status is Status.COMPLETED
+        assert record.steps is None
+    finally:
+        await pool.close()
+
+
+# -- a property: any sequence of failures, each step's function runs once -------------
+
+
+@settings(max_examples=60)
+@given(
+    steps=st.integers(min_value=1, max_value=6),
+    attempts=st.lists(
+        st.tuples(st.sampled_from(["raise", "crash", "inside"]), st.integers(0, 6)),
+        max_size=6,
+    ),
+)
+def test_any_sequence_of_failures_runs_each_step_once(
+    steps: int, attempts: list[tuple[str, int]]
+) -> None:
+    """Runs that raise after k steps, crash after k steps (no store write: the lease must
+    end first), or raise inside step k's function, then a run that finishes: each step's
+    function ran exactly once — but a step whose function raised, which ran again — and
+    the result is the same for every later call."""
+
+    async def scenario() -> None:
+        store, clock = MemoryStore(), Clock()
+        effects = Effects()
+        names = [f"s{n}" for n in range(steps)]
+        plan: list[tuple[str, int] | None] = [*attempts, None]
+        raised_inside: Counter[str] = Counter()
+
+        for attempt in plan:
+            manager = manager_for(store, clock)  # each attempt another process
+            how, k = attempt if attempt is not None else ("finish", steps)
+            k = min(k, steps)
+
+            async def failing(name: str) -> Any:
+                effects.runs[name] += 1
+                raised_inside[name] += 1
+                raise Boom
+
+            async def place(how: str = how, k: int = k) -> list[Any]:
+                done = []
+                for n, name in enumerate(names):
+                    if n == k and how in ("raise", "crash"):
+                        if how == "crash":
+                            await asyncio.sleep(3600)
+                        raise Boom
+                    if how == "inside" and n == k:
+                        fn = functools.partial(failing, name)  # runs unless recorded
+                    else:
+                        fn = effects.fn(name)
+                    done.append(await step(name, fn))
+                return done
+
+            task = asyncio.create_task(manager.execute(PAYLOAD, place, timeout=30))
+            if how == "crash":
+                for _ in range(20):
+                    await asyncio.sleep(0)
+                task.cancel()
+            try:
+                result = await task
+            except (Boom, asyncio.CancelledError):
+                clock.advance(31 if how == "crash" else 0)
+                continue
+            assert result == [{"step": name} for name in names]
+        expected = Counter({name: 1 + raised_inside[name] for name in names})
+        assert effects.runs == expected, (attempts, effects.runs)
+        replayed = await manager_for(store, clock).execute(PAYLOAD, place, timeout=30)
+        assert replayed == [{"step": name} for name in names]
+        assert effects.runs == expected
+
+    asyncio.run(scenario())

@@ -10,7 +10,7 @@ from conftest import STORES
 from idempotency_async import Manager, MemoryStore, Options, step
 from idempotency_async.errors import ConfigError
 from idempotency_async.record import Claim, Completion, Status
-from idempotency_async.stores.base import Extended, RecordsSteps, Store
+from idempotency_async.stores.base import Extended, RecordsSteps, StepWrite, Store
 from idempotency_async.testing import StepsContract, StoreContract
 
 RECORDS_STEPS = {"memory", "dynamodb", "dynamodb-light", "redis", "redis-cluster", "postgres"}
@@ -79,6 +79,9 @@ async def test_a_closed_store_refuses_every_operation_with_a_typed_error(store: 
         "extend": lambda: store.extend(Claim("k#closed", "owner-1", now, 5.0, 60.0, None)),
         "force_release": lambda: store.force_release("k#closed"),
     }
+    if isinstance(store, RecordsSteps):
+        write = StepWrite("k#closed", "owner-1", now, 60.0, 0, '[["a",1]]')
+        operations["record_step"] = lambda: store.record_step(write)
     for name, operation in operations.items():
         with pytest.raises(ConfigError, match="was closed") as caught:
             await operation()

@@ -38,7 +38,7 @@ from typing import Any, NoReturn
 import pytest
 from _moto import REGION, fresh_table, open_client, open_light_client
 
-from idempotency_async import Manager, Options
+from idempotency_async import Manager, Options, step
 from idempotency_async.errors import AlreadyInProgressError, PayloadValidationError
 from idempotency_async.stores.dynamodb import DynamoDBStore
 
@@ -514,6 +514,37 @@ async def test_typescript_sees_a_python_claim_as_in_progress(
     replay = await run_ts(node, moto_endpoint, table, case, response="ran after completion")
     assert not replay.ran
     assert replay.result == "done"
+
+
+async def test_typescript_claims_a_released_record_with_steps_and_drops_them(
+    node: str, moto_endpoint: str, shared_table: tuple[Any, str]
+) -> None:
+    # Python's call recorded a step, then raised: the record is released with its progress
+    # kept (no owner, a lease end long past).  The port reads it as a lapsed claim, takes
+    # it over with its PutItem and runs: a writer that does not fence (G1(e)).
+    client, table = shared_table
+    case = CASES[0]
+    manager = manager_for(client, table, case)
+
+    async def fails_after_a_step() -> str:
+        await step("create", lambda: asyncio.sleep(0, {"order": "o1"}))
+        raise RuntimeError("after the step")
+
+    with pytest.raises(RuntimeError):
+        await manager.execute(case.payload, fails_after_a_step, timeout=CALL_TIMEOUT)
+    key = manager.key_for(case.payload) or ""
+    released = await raw_item(client, table, key)
+    assert released is not None and "owner" not in released and "steps" in released
+
+    ts = await run_ts(node, moto_endpoint, table, case, response={"by": "typescript"})
+    assert ts.error is None, ts.error
+    assert ts.ran and ts.returned
+    written = await raw_item(client, table, key)
+    assert written is not None and written["status"] == {"S": "COMPLETED"}
+    assert "steps" not in written and "step_count" not in written
+    assert await manager.execute(case.payload, must_not_run, timeout=CALL_TIMEOUT) == {
+        "by": "typescript"
+    }
 
 
 # -- key prefix ---------------------------------------------------------------------------

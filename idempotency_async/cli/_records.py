@@ -69,8 +69,8 @@ async def run_release(args: argparse.Namespace) -> int:
 
 async def _release_what_was_shown(store: Any, key: str) -> Record:
     """Show the record, ask, and delete exactly that record: if the key holds another one
-    by then (a new call claimed it, the holder completed it, its lease was renewed), the
-    operator never saw it and nothing is deleted."""
+    by then (a new call claimed it, the holder completed it, renewed its lease or recorded a
+    step), the operator never saw it and nothing is deleted."""
     now = time.time()
     try:
         record: Record | None = (await store.get(key, now=now)).record

@@ -24,6 +24,7 @@ from idempotency_async.stores._dynamodb_values import (
     FORMAT_JSON_ZLIB,
     FORMAT_NOT_STORED,
     STEPS_TEXT_BYTES,
+    steps_attribute,
     to_native,
 )
 from idempotency_async.stores._record_formats import python_response_text
@@ -112,14 +113,13 @@ class ResponseForms:
         even so."""
         budget = _ITEM_BUDGET - self._fixed - _VALIDATION_ROOM - len(key.encode())
         budget -= len(owner.encode())
-        if len(encoded) <= STEPS_TEXT_BYTES:
-            return {"S": text} if len(encoded) <= budget else None
         if len(encoded) > 2 * STEPS_TEXT_BYTES:
             # Off the event loop, as a response's: a list of megabytes takes milliseconds.
-            compressed = await asyncio.to_thread(zlib.compress, encoded)
+            attribute = await asyncio.to_thread(steps_attribute, text)
         else:
-            compressed = zlib.compress(encoded)
-        return {"B": compressed} if len(compressed) <= budget else None
+            attribute = steps_attribute(text)
+        size = len(encoded) if "S" in attribute else len(attribute["B"])
+        return attribute if size <= budget else None
 
     def _budget(self, completion: Completion) -> int:
         # The item limit less everything but the response.

@@ -31,6 +31,7 @@ __all__ = [
     "number_text",
     "read_step_count",
     "read_steps",
+    "steps_attribute",
     "to_native",
 ]
 
@@ -184,6 +185,15 @@ def read_steps(attribute: Mapping[str, Any], max_bytes: int) -> str:
     if not text.startswith("["):
         raise StoredDataError("the step list is not a JSON array")
     return text
+
+
+def steps_attribute(text: str) -> dict[str, Any]:
+    """The ``steps`` attribute holding the step list ``text`` as this store writes it: the
+    JSON text up to ``STEPS_TEXT_BYTES`` of UTF-8, else that text zlib-compressed."""
+    encoded = text.encode()
+    if len(encoded) <= STEPS_TEXT_BYTES:
+        return {"S": text}
+    return {"B": zlib.compress(encoded)}
 
 
 def read_step_count(attribute: Mapping[str, Any]) -> int:

@@ -336,7 +336,9 @@ RETURNING r.lease_ends_at = n.lease_end"""
 )
 DELETE FROM {t} AS r USING n WHERE r.key = $1 RETURNING {record}, {_STORED_KEY}"""
     # An operator's release of the record they were shown: only while the row is still that
-    # record (owner, status, expiry, lease end and recovery points as the store read them).
+    # record (owner, status, expiry and lease end as the store read them, and the whole step
+    # list: one cut at the read bound, written by a worker allowed more, would let a step
+    # recorded past the cut go unseen — such a row is never released this way).
     release_exactly = f"""WITH n AS MATERIALIZED (
   SELECT set_config('lock_timeout', '{_OPERATOR_LOCK_WAIT}', true) AS lock_wait
 )
@@ -345,7 +347,7 @@ WHERE r.key = $1 AND r.key::text = $1::text COLLATE "C"
   AND r.owner IS NOT DISTINCT FROM $2 AND r.status = $3
   AND ceil(extract(epoch FROM r.expires_at)::float8 - 1e-6::float8) = $4::float8
   AND extract(epoch FROM r.lease_ends_at)::float8 IS NOT DISTINCT FROM $5::float8
-  AND left(r.steps, {read_limit(max_response_bytes)}) IS NOT DISTINCT FROM $6::text
+  AND r.steps IS NOT DISTINCT FROM $6::text
 RETURNING 1"""
     # One bounded batch: the oldest expired rows no other transaction holds.  An expired
     # record's lease has ended too (expiry is never before the lease end).

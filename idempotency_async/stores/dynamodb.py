@@ -42,7 +42,11 @@ from idempotency_async.stores._dynamodb_items import (
     check_attribute_names,
     default_static_pk,
 )
-from idempotency_async.stores._dynamodb_values import FORMAT_NOT_STORED, number_text
+from idempotency_async.stores._dynamodb_values import (
+    FORMAT_NOT_STORED,
+    number_text,
+    steps_attribute,
+)
 from idempotency_async.stores._record_formats import (
     POWERTOOLS_PYTHON,
     RecordFormat,
@@ -647,12 +651,19 @@ class DynamoDBStore:
 
     async def release_exactly(self, record: Record) -> bool:
         """Delete the record of ``record.key`` only if it is still ``record``: the same
-        owner, status, expiry and lease end (what ``idempotency-async release`` showed the
-        operator; instants compared as this store reads them, rounded up).  False, deleting
-        nothing, when the key holds another record or none.  One conditional DeleteItem."""
-        names = {"#id": self._key_attr, "#status": self._status_attr}
+        owner, status, expiry, lease end and recovery points (what ``idempotency-async
+        release`` showed the operator; instants compared as this store reads them, rounded
+        up; the step list as this store writes it).  False, deleting nothing, when the key
+        holds another record or none.  One conditional DeleteItem."""
+        names = {"#id": self._key_attr, "#status": self._status_attr, "#steps": self._steps_attr}
         values: dict[str, Any] = {":status": {"S": record.status.value}}
         conditions = ["attribute_exists(#id)", "#status = :status"]
+        # A step recorded since the record was read is progress the operator never saw.
+        if record.steps is None:
+            conditions.append("attribute_not_exists(#steps)")
+        else:
+            conditions.append("#steps = :steps")
+            values[":steps"] = steps_attribute(record.steps)
         for name, attribute, value in (
             ("owner", self._owner_attr, record.owner),
             (

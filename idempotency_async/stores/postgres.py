@@ -416,9 +416,10 @@ class PostgresStore:
     async def release_exactly(self, record: Record) -> bool:
         """Delete the record of ``record.key`` only if it is still ``record``: the same
         owner, status, expiry, lease end and recovery points (what ``idempotency-async
-        release`` showed the operator).  False, deleting nothing, when the key holds another
-        record or none.  One statement; it waits at most 2 s for a row an open transaction
-        holds."""
+        release`` showed the operator; the whole step list, so a row whose list was cut at
+        this store's read bound is never deleted this way).  False, deleting nothing, when
+        the key holds another record or none.  One statement; it waits at most 2 s for a
+        row an open transaction holds."""
         row = await self._fetchrow(
             "release exactly",
             record.key,

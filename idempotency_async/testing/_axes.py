@@ -2,7 +2,7 @@
 one call, the named triples, and a covering array of the pairs.
 
 A call of a scenario has one value on each axis (an operator's ``force_release`` none on
-``shape``, ``outcome`` and ``deadline``: it runs no callback); every fault that fired on
+``shape``, ``outcome``, ``deadline`` and ``steps``: it runs no callback); every fault that fired on
 one of its store requests gives it a ``fault`` and a ``place`` value, paired with its other
 values (a call with two faults pairs each fault with its own request only).  The features
 cross where every *pair* of values of two axes meets in some call — every pair that can
@@ -63,7 +63,16 @@ AXES: dict[str, tuple[str, ...]] = {
         "stall",
         "nonsense",
     ),
-    "place": ("none", "claim", "get", "complete", "release", "extend", "force_release"),
+    "place": (
+        "none",
+        "claim",
+        "get",
+        "complete",
+        "release",
+        "extend",
+        "force_release",
+        "record_step",  # a step's recovery point (stores that record steps)
+    ),
     "shape": ("coroutine", "lambda", "plain"),
     "outcome": (
         "return",
@@ -82,13 +91,24 @@ AXES: dict[str, tuple[str, ...]] = {
     "deadline": ("none", "timeout", "deadline", "ambient", "lambda", "several"),
     # The manager's Redaction: off, a declared field removed, or no response stored.
     "redaction": ("off", "fields", "never_store"),
+    # The callback's steps (recovery points): none, taken, or failing at one of them
+    # (the plan's ``step_fault``; see ``_plans.StepFault``).
+    "steps": ("none", "run", "raise_in", "raise_after", "crash_in", "mismatch", "not_stored"),
 }
 """Every axis and its values, in a fixed order (the covering array depends on it)."""
 
 SLOW = frozenset({"delay", "slow_answer", "adrift", "stall"})
 """Fault kinds that make an answer slow."""
 
-_CALLBACK_AXES = ("shape", "outcome", "deadline")
+STEP_RAISES = ("raise_in", "raise_after", "mismatch", "not_stored")
+"""Step values whose callback raises at its step (its outcome is ``raise``)."""
+STEP_ENDS = (*STEP_RAISES, "crash_in")
+"""Step values whose callback ends at its step (``crash_in``: its outcome is ``crash``)."""
+_WRITES = frozenset({"run", "raise_in", "raise_after", "crash_in", "not_stored"})
+"""Step values whose callback writes a recovery point (a ``mismatch`` call raises before
+its own)."""
+
+_CALLBACK_AXES = ("shape", "outcome", "deadline", "steps")
 _CALL_DOORS = frozenset({"call_complete", "call_attach"})
 
 TRIPLES: dict[str, dict[str, frozenset[str]]] = {
@@ -179,6 +199,8 @@ VALUE_FEATURES: dict[tuple[str, str], str] = {
     ("deadline", "several"): "deadline_sources",
     ("redaction", "fields"): "redaction",
     ("redaction", "never_store"): "redaction",
+    ("place", "record_step"): "steps",
+    **{("steps", value): "steps" for value in ("run", *STEP_ENDS)},
 }
 """The generator feature a value needs: with the feature left out, no pair of it is due."""
 
@@ -207,6 +229,13 @@ def conflict(values: Mapping[str, str]) -> str | None:
             return "an operator runs no callback"
     if place == "force_release" and door not in (None, "operator"):
         return "only an operator force-releases"
+    steps = get("steps")
+    if steps not in (None, "none"):
+        problem = _steps_conflict(values, steps)
+        if problem is not None:
+            return problem
+    elif steps == "none" and place == "record_step":
+        return "no recovery point without a step"
     if place == "extend":
         if get("renewal") == "off":
             return "no extend without renewal"
@@ -251,6 +280,28 @@ def conflict(values: Mapping[str, str]) -> str | None:
 
 _PEERS = ("mcp", "route")
 _STATUSES = ("server_error", "client_error", "retry_later")
+
+
+def _steps_conflict(values: Mapping[str, str], steps: str) -> str | None:
+    """What a callback taking steps cannot be (``steps`` is not ``none``)."""
+    door, outcome, place = values.get("door"), values.get("outcome"), values.get("place")
+    if door == "operator":
+        return "an operator runs no callback"
+    if values.get("shape") == "plain":
+        return "a plain function cannot await a step"
+    if place == "record_step" and steps not in _WRITES:
+        return "a mismatched step raises before writing"
+    if place == "extend" and steps == "mismatch":
+        return "a mismatched retry raises at its step, before a renewal is due"
+    if steps in STEP_ENDS:
+        own = "crash" if steps == "crash_in" else "raise"
+        if outcome not in (None, own):
+            return f"a callback whose step fails ends there ({own})"
+        if door in _CALL_DOORS:
+            return "a callback whose step fails never completes through its Call"
+        if place == "complete":
+            return "a callback whose step fails never completes the record"
+    return None
 
 
 def _peer_conflict(values: Mapping[str, str]) -> str | None:
@@ -319,6 +370,10 @@ def feasible_pairs(excluded: frozenset[str] = frozenset()) -> frozenset[Pair]:
 
 # The axes the rules constrain; the others (cache, clock, skew) take any value.
 _RULED = ("door", "place", "fault", "outcome", "shape", "deadline", "renewal", "redaction")
+# Constrained too, by the values of door, place, outcome and shape only: each whole call
+# of the ruled axes is kept with the steps values it allows (not multiplied by them).
+_STEPPED = ("steps",)
+_MASKED = frozenset((*_RULED, *_STEPPED))
 
 
 @functools.lru_cache(maxsize=1)
@@ -341,20 +396,43 @@ def _calls() -> tuple[dict[tuple[str, str], int], int]:
             extend({**values, axis: value}, depth + 1)
 
     extend({}, 0)
-    bits: dict[tuple[str, str], bytearray] = {}
-    size = len(found) // 8 + 1
-    for number, call in enumerate(found):
+    # The steps values each call allows (they depend on its door, place, outcome and
+    # shape only); a call that allows none cannot be (a recovery point with no step).
+    allowed: dict[tuple[str | None, ...], tuple[str, ...]] = {}
+    kept: list[tuple[Row, tuple[str, ...]]] = []
+    for call in found:
+        if call.get("door") == "operator":
+            kept.append((call, ()))
+            continue
+        facts = tuple(call.get(axis) for axis in ("door", "place", "outcome", "shape"))
+        steps = allowed.get(facts)
+        if steps is None:
+            steps = allowed[facts] = tuple(
+                value for value in AXES["steps"] if conflict({**call, "steps": value}) is None
+            )
+        if steps:
+            kept.append((call, steps))
+    holding: dict[tuple[str, str], list[int]] = {}
+    for number, (call, steps) in enumerate(kept):
         for item in call.items():
-            bits.setdefault(item, bytearray(size))[number >> 3] |= 1 << (number & 7)
-    index = {item: int.from_bytes(mask, "little") for item, mask in bits.items()}
-    return index, (1 << len(found)) - 1
+            holding.setdefault(item, []).append(number)
+        for value in steps:
+            holding.setdefault(("steps", value), []).append(number)
+    size = len(kept) // 8 + 1
+    index = {}
+    for item, numbers in holding.items():
+        mask = bytearray(size)  # one per value (not one per call and value: 12 kB each)
+        for number in numbers:
+            mask[number >> 3] |= 1 << (number & 7)
+        index[item] = int.from_bytes(mask, "little")
+    return index, (1 << len(kept)) - 1
 
 
 def _matching(values: Mapping[str, str]) -> int:
     index, every = _calls()
     matching = every
     for axis, value in values.items():
-        if axis in _RULED:
+        if axis in _MASKED:
             matching &= index.get((axis, value), 0)
     return matching
 
@@ -398,7 +476,7 @@ def _complete(start: Row, uncovered: set[Pair]) -> Row:
         best: str | None = None
         best_gain = -1
         for value in AXES[axis]:
-            if axis in _RULED and not matching & index.get((axis, value), 0):
+            if axis in _MASKED and not matching & index.get((axis, value), 0):
                 continue
             gain = sum(
                 1
@@ -410,7 +488,7 @@ def _complete(start: Row, uncovered: set[Pair]) -> Row:
         if best is None:
             raise AssertionError(f"no value of {axis} fits {row}")  # the rules contradict
         row[axis] = best
-        if axis in _RULED:
+        if axis in _MASKED:
             matching = matching & index[(axis, best)]
         if axis == "door" and best == "operator":
             operator = True

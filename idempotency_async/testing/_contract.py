@@ -754,6 +754,34 @@ class StepsContract:
         assert mine.found is Found.CLAIMED and mine.record is not None, mine
         assert mine.record.steps == ONE, mine
 
+    async def test_claims_racing_for_stepped_progress_have_one_winner(self, store: Store) -> None:
+        """Concurrent claims of a lapsed or released record carrying steps: exactly one
+        takes it over (with the steps); every other meets the winner's record.  A takeover
+        that reads the steps, then writes them back, lets two retries resume one crash."""
+        for path in ("lapsed", "released"):
+            key = f"k#race-{path}"
+            await stepped(store, ONE, TWO, key=key, lease_s=5)
+            now = NOW + 6
+            if path == "released":
+                assert await store.release(key, "owner-a") is True
+                now = NOW + 1
+            claims = [claim(key, f"owner-{n}", now=now) for n in range(RACERS)]
+            verdicts = await asyncio.gather(*(store.claim(each) for each in claims))
+            won = [
+                (each, verdict)
+                for each, verdict in zip(claims, verdicts, strict=True)
+                if verdict.found is Found.CLAIMED
+            ]
+            assert len(won) == 1, f"{path}: {len(won)} claims took over one record"
+            ((winner, verdict),) = won
+            assert verdict.record is not None and verdict.record.steps == TWO, (path, verdict)
+            for each, other in zip(claims, verdicts, strict=True):
+                if each is not winner:
+                    assert other.found is Found.IN_PROGRESS, (path, other)
+                    assert other.record is not None and other.record.owner == winner.owner
+            record = await record_of(store, key, now)
+            assert record.owner == winner.owner and record.steps == TWO, (path, record)
+
     # -- extend, complete, release, force_release ---------------------------------------
 
     async def test_extend_keeps_the_steps(self, store: Store) -> None:
@@ -785,6 +813,9 @@ class StepsContract:
         assert record.status is Status.COMPLETED and record.steps is None, record
 
     async def test_release_of_a_stepped_record_keeps_its_progress(self, store: Store) -> None:
+        # ``release`` is sent no ``now``: the released lease end must be in the past by
+        # every clock the store may be judged by — here the suite's NOW, years before the
+        # machine's clock (MemoryStore writes 1.0, one second after the epoch).
         await stepped(store, ONE, TWO, lease_s=30)
         before = await record_of(store, now=NOW + 1)
         assert await store.release("k#1", "owner-a") is True

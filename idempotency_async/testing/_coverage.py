@@ -1,7 +1,8 @@
 """Which pairs of axis values (and named triples) a run crossed, read from its traces.
 
 A call's values are what it was (its door, its manager's renewal and cache, the store's
-clock, its process's skew, its callback's shape and outcome, its deadline sources) and,
+clock, its process's skew, its callback's shape and outcome, its deadline sources, its
+steps — none when the store does not record steps) and,
 for the faults, what happened: a fault counts where it fired, on the request it fired on.
 """
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from idempotency_async.record import Status
 from idempotency_async.testing._axes import (
     AXES,
+    STEP_ENDS,
     TRIPLE_FEATURES,
     TRIPLES,
     Pair,
@@ -50,8 +52,11 @@ _OUTCOMES = {
 }
 
 
-def call_values(scenario: Scenario, index: int, refused: Collection[int] = ()) -> dict[str, str]:
-    """The axis values of call ``index`` (faults aside: they count where they fired)."""
+def call_values(
+    scenario: Scenario, index: int, refused: Collection[int] = (), records_steps: bool = True
+) -> dict[str, str]:
+    """The axis values of call ``index`` (faults aside: they count where they fired);
+    ``records_steps`` False: the store took no steps (its callbacks took none)."""
     plan = scenario.calls[index]
     manager = scenario.managers[plan.manager]
     values = {
@@ -73,7 +78,19 @@ def call_values(scenario: Scenario, index: int, refused: Collection[int] = ()) -
     if plan.door in ("batch", "mcp", "route"):
         sources = {"ambient" if mode in ("timeout", "deadline") else mode for mode in sources}
     values["deadline"] = "several" if len(sources) > 1 else next(iter(sources), "none")
+    values["steps"] = _steps(plan) if records_steps else "none"
+    if values["steps"] in STEP_ENDS:
+        # The callback ends at its step: raising (or crashing) is its outcome.
+        values["outcome"] = "crash" if plan.step_fault == "crash_in" else "raise"
     return values
+
+
+def _steps(plan: CallPlan) -> str:
+    if not plan.steps or plan.shape == "plain":
+        return "none"
+    if plan.step_fault == "none" or plan.step_at >= plan.steps:
+        return "run"
+    return plan.step_fault
 
 
 def _door(plan: CallPlan) -> str:
@@ -157,7 +174,7 @@ def coverage_of(trace: Trace) -> Coverage:
     for index, outcome in enumerate(trace.outcomes):
         if outcome.skipped:
             continue
-        values = call_values(trace.scenario, index, refused)
+        values = call_values(trace.scenario, index, refused, trace.records_steps)
         events = set(_events(trace, index))
         for kind, place in fired.get(index) or [("none", "none")]:
             row = {**values, "fault": kind, "place": place}

@@ -18,6 +18,7 @@ from idempotency_async.testing._plans import (
     Fault,
     FaultKind,
     ManagerPlan,
+    StepFault,
     renewal_reserve,
     valid_renewal,
 )
@@ -181,9 +182,87 @@ def cross(
         )
     if focus.deadline == "none" and not focus.also and plan.lease is None:
         plan = replace(plan, lease=_ms(rng, 2.0, 6.0, scale))  # no hour-long hang
+    if row.get("steps", "none") != "none":
+        focus, extra = _stepped(seed, row, focus, extra, plan, other, scale)
     managers = (*managers[:manager], plan, *managers[manager + 1 :])
     calls = [*calls[:index], focus, *calls[index + 1 :], *extra]
     return calls, managers, server_clock
+
+
+def _stepped(
+    seed: int,
+    row: dict[str, str],
+    focus: CallPlan,
+    extra: list[CallPlan],
+    plan: ManagerPlan,
+    other: int,
+    scale: float,
+) -> tuple[CallPlan, list[CallPlan]]:
+    """The focus takes steps and fails at one as its row says, and what that needs to
+    matter is added: a retry resuming its progress (soon after it, and once its lease
+    could have ended when it left the key to its lease), or — for a mismatched step — an
+    earlier call of another process that recorded the key's own steps first."""
+    rng = random.Random(f"cross-steps-{seed}")  # a stream of its own: the rest as drawn
+    value, place = row["steps"], row.get("place", "none")
+    count = rng.randint(1, 3)
+    if value in ("raise_in", "crash_in") and place == "record_step":
+        count = max(count, 2)  # a recovery point is written before the failing step
+        at = rng.randint(1, count - 1)
+    else:
+        at = rng.randrange(count)
+    if place == "extend" and value != "run":
+        # The callback fails at its last step: halfway through its run, past a renewal.
+        count = 3
+        at = count - 1
+    fault: StepFault = "none" if value == "run" else value  # type: ignore[assignment]
+    focus = replace(focus, steps=count, step_fault=fault, step_at=at)
+    abandons = value == "crash_in" or place == "record_step"
+    retries: list[float] = []
+    if value != "run" or abandons:
+        retries.append(focus.at + focus.duration + _ms(rng, 0.3, 1.0, scale))
+    if abandons:
+        bound = max(focus.timeout, plan.lease or 0.0, plan.renew_lease or 0.0)
+        retries.append(focus.at + bound + _ms(rng, 0.5, 1.5, scale))
+    for at_time in retries:
+        extra.append(
+            CallPlan(
+                other,
+                focus.key,
+                1,
+                round(at_time, 3),
+                "ambient" if focus.door == "route" else "timeout",
+                _ms(rng, 2.0, 4.0, scale),
+                "return",
+                _ms(rng, 0.0, 0.5, scale),
+                None,
+                door=_companion(focus.door),
+                steps=count,
+            )
+        )
+    if value == "mismatch":
+        # Another process records the key's own steps (through the focus's position),
+        # then fails: the focus meets its progress, and its own step there is refused.
+        duration = _ms(rng, 0.05, 0.5, scale)
+        first = CallPlan(
+            other,
+            focus.key,
+            1,
+            focus.at,
+            "ambient" if focus.door == "route" else "timeout",
+            round(duration + _ms(rng, 1.0, 2.0, scale), 3),
+            "return",
+            duration,
+            None,
+            door=_companion(focus.door),
+            steps=max(count, at + 1),
+            step_fault="raise_after",
+            step_at=at,
+        )
+        shift = round(duration + _ms(rng, 0.2, 0.6, scale), 3)
+        focus = replace(focus, at=round(focus.at + shift, 3))
+        extra = [replace(call, at=round(call.at + shift, 3)) for call in extra]
+        extra.append(first)
+    return focus, extra
 
 
 def _companion(door: Door) -> Door:
@@ -218,9 +297,10 @@ def _allowed(row: dict[str, str], on: frozenset[str]) -> dict[str, str]:
             shape="coroutine",
             outcome="return",
             deadline="timeout",
+            steps="none",
         )
     if out.get("door") == "operator":
-        for axis in ("shape", "outcome", "deadline"):
+        for axis in ("shape", "outcome", "deadline", "steps"):
             out.pop(axis, None)
     if "event" in row:
         events = set(row["event"].split(","))

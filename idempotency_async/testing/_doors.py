@@ -1,5 +1,7 @@
 """How a simulated call enters the library — ``execute``, ``execute_call``, a decorated
-function, an SQS batch (with a Lambda context or not) — and what its callback does."""
+function, an SQS batch (with a Lambda context or not) — and what its callback does: its
+planned steps first (recovery points, ``step()``: each one's effect in the ledger), then
+its planned behaviour."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from idempotency_async.decorators import idempotent_function
 from idempotency_async.errors import ConfigError
 from idempotency_async.integrations.aws_lambda import process_batch
 from idempotency_async.manager import Manager
+from idempotency_async.steps import step
 from idempotency_async.testing._plans import CallPlan
 from idempotency_async.testing._trace import (
     CallbackDeclined,
@@ -25,6 +28,7 @@ from idempotency_async.testing._trace import (
     CallbackFailed,
     Outcome,
     Run,
+    StepRun,
     Trace,
     Unstorable,
 )
@@ -40,6 +44,8 @@ __all__ = [
     "ledger_run",
     "message_key",
     "sqs_record",
+    "step_names",
+    "take_steps",
 ]
 
 Door = Callable[["Bounds"], Awaitable[Any]]
@@ -278,6 +284,7 @@ def handled_callback(
 
     async def callback(call: Call | None) -> Any:
         with ledger_run(trace, index, plan, outcome, loop) as run:
+            await take_steps(trace, index, plan, run, loop)
             if call is not None and plan.behaviour in _HANDLED:
                 value = await _behave_with_call(plan, index, run, loop, call)
             else:
@@ -311,6 +318,61 @@ def ledger_run(
         raise
     finally:
         run.ended = loop.time()
+
+
+def step_names(plan: CallPlan, index: int) -> list[str]:
+    """The names of the steps call ``index`` takes: ``s0``, ``s1``... as every call of its
+    key takes them — but a ``mismatch`` call's at ``step_at``, which is its own."""
+    names = [f"s{position}" for position in range(plan.steps)]
+    if plan.step_fault == "mismatch" and plan.step_at < plan.steps:
+        names[plan.step_at] = f"s{plan.step_at}-c{index}"
+    return names
+
+
+async def take_steps(
+    trace: Trace, index: int, plan: CallPlan, run: Run, loop: asyncio.AbstractEventLoop
+) -> None:
+    """The callback's planned steps, each through ``step()``: its function's effect goes
+    into the ledger (``trace.steps``), and it fails at ``step_at`` as planned.  A store
+    that does not record steps: none are taken."""
+    if not plan.steps or not trace.records_steps:
+        return
+    key = trace.call_keys.get(index)
+    pause = plan.duration / (2 * plan.steps) if plan.duration else 0.0
+    for position, name in enumerate(step_names(plan, index)):
+        taken = StepRun(index, run.owner, key, name, position, loop.time())
+        run.steps.append(taken)
+        trace.steps.append(taken)
+        fault = plan.step_fault if position == plan.step_at else "none"
+        try:
+            taken.value = await step(name, _step_function(taken, fault, pause))
+        except BaseException as exc:
+            taken.error = exc
+            raise
+        finally:
+            taken.ended = loop.time()
+        if fault == "raise_after":
+            raise CallbackFailed(f"call {index} failed after step {name}")
+
+
+def _step_function(taken: StepRun, fault: str, pause: float) -> Callable[[], Awaitable[Any]]:
+    async def work() -> Any:
+        taken.ran = True
+        if pause:
+            await asyncio.sleep(pause)
+        if fault == "raise_in":
+            raise CallbackFailed(f"call {taken.call}: step {taken.name} failed")
+        taken.effect = True  # the step's effect: from here on it happened
+        if fault == "crash_in":
+            raise CallbackExit(f"call {taken.call} crashed in step {taken.name}")
+        result: Any = {"step": taken.name, "by": taken.call}
+        if fault == "not_stored":
+            result = Unstorable(taken.call)
+        taken.result = result
+        taken.returned = asyncio.get_running_loop().time()
+        return result
+
+    return work
 
 
 _HANDLED = frozenset(

@@ -26,7 +26,7 @@ from idempotency_async.integrations._http import (
     exchange,
 )
 from idempotency_async.manager import Manager
-from idempotency_async.testing._doors import Bounds, behave, ledger_run
+from idempotency_async.testing._doors import Bounds, behave, ledger_run, take_steps
 from idempotency_async.testing._plans import CallPlan, status_of
 from idempotency_async.testing._trace import (
     HttpAnswer,
@@ -170,6 +170,7 @@ async def _respond(
     trace: Trace,
     send: Callable[[Message], Awaitable[None]],
 ) -> None:
+    await take_steps(trace, index, plan, run, loop)
     behaviour = plan.behaviour
     payload = json.dumps({"call": index}).encode()
     json_head = [(b"content-type", b"application/json")]

@@ -1,4 +1,5 @@
-"""The oracle: checks a scenario's trace against the guarantee (G1-G7).
+"""The oracle: checks a scenario's trace against the guarantee (G1-G7), and the steps
+(recovery points) of its callbacks against the ledger of their effects.
 
 Each check returns violations as text naming the invariant, the calls and the times.
 The documented exceptions are recognised, never assumed: a late holder (G1 a-c) is
@@ -34,7 +35,14 @@ from idempotency_async.testing._plans import (
     can_renew,
     renewal_reserve,
 )
-from idempotency_async.testing._store_checks import BOUNDARY, StoreChecks, renewed, same, shape
+from idempotency_async.testing._store_checks import (
+    BOUNDARY,
+    StoreChecks,
+    renewed,
+    same,
+    shape,
+    step_names,
+)
 from idempotency_async.testing._trace import (
     CallbackDeclined,
     CallbackExit,
@@ -42,6 +50,7 @@ from idempotency_async.testing._trace import (
     Outcome,
     Released,
     Run,
+    StepRun,
     Trace,
 )
 
@@ -1085,6 +1094,9 @@ class _Checker:
             return f"got {error!r}, which no completed record of {key} held (G6)"
         if isinstance(error, CallbackDeclined | CallbackFailed | CallbackExit | Released):
             return None if mine else "got a callback exception that is not its own"
+        if isinstance(error, errors.StepMismatchError | errors.StepResultNotStoredError):
+            # Raised by a step inside its callback (check_steps judges whether it was due).
+            return None if mine else f"{error!r} that no step of its callback raised"
         if isinstance(error, asyncio.CancelledError):
             if outcome.cancel_requested is not None or mine:
                 return None
@@ -1092,6 +1104,12 @@ class _Checker:
         if isinstance(error, errors.CompletionError):
             if any(error.result is run.value for run in returned):
                 return None
+            if any(
+                error.result is taken.result and taken.effect
+                for run in outcome.runs
+                for taken in run.steps
+            ):
+                return None  # a step's recovery point was not recorded (StepNotRecorded...)
             if any(run.answered is not None for run in returned):
                 return None  # execute_call: a completion through the handle failed
             return f"{error!r} without a result of its own callback"
@@ -1751,6 +1769,192 @@ class _Checker:
                     "operator's: only an operator's release is exempt from the guarantee"
                 )
 
+    # ------------------------------------------------------------------ steps
+
+    def check_steps(self) -> None:
+        """Recovery points (steps), judged from the ledger of step effects and the store's
+        history:
+
+        - a step whose recovery point is on the record never runs again while the record
+          lives: not in a call whose claim resumed it (it replays its result, or raises
+          ``StepResultNotStoredError`` for one not stored), and not after — unless the
+          record expired, was completed, or an operator force-released it;
+        - a step interrupted between its effect and its recovery point runs again only
+          once its holder's lease ended (as the whole callback, G1): at most once per lease;
+        - a retry whose step differs from the record's at that position gets
+          ``StepMismatchError`` and runs nothing — and only then."""
+        resumed: dict[str, list[list[Any]]] = {}
+        for op in self.trace.store.ops:
+            verdict = op.delivered
+            if (
+                op.name == "claim"
+                and isinstance(verdict, Verdict)
+                and verdict.found is Found.CLAIMED
+                and verdict.record is not None
+            ):
+                resumed[op.arg.owner] = _entries(verdict.record)
+        for taken in self.trace.steps:
+            if taken.key is not None and taken.owner is not None:
+                self.check_step_taken(taken, resumed.get(taken.owner, []))
+        by_key: dict[str, list[StepRun]] = {}
+        for taken in self.trace.steps:
+            if taken.key is not None and taken.ran:
+                by_key.setdefault(taken.key, []).append(taken)
+        for key, taken_steps in by_key.items():
+            self.check_steps_once(key, taken_steps)
+            self.check_interrupted_steps(key, taken_steps)
+        self.check_recorded_after_effect()
+
+    def check_recorded_after_effect(self) -> None:
+        """A recovery point is written only once its step's function returned (its effect
+        happened first), and holds what it returned (or no result, when that is not
+        JSON)."""
+        taken_by = {(taken.owner, taken.position): taken for taken in self.trace.steps}
+        for op in self.trace.store.ops:
+            if op.name != "record_step" or op.call is None:
+                continue
+            write = op.arg
+            entries = json.loads(write.steps) if write.steps else []
+            if len(entries) != write.position + 1:
+                self.fail(
+                    f"steps: call {op.call} wrote {len(entries)} recovery point(s) at position "
+                    f"{write.position + 1} of {op.key}: each write adds one step"
+                )
+                continue
+            entry = entries[-1]
+            taken = taken_by.get((write.owner, write.position))
+            if taken is None or taken.returned is None or taken.returned > op.started:
+                self.fail(
+                    f"steps: call {op.call} wrote the recovery point of step {entry[0]!r} of "
+                    f"{op.key} at t={op.started:.3f} before its function returned (its effect "
+                    "must come first)"
+                )
+            elif entry[0] != taken.name or (len(entry) == 2 and not same(entry[1], taken.result)):
+                self.fail(
+                    f"steps: call {op.call}'s recovery point {entry!r} of {op.key} is not what "
+                    f"its step {taken.name!r} returned ({taken.result!r})"
+                )
+
+    def check_step_taken(self, taken: StepRun, entries: list[list[Any]]) -> None:
+        where = f"call {taken.call}'s step {taken.name!r} (position {taken.position + 1})"
+        error = taken.error
+        if taken.position >= len(entries):
+            if isinstance(error, errors.StepMismatchError):
+                self.fail(
+                    f"steps: {where} raised StepMismatchError, but its claim resumed "
+                    f"{len(entries)} step(s): nothing recorded there to mismatch"
+                )
+            return
+        entry = entries[taken.position]
+        if taken.ran:
+            self.fail(
+                f"steps: {where} ran, though its claim resumed the record's recovery point "
+                f"there ({entry[0]!r}): a recorded step never runs again while the record lives"
+            )
+        elif entry[0] != taken.name:
+            if not isinstance(error, errors.StepMismatchError):
+                got = error if error is not None else taken.value
+                self.fail(
+                    f"steps: {where} met the record's step {entry[0]!r} there and got "
+                    f"{got!r}, not StepMismatchError"
+                )
+        elif len(entry) == 3:
+            if not isinstance(error, errors.StepResultNotStoredError):
+                got = error if error is not None else taken.value
+                self.fail(
+                    f"steps: {where} was recorded without its result ({entry[2]!r}) and got "
+                    f"{got!r} on resume, not StepResultNotStoredError"
+                )
+        elif error is None and not same(taken.value, entry[1]):
+            self.fail(f"steps: {where} replayed {taken.value!r}; the record holds {entry[1]!r}")
+
+    def check_steps_once(self, key: str, taken_steps: list[StepRun]) -> None:
+        """No step runs while its recovery point lives on the record: from the write that
+        recorded it until the record expires, is completed or force-released by an
+        operator (a store that loses it otherwise does not lift the protection)."""
+        claims: dict[str, list[StepRun]] = {}
+        for taken in taken_steps:
+            claims.setdefault(taken.owner or "", []).append(taken)
+        protected: dict[str, int] = {}  # step name -> the call that recorded it
+        previous: Application | None = None
+        for op, application in self.applications.get(key, ()):
+            gone = None if previous is None or not previous.done else previous.after
+            if (
+                gone is not None
+                and application.before is None
+                and gone.expiration < self.max_wall(application.at)
+            ):
+                protected.clear()  # the record expired and was dropped
+            previous = application
+            if not application.done:
+                continue
+            before, after = application.before, application.after
+            if self.by_operator(op) or (
+                op.name == "complete" and after is not None and after.status is Status.COMPLETED
+            ):
+                protected.clear()
+            elif (
+                op.name == "claim"
+                and before is not None
+                and before.expiration < max(op.arg.now, self.max_wall(self.judged_at(application)))
+            ):
+                protected.clear()  # an expired record (a claim took it over)
+            for name in step_names(after):
+                protected.setdefault(name, op.call if op.call is not None else -1)
+            if (
+                op.name != "claim"
+                or application is not op.applications[0]
+                or not isinstance(op.delivered, Verdict)
+                or op.delivered.found is not Found.CLAIMED
+            ):
+                continue  # the claims the steps ran under (an owner may claim again)
+            for taken in claims.get(op.arg.owner, ()):
+                if taken.name in protected:
+                    self.fail(
+                        f"steps: call {taken.call} ran step {taken.name!r} of {key} (claimed "
+                        f"at t={op.started:.3f}) while its recovery point lived on the record "
+                        f"(recorded by call {protected[taken.name]}; not removed by expiry, "
+                        "completion or an operator's force_release)"
+                    )
+
+    def check_interrupted_steps(self, key: str, taken_steps: list[StepRun]) -> None:
+        """A step whose effect happened without its recovery point runs again only after
+        its holder's lease ended (as renewed): once per lease."""
+        recorded: set[tuple[str, str]] = set()  # (owner, step name)
+        for op, application in self.applications.get(key, ()):
+            if op.name == "record_step" and application.done:
+                for name in step_names(application.after):
+                    recorded.add((op.arg.owner, name))
+        runs = {id(taken): run for run in self.trace.runs for taken in run.steps}
+        last: dict[str, StepRun] = {}
+        for taken in sorted(taken_steps, key=lambda step: step.started):
+            if not taken.effect:
+                continue
+            first = last.get(taken.name)
+            last[taken.name] = taken
+            if first is None or (first.owner or "", taken.name) in recorded:
+                continue
+            if first.owner == taken.owner:
+                self.fail(
+                    f"steps: step {taken.name!r} of {key} ran twice under one claim "
+                    f"({taken.owner}: calls {first.call} and {taken.call})"
+                )
+                continue
+            held = self.held.get(first.owner or "")
+            run = runs.get(id(first))
+            if held is None or run is None or not self.cooperative(run) or self.skewed:
+                continue  # exceptions (a) and (b)
+            if self.force_released(key):
+                continue  # an operator's documented hazard
+            end = held.lease_end
+            if taken.started < end - self.tol - self.lag(taken.started, end):
+                self.fail(
+                    f"steps: step {taken.name!r} of {key} ran in call {first.call} (its "
+                    f"recovery point never recorded) and again in call {taken.call} at "
+                    f"t={taken.started:.3f}, before the first holder's lease ended at "
+                    f"t={end:.3f}: an interrupted step runs again only after its lease"
+                )
+
     # ------------------------------------------------------------------ redaction
 
     def redaction_of(self, call: int) -> str:
@@ -1814,6 +2018,21 @@ class _Checker:
                     f"redaction: call {outcome.call} got {value!r}, the unredacted result of "
                     f"call {writer}, whose manager keeps {REDACTED_FIELD!r} out of the store"
                 )
+
+
+def _entries(record: Record | None) -> list[list[Any]]:
+    """The step list of ``record`` read here (``[name, result]`` or ``[name, null,
+    reason]`` entries); unreadable or none: empty."""
+    text = None if record is None else record.steps
+    if not text:
+        return []
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(entries, list):
+        return []
+    return [entry for entry in entries if isinstance(entry, list) and entry]
 
 
 def _is_error_form(value: Any) -> bool:
@@ -1896,4 +2115,5 @@ def check(trace: Trace, *, tolerance: float = 1e-6) -> list[str]:
     checker.check_one_answer()
     checker.check_cache_life()
     checker.check_redaction()
+    checker.check_steps()
     return checker.violations

@@ -30,6 +30,8 @@ __all__ = [
     "STORED_4XX_STATUSES",
     "Scenario",
     "Shape",
+    "STEP_FAULTS",
+    "StepFault",
     "RENEWAL_ROOM",
     "can_renew",
     "ms",
@@ -72,9 +74,25 @@ Behaviour = Literal[
 DeadlineMode = Literal["timeout", "deadline", "ambient", "lambda", "none"]
 Door = Literal["execute", "execute_call", "decorated", "operator", "batch", "http", "mcp", "route"]
 Shape = Literal["coroutine", "lambda", "plain"]
+StepFault = Literal["none", "raise_in", "raise_after", "crash_in", "mismatch", "not_stored"]
+"""Where a callback's steps fail (``CallPlan.step_fault``, at step ``step_at``):
+``raise_in`` — the step's function raises (before its effect); ``raise_after`` — the
+callback raises once the step returned; ``crash_in`` — the step's function does its effect
+and the process crashes (a ``BaseException``) before its recovery point is written;
+``mismatch`` — the step at that position has another name than its retries' (the record,
+once it holds the others', refuses it: ``StepMismatchError``); ``not_stored`` — the step
+returns a value that is not JSON (``StepResultNotStoredError``, now and on every retry)."""
 
 OPS = ("claim", "get", "complete", "release")
 ERRORS: tuple[ErrorKind, ...] = ("unavailable", "throttled", "denied", "validation", "inconsistent")
+STEP_FAULTS: tuple[StepFault, ...] = (
+    "none",
+    "raise_in",
+    "raise_after",
+    "crash_in",
+    "mismatch",
+    "not_stored",
+)
 CALL_BEHAVIOURS: tuple[Behaviour, ...] = (
     "attach_later",
     "complete_then_raise",
@@ -85,7 +103,8 @@ CALL_BEHAVIOURS: tuple[Behaviour, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """A fault on the ``nth`` (0-based) ``op`` that one call sends to the store.
+    """A fault on the ``nth`` (0-based) ``op`` that one call sends to the store (``op``
+    ``record_step``: a step's recovery point).
 
     ``error``: raise before applying.  ``lose``: apply, then lose the answer.  ``resend``:
     apply, lose the answer, send it again (an SDK retry).  ``delay``/``stall``: wait
@@ -179,6 +198,13 @@ class CallPlan:
     http_limit: int | None = None
     """``http``: the gate's ``max_response_bytes`` for this request (None: what fits in
     the store)."""
+    steps: int = 0
+    """How many steps (recovery points, ``step("s<n>", fn)``) the callback takes before
+    it behaves as planned; 0: none (the callback of every scenario recorded before steps).
+    A store that does not record steps takes none (its scenarios are generated without)."""
+    step_fault: StepFault = "none"
+    """How the steps fail, at step ``step_at`` (see :data:`StepFault`)."""
+    step_at: int = 0
 
 
 STORED_4XX_STATUSES = (402, 410)

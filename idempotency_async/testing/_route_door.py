@@ -29,7 +29,7 @@ from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from idempotency_async import Redaction, errors
 from idempotency_async.integrations.powertools import idempotent_route
 from idempotency_async.manager import Manager
-from idempotency_async.testing._doors import Bounds, behave, ledger_run
+from idempotency_async.testing._doors import Bounds, behave, ledger_run, take_steps
 from idempotency_async.testing._http_door import meaning, released
 from idempotency_async.testing._plans import CallPlan, status_of
 from idempotency_async.testing._trace import HttpAnswer, Outcome, Run, Trace
@@ -121,6 +121,7 @@ def route_door(
 async def _respond(
     plan: CallPlan, index: int, run: Run, loop: asyncio.AbstractEventLoop, trace: Trace
 ) -> Response[str]:
+    await take_steps(trace, index, plan, run, loop)
     body = json.dumps({"call": index})
     status = status_of(plan)
     if plan.behaviour in ("server_error", "retry_later"):

@@ -14,7 +14,7 @@ import math
 import time
 from typing import Any
 
-from idempotency_async.stores.base import Store
+from idempotency_async.stores.base import RecordsSteps, Store
 from idempotency_async.testing._doors import bounds_of, door, message_key
 from idempotency_async.testing._faults import CALL, FaultyStore, ServerClockStore
 from idempotency_async.testing._http_door import http_door, http_key, meaning
@@ -66,6 +66,7 @@ async def run_scenario(
     keys = plain_keys(scenario, front, namespace)
     trace = Trace(scenario, faulty, managers, keys, start, [], [], base=base, own_clock=own_clock)
     trace.refused = refused
+    trace.records_steps = isinstance(store, RecordsSteps)
     sampler = asyncio.create_task(sample_lag(trace)) if real_time else None
     with quiet_library():
         _key_calls(trace)

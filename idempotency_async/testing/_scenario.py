@@ -19,6 +19,7 @@ from idempotency_async.testing._plans import (
     CALL_BEHAVIOURS,
     ERRORS,
     OPS,
+    STEP_FAULTS,
     Behaviour,
     CallPlan,
     DeadlineMode,
@@ -29,6 +30,7 @@ from idempotency_async.testing._plans import (
     ManagerPlan,
     Scenario,
     Shape,
+    StepFault,
     can_renew,
     renewal_reserve,
     valid_renewal,
@@ -91,6 +93,8 @@ FEATURES = frozenset(
         "mcp",  # a tool call of an idempotent_tool on the MCP SDK's server
         "routes",  # an API Gateway event through a Powertools route with idempotent_route
         "statuses",  # endpoints and routes answering a 4xx: stored (402, 410) or released
+        # Recovery points: stores that record steps (RecordsSteps) only.
+        "steps",  # callbacks taking steps, failing at one; faults on their recovery points
     }
 )
 """What the generator can add beyond the original scenarios; ``generate(exclude=...)``
@@ -104,6 +108,7 @@ def generate(
     live: bool = False,
     exclude: Collection[str] = (),
     server_clock: bool | None = None,
+    records_steps: bool = True,
 ) -> Scenario:
     """The scenario of ``seed``: 3-4 managers, 6-12 calls over at most 3 keys, >= 1 fault.
 
@@ -111,11 +116,13 @@ def generate(
     ``lease`` so no call without a deadline holds a key for the whole TTL.  ``exclude``
     names :data:`FEATURES` to leave out.  ``server_clock`` forces the store's clock
     (``True``: the store judges by its own clock) instead of drawing it.
+    ``records_steps`` False: the store does not record steps (``RecordsSteps``), so the
+    scenario takes none (as if ``steps`` were left out).
     """
     unknown = set(exclude) - FEATURES
     if unknown:
         raise ValueError(f"unknown simulator features {sorted(unknown)}: use {sorted(FEATURES)}")
-    on = FEATURES - set(exclude) - _unavailable()
+    on = FEATURES - set(exclude) - _unavailable(records_steps)
     if live:
         # A release race is timed to the millisecond: real time cannot keep its order.
         on -= {"server_clock", "full_store", "clock_jumps", "release_races"}
@@ -174,6 +181,8 @@ def generate(
     # scenario is the one the seed made before they existed).
     managers = _settled_renewal(seed, managers, on, scale)
     calls = _newer_features(seed, calls, managers, on, scale, live)
+    if "steps" in on:
+        calls = _with_steps(seed, calls, scale)
     # Before the crossing: the focus call it makes is its row's alone.
     calls, managers = _races(seed, calls, managers, on, scale)
     if "cross" in on:
@@ -592,6 +601,30 @@ def _late_extend(rng: random.Random, call: CallPlan, plan: ManagerPlan, scale: f
     return replace(call, faults=(*call.faults, Fault("extend", rng.choice([0, 1]), kind, seconds)))
 
 
+# -- recovery points (steps) ---------------------------------------------------------------
+
+
+def _with_steps(seed: int, calls: list[CallPlan], scale: float) -> list[CallPlan]:
+    """Now and then a callback that takes steps before it behaves as planned (each call of
+    a key takes the key's own, ``s0``, ``s1``...), failing at one now and then: its
+    function raising or crashing, the callback raising after it, a step of its own name
+    (a mismatch), a result that is not JSON.  From a stream of its own: left out, the
+    scenario is the one the seed made before steps existed."""
+    rng = random.Random(f"steps-{seed}")
+    out = []
+    for call in calls:
+        roll = rng.random()
+        if roll >= 0.2 or call.door == "operator" or call.shape == "plain":
+            out.append(call)
+            continue
+        count = rng.randint(1, 3)
+        fault: StepFault = rng.choices(STEP_FAULTS, [6, 1, 1, 1, 1, 1])[0]
+        if call.door == "execute_call" or call.behaviour in ("server_error", "retry_later"):
+            fault = "none"  # it completes through its Call / answers its status after them
+        out.append(replace(call, steps=count, step_fault=fault, step_at=rng.randrange(count)))
+    return out
+
+
 # -- races and limits added after the second blind mutation set -----------------------------
 
 
@@ -696,10 +729,11 @@ def _cancel_at_cutoff(rng: random.Random, call: CallPlan, plan: ManagerPlan) -> 
 
 
 @functools.cache
-def _unavailable() -> frozenset[str]:
+def _unavailable(records_steps: bool = True) -> frozenset[str]:
     """The peer doors whose optional dependency is not installed: the simulator runs
-    without them (a user's conformance run needs neither the MCP SDK nor Powertools)."""
-    missing = set()
+    without them (a user's conformance run needs neither the MCP SDK nor Powertools); and
+    steps, for a store that does not record them."""
+    missing = set() if records_steps else {"steps"}
     if importlib.util.find_spec("mcp") is None:
         missing.add("mcp")
     if importlib.util.find_spec("aws_lambda_powertools") is None:

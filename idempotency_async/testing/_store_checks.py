@@ -8,12 +8,13 @@ would be invisible).  ``tests/test_simulator_oracle.py`` checks the imports.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from typing import Any
 
 from idempotency_async.record import Claim, Completion, Record, Status
-from idempotency_async.stores.base import Extended, Found, Verdict, Written
+from idempotency_async.stores.base import Extended, Found, Stepped, StepWrite, Verdict, Written
 from idempotency_async.testing._faults import Application, Op
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "renewed",
     "same",
     "shape",
+    "step_names",
 ]
 
 
@@ -81,6 +83,26 @@ def shape(record: Record | None) -> tuple[Any, ...] | None:
     )
 
 
+def step_names(record: Record | None) -> list[str]:
+    """The names of the steps ``record`` holds (its recovery points), read from the step
+    list's JSON here, not by the library: ``[["name", result], ["name", null, reason]]``.
+    Unreadable: no names (the store checks then see the list change)."""
+    text = None if record is None else record.steps
+    if not text:
+        return []
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(entries, list):
+        return []
+    return [str(entry[0]) for entry in entries if isinstance(entry, list) and entry]
+
+
+def _steps(record: Record | None) -> str | None:
+    return None if record is None else record.steps
+
+
 class StoreChecks:
     """Judges a store's history: ``applications`` per key in the order they applied;
     ``max_wall`` gives the most advanced manager clock at a loop time."""
@@ -121,7 +143,9 @@ class StoreChecks:
                 previous = application
 
     def check_unchanged_between(self, key: str, previous: Application, nxt: Application) -> None:
-        if shape(previous.after) == shape(nxt.before):
+        if shape(previous.after) == shape(nxt.before) and _steps(previous.after) == _steps(
+            nxt.before
+        ):
             return
         gone = previous.after
         # A store judging by its own clock may have dropped it any time until the next
@@ -164,15 +188,11 @@ class StoreChecks:
             now = self.now(application, done.now)
             self.check_complete(op, done._replace(now=now), before, after, answer)
         elif op.name == "release":
-            owned = before is None or before.owner == op.arg
-            expected_after = None if owned else shape(before)
-            if answer is not owned or shape(after) != expected_after:
-                self.fail(
-                    f"store: release of {op.key} by {op.arg} answered {answer!r} and left "
-                    f"{after} (record before: {before})"
-                )
+            self.check_release(op, application)
         elif op.name == "extend":
             self.check_extend(op, application)
+        elif op.name == "record_step":
+            self.check_record_step(op, application)
         elif op.name == "force_release":
             if after is not None or shape(answer) != shape(before):
                 self.fail(
@@ -189,6 +209,106 @@ class StoreChecks:
                 )
             else:
                 self.check_durations(op, before, now, answer)
+
+    def check_release(self, op: Op, application: Application) -> None:
+        """A release deletes its owner's record — or, when the record carries steps,
+        writes the *released* state (in progress, no owner, its lease ended, steps,
+        validation and expiry kept); a release meeting such an ownerless record answers
+        True and leaves it.  Any other record is left as it is (False)."""
+        before, after, answer = application.before, application.after, application.answer
+        owner = op.arg
+        stepped = before is not None and before.status is Status.INPROGRESS and bool(before.steps)
+        if before is not None and before.owner is None and stepped:
+            owned, kept = True, True  # released already: left as it is
+            expected_ok = shape(after) == shape(before) and _steps(after) == _steps(before)
+        elif before is None or before.owner == owner:
+            owned, kept = True, stepped
+            if stepped:
+                assert before is not None
+                expected_ok = (
+                    after is not None
+                    and after.status is Status.INPROGRESS
+                    and after.owner is None
+                    and after.lease_end is not None
+                    and after.lease_end < self.max_wall(application.at) + self.boundary
+                    and after.expiration == before.expiration
+                    and after.validation == before.validation
+                    and after.steps == before.steps
+                )
+            else:
+                expected_ok = after is None
+        else:
+            owned, kept = False, False
+            expected_ok = shape(after) == shape(before) and _steps(after) == _steps(before)
+        if answer is not owned or not expected_ok:
+            wanted = "the released state, its steps kept" if kept else "nothing"
+            if not owned:
+                wanted = "the record as it was"
+            self.fail(
+                f"store: release of {op.key} by {owner} answered {answer!r} and left "
+                f"{after} (record before: {before}; expected {owned} and {wanted})"
+            )
+
+    def check_record_step(self, op: Op, application: Application) -> None:
+        """A recovery point is owner-fenced and positioned: it applies to its owner's
+        in-progress record holding ``position`` steps (the list written, the expiry moved
+        as a claim's, the lease end untouched) or already holding exactly this list (a
+        resend: nothing changes); anything else is ``LOST``, nothing written."""
+        before, after, answer = application.before, application.after, application.answer
+        write: StepWrite = op.arg
+        now = self.now(application, write.now)
+        unchanged = shape(after) == shape(before) and _steps(after) == _steps(before)
+        owned = (
+            before is not None
+            and before.status is Status.INPROGRESS
+            and before.owner == write.owner
+        )
+        if not owned or before is None:
+            if answer is not Stepped.LOST or not unchanged:
+                self.fail(
+                    f"store: record_step of {op.key} by {write.owner} answered {answer!r} and "
+                    f"left {after} for the record {before}: a recovery point is written on "
+                    "its owner's in-progress record only"
+                )
+            return
+        if before.steps == write.steps:
+            if answer is not Stepped.RECORDED or not unchanged:
+                self.fail(
+                    f"store: record_step of {op.key} resent ({write.steps!r} already held) "
+                    f"answered {answer!r} and left {after} (record before: {before})"
+                )
+            return
+        if len(step_names(before)) != write.position:
+            if answer is not Stepped.LOST or not unchanged:
+                self.fail(
+                    f"store: record_step of {op.key} at position {write.position} met a "
+                    f"record holding {len(step_names(before))} step(s): answered {answer!r} "
+                    f"and left {after} (expected LOST, nothing written; before: {before})"
+                )
+            return
+        if answer is Stepped.TOO_LARGE and unchanged:
+            return
+        end = before.lease_end
+        expiry = before.expiration
+        if end is not None:
+            expiry = max(expiry, expected_expiry(now, write.ttl, end - now))
+        ok = (
+            answer is Stepped.RECORDED
+            and after is not None
+            and after.status is Status.INPROGRESS
+            and after.owner == write.owner
+            and after.steps == write.steps
+            and after.validation == before.validation
+            and (end is None or after.lease_end is not None)
+            and (end is None or abs((after.lease_end or 0.0) - end) < self.boundary)
+            and abs(after.expiration - expiry) <= self.expiry_slack
+        )
+        if not ok:
+            self.fail(
+                f"store: record_step of {op.key} by its owner {write.owner} at position "
+                f"{write.position} answered {answer!r} and left {after} (record before: "
+                f"{before}; expected the list written, the lease end kept, expiry {expiry})"
+            )
 
     def check_extend(self, op: Op, application: Application) -> None:
         """A renewal is owner-fenced and never moves a lease end back: it applies to an
@@ -254,6 +374,11 @@ class StoreChecks:
                 f"store: extend of {op.key} at {now} for {claim.lease} s answered {answer!r} "
                 f"but left {after}: a confirmed renewal must move the lease end"
             )
+        elif answer is Extended.RENEWED and _steps(after) != before.steps:
+            self.fail(
+                f"store: extend of {op.key} answered {answer!r} and changed the record's "
+                f"steps: {before.steps!r} -> {_steps(after)!r} (a renewal keeps them)"
+            )
 
     def check_claim(
         self, op: Op, claim: Claim, before: Record | None, after: Record | None, answer: Any
@@ -266,6 +391,15 @@ class StoreChecks:
             and before.owner == claim.owner
         )
         free = before is None or own or expected_state(before, claim.now) is Found.CLAIMABLE
+        stepped = (
+            before is not None
+            and before.status is Status.INPROGRESS
+            and bool(before.steps)
+            and before.expiration >= claim.now
+        )
+        if free and stepped:
+            self.check_resume(op, claim, before, after, answer)
+            return
         if free:
             ok = (
                 answer is not None
@@ -279,6 +413,7 @@ class StoreChecks:
                 and abs(after.lease_end - (claim.now + claim.lease)) < self.boundary
                 and abs(after.expiration - expected_expiry(claim.now, claim.ttl, claim.lease))
                 <= self.expiry_slack
+                and not after.steps  # an expired record's steps are dropped
             )
             if not ok:
                 self.fail(
@@ -299,6 +434,46 @@ class StoreChecks:
             )
         else:
             self.check_durations(op, before, claim.now, answer)
+
+    def check_resume(
+        self, op: Op, claim: Claim, before: Record | None, after: Record | None, answer: Any
+    ) -> None:
+        """A claim that takes over an unexpired in-progress record carrying steps (lapsed,
+        released, or its own) keeps them when the validation hashes are equal — its answer
+        carries them — and is refused ``RESUMABLE`` otherwise, writing nothing."""
+        assert before is not None
+        if before.validation != claim.validation and before.owner != claim.owner:
+            ok = (
+                isinstance(answer, Verdict)
+                and answer.found is Found.RESUMABLE
+                and shape(answer.record) == shape(before)
+                and shape(after) == shape(before)
+                and _steps(after) == _steps(before)
+            )
+            expected = "RESUMABLE, nothing written"
+        else:
+            ok = (
+                isinstance(answer, Verdict)
+                and answer.found is Found.CLAIMED
+                and answer.record is not None
+                and answer.record.steps == before.steps
+                and after is not None
+                and after.status is Status.INPROGRESS
+                and after.owner == claim.owner
+                and after.validation == claim.validation
+                and after.steps == before.steps
+                and after.lease_end is not None
+                and abs(after.lease_end - (claim.now + claim.lease)) < self.boundary
+                and abs(after.expiration - expected_expiry(claim.now, claim.ttl, claim.lease))
+                <= self.expiry_slack
+            )
+            expected = "CLAIMED carrying the steps, the record's steps kept"
+        if not ok:
+            self.fail(
+                f"store: claim of {op.key} by {claim.owner} at {claim.now} met {before} "
+                f"(unexpired, with steps): answered {answer!r} and left {after}; expected "
+                f"{expected}"
+            )
 
     def check_durations(self, op: Op, before: Record | None, now: float, answer: Verdict) -> None:
         """A verdict's durations are the record's remaining life (completed) or lease
@@ -357,6 +532,7 @@ class StoreChecks:
             # The validation hash outlives the completion: without it a replay could not
             # refuse another payload (a missing hash is not a match).
             and after.validation == done.validation
+            and not after.steps  # a completion drops the steps
             and abs(after.expiration - expected_expiry(done.now, done.ttl, 0.0))
             <= self.expiry_slack
         )

@@ -23,6 +23,7 @@ __all__ = [
     "RetryLater",
     "Run",
     "ServerError",
+    "StepRun",
     "Trace",
     "Unstorable",
 ]
@@ -103,6 +104,32 @@ class HttpAnswer:
 
 
 @dataclass(slots=True)
+class StepRun:
+    """One ``step()`` a callback took: whether its function ran (the ledger counts the
+    effect of each step, per key and step name), what it returned or raised."""
+
+    call: int
+    owner: str | None
+    key: str | None
+    name: str
+    position: int
+    started: float
+    ran: bool = False
+    """The step's function was called."""
+    effect: bool = False
+    """The step's effect happened (its function got past its work)."""
+    result: Any = None
+    """What the function returned (when it did)."""
+    returned: float | None = None
+    """When the function returned (loop time): its recovery point may be sent after."""
+    value: Any = MISSING
+    """What ``step()`` returned to the callback (its result, or the recorded one)."""
+    error: BaseException | None = None
+    """What ``step()`` raised."""
+    ended: float | None = None
+
+
+@dataclass(slots=True)
 class Run:
     """One start of a callback, and how it ended."""
 
@@ -119,6 +146,8 @@ class Run:
     answered: float | None = None
     """``execute_call`` (and the HTTP gate): when the callback completed the record through
     its ``Call`` — its point of no return (HTTP: its response head went to the gate)."""
+    steps: list[StepRun] = field(default_factory=list)
+    """The steps it took, in order."""
 
 
 @dataclass(slots=True)
@@ -192,6 +221,11 @@ class Trace:
     """The MCP and route doors: each process's server or resolver, by door and process."""
     lags: list[tuple[float, float]] = field(default_factory=list)
     """Real time: (loop time, lag) — how late the loop woke a timer, sampled all along."""
+    steps: list[StepRun] = field(default_factory=list)
+    """The ledger of steps: every step any callback took, in the order they started."""
+    records_steps: bool = True
+    """The store records steps (``RecordsSteps``): the callbacks take their planned steps
+    (a store without the capability: none)."""
 
     def paused_during(self, start: float, end: float | None) -> bool:
         return any(start <= until and (end is None or end >= since) for since, until in self.pauses)

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from idempotency_async._call import Call
-from idempotency_async.errors import ConfigError
+from idempotency_async.errors import CompletionError, ConfigError
 from idempotency_async.instrumentation import annotate, call_attributes
 from idempotency_async.integrations._http._answers import Answer, Stage, decide, respond
 from idempotency_async.integrations._http._fingerprint import check_length
@@ -204,6 +204,7 @@ async def run(
         try:
             await endpoint()
         except Exception as exc:
+            gate.raised = exc
             await gate.endpoint_failed(exc)
             raise
         if not await gate.endpoint_returned():
@@ -227,6 +228,12 @@ async def run(
         with call_attributes(rules.manager, attributes):
             stored = await rules.manager.execute_call(payload, callback, deadline=deadline)
     except Exception as exc:
+        if exc is gate.raised and isinstance(exc, CompletionError):
+            # The endpoint's own (a step whose recovery point was not recorded, or whose
+            # lease was lost): not a completion of the gate's that failed after the
+            # response went out — nothing went out for it.  It propagates, as the
+            # endpoint's other exceptions do.
+            raise
         answer = decide(exc, _stage(gate))
         if answer is Answer.RAISE:
             raise

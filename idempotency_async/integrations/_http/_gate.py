@@ -89,6 +89,8 @@ class ResponseGate:
         """What of the response is kept out of the record (the route's redaction)."""
         self.call: Call | None = None
         """The manager's handle once the endpoint runs (None: it did not run here)."""
+        self.raised: Exception | None = None
+        """What the endpoint raised (its own exception, not the gate's)."""
         self.phase = Phase.AWAITING_HEAD
         self.status = 0
         self.headers: list[tuple[str, str]] = []

@@ -120,16 +120,26 @@ class RecordRunner:
                 return True
             self.not_started += 1  # reported once for the batch
             return False
+        handler = self.handler
+        raised: list[BaseException] = []  # the handler's own failure (not the completion's)
+
+        def handled() -> Any:
+            try:
+                pending: Any = handler(payload)
+            except BaseException as exc:
+                raised.append(exc)
+                raise
+            # Not awaitable: the manager's to refuse, as it is.
+            return _watched(pending, raised) if hasattr(pending, "__await__") else pending
+
         try:
             with call_attributes(self.manager, {_ITEM_ID: item.identifier}):
                 if self.stop is None:
-                    await self.manager.execute(payload, lambda: self.handler(payload))
+                    await self.manager.execute(payload, handled)
                 else:
                     # Also the ambient deadline of the idempotent calls the handler makes.
                     async with ambient_deadline(at=self.stop):
-                        await self.manager.execute(
-                            payload, lambda: self.handler(payload), deadline=self.deadline
-                        )
+                        await self.manager.execute(payload, handled, deadline=self.deadline)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is None or task.cancelling():
@@ -143,6 +153,11 @@ class RecordRunner:
             )
             return False
         except (ResponseNotStoredError, CompletionError) as exc:
+            if raised and raised[0] is exc:
+                # The handler's own (a step whose recovery point was not recorded, or
+                # whose lease was lost): it did not run to completion.  Redelivered, the
+                # record resumes its recorded steps once the key is free.
+                return self._failed(item, duplicate, exc)
             # The handler ran to completion; only its result was not recorded.
             # Redelivering the record could only run the side effect twice.
             _log.warning(
@@ -205,3 +220,12 @@ def reason(exc: Exception, limit: int = 300) -> str:
     is not)."""
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+async def _watched(pending: Awaitable[Any], raised: list[BaseException]) -> Any:
+    """Await the handler's ``pending`` work, noting in ``raised`` what it raised."""
+    try:
+        return await pending
+    except BaseException as exc:
+        raised.append(exc)
+        raise
