@@ -58,6 +58,11 @@ def _instance(cls: type[BaseException]) -> BaseException:
         "error_type": "orders:CardDeclined",
         "error_message": "declined",
         "data": None,
+        # Recovery points (steps).
+        "position": 0,
+        "recorded": "charge",
+        "asked": "refund",
+        "step": "charge",
     }
     init = next(base.__init__ for base in cls.__mro__ if "__init__" in vars(base))
     if init is object.__init__ or not issubclass(cls, errors.IdempotencyError):

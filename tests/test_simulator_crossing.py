@@ -31,6 +31,7 @@ from idempotency_async.testing._axes import (
     conflict,
     covering_rows,
     feasible_pairs,
+    pair,
     pairs_of,
     triples_of,
 )
@@ -65,6 +66,23 @@ def test_pairs_that_cannot_meet_are_told_apart_with_a_reason() -> None:
     )
     # Most pairs can meet; the rules rule out a minority.
     assert 0.75 * every < len(feasible_pairs()) < every
+
+
+def test_steps_meet_every_other_axis() -> None:
+    # Every steps value meets every value of the axes no rule ties it to, and the rules
+    # that do are named: a failing step ends the callback (it raises, or crashes there).
+    pairs = feasible_pairs()
+    for value in AXES["steps"]:
+        for axis in ("renewal", "cache", "clock", "skew", "redaction", "deadline"):
+            for other in AXES[axis]:
+                assert pair("steps", value, axis, other) in pairs, (value, axis, other)
+        doors = {door for door in AXES["door"] if pair("steps", value, "door", door) in pairs}
+        assert doors >= {"execute", "decorated", "batch", "http", "mcp", "route"}, value
+    assert pair("steps", "run", "outcome", "declared") in pairs
+    assert pair("place", "record_step", "steps", "crash_in") in pairs
+    assert conflict({"door": "operator", "steps": "run"}) is not None
+    assert conflict({"steps": "raise_in", "outcome": "return"}) is not None
+    assert conflict({"steps": "mismatch", "place": "record_step"}) is not None
 
 
 def test_each_seed_makes_one_call_realize_its_row() -> None:
