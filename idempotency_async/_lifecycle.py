@@ -36,8 +36,9 @@ import asyncio
 import itertools
 import secrets
 from collections.abc import Awaitable, Callable
+from functools import partial
 from types import TracebackType
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 from idempotency_async._call import Call
 from idempotency_async._callback import (
@@ -90,6 +91,9 @@ _REFUSALS = (StoreAccessDeniedError, StoreValidationError)
 _COMPLETED = Found.COMPLETED  # a global reads faster than an Enum member (Python 3.11)
 _RETURNED = Ended.RETURNED
 _NONE, _ANSWERED, _RELEASE = Answer.NONE, Answer.COMPLETED, Answer.RELEASE
+# ``Completion(...)`` runs a Python-level ``__new__``; the tuple constructor does not (every
+# first call builds one).  Every field is passed, in the order ``Completion`` declares them.
+_new_completion: Final[Callable[[tuple[Any, ...]], Completion]] = partial(tuple.__new__, Completion)
 
 
 class _Replay(NamedTuple):
@@ -528,15 +532,17 @@ class Lifecycle:
             reason = not_stored_reason(encoded.reason)
             log_not_stored(keys.key, encoded.reason)
             self.emit("response_not_stored", keys.key, error=encoded.reason)
-        return Completion(
-            keys.key,
-            lease.owner,
-            self.options.clock(),
-            self.options.expires_after,
-            keys.validation,
-            encoded.encoded,
-            encoded.value,
-            reason,
+        return _new_completion(
+            (
+                keys.key,
+                lease.owner,
+                self.options.clock(),
+                self.options.expires_after,
+                keys.validation,
+                encoded.encoded,
+                encoded.value,
+                reason,
+            )
         )
 
     def completion_without_response(self, lease: Lease, reason: str | None) -> Completion:
