@@ -13,6 +13,7 @@ from idempotency_async.options import Options
 __all__ = ["Emitter"]
 
 _log = logging.getLogger("idempotency_async")
+_DEBUG = logging.DEBUG  # a global: read on every event
 
 
 class Emitter:
@@ -35,7 +36,7 @@ class Emitter:
         duration: float | None = None,
         error: BaseException | None = None,
     ) -> None:
-        if _log.isEnabledFor(logging.DEBUG):
+        if _log.isEnabledFor(_DEBUG):
             _log.debug(
                 "idempotency %s", kind, extra={"idempotency_event": kind, "idempotency_key": key}
             )

@@ -89,6 +89,7 @@ _CLAIM_RETRIES = 2
 _REFUSALS = (StoreAccessDeniedError, StoreValidationError)
 
 _COMPLETED = Found.COMPLETED  # a global reads faster than an Enum member (Python 3.11)
+_NOTHING, _RESPONSE, _WITHOUT_RESPONSE = Written.NOTHING, Written.RESPONSE, Written.WITHOUT_RESPONSE
 _RETURNED = Ended.RETURNED
 _NONE, _ANSWERED, _RELEASE = Answer.NONE, Answer.COMPLETED, Answer.RELEASE
 # ``Completion(...)`` runs a Python-level ``__new__``; the tuple constructor does not (every
@@ -276,9 +277,15 @@ class Lifecycle:
             # 6. Settle: the one completion write, bounded at the lease end.
             completion = self.completion_for(lease, result)
             sent = loop.time()  # the completion's life counts from (before) its write
-            with _Completing(cutoffs, lease.write_bound(sent), keys.key, result):
+            # The callback's cutoff bounds the write too, reopened (one heap entry per call),
+            # unless the callback's Call holds it.
+            bound = lease.write_bound(sent)
+            completing = cutoffs.at(bound) if held else cutoff.reopen(bound)
+            with _Completing(completing, keys.key, result):
                 written = await self.mode.store.complete(completion)
-            self.completed(completion, written, result, flight, loop.time() - started, sent)
+            # (A duration only for what receives one: ``started`` is 0.0 otherwise.)
+            duration = loop.time() - started if self.emitter.timed else 0.0
+            self.completed(completion, written, result, flight, duration, sent)
             return result  # type: ignore[no-any-return]
         finally:
             if self.inflight.get(keys.key) is flight:
@@ -573,7 +580,8 @@ class Lifecycle:
         lease = flight.lease
         assert lease is not None
         sent = loop.time()
-        with _Completing(self._shared.cutoffs(loop), lease.write_bound(sent), lease.key, result):
+        bound = self._shared.cutoffs(loop).at(lease.write_bound(sent))
+        with _Completing(bound, lease.key, result):
             written = await self.store.complete(completion)
         if self.inflight.get(completion.key) is flight:
             del self.inflight[completion.key]
@@ -598,7 +606,7 @@ class Lifecycle:
                 f"the store answered a completion of key {key} with {written!r}"
             )
             raise _completion_failed(key, result, nonsense, unknown=True) from nonsense
-        if written is Written.NOTHING:
+        if written is _NOTHING:
             error = LeaseLostError(
                 f"the lease of key {key} ended before the call finished and another worker "
                 "claimed the key; its record was left intact. Give calls a deadline that covers "
@@ -609,12 +617,12 @@ class Lifecycle:
             self.emit("lease_lost", key, error=error)
             raise error
         encoded = completion.encoded
-        if written is Written.RESPONSE and encoded is None:
+        if written is _RESPONSE and encoded is None:
             # The store kept the owner's response over this completion without one (a
             # response is final): what it holds is not what was sent, so nothing in this
             # process is told from it; duplicates read the record.
             return
-        if written is Written.WITHOUT_RESPONSE and encoded is not None:
+        if written is _WITHOUT_RESPONSE and encoded is not None:
             # The store could not keep what the manager encoded (too large for it, or a
             # value it cannot hold; the store logs which, and its record says why): every
             # caller, here and in other processes, now gets ResponseNotStoredError.
@@ -708,15 +716,15 @@ class Lifecycle:
 
 
 class _Completing:
-    """The scope of a completion write: bounded at ``bound`` (loop time, the lease end),
+    """The scope of a completion write: bounded by ``cutoff`` (opened at the lease end),
     and its failures mapped to what the caller gets — ``CompletionError`` (carrying the
     result, and whether the write may have applied), or the exception itself when it is
     the caller's cancellation or a transaction to run again.  Synchronous: no frame."""
 
     __slots__ = ("_cutoff", "_key", "_result")
 
-    def __init__(self, cutoffs: Cutoffs, bound: float, key: str, result: Any) -> None:
-        self._cutoff = cutoffs.at(bound)
+    def __init__(self, cutoff: Cutoff, key: str, result: Any) -> None:
+        self._cutoff = cutoff
         self._key = key
         self._result = result
 
