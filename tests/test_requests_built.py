@@ -1,18 +1,20 @@
-"""The requests a call sends are whole: the hot path builds its claim, completion and encoded
-response with the tuple constructor (no Python-level ``__new__``), which fills no default.
-A field added to ``Claim`` or ``Completion`` without the hot path passing it would send a
-short tuple; these tests catch it."""
+"""The requests a call sends, and what MemoryStore answers, are whole: the hot path builds
+its claim, completion and encoded response, and MemoryStore its records and verdicts, with
+the tuple constructor (no Python-level ``__new__``), which fills no default.  A field added
+to one of these without the hot path passing it would make a short tuple; these tests
+catch it."""
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 from support import RecordingStore
 
 from idempotency_async import Manager, MemoryStore, Options, Wait
-from idempotency_async.record import Claim, Completion
-from idempotency_async.stores.base import Written
+from idempotency_async.record import Claim, Completion, Record
+from idempotency_async.stores.base import Found, Verdict, Written
 
 
 @dataclass
@@ -26,7 +28,7 @@ class CompletionsSeen(RecordingStore):
         return await super().complete(completion)
 
 
-def whole(request: Claim | Completion) -> bool:
+def whole(request: Claim | Completion | Record | Verdict) -> bool:
     """Every field is there, each where its name says."""
     kind = type(request)
     return len(request) == len(kind._fields) and request == kind(**request._asdict())
@@ -57,3 +59,20 @@ async def test_claim_and_completion_carry_every_field() -> None:
     )
     assert completion.encoded == b'{"ok":1}' and completion.response == {"ok": 1}
     assert completion.not_stored is None and math.isclose(completion.ttl, claim.ttl)
+
+
+async def test_memory_store_reads_back_whole_records_and_verdicts() -> None:
+    # MemoryStore builds the records it reads back, and judge its verdicts, the same way.
+    store = MemoryStore()
+    manager = Manager(store, Options(key_prefix="t"))
+
+    async def work() -> list[int]:
+        return [1]
+
+    await manager.execute({"id": 2}, work, timeout=10)
+    key = manager.key_for({"id": 2})
+    assert key is not None
+    verdict = await store.get(key, now=time.time())
+    assert verdict.found is Found.COMPLETED and verdict.record is not None
+    assert whole(verdict) and whole(verdict.record)
+    assert verdict.record.response == [1] and verdict.record.response_stored
