@@ -401,7 +401,7 @@ class Lifecycle:
         """The store confirmed the claim: the key is in progress here, under ``lease``
         (the call's one lease: renewal moves it, every door reads it)."""
         flight.hold(lease)
-        self.emit("claimed", lease.key)
+        self.emit("claimed", lease.keys.key)
 
     async def _too_late(self, lease: Lease, cutoffs: Cutoffs) -> None:
         """The claim was answered after the cutoff (a slow store): its lease may have ended
