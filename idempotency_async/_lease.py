@@ -230,6 +230,8 @@ def effective_deadline(
         and 0 < timeout < math.inf  # False for NaN
     ):
         return loop.time() + timeout  # the common case, cheaply
+    if deadline is None and timeout is None:
+        return ambient  # nothing of the call's own: the ambient deadline, or none
     candidates = [] if ambient is None else [ambient]
     if deadline is not None:
         candidates.append(check_instant("deadline", deadline))
