@@ -277,15 +277,23 @@ class Lifecycle:
             # 6. Settle: the one completion write, bounded at the lease end.
             completion = self.completion_for(lease, result)
             sent = loop.time()  # the completion's life counts from (before) its write
-            # The callback's cutoff bounds the write too, reopened (one heap entry per call),
-            # unless the callback's Call holds it.
-            bound = lease.write_bound(sent)
-            completing = cutoffs.at(bound) if held else cutoff.reopen(bound)
-            with _Completing(completing, keys.key, result):
+            # Bounded by the callback's cutoff, reopened (one cutoff per call), unless the
+            # callback's Call holds that one.  (No new local here: each is a slot of this
+            # frame, memory for as long as the call is in flight.)
+            if held:
+                cutoff = cutoffs.at(lease.write_bound(sent))
+            else:
+                cutoff = cutoff.reopen(lease.write_bound(sent))
+            with _Completing(cutoff, keys.key, result):
                 written = await self.mode.store.complete(completion)
-            # (A duration only for what receives one: ``started`` is 0.0 otherwise.)
-            duration = loop.time() - started if self.emitter.timed else 0.0
-            self.completed(completion, written, result, flight, duration, sent)
+            self.completed(
+                completion,
+                written,
+                result,
+                flight,
+                loop.time() - started if self.emitter.timed else 0.0,  # (0.0: not received)
+                sent,
+            )
             return result  # type: ignore[no-any-return]
         finally:
             if self.inflight.get(keys.key) is flight:
