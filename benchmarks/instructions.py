@@ -2,6 +2,7 @@
 
     python benchmarks/instructions.py                # this checkout: first call and replay
     python benchmarks/instructions.py --rev 7116c7c  # an earlier commit's package
+    python benchmarks/instructions.py --frames       # Python frames per call (cProfile)
 
 On a shared machine a CPU-time ratio strays by ±20 % from one round to the next, more than
 most single optimisations of the call path are worth.  The number of instructions the
@@ -14,6 +15,8 @@ Each measurement runs the interpreter under ``valgrind --tool=callgrind`` twice,
 imports cancel out.  The calls are ``bench_manager.py``'s: ``Manager(MemoryStore(),
 Options()).execute(order, lambda: process(order), timeout=10)``, a fresh payload per call
 (a replay: a fresh copy of one order).  Needs valgrind; about a minute per figure.
+``--frames`` counts Python frames per call instead (cProfile's call counts, no valgrind):
+all of them, and the library's own.
 """
 
 from __future__ import annotations
@@ -58,6 +61,27 @@ async def calls(kind: str, count: int) -> None:
         await manager.execute(payload, lambda payload=payload: process(payload), timeout=10)
 
 
+def frames(kind: str) -> tuple[float, float]:
+    """The child's work for ``--frames``: Python frames per call (all, the library's own),
+    cProfile's call counts over ``MANY`` calls less those over ``FEW``."""
+    import cProfile
+    import pstats
+
+    def profiled(count: int) -> tuple[int, int]:
+        profile = cProfile.Profile()
+        profile.enable()
+        asyncio.run(calls(kind, count))
+        profile.disable()
+        counts = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+        python = {where: numbers[1] for where, numbers in counts.items() if where[0] != "~"}
+        own = sum(n for where, n in python.items() if "idempotency_async" in where[0])
+        return sum(python.values()), own
+
+    asyncio.run(calls(kind, 0))  # imports and first shapes, outside the counts
+    few, many = profiled(FEW), profiled(MANY)
+    return tuple((b - a) / (MANY - FEW) for a, b in zip(few, many, strict=True))  # type: ignore[return-value]
+
+
 def counted(root: Path, kind: str, count: int) -> int:
     """Instructions the interpreter executed for the child run."""
     environment = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(root)}
@@ -84,11 +108,15 @@ def exported(rev: str, into: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rev", help="measure this commit's package instead (git rev)")
+    parser.add_argument("--frames", action="store_true", help="count Python frames instead")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, count = args.child
-        asyncio.run(calls(kind, int(count)))
+        if count == "frames":
+            print(*frames(kind))
+        else:
+            asyncio.run(calls(kind, int(count)))
         return
     with tempfile.TemporaryDirectory() as folder:
         root = Path(__file__).resolve().parent.parent
@@ -96,6 +124,15 @@ def main() -> None:
             root = exported(args.rev, Path(folder))
         print(f"package: {args.rev or 'this checkout'} ({root})")
         for kind, name in (("first", "first call"), ("replay", "replay")):
+            if args.frames:
+                environment = {**os.environ, "PYTHONPATH": str(root)}
+                command = [sys.executable, __file__, "--child", kind, "frames"]
+                run = subprocess.run(
+                    command, env=environment, capture_output=True, text=True, check=True
+                )
+                python, own = map(float, run.stdout.split())
+                print(f"  {name:<11}{python:>6.0f} Python frames, {own:.0f} the library's")
+                continue
             per_call = (counted(root, kind, MANY) - counted(root, kind, FEW)) / (MANY - FEW)
             print(f"  {name:<11}{per_call:>10,.0f} instructions")
 
