@@ -125,6 +125,21 @@ class Cutoff:
         if self.queued:
             self._owner.closed_one()
 
+    def reopen(self, when: float) -> Cutoff:
+        """Once closed, a cutoff of the same task at ``when``: what ``cutoffs.at(when)``
+        gives, for less — this cutoff opened again when it is still queued for no later
+        than ``when`` (its heap entry serves: queued early, it is queued again for ``when``
+        as a postponed one is), else a new one.  For a scope that follows this one in the
+        same task and ends later (the completion write after the callback, bounded at the
+        lease end), when nothing else holds this cutoff to close it."""
+        if not self.queued or self._at > when:
+            return self._owner.at(when)
+        self._owner.reopened_one()
+        self.when = when
+        self._cancelling = self._task.cancelling()
+        self._expired = self._consumed = self.closed = self.cut_off = False
+        return self
+
 
 class InsistingCutoff(Cutoff):
     """A cutoff that cancels its task a second time, at the next turn of the loop, if the
@@ -211,6 +226,10 @@ class Cutoffs:
         if cutoff.closed or cutoff.expired or when <= cutoff.when:
             return
         cutoff.when = when
+
+    def reopened_one(self) -> None:
+        """A closed cutoff still in the heap is open again (:meth:`Cutoff.reopen`)."""
+        self._closed_in_heap -= 1
 
     def closed_one(self) -> None:
         self._closed_in_heap += 1

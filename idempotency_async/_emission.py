@@ -13,15 +13,16 @@ from idempotency_async.options import Options
 __all__ = ["Emitter"]
 
 _log = logging.getLogger("idempotency_async")
+_DEBUG = logging.DEBUG  # a global: read on every event
 
 
 class Emitter:
     """Emits the events of one manager; a failing hook never changes a call's outcome."""
 
-    __slots__ = ("_options", "observer", "timed")
+    __slots__ = ("_hook", "observer", "timed")
 
     def __init__(self, options: Options, observer: Observer | None) -> None:
-        self._options = options
+        self._hook = options.on_event  # (frozen options: read once, not on every event)
         self.observer = observer
         self.timed = observer is not None or options.on_event is not None
         """Whether anything receives durations (an observer, an ``on_event`` hook): a call
@@ -35,13 +36,13 @@ class Emitter:
         duration: float | None = None,
         error: BaseException | None = None,
     ) -> None:
-        if _log.isEnabledFor(logging.DEBUG):
+        if _log.isEnabledFor(_DEBUG):
             _log.debug(
                 "idempotency %s", kind, extra={"idempotency_event": kind, "idempotency_key": key}
             )
         if self.observer is not None:
             self.observer.event(kind, key, duration, error)
-        hook = self._options.on_event
+        hook = self._hook
         if hook is None:
             return
         try:

@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from idempotency_async._key_formats import POWERTOOLS_PYTHON
 from idempotency_async._prefixes import has_explicit_prefix
-from idempotency_async.canonical import canonical_bytes, digester, idempotency_key
+from idempotency_async.canonical import (
+    canonical_bytes,
+    canonical_digester,
+    digester,
+    idempotency_key,
+)
 from idempotency_async.errors import KeyMissingError, PayloadError, PayloadValidationError
 from idempotency_async.options import Options
 from idempotency_async.selection import (
@@ -68,12 +73,26 @@ class KeyDeriver:
         self._strict_missing = options.strict_missing_key
         self._plain = options.serialize_key is None
         self._serializer = options.serializer or _model_serializer
+        self._digest = self._make_digest(options)
+        # ``idempotency_key`` is the key's one spelling: its head is what precedes the digest.
+        self._head = idempotency_key(self.prefix, "")
 
     def _default_functions(self) -> Functions:
         return PowertoolsFunctions()
 
     def _make_hasher(self, algorithm: str) -> Callable[[bytes], str]:
         return digester(algorithm)
+
+    def _make_digest(self, options: Options) -> Callable[[Any], str]:
+        """What :meth:`derive` hashes a selection with: canonical JSON and the digest in one
+        function (no frame between them), or :meth:`_hash` with ``serialize_key``."""
+        if not self._plain:
+            return self._hash
+        return canonical_digester(
+            options.hash_function,
+            serializer=self._serializer,
+            strict_integers=self._strict_integers,
+        )
 
     def derive(self, payload: Any) -> Keys | None:
         """The keys of ``payload``; None when it selects no key and that is allowed."""
@@ -82,10 +101,10 @@ class KeyDeriver:
         if is_missing(selected, strict=self._strict_missing):
             self._no_key()
             return None
-        key = idempotency_key(self.prefix, self._hash(selected))
+        key = self._head + self._digest(selected)
         validation = None
         if self._validation_selector is not None:
-            validation = self._hash(self._validation_selector.select(payload))
+            validation = self._digest(self._validation_selector.select(payload))
         return _new_keys((key, validation))
 
     def _no_key(self) -> None:
@@ -154,6 +173,9 @@ class PowertoolsPythonKeyDeriver(KeyDeriver):
 
     def _default_functions(self) -> Functions:
         return PowertoolsPythonFunctions()
+
+    def _make_digest(self, options: Options) -> Callable[[Any], str]:
+        return self._hash  # unused: this format derives with its own rules (derive below)
 
     def _make_hasher(self, algorithm: str) -> Callable[[bytes], str]:
         from idempotency_async._powertools_python import hex_digester

@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import math
-from typing import TypeAlias
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Final, TypeAlias
 
 from idempotency_async._keys import Keys
 from idempotency_async.errors import ConfigError, DeadlineExceededError
@@ -39,6 +41,10 @@ AMBIENT: contextvars.ContextVar[Deadline] = contextvars.ContextVar(
     "idempotency_async_deadline", default=None
 )
 """The ambient deadline of the running task (``deadlines.deadline``, the Lambda context)."""
+
+# ``Claim(...)`` runs a Python-level ``__new__``; the tuple constructor does not (a claim is
+# built for every call).  Every field is passed, in the order ``Claim`` declares them.
+_new_claim: Final[Callable[[tuple[Any, ...]], Claim]] = partial(tuple.__new__, Claim)
 
 _MAX_RESERVE = 0.5
 _RESERVE_SHARE = 0.2
@@ -145,14 +151,16 @@ class Lease:
     def _claim(self, now: float, length: float) -> Claim:
         options = self.options
         keys = self.keys
-        return Claim(
-            keys.key,
-            self.owner,
-            now,
-            length,
-            options.expires_after,
-            keys.validation,
-            0.0 if options.wait is None else options.wait.timeout,
+        return _new_claim(
+            (
+                keys.key,
+                self.owner,
+                now,
+                length,
+                options.expires_after,
+                keys.validation,
+                0.0 if options.wait is None else options.wait.timeout,
+            )
         )
 
     def shorten(self, renew: float, completion_reserve: float | None) -> None:
@@ -222,6 +230,8 @@ def effective_deadline(
         and 0 < timeout < math.inf  # False for NaN
     ):
         return loop.time() + timeout  # the common case, cheaply
+    if deadline is None and timeout is None:
+        return ambient  # nothing of the call's own: the ambient deadline, or none
     candidates = [] if ambient is None else [ambient]
     if deadline is not None:
         candidates.append(check_instant("deadline", deadline))

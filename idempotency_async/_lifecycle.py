@@ -36,8 +36,9 @@ import asyncio
 import itertools
 import secrets
 from collections.abc import Awaitable, Callable
+from functools import partial
 from types import TracebackType
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 from idempotency_async._call import Call
 from idempotency_async._callback import (
@@ -98,8 +99,12 @@ _CLAIM_RETRIES = 2
 _REFUSALS = (StoreAccessDeniedError, StoreValidationError)
 
 _COMPLETED = Found.COMPLETED  # a global reads faster than an Enum member (Python 3.11)
+_NOTHING, _RESPONSE, _WITHOUT_RESPONSE = Written.NOTHING, Written.RESPONSE, Written.WITHOUT_RESPONSE
 _RETURNED = Ended.RETURNED
 _NONE, _ANSWERED, _RELEASE = Answer.NONE, Answer.COMPLETED, Answer.RELEASE
+# ``Completion(...)`` runs a Python-level ``__new__``; the tuple constructor does not (every
+# first call builds one).  Every field is passed, in the order ``Completion`` declares them.
+_new_completion: Final[Callable[[tuple[Any, ...]], Completion]] = partial(tuple.__new__, Completion)
 
 
 class _Replay(NamedTuple):
@@ -290,9 +295,23 @@ class Lifecycle:
             # 6. Settle: the one completion write, bounded at the lease end.
             completion = self.completion_for(lease, result)
             sent = loop.time()  # the completion's life counts from (before) its write
-            with _Completing(cutoffs, lease.write_bound(sent), keys.key, result):
+            # Bounded by the callback's cutoff, reopened (one cutoff per call), unless the
+            # callback's Call holds that one.  (No new local here: each is a slot of this
+            # frame, memory for as long as the call is in flight.)
+            if held:
+                cutoff = cutoffs.at(lease.write_bound(sent))
+            else:
+                cutoff = cutoff.reopen(lease.write_bound(sent))
+            with _Completing(cutoff, keys.key, result):
                 written = await self.mode.store.complete(completion)
-            self.completed(completion, written, result, flight, loop.time() - started, sent)
+            self.completed(
+                completion,
+                written,
+                result,
+                flight,
+                loop.time() - started if self.emitter.timed else 0.0,  # (0.0: not received)
+                sent,
+            )
             return result  # type: ignore[no-any-return]
         finally:
             if self.inflight.get(keys.key) is flight:
@@ -430,7 +449,7 @@ class Lifecycle:
         if flight.steps is None:
             flight.steps = self.stepper
         flight.hold(lease)
-        self.emit("claimed", lease.key)
+        self.emit("claimed", lease.keys.key)
 
     async def _too_late(self, lease: Lease, cutoffs: Cutoffs) -> None:
         """The claim was answered after the cutoff (a slow store): its lease may have ended
@@ -573,15 +592,17 @@ class Lifecycle:
             reason = not_stored_reason(encoded.reason)
             log_not_stored(keys.key, encoded.reason)
             self.emit("response_not_stored", keys.key, error=encoded.reason)
-        return Completion(
-            keys.key,
-            lease.owner,
-            self.options.clock(),
-            self.options.expires_after,
-            keys.validation,
-            encoded.encoded,
-            encoded.value,
-            reason,
+        return _new_completion(
+            (
+                keys.key,
+                lease.owner,
+                self.options.clock(),
+                self.options.expires_after,
+                keys.validation,
+                encoded.encoded,
+                encoded.value,
+                reason,
+            )
         )
 
     def completion_without_response(self, lease: Lease, reason: str | None) -> Completion:
@@ -612,7 +633,8 @@ class Lifecycle:
         lease = flight.lease
         assert lease is not None
         sent = loop.time()
-        with _Completing(self._shared.cutoffs(loop), lease.write_bound(sent), lease.key, result):
+        bound = self._shared.cutoffs(loop).at(lease.write_bound(sent))
+        with _Completing(bound, lease.key, result):
             written = await self.store.complete(completion)
         if self.inflight.get(completion.key) is flight:
             del self.inflight[completion.key]
@@ -637,7 +659,7 @@ class Lifecycle:
                 f"the store answered a completion of key {key} with {written!r}"
             )
             raise _completion_failed(key, result, nonsense, unknown=True) from nonsense
-        if written is Written.NOTHING:
+        if written is _NOTHING:
             error = LeaseLostError(
                 f"the lease of key {key} ended before the call finished and another worker "
                 "claimed the key; its record was left intact. Give calls a deadline that covers "
@@ -648,12 +670,12 @@ class Lifecycle:
             self.emit("lease_lost", key, error=error)
             raise error
         encoded = completion.encoded
-        if written is Written.RESPONSE and encoded is None:
+        if written is _RESPONSE and encoded is None:
             # The store kept the owner's response over this completion without one (a
             # response is final): what it holds is not what was sent, so nothing in this
             # process is told from it; duplicates read the record.
             return
-        if written is Written.WITHOUT_RESPONSE and encoded is not None:
+        if written is _WITHOUT_RESPONSE and encoded is not None:
             # The store could not keep what the manager encoded (too large for it, or a
             # value it cannot hold; the store logs which, and its record says why): every
             # caller, here and in other processes, now gets ResponseNotStoredError.
@@ -749,15 +771,15 @@ class Lifecycle:
 
 
 class _Completing:
-    """The scope of a completion write: bounded at ``bound`` (loop time, the lease end),
+    """The scope of a completion write: bounded by ``cutoff`` (opened at the lease end),
     and its failures mapped to what the caller gets — ``CompletionError`` (carrying the
     result, and whether the write may have applied), or the exception itself when it is
     the caller's cancellation or a transaction to run again.  Synchronous: no frame."""
 
     __slots__ = ("_cutoff", "_key", "_result")
 
-    def __init__(self, cutoffs: Cutoffs, bound: float, key: str, result: Any) -> None:
-        self._cutoff = cutoffs.at(bound)
+    def __init__(self, cutoff: Cutoff, key: str, result: Any) -> None:
+        self._cutoff = cutoff
         self._key = key
         self._result = result
 

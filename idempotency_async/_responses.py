@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
+from functools import partial
 from typing import Any, Final, NamedTuple
 
 from idempotency_async._cache import CachedResponse, ResponseCache
@@ -43,6 +45,13 @@ class Encoded(NamedTuple):
     value: JSONValue
     encoded: bytes | None
     reason: Exception | None = None
+
+
+# ``Encoded(...)`` runs a Python-level ``__new__``; the tuple constructor does not (every
+# first call encodes its result once).  All three fields, in order.
+_new_encoded: Final[Callable[[tuple[Any, bytes | None, Exception | None]], Encoded]] = partial(
+    tuple.__new__, Encoded
+)
 
 
 class Responses:
@@ -85,7 +94,7 @@ class Responses:
                     limit=limit,
                 ),
             )
-        return Encoded(value, encoded)
+        return _new_encoded((value, encoded, None))
 
     def present(self, stored: JSONValue, record: Record) -> Any:
         """What a replay returns: the stored value decoded, then passed through the hook —
@@ -131,7 +140,8 @@ class Replays:
         sent last (at ``flight.sent``); the flight settles with it for its duplicates."""
         record = verdict.record
         assert record is not None
-        self._keys.validate(record.validation, flight.keys)
+        if flight.keys.validation is not None:  # else nothing to compare: no call
+            self._keys.validate(record.validation, flight.keys)
         if not record.response_stored:
             flight.settle(Outcome(record, None))
             raise not_stored_error(record)

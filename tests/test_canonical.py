@@ -24,8 +24,10 @@ from idempotency_async.canonical import (
     MAX_DEPTH,
     _orders,
     canonical_bytes,
+    canonical_digester,
     canonical_json,
     digest,
+    digest_bytes,
     idempotency_key,
     js_number,
 )
@@ -400,3 +402,19 @@ def test_payloads_with_ever_new_keys_stay_fast_and_exact() -> None:
         assert canonical_bytes(value) == general(value)
     assert time.perf_counter() - start < 5
     assert _orders.cache_size() <= _orders.CACHE_ENTRIES
+
+
+@pytest.mark.parametrize("algorithm", ["md5", "sha256"])
+def test_canonical_digester_is_the_digest_of_the_canonical_bytes(algorithm: str) -> None:
+    values = [
+        {"Tier": "gold", "id": "ord-1", "amount": 42.0},  # the fast path, a key reordered
+        {"price": Decimal("1.10"), "when": (1, 2)},  # the general path
+        [1, "two", None, {"b": 1, "a": [2.5e-6]}],
+    ]
+    hashed = canonical_digester(algorithm)
+    for value in values:
+        assert hashed(value) == digest_bytes(canonical_bytes(value), algorithm)
+    with pytest.raises(PayloadError):
+        hashed({"bad": math.nan})
+    with pytest.raises(ConfigError):
+        canonical_digester("crc32")

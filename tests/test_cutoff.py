@@ -124,6 +124,62 @@ def test_a_postponed_cutoff_fires_at_its_new_time_only() -> None:
     assert finished == {"other": 0.15, "postponed": 0.25}
 
 
+def test_a_reopened_cutoff_fires_at_its_new_time_and_counts_as_open() -> None:
+    # The completion write reuses the callback's closed cutoff: queued for the earlier
+    # time, it must fire at the later one only, once; one that fired gets a new entry.
+    loop = VirtualClockLoop()
+    finished: dict[str, float] = {}
+
+    async def scenario() -> list[str]:
+        cutoffs = Cutoffs(loop)
+
+        async def reopened() -> str:
+            first = cutoffs.at(loop.time() + 0.10)
+            await asyncio.sleep(0.05)
+            first.close()
+            second = first.reopen(loop.time() + 0.20)  # until 0.25
+            assert second is first and not second.closed and cutoffs._closed_in_heap == 0
+            try:
+                await asyncio.sleep(1.0)
+                return "finished"
+            except asyncio.CancelledError:
+                if second.fired():
+                    return "cut off"
+                raise
+            finally:
+                second.close()
+                finished["reopened"] = loop.time()
+
+        async def after_firing() -> str:
+            first = cutoffs.at(loop.time() + 0.05)
+            try:
+                await asyncio.sleep(1.0)
+            except asyncio.CancelledError:
+                assert first.fired()
+            first.close()
+            second = first.reopen(loop.time() + 0.10)  # fired: no longer queued
+            assert second is not first
+            try:
+                await asyncio.sleep(1.0)
+                return "finished"
+            except asyncio.CancelledError:
+                if second.fired():
+                    return "cut off"
+                raise
+            finally:
+                second.close()
+                finished["after firing"] = loop.time()
+
+        return await asyncio.gather(reopened(), after_firing())
+
+    try:
+        results = loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    assert results == ["cut off", "cut off"]
+    assert finished == pytest.approx({"reopened": 0.25, "after firing": 0.15})
+
+
 def test_cutoffs_due_at_the_same_instant_both_fire() -> None:
     # Heap entries are (when, cutoff): a tie on ``when`` compares the cutoffs themselves.
     loop = VirtualClockLoop()

@@ -21,13 +21,22 @@ def _base64_of(new: Callable[[bytes], Any]) -> Callable[[bytes], str]:
 
 # The named constructors are faster than ``hashlib.new``, which matters for small payloads;
 # one function per algorithm, built once, so no call pays for resolving the name.
-_DIGESTERS: Final[dict[str, Callable[[bytes], str]]] = {
-    "md5": _base64_of(hashlib.md5),
-    "sha1": _base64_of(hashlib.sha1),
-    "sha256": _base64_of(hashlib.sha256),
-    "sha384": _base64_of(hashlib.sha384),
-    "sha512": _base64_of(hashlib.sha512),
+_CONSTRUCTORS: Final[dict[str, Callable[[bytes], Any]]] = {
+    "md5": hashlib.md5,
+    "sha1": hashlib.sha1,
+    "sha256": hashlib.sha256,
+    "sha384": hashlib.sha384,
+    "sha512": hashlib.sha512,
 }
+_DIGESTERS: Final[dict[str, Callable[[bytes], str]]] = {
+    name: _base64_of(new) for name, new in _CONSTRUCTORS.items()
+}
+
+
+def hash_constructor(algorithm: str) -> Callable[[bytes], Any]:
+    """The ``hashlib`` constructor of ``algorithm`` (ConfigError for an unknown one)."""
+    digester(algorithm)  # the one check, and its message
+    return _CONSTRUCTORS[algorithm]
 
 
 def digester(algorithm: str = "md5") -> Callable[[bytes], str]:

@@ -10,8 +10,10 @@ Each method is one atomic operation.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from functools import partial
+from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
 
 from idempotency_async.errors import InconsistentStateError
 from idempotency_async.record import Claim, Completion, Record, Status
@@ -138,18 +140,30 @@ class Extended(enum.Enum):
     lease is lost."""
 
 
+# Read on every replay: an Enum member read through its class costs far more than a global
+# (Python 3.11), and ``Verdict(...)`` runs a Python-level ``__new__`` where the tuple
+# constructor (every field passed, in order) does not.
+_FOUND_CLAIMABLE, _FOUND_COMPLETED, _FOUND_IN_PROGRESS = (
+    Found.CLAIMABLE,
+    Found.COMPLETED,
+    Found.IN_PROGRESS,
+)
+_STATUS_COMPLETED = Status.COMPLETED
+_new_verdict: Final[Callable[[tuple[Any, ...]], Verdict]] = partial(tuple.__new__, Verdict)
+
+
 def judge(record: Record | None, now: float) -> Verdict:
     """The verdict on ``record`` at ``now`` (Unix seconds), for stores judging in Python."""
     if record is None or record.expiration < now:
-        return Verdict(Found.CLAIMABLE, record)
-    if record.status is Status.COMPLETED:
-        return Verdict(Found.COMPLETED, record, None, record.expiration - now)
+        return _new_verdict((_FOUND_CLAIMABLE, record, None, None))
+    if record.status is _STATUS_COMPLETED:
+        return _new_verdict((_FOUND_COMPLETED, record, None, record.expiration - now))
     end = record.lease_end
     if end is None:  # a foreign writer without a lease: held until the record expires
         end = record.expiration
     elif end < now:
-        return Verdict(Found.CLAIMABLE, record)
-    return Verdict(Found.IN_PROGRESS, record, end - now)
+        return _new_verdict((_FOUND_CLAIMABLE, record, None, None))
+    return _new_verdict((_FOUND_IN_PROGRESS, record, end - now, None))
 
 
 def check_key(verdict: Verdict, key: str) -> None:

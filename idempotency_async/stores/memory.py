@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import heapq
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Final
 
 from idempotency_async._json import decode_json
 from idempotency_async.errors import ConfigError, StoreUnavailableError
@@ -37,11 +39,17 @@ DEFAULT_MAX_RECORDS = 100_000
 # independent copy, and the caller's result object is not kept alive.
 _Entry = tuple[Any, ...]
 
+# Globals: an Enum member read through its class costs far more (Python 3.11).
 _INPROGRESS = Status.INPROGRESS
 _COMPLETED = Status.COMPLETED
 _RELEASED = 1.0
 """The lease end of a released record with steps (as ``now``, with a zero lease): long
 past on any clock, so any claim may resume it."""
+_CLAIMABLE = Found.CLAIMABLE
+_NOTHING, _RESPONSE, _WITHOUT_RESPONSE = Written.NOTHING, Written.RESPONSE, Written.WITHOUT_RESPONSE
+# ``Record(...)`` runs a Python-level ``__new__``; the tuple constructor (every field passed,
+# in order) does not: a replay reads one record.
+_new_record: Final[Callable[[tuple[Any, ...]], Record]] = partial(tuple.__new__, Record)
 
 
 class MemoryStore:
@@ -88,7 +96,7 @@ class MemoryStore:
         if current is not None:
             if not (current[0] is _INPROGRESS and current[1] == claim.owner):
                 verdict = judge(_record(key, current), now)
-                if verdict.found is not Found.CLAIMABLE:
+                if verdict.found is not _CLAIMABLE:
                     return verdict
             if len(current) > 6 and current[2] >= now:
                 # Unexpired progress: resumed by its own payload only.
@@ -130,12 +138,12 @@ class MemoryStore:
         key = completion.key
         current = self._entries.get(key)
         if current is None or current[1] != completion.owner:
-            return Written.NOTHING
+            return _NOTHING
         encoded = completion.encoded
         if encoded is None and current[0] is _COMPLETED and current[4] is not None:
             # The owner's response is final: its first completion (without one), resent
             # after its answer was lost, must not take back the response attached since.
-            return Written.RESPONSE
+            return _RESPONSE
         if encoded is not None:
             # orjson's bytes keep their whole output buffer (4 KB and up): an exact-size
             # copy keeps a record near the size of its response.
@@ -150,7 +158,7 @@ class MemoryStore:
             encoded,
             completion.not_stored,
         )
-        return Written.WITHOUT_RESPONSE if encoded is None else Written.RESPONSE
+        return _WITHOUT_RESPONSE if encoded is None else _RESPONSE
 
     async def release(self, key: str, owner: str) -> bool:
         self._refuse_if_closed()
@@ -288,15 +296,17 @@ def _record(key: str, entry: _Entry) -> Record:
         lease_end, encoded, not_stored = fifth + sixth, None, None
     else:
         lease_end, encoded, not_stored = None, fifth, sixth
-    return Record(
-        key,
-        status,
-        expiration,
-        lease_end,
-        validation,
-        owner,
-        None if encoded is None else decode_json(encoded),
-        status is _INPROGRESS or encoded is not None,
-        not_stored,
-        entry[6] if len(entry) > 6 else None,
+    return _new_record(
+        (
+            key,
+            status,
+            expiration,
+            lease_end,
+            validation,
+            owner,
+            None if encoded is None else decode_json(encoded),
+            status is _INPROGRESS or encoded is not None,
+            not_stored,
+            entry[6] if len(entry) > 6 else None,
+        )
     )

@@ -1,0 +1,141 @@
+"""Instructions per call, counted by valgrind: a measure the machine's load does not move.
+
+    python benchmarks/instructions.py                # this checkout: first call and replay
+    python benchmarks/instructions.py --rev 7116c7c  # an earlier commit's package
+    python benchmarks/instructions.py --frames       # Python frames per call (cProfile)
+
+On a shared machine a CPU-time ratio strays by ±20 % from one round to the next, more than
+most single optimisations of the call path are worth.  The number of instructions the
+interpreter executes for a call is deterministic to about 0.1 % (hash seed fixed), so a
+change of 1 % shows.  It is a proxy, not a time: a cache miss costs more than an
+instruction, and the per-call figures in BENCHMARKS.md remain CPU time.
+
+Each measurement runs the interpreter under ``valgrind --tool=callgrind`` twice, with
+1,000 and 3,000 calls after a warm-up, and divides the difference by 2,000: start-up and
+imports cancel out.  The calls are ``bench_manager.py``'s: ``Manager(MemoryStore(),
+Options()).execute(order, lambda: process(order), timeout=10)``, a fresh payload per call
+(a replay: a fresh copy of one order).  Needs valgrind; about a minute per figure.
+``--frames`` counts Python frames per call instead (cProfile's call counts, no valgrind):
+all of them, and the library's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+WARM_UP = 200
+FEW, MANY = 1_000, 3_000
+
+
+def order(n: int) -> dict[str, Any]:
+    return {"id": f"ord-{n}", "amount": 10 + n % 90, "currency": "EUR", "customer": f"c-{n % 977}"}
+
+
+async def process(payload: dict[str, Any]) -> dict[str, Any]:
+    return {"order": payload["id"], "status": "charged"}
+
+
+async def calls(kind: str, count: int) -> None:
+    """The child's work: ``count`` calls of ``kind`` after the warm-up."""
+    from idempotency_async import Manager, MemoryStore, Options
+
+    manager = Manager(MemoryStore(), Options())
+    for n in range(WARM_UP):
+        await manager.execute(order(10**6 + n), lambda: process(order(0)), timeout=10)
+    await manager.execute(order(0), lambda: process(order(0)), timeout=10)
+    if kind == "first":
+        payloads = [order(n) for n in range(1, count + 1)]
+    else:
+        payloads = [order(0) for _ in range(count)]
+    for payload in payloads:
+        await manager.execute(payload, lambda payload=payload: process(payload), timeout=10)
+
+
+def frames(kind: str) -> tuple[float, float]:
+    """The child's work for ``--frames``: Python frames per call (all, the library's own),
+    cProfile's call counts over ``MANY`` calls less those over ``FEW``."""
+    import cProfile
+    import pstats
+
+    def profiled(count: int) -> tuple[int, int]:
+        profile = cProfile.Profile()
+        profile.enable()
+        asyncio.run(calls(kind, count))
+        profile.disable()
+        counts = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+        python = {where: numbers[1] for where, numbers in counts.items() if where[0] != "~"}
+        own = sum(n for where, n in python.items() if "idempotency_async" in where[0])
+        return sum(python.values()), own
+
+    asyncio.run(calls(kind, 0))  # imports and first shapes, outside the counts
+    few, many = profiled(FEW), profiled(MANY)
+    return tuple((b - a) / (MANY - FEW) for a, b in zip(few, many, strict=True))  # type: ignore[return-value]
+
+
+def counted(root: Path, kind: str, count: int) -> int:
+    """Instructions the interpreter executed for the child run."""
+    environment = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(root)}
+    command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+    command += [sys.executable, __file__, "--child", kind, str(count)]
+    output = subprocess.run(
+        command, env=environment, capture_output=True, text=True, check=True
+    ).stderr
+    found = re.search(r"Collected : (\d+)", output)
+    if found is None:
+        raise RuntimeError(f"valgrind printed no count:\n{output[-2000:]}")
+    return int(found.group(1))
+
+
+def exported(rev: str, into: Path) -> Path:
+    archive = subprocess.run(
+        ["git", "archive", rev, "idempotency_async"], check=True, capture_output=True
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rev", help="measure this commit's package instead (git rev)")
+    parser.add_argument("--frames", action="store_true", help="count Python frames instead")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, count = args.child
+        if count == "frames":
+            print(*frames(kind))
+        else:
+            asyncio.run(calls(kind, int(count)))
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(__file__).resolve().parent.parent
+        if args.rev:
+            root = exported(args.rev, Path(folder))
+        print(f"package: {args.rev or 'this checkout'} ({root})")
+        for kind, name in (("first", "first call"), ("replay", "replay")):
+            if args.frames:
+                environment = {**os.environ, "PYTHONPATH": str(root)}
+                command = [sys.executable, __file__, "--child", kind, "frames"]
+                run = subprocess.run(
+                    command, env=environment, capture_output=True, text=True, check=True
+                )
+                python, own = map(float, run.stdout.split())
+                print(f"  {name:<11}{python:>6.0f} Python frames, {own:.0f} the library's")
+                continue
+            per_call = (counted(root, kind, MANY) - counted(root, kind, FEW)) / (MANY - FEW)
+            print(f"  {name:<11}{per_call:>10,.0f} instructions")
+
+
+if __name__ == "__main__":
+    main()
