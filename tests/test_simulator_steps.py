@@ -10,11 +10,12 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from support import MemoryWrapper
 
 from idempotency_async import MemoryStore
 from idempotency_async.errors import StepMismatchError, StepNotRecordedError
-from idempotency_async.record import Claim, Completion, Record
-from idempotency_async.stores.base import Extended, Verdict, Written
+from idempotency_async.record import Claim
+from idempotency_async.stores.base import Extended
 from idempotency_async.testing import (
     CallPlan,
     Fault,
@@ -71,38 +72,8 @@ def test_a_reproduction_recorded_before_steps_loads_without_them() -> None:
     assert run_one(scenario) == []
 
 
-class _NoSteps:
-    """A store without the steps capability (as Redis and DynamoDB are until theirs
-    merges): a MemoryStore behind the base protocol only."""
-
-    def __init__(self) -> None:
-        self.inner = MemoryStore()
-        self.max_response_bytes = self.inner.max_response_bytes
-
-    async def claim(self, claim: Claim) -> Verdict:
-        return await self.inner.claim(claim)
-
-    async def get(self, key: str, *, now: float) -> Verdict:
-        return await self.inner.get(key, now=now)
-
-    async def complete(self, completion: Completion) -> Written:
-        return await self.inner.complete(completion)
-
-    async def release(self, key: str, owner: str) -> bool:
-        return await self.inner.release(key, owner)
-
-    async def extend(self, claim: Claim) -> Extended:
-        return await self.inner.extend(claim)
-
-    async def force_release(self, key: str) -> Record | None:
-        return await self.inner.force_release(key)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
 def test_a_store_without_the_capability_runs_its_scenarios_without_steps() -> None:
-    report = simulate(_NoSteps, range(60))
+    report = simulate(MemoryWrapper, range(60))  # no record_step: not capable
     assert "steps" in report.excluded
     assert not {name for name in report.outcomes if name.startswith("Step")}
     # Its coverage does not ask for the steps axis.
