@@ -114,6 +114,12 @@ class Cutoff:
         (its caller): ask after :meth:`fired` or :meth:`close` balanced our own request."""
         return self._task.cancelling() > self._cancelling
 
+    def finish(self) -> bool:
+        """Close the scope of work that returned, and say whether the task was asked to
+        cancel by someone else meanwhile (:meth:`cancelled_elsewhere`)."""
+        self.close()
+        return self._task.cancelling() > self._cancelling
+
     def close(self) -> None:
         if self.closed:
             return
@@ -123,18 +129,23 @@ class Cutoff:
             self._consumed = True
             self._task.uncancel()
         if self.queued:
-            self._owner.closed_one()
+            # Counted here, not by a call into the owner: every call closes one or two.
+            owner = self._owner
+            closed = owner.closed_in_heap = owner.closed_in_heap + 1
+            if closed >= _COMPACT_AT and closed * 2 > len(owner._heap):
+                owner._compact()
 
-    def reopen(self, when: float) -> Cutoff:
+    def reopen(self, when: float, *, shared: bool = False) -> Cutoff:
         """Once closed, a cutoff of the same task at ``when``: what ``cutoffs.at(when)``
         gives, for less — this cutoff opened again when it is still queued for no later
         than ``when`` (its heap entry serves: queued early, it is queued again for ``when``
         as a postponed one is), else a new one.  For a scope that follows this one in the
         same task and ends later (the completion write after the callback, bounded at the
-        lease end), when nothing else holds this cutoff to close it."""
-        if not self.queued or self._at > when:
+        lease end); always a new one when this cutoff is ``shared`` (something else holds
+        it, and may close it)."""
+        if shared or not self.queued or self._at > when:
             return self._owner.at(when)
-        self._owner.reopened_one()
+        self._owner.closed_in_heap -= 1
         self.when = when
         self._cancelling = self._task.cancelling()
         self._expired = self._consumed = self.closed = self.cut_off = False
@@ -194,7 +205,8 @@ class Cutoffs:
         self._heap: list[Cutoff] = []
         self._timer: asyncio.TimerHandle | None = None
         self._armed_at = math.inf
-        self._closed_in_heap = 0
+        self.closed_in_heap = 0
+        """Closed cutoffs still in the heap (counted by :meth:`Cutoff.close`)."""
 
     def at(self, when: float) -> Cutoff:
         """Cancel the current task at ``when`` (loop time) unless the cutoff is closed first
@@ -227,18 +239,13 @@ class Cutoffs:
             return
         cutoff.when = when
 
-    def reopened_one(self) -> None:
-        """A closed cutoff still in the heap is open again (:meth:`Cutoff.reopen`)."""
-        self._closed_in_heap -= 1
-
-    def closed_one(self) -> None:
-        self._closed_in_heap += 1
-        if self._closed_in_heap >= _COMPACT_AT and self._closed_in_heap * 2 > len(self._heap):
-            for cutoff in self._heap:
-                cutoff.queued = not cutoff.closed
-            self._heap = [cutoff for cutoff in self._heap if cutoff.queued]
-            heapq.heapify(self._heap)
-            self._closed_in_heap = 0
+    def _compact(self) -> None:
+        """Rebuild the heap without its closed cutoffs (once they are half of it)."""
+        for cutoff in self._heap:
+            cutoff.queued = not cutoff.closed
+        self._heap = [cutoff for cutoff in self._heap if cutoff.queued]
+        heapq.heapify(self._heap)
+        self.closed_in_heap = 0
 
     def _arm(self, when: float) -> None:
         if self._timer is not None:
@@ -255,7 +262,7 @@ class Cutoffs:
             cutoff = heapq.heappop(heap)
             if cutoff.closed:
                 cutoff.queued = False
-                self._closed_in_heap -= 1
+                self.closed_in_heap -= 1
             elif cutoff.when > now:  # postponed: queued again for its new time
                 cutoff._at = cutoff.when
                 heapq.heappush(heap, cutoff)

@@ -80,12 +80,6 @@ class Flight(Run):
     """Its recovery points (``_steps``): the lifecycle's shared ``Stepper`` once held, the
     call's own ``Progress`` once it resumed or took a step."""
 
-    @property
-    def waiters(self) -> int:
-        """How many duplicates are waiting on this call right now."""
-        waits = self.waits
-        return 0 if waits is None else waits.count
-
     def waited_on(self) -> Waits:
         """What the duplicates waiting on this call share (made by the first)."""
         waits = self.waits

@@ -2,7 +2,7 @@
 
 Inside the library a deadline has one representation, :data:`Deadline`: an absolute
 ``loop.time()`` value (``None``: no deadline).  It is converted once, by
-:meth:`Lease.claiming`, into what a store needs — a lease in seconds counted from the store
+the :class:`Lease` of its claim, into what a store needs — a lease in seconds counted from the store
 clock's ``now`` on the :class:`~idempotency_async.record.Claim` — and into the loop times
 that bound the callback (``cutoff_at``) and the writes after it (``ends_at``).  Every other
 piece of lease arithmetic (the completion reserve, a renewed call's short lease, a renewal,
@@ -31,7 +31,6 @@ __all__ = [
     "check_duration",
     "check_instant",
     "effective_deadline",
-    "reserve_for",
 ]
 
 Deadline: TypeAlias = float | None
@@ -46,6 +45,7 @@ AMBIENT: contextvars.ContextVar[Deadline] = contextvars.ContextVar(
 # built for every call).  Every field is passed, in the order ``Claim`` declares them.
 _new_claim: Final[Callable[[tuple[Any, ...]], Claim]] = partial(tuple.__new__, Claim)
 
+_INF: Final = math.inf  # a global reads faster than a module's attribute
 _MAX_RESERVE = 0.5
 _RESERVE_SHARE = 0.2
 # Undoing a transactional call is a statement in the caller's transaction: cutting it short
@@ -57,7 +57,7 @@ class Lease:
     """The lease one call holds: the one object renewal moves and every door reads — the
     bounds of the writes after the callback (``execute``, ``Call.complete``, the HTTP gate
     through it) and an in-process duplicate's ``retry_after`` — never a copy taken at the
-    claim.  Made for each claim sent (:meth:`claiming`); owned by the call.
+    claim.  Made for each claim sent; owned by the call.
 
     It holds the claim's fields rather than a :class:`~idempotency_async.record.Claim`
     (one object less per call in flight); :attr:`claim` builds the claim to send.
@@ -79,60 +79,50 @@ class Lease:
         self,
         keys: Keys,
         owner: str,
-        now: float,
-        length: float,
-        options: Options,
-        cutoff_at: float,
-        ends_at: float,
-        reserve: float,
-    ) -> None:
-        self.keys = keys
-        self.owner = owner
-        """The claim's owner token."""
-        self.now = now
-        """The store clock's now of the claim as last confirmed (the claim's, then each
-        renewal's)."""
-        self.length = length
-        """The lease the store was asked for, in seconds from :attr:`now` (margin included)."""
-        self.options = options
-        self.cutoff_at = cutoff_at
-        """When the callback is cut off (loop time): the lease end less the reserve."""
-        self.ends_at = ends_at
-        """When the lease ends (loop time); cleanup and completion writes end here."""
-        self.reserve = reserve
-        """Time kept between the cutoff and the lease end for the completion write."""
-        self.limit = ends_at
-        """The call's hard bound (loop time): a renewed lease never ends later."""
-
-    @classmethod
-    def claiming(
-        cls,
-        keys: Keys,
-        owner: str,
         deadline: Deadline,
         options: Options,
-        now: float,
+        sent: float,
         renew: float | None,
-    ) -> Lease:
-        """The lease of a claim sent at loop time ``now`` by a call with ``deadline``.
+    ) -> None:
+        """The lease of a claim sent at loop time ``sent`` by a call with ``deadline``.
         Without a deadline it lasts ``Options.lease`` (or ``expires_after``).  A renewed
         call (``renew`` seconds) writes a short lease; the call's bound stays."""
         if deadline is None:
             left = options.lease or options.expires_after
         else:
-            left = deadline - now
+            left = deadline - sent
             if left <= 0:
                 raise DeadlineExceededError(
                     f"the deadline of key {keys.key} passed before it was claimed", key=keys.key
                 )
-        reserve = reserve_for(left, options.completion_reserve)
+        # The completion reserve: min(0.5 s, 20 % of the time left), or the option's
+        # (never more than the time left).
+        override = options.completion_reserve
+        if override is None:
+            reserve = _RESERVE_SHARE * left
+            if reserve > _MAX_RESERVE:
+                reserve = _MAX_RESERVE
+        else:
+            reserve = override if override < left else left
         margin = options.lease_margin
-        length = left + margin if margin else left  # no float per call for the default margin
-        ends = now + left
-        lease = cls(keys, owner, options.clock(), length, options, ends - reserve, ends, reserve)
+        self.keys = keys
+        self.owner = owner
+        """The claim's owner token."""
+        self.now = options.clock()
+        """The store clock's now of the claim as last confirmed (the claim's, then each
+        renewal's)."""
+        self.length = left + margin if margin else left  # no float per call for no margin
+        """The lease the store was asked for, in seconds from :attr:`now` (margin included)."""
+        self.options = options
+        self.ends_at = self.limit = ends = sent + left
+        """When the lease ends (loop time); cleanup and completion writes end here.
+        :attr:`limit` is the call's hard bound: a renewed lease never ends later."""
+        self.cutoff_at = ends - reserve
+        """When the callback is cut off (loop time): the lease end less the reserve."""
+        self.reserve = reserve
+        """Time kept between the cutoff and the lease end for the completion write."""
         if renew is not None:
-            lease.shorten(renew, options.completion_reserve)
-        return lease
+            self.shorten(renew, override)
 
     @property
     def key(self) -> str:
@@ -146,17 +136,14 @@ class Lease:
     @property
     def claim(self) -> Claim:
         """The claim as last confirmed by the store (the claim's, then each renewal's)."""
-        return self._claim(self.now, self.length)
-
-    def _claim(self, now: float, length: float) -> Claim:
         options = self.options
         keys = self.keys
         return _new_claim(
             (
                 keys.key,
                 self.owner,
-                now,
-                length,
+                self.now,
+                self.length,
                 options.expires_after,
                 keys.validation,
                 0.0 if options.wait is None else options.wait.timeout,
@@ -186,7 +173,7 @@ class Lease:
         length = min(renew, self.limit - sent)
         if sent + length <= self.ends_at:
             return None
-        return self._claim(clock_now, length + self.margin), sent + length
+        return self.claim._replace(now=clock_now, lease=length + self.margin), sent + length
 
     def renewed(self, claim: Claim, ends_at: float) -> None:
         """The store confirmed ``claim`` (a renewal): the lease ends at least at ``ends_at``."""
@@ -204,7 +191,8 @@ class Lease:
     def write_bound(self, now: float) -> float:
         """Until when (loop time) a write after the callback (completion, release) may
         run, asked at ``now``: the lease end, or a reserve from now if that is later."""
-        return max(self.ends_at, now + self.reserve)
+        bound = now + self.reserve
+        return bound if bound > self.ends_at else self.ends_at
 
     def undo_bound(self, now: float) -> float:
         """As :meth:`write_bound`, for undoing a call in a caller's transaction: at least
@@ -227,7 +215,7 @@ def effective_deadline(
         and ambient is None
         and timeout is not None
         and (timeout.__class__ is float or timeout.__class__ is int)
-        and 0 < timeout < math.inf  # False for NaN
+        and 0 < timeout < _INF  # False for NaN
     ):
         return loop.time() + timeout  # the common case, cheaply
     if deadline is None and timeout is None:
@@ -238,14 +226,6 @@ def effective_deadline(
     if timeout is not None:
         candidates.append(loop.time() + check_duration("timeout", timeout))
     return min(candidates) if candidates else None
-
-
-def reserve_for(time_left: float, override: float | None = None) -> float:
-    """Time kept back between the callback's cutoff and the lease end for the completion
-    write: min(0.5 s, 20 % of the time left), or ``override`` (never more than the time left)."""
-    if override is not None:
-        return min(override, time_left)
-    return min(_MAX_RESERVE, _RESERVE_SHARE * time_left)
 
 
 def check_duration(name: str, value: object) -> float:

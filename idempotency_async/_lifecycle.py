@@ -213,10 +213,7 @@ class Lifecycle:
     ) -> T:
         """Replay, join, or claim the key and run ``callback`` — ``callback(call)`` when
         ``held``, ``callback()`` otherwise — then complete or release the record."""
-        # ``keys.key`` is read where needed, not kept in a local of this frame.
-        # 1. Answer early: the local cache, then a call of this process with the key.  One
-        # local for either answer (a cache entry, a joined call's outcome): every local of
-        # this frame is memory for as long as the call is in flight.
+        # 1. Answer early.  (Few locals: each is memory while the call is in flight.)
         early: Any
         if self.replays.cache is not None:
             early = self.replays.cache.get(keys.key, loop.time())
@@ -231,40 +228,31 @@ class Lifecycle:
         flight = self.inflight[keys.key] = Flight(keys, self._shared.owner())
         renewing = NOT_RENEWING
         try:
-            # 2. Claim: one conditional write.  The store confirms it, or answers with the
-            # record it met: the common replay is answered here, any other by _contend.
+            # 2. Claim: the common replay is answered here, any other record by _contend.
             lease = self._lease(flight, deadline, loop)
             try:
                 verdict = await self.mode.claim(lease, loop)
-                if verdict is not CLAIMED and verdict.__class__ is Verdict:
-                    check_key(verdict, keys.key)
             except Exception as exc:
-                await self._claim_failed(lease, exc, self._shared.cutoffs(loop))
+                await self._claim_failed(lease, exc, loop)
                 raise
             if verdict is not CLAIMED:
-                if (
-                    verdict.__class__ is Verdict
-                    and verdict.found is _COMPLETED
-                    and verdict.record is not None
-                ):
+                if _replayable(verdict, keys.key):
                     return self.replays.record(verdict, flight)  # type: ignore[no-any-return]
-                step = await self._contend(flight, lease, verdict, deadline, loop)
-                if isinstance(step, _Replay):
-                    return step.value  # type: ignore[no-any-return]
-                lease = step
-            # 3. Hold the key; a claim answered after its cutoff must not run.
-            cutoffs = self._shared.cutoffs(loop)
-            self._hold(flight, lease, loop)
+                early = await self._contend(flight, lease, verdict, deadline, loop)
+                if early.__class__ is _Replay:
+                    return early.value  # type: ignore[no-any-return]
+                lease = early
+            # 3. Hold.
+            cutoffs = self._hold(flight, lease, loop)
             if loop.time() >= lease.cutoff_at:
                 await self._too_late(lease, cutoffs)
-            # 4. Run the work under its cutoff: a scope left on every path out of it (as
-            # try/except/else, not ``with``: no bound method held while the callback runs).
+            # 4. Work, under the cutoff (a scope left on every path, without ``with``).
             started = loop.time() if self.emitter.timed else 0.0  # durations, if received
             cutoff = cutoffs.at(lease.cutoff_at)
             try:
                 call = Call(self, flight, loop, cutoff) if held else None
                 renewing = self.mode.leases.start(lease, cutoffs, cutoff, flight.sent)
-                flight.begin()  # the run downstream keys see while the callback runs
+                flight.begin()
                 try:
                     result: Any = callback() if call is None else callback(call)
                     if not hasattr(result, "__await__"):
@@ -272,46 +260,24 @@ class Lifecycle:
                     result = await result
                 finally:
                     flight.end()
-                    # No renewal after the callback ends: cancelled without yielding
-                    # (the cutoff could fire in between and undo a callback that returned).
-                    renewing.cancel()
+                    renewing.cancel()  # no yield first: the cutoff could undo a return
                     self.emitter.ran(started, loop)
             except BaseException as exc:
                 cutoff.leave(exc)
-                # 5. Decide (the ending was not a plain return), 6. settle: raises.
-                ending = self._decide_failure(exc, cutoff, call)
-                await self._settle_failure(ending, exc, flight, renewing, started)
+                await self._settle_failure(exc, cutoff, call, flight, renewing, started)
                 raise
-            cutoff.close()
-            # 5. Decide.
+            # 5. Decide; 6. settle: the one completion write, bounded at the lease end.
             ending = decide(
-                _RETURNED,
-                False,
-                cutoff.cancelled_elsewhere(),
-                _NONE if call is None else _said(call),
+                _RETURNED, False, cutoff.finish(), _NONE if call is None else _said(call)
             )
             if ending is not COMPLETE:
                 return await self._settle_return(ending, result, flight, cutoffs)  # type: ignore[no-any-return]
-            # 6. Settle: the one completion write, bounded at the lease end.
             completion = self.completion_for(lease, result)
             sent = loop.time()  # the completion's life counts from (before) its write
-            # Bounded by the callback's cutoff, reopened (one cutoff per call), unless the
-            # callback's Call holds that one.  (No new local here: each is a slot of this
-            # frame, memory for as long as the call is in flight.)
-            if held:
-                cutoff = cutoffs.at(lease.write_bound(sent))
-            else:
-                cutoff = cutoff.reopen(lease.write_bound(sent))
-            with _Completing(cutoff, keys.key, result):
+            cutoff = cutoff.reopen(lease.write_bound(sent), shared=call is not None)
+            with _completing((cutoff, keys.key, result)):
                 written = await self.mode.store.complete(completion)
-            self.completed(
-                completion,
-                written,
-                result,
-                flight,
-                loop.time() - started if self.emitter.timed else 0.0,  # (0.0: not received)
-                sent,
-            )
+            self.completed(completion, written, result, flight, started, sent)
             return result  # type: ignore[no-any-return]
         finally:
             if self.inflight.get(keys.key) is flight:
@@ -319,21 +285,12 @@ class Lifecycle:
             flight.settle(None)
             await renewing.stop()
 
-    def _decide_failure(self, exc: BaseException, cutoff: Cutoff, call: Call | None) -> Decision:
-        """5. Decide how a callback that raised ``exc`` (or was cancelled) ended."""
-        return decide(
-            _ended(exc, self._declared, cutoff),
-            cutoff.cut_off,
-            cutoff.cancelled_elsewhere(),
-            _said(call),
-        )
-
     def _lease(self, flight: Flight, deadline: Deadline, loop: asyncio.AbstractEventLoop) -> Lease:
         """The lease of a claim about to be sent for ``flight``."""
         flight.sent = loop.time()  # a verdict it brings counts from here
         if deadline is None:
             self.mode.without_deadline()
-        return Lease.claiming(
+        return Lease(
             flight.keys, flight.owner, deadline, self.options, flight.sent, self.mode.leases.renew
         )
 
@@ -346,7 +303,9 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ 2. claim
 
-    async def _claim_failed(self, lease: Lease, exc: Exception, cutoffs: Cutoffs) -> None:
+    async def _claim_failed(
+        self, lease: Lease, exc: Exception, loop: asyncio.AbstractEventLoop
+    ) -> None:
         """The claim raised ``exc`` (re-raised by the caller): clean up what it may have
         written.  A refusal wrote nothing; any other failure may hide a claim that applied,
         which gets the owner-fenced release of an unknown outcome."""
@@ -361,7 +320,7 @@ class Lifecycle:
             # A transactional claim waited for the row as long as it may.
             self.emit("rejected_in_progress", key)
             return
-        await self.mode.unknown_claim(lease, exc, cutoffs)
+        await self.mode.unknown_claim(lease, exc, self._shared.cutoffs(loop))
 
     async def _contend(
         self,
@@ -378,14 +337,16 @@ class Lifecycle:
         wait_until: float | None = None  # how long (loop time) it may wait on another worker
         raced = 0  # claims refused on a record the store judged claimable
         while True:
-            if not isinstance(verdict, Verdict):  # a store that broke its protocol
-                nonsense = StoreUnavailableError(  # type: ignore[unreachable]
-                    f"the store answered a claim of key {flight.keys.key} with {verdict!r}, "
-                    "not a verdict: the callback was not run"
-                )
-                # Whether the claim applied is unknown.
-                await self.mode.unknown_claim(lease, nonsense, cutoffs)
-                raise nonsense
+            try:  # the answer is checked before it is used
+                if not isinstance(verdict, Verdict):  # a store that broke its protocol
+                    raise StoreUnavailableError(
+                        f"the store answered a claim of key {flight.keys.key} with {verdict!r}, "
+                        "not a verdict: the callback was not run"
+                    )
+                check_key(verdict, flight.keys.key)
+            except Exception as exc:
+                await self._claim_failed(lease, exc, loop)
+                raise
             state, record = verdict.found, verdict.record
             if state is Found.CLAIMED:
                 if record is not None and record.steps is not None:
@@ -423,10 +384,8 @@ class Lifecycle:
             lease = self._lease(flight, deadline, loop)
             try:
                 verdict = await self.mode.claim(lease, loop)
-                if verdict is not CLAIMED and verdict.__class__ is Verdict:
-                    check_key(verdict, flight.keys.key)
             except Exception as exc:
-                await self._claim_failed(lease, exc, cutoffs)
+                await self._claim_failed(lease, exc, loop)
                 raise
             if verdict is CLAIMED:
                 return lease
@@ -443,13 +402,15 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ 3. hold
 
-    def _hold(self, flight: Flight, lease: Lease, loop: asyncio.AbstractEventLoop) -> None:
+    def _hold(self, flight: Flight, lease: Lease, loop: asyncio.AbstractEventLoop) -> Cutoffs:
         """The store confirmed the claim: the key is in progress here, under ``lease``
-        (the call's one lease: renewal moves it, every door reads it)."""
+        (the call's one lease: renewal moves it, every door reads it).  Returns the
+        loop's cutoffs, which bound the work from here."""
         if flight.steps is None:
             flight.steps = self.stepper
         flight.hold(lease)
         self.emit("claimed", lease.keys.key)
+        return self._shared.cutoffs(loop)
 
     async def _too_late(self, lease: Lease, cutoffs: Cutoffs) -> None:
         """The claim was answered after the cutoff (a slow store): its lease may have ended
@@ -464,20 +425,26 @@ class Lifecycle:
 
     async def _settle_failure(
         self,
-        ending: Decision,
         exc: BaseException,
+        cutoff: Cutoff,
+        call: Call | None,
         flight: Flight,
         renewing: Renewing,
         started: float,
     ) -> None:
-        """Carry out ``ending`` for a callback that did not return plainly: raises what the
-        caller gets, or returns when that is ``exc`` itself.  (Its cutoffs are looked up
-        here, not passed: one argument less keeps ``run``'s frame a slot smaller.)"""
+        """5. Decide how a callback that raised ``exc`` (or was cancelled) under ``cutoff``
+        ended, and 6. settle it: raises what the caller gets, or returns when that is
+        ``exc`` itself."""
+        write, outcome = decide(
+            _ended(exc, self._declared, cutoff),
+            cutoff.cut_off,
+            cutoff.cancelled_elsewhere(),
+            _said(call),
+        )
         cutoffs = self._shared.cutoffs(asyncio.get_running_loop())
         lease = flight.lease
         assert lease is not None
         key = lease.key
-        write, outcome = ending
         if write is Write.ABANDON:
             # Our own cutoff: like a cancellation, no store write.  The record stays in
             # progress until its lease ends, a reserve from now.
@@ -634,11 +601,11 @@ class Lifecycle:
         assert lease is not None
         sent = loop.time()
         bound = self._shared.cutoffs(loop).at(lease.write_bound(sent))
-        with _Completing(bound, lease.key, result):
+        with _completing((bound, lease.key, result)):
             written = await self.store.complete(completion)
         if self.inflight.get(completion.key) is flight:
             del self.inflight[completion.key]
-        self.completed(completion, written, result, flight, loop.time() - started, sent)
+        self.completed(completion, written, result, flight, started, sent)
         flight.settle(None)
         return written
 
@@ -648,18 +615,31 @@ class Lifecycle:
         written: Written,
         result: Any,
         flight: Flight,
-        duration: float,
+        started: float,
         sent: float,
     ) -> None:
-        """Settle a completion written by a request sent at ``sent`` (loop time)."""
+        """Settle a completion written by a request sent at ``sent`` (loop time), of a
+        callback started at ``started`` (0.0: nothing receives durations)."""
         key = completion.key
-        if written.__class__ is not Written:
-            # Not an answer: whether (and what) the completion wrote is unknown.
-            nonsense = StoreUnavailableError(
-                f"the store answered a completion of key {key} with {written!r}"
-            )
-            raise _completion_failed(key, result, nonsense, unknown=True) from nonsense
-        if written is _NOTHING:
+        encoded = completion.encoded
+        if written is _RESPONSE:
+            if encoded is None:
+                # The store kept the owner's response over this completion without one (a
+                # response is final): what it holds is not what was sent, so nothing in
+                # this process is told from it; duplicates read the record.
+                return
+        elif written is _WITHOUT_RESPONSE:
+            if encoded is not None:
+                # The store could not keep what the manager encoded (too large for it, or
+                # a value it cannot hold; the store logs which, and its record says why):
+                # every caller, here and in other processes, gets ResponseNotStoredError.
+                why = f"the store could not keep the response ({len(encoded)} bytes of JSON)"
+                not_kept = ResponseNotStoredError(why, key=key, reason=why)
+                log_not_stored(key, not_kept)
+                self.emit("response_not_stored", key, error=not_kept)
+                completion = completion._replace(encoded=None, response=None, not_stored=why)
+                encoded = None
+        elif written is _NOTHING:
             error = LeaseLostError(
                 f"the lease of key {key} ended before the call finished and another worker "
                 "claimed the key; its record was left intact. Give calls a deadline that covers "
@@ -669,23 +649,14 @@ class Lifecycle:
             )
             self.emit("lease_lost", key, error=error)
             raise error
-        encoded = completion.encoded
-        if written is _RESPONSE and encoded is None:
-            # The store kept the owner's response over this completion without one (a
-            # response is final): what it holds is not what was sent, so nothing in this
-            # process is told from it; duplicates read the record.
-            return
-        if written is _WITHOUT_RESPONSE and encoded is not None:
-            # The store could not keep what the manager encoded (too large for it, or a
-            # value it cannot hold; the store logs which, and its record says why): every
-            # caller, here and in other processes, now gets ResponseNotStoredError.
-            why = f"the store could not keep the response ({len(encoded)} bytes of JSON)"
-            not_kept = ResponseNotStoredError(why, key=key, reason=why)
-            log_not_stored(key, not_kept)
-            self.emit("response_not_stored", key, error=not_kept)
-            completion = completion._replace(encoded=None, response=None, not_stored=why)
-            encoded = None
+        else:
+            # Not an answer: whether (and what) the completion wrote is unknown.
+            nonsense = StoreUnavailableError(
+                f"the store answered a completion of key {key} with {written!r}"
+            )
+            raise _completion_failed(key, result, nonsense, unknown=True) from nonsense
         if self.mode.publish(flight, completion, encoded, sent):
+            duration = asyncio.get_running_loop().time() - started if started else 0.0
             self.emit("completed", key, duration=duration)
 
     # ------------------------------------------------------------------ other doors
@@ -770,21 +741,18 @@ class Lifecycle:
             self.emitter.ran(started, loop)
 
 
-class _Completing:
-    """The scope of a completion write: bounded by ``cutoff`` (opened at the lease end),
-    and its failures mapped to what the caller gets — ``CompletionError`` (carrying the
-    result, and whether the write may have applied), or the exception itself when it is
-    the caller's cancellation or a transaction to run again.  Synchronous: no frame."""
+class _Completing(tuple[Cutoff, str, Any]):
+    """The scope of a completion write, ``(cutoff, key, result)``: bounded by ``cutoff``
+    (opened at the lease end), and its failures mapped to what the caller gets —
+    ``CompletionError`` (carrying the result, and whether the write may have applied), or
+    the exception itself when it is the caller's cancellation or a transaction to run
+    again.  Synchronous, and a tuple made by :data:`_completing`: entering it runs no
+    Python frame (every first call enters one)."""
 
-    __slots__ = ("_cutoff", "_key", "_result")
+    __slots__ = ()
 
-    def __init__(self, cutoff: Cutoff, key: str, result: Any) -> None:
-        self._cutoff = cutoff
-        self._key = key
-        self._result = result
-
-    def __enter__(self) -> None:
-        return None
+    # A builtin, so ``with`` calls no Python code to enter (what it returns is not used).
+    __enter__ = tuple.__len__
 
     def __exit__(
         self,
@@ -792,14 +760,19 @@ class _Completing:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        cutoff = self._cutoff
+        cutoff = self[0]
         if exc is None:
             cutoff.close()
             return
-        failure = _completion_failure(cutoff, exc, self._key, self._result)
+        failure = _completion_failure(cutoff, exc, self[1], self[2])
         cutoff.close()
         if failure is not None:
             raise failure from exc
+
+
+_completing: Final[Callable[[tuple[Cutoff, str, Any]], _Completing]] = partial(
+    tuple.__new__, _Completing
+)
 
 
 def _completion_failure(
@@ -848,6 +821,15 @@ def _step_unsettled(flight: Flight) -> bool:
     it spawned): released, the key would let a retry run it again beside it."""
     steps = flight.steps
     return isinstance(steps, Progress) and (steps.unsettled or steps.current is not None)
+
+
+def _replayable(verdict: Verdict, key: str) -> bool:
+    """Whether a claim's answer is the common replay: a completed record of ``key`` (any
+    other answer, or one about another key, goes to ``Lifecycle._contend``)."""
+    if verdict.__class__ is not Verdict or verdict.found is not _COMPLETED:
+        return False
+    record = verdict.record
+    return record is not None and record.key == key
 
 
 def _said(call: Call | None) -> Answer:

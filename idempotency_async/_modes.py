@@ -132,7 +132,7 @@ class Plain:
         self, flight: Flight, completion: Completion, encoded: bytes | None, sent: float
     ) -> bool:
         replays = self.replays
-        if flight.waiters or replays.cache is not None:
+        if flight.waits is not None or replays.cache is not None:
             record = completion.to_record(completion.now)
             flight.settle(Outcome(record, encoded))
             if replays.cache is not None and encoded is not None:

@@ -3,7 +3,7 @@ callback runs, so a crashed worker blocks its key for one short lease, not its d
 
 A lifecycle chooses its leases once, when it is built: :class:`FixedLeases` (never
 renewed) or :class:`RenewedLeases`, with one small interface — ``renew`` is the short
-lease a claim writes (``Lease.claiming`` shapes it), ``start`` hands back the call's
+lease a claim writes (``Lease`` shapes it), ``start`` hands back the call's
 :class:`Renewing` (a task, or nothing to do).  The renewing task belongs to one call:
 ``start`` creates it after the claim, :meth:`Renewal.cancel` cancels it as soon as the
 callback ends (without yielding to the loop), and :meth:`Renewal.stop` is awaited before
@@ -71,7 +71,7 @@ class Leases(Protocol):
     """How the calls of one lifecycle hold their leases: fixed, or renewed."""
 
     renew: float | None
-    """The short lease a claim writes (``Lease.claiming``), None for the whole lease."""
+    """The short lease a claim writes (``Lease``), None for the whole lease."""
 
     def start(self, lease: Lease, cutoffs: Cutoffs, cutoff: Cutoff, claimed_at: float) -> Renewing:
         """The claim was confirmed and the callback is about to run under ``cutoff``."""

@@ -145,7 +145,7 @@ class Replays:
         if not record.response_stored:
             flight.settle(Outcome(record, None))
             raise not_stored_error(record)
-        if flight.waiters or self.cache is not None:
+        if flight.waits is not None or self.cache is not None:
             encoded = encode_json(record.response)
             flight.settle(Outcome(record, encoded))
             if self.cache is not None and verdict.expires_in is not None:

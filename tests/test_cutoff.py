@@ -138,7 +138,7 @@ def test_a_reopened_cutoff_fires_at_its_new_time_and_counts_as_open() -> None:
             await asyncio.sleep(0.05)
             first.close()
             second = first.reopen(loop.time() + 0.20)  # until 0.25
-            assert second is first and not second.closed and cutoffs._closed_in_heap == 0
+            assert second is first and not second.closed and cutoffs.closed_in_heap == 0
             try:
                 await asyncio.sleep(1.0)
                 return "finished"

@@ -82,14 +82,21 @@ class MemoryStore:
         self._expiry: list[int] = []
         self._due: dict[int, list[str]] = {}
         self._queued = 0
-        self._last_expiration = 0  # shared by the records that expire in the same second
+        # The second the last write queued its key for, and that second's list: writes
+        # that expire in the same second share one int object and skip the lookup.  Reset
+        # (0: no second) whenever lists are dropped or rebuilt.
+        self._last_expiration = 0
+        self._last_due: list[str] = []
+        # A closed store's records are gone: answering "no record" would let a duplicate
+        # run again, so every operation refuses (checked inline: a frame on every call).
         self._closed = False
 
     def __len__(self) -> int:
         return len(self._entries)
 
     async def claim(self, claim: Claim) -> Verdict:
-        self._refuse_if_closed()
+        if self._closed:
+            raise closed_error("MemoryStore")
         key, now = claim.key, claim.now
         current = self._entries.get(key)
         kept: _Entry | None = None
@@ -105,7 +112,7 @@ class MemoryStore:
                 kept = current
         if self._expiry and self._expiry[0] < now:
             self._drop_expired(now)
-        if key not in self._entries and len(self._entries) >= self.max_records:
+        if current is None and len(self._entries) >= self.max_records:
             raise StoreUnavailableError(
                 f"MemoryStore is full: {self.max_records} live records (max_records). Raise "
                 "max_records, shorten expires_after, or use a shared store"
@@ -129,12 +136,14 @@ class MemoryStore:
         return Verdict(Found.CLAIMED, _record(key, self._entries[key]))
 
     async def get(self, key: str, *, now: float) -> Verdict:
-        self._refuse_if_closed()
+        if self._closed:
+            raise closed_error("MemoryStore")
         current = self._entries.get(key)
         return judge(None if current is None else _record(key, current), now)
 
     async def complete(self, completion: Completion) -> Written:
-        self._refuse_if_closed()
+        if self._closed:
+            raise closed_error("MemoryStore")
         key = completion.key
         current = self._entries.get(key)
         if current is None or current[1] != completion.owner:
@@ -161,7 +170,8 @@ class MemoryStore:
         return _WITHOUT_RESPONSE if encoded is None else _RESPONSE
 
     async def release(self, key: str, owner: str) -> bool:
-        self._refuse_if_closed()
+        if self._closed:
+            raise closed_error("MemoryStore")
         current = self._entries.get(key)
         if current is None:
             return True
@@ -176,7 +186,8 @@ class MemoryStore:
         return True
 
     async def extend(self, claim: Claim) -> Extended:
-        self._refuse_if_closed()
+        if self._closed:
+            raise closed_error("MemoryStore")
         key, now = claim.key, claim.now
         current = self._entries.get(key)
         if current is None or current[0] is not _INPROGRESS or current[1] != claim.owner:
@@ -191,7 +202,8 @@ class MemoryStore:
         return Extended.RENEWED
 
     async def record_step(self, write: StepWrite) -> Stepped:
-        self._refuse_if_closed()
+        if self._closed:
+            raise closed_error("MemoryStore")
         key = write.key
         current = self._entries.get(key)
         if current is None or current[0] is not _INPROGRESS or current[1] != write.owner:
@@ -218,7 +230,8 @@ class MemoryStore:
         return Stepped.RECORDED
 
     async def force_release(self, key: str) -> Record | None:
-        self._refuse_if_closed()
+        if self._closed:
+            raise closed_error("MemoryStore")
         current = self._entries.pop(key, None)
         return None if current is None else _record(key, current)
 
@@ -234,12 +247,8 @@ class MemoryStore:
         self._entries.clear()
         self._expiry.clear()
         self._due.clear()
+        self._last_expiration = 0
         self._queued = 0
-
-    def _refuse_if_closed(self) -> None:
-        # Its records are gone: answering "no record" would let a duplicate run again.
-        if self._closed:
-            raise closed_error("MemoryStore")
 
     def _write(
         self,
@@ -257,22 +266,24 @@ class MemoryStore:
         completed), followed by ``steps`` (the step list and its count, in progress), and
         queue its expiry."""
         if expiration == self._last_expiration:
-            expiration = self._last_expiration  # one int object per second, not per record
+            expiration = self._last_expiration
+            due = self._last_due
         else:
+            known = self._due.get(expiration)
+            if known is None:
+                known = self._due[expiration] = []
+                heapq.heappush(self._expiry, expiration)
+            due = self._last_due = known
             self._last_expiration = expiration
         if steps:
             self._entries[key] = (status, owner, expiration, validation, fifth, sixth, *steps)
         else:  # the common case, without building from an unpacking
             self._entries[key] = (status, owner, expiration, validation, fifth, sixth)
-        due = self._due.get(expiration)
-        if due is None:
-            self._due[expiration] = [key]
-            heapq.heappush(self._expiry, expiration)
-        else:
-            due.append(key)
+        due.append(key)
         self._queued += 1
         if self._queued > 2 * len(self._entries) + 64:
             self._due = {}
+            self._last_expiration = 0
             for live, entry in self._entries.items():
                 self._due.setdefault(entry[2], []).append(live)
             self._expiry = list(self._due)
@@ -281,6 +292,7 @@ class MemoryStore:
 
     def _drop_expired(self, now: float) -> None:
         heap, due, entries = self._expiry, self._due, self._entries
+        self._last_expiration = 0  # its list may be dropped here
         while heap and heap[0] < now:
             keys = due.pop(heapq.heappop(heap))
             self._queued -= len(keys)
