@@ -451,12 +451,7 @@ class Lifecycle:
             self.emit("cut_off", key)
             await self.mode.abandon(lease, exc, cutoffs)
         elif write is Write.RELEASE:
-            if _step_unsettled(flight):
-                # A step ran and its recovery point may be missing: a retry before the
-                # lease ends would run it again.  Left to its lease, like a cut-off call.
-                await self.mode.abandon(lease, exc, cutoffs)
-            else:
-                await self._release_after_failure(lease, exc, cutoffs)
+            await self._release(flight, exc, cutoffs)
         elif write is Write.COMPLETE_NOT_STORED:
             await self._complete_not_awaitable(flight, exc, cutoffs.loop, started)
         elif write is Write.COMPLETE_ERROR:
@@ -482,10 +477,9 @@ class Lifecycle:
         if outcome is Outcome.CANCELLED:
             # The callback swallowed its caller's cancellation: no store write after it.
             raise asyncio.CancelledError
-        if write is Write.RELEASE and not _step_unsettled(flight):
+        if write is Write.RELEASE:
             # The callback asked for the key back (Call.release): no completion.
-            assert flight.lease is not None
-            await self._release_after_failure(flight.lease, None, cutoffs)
+            await self._release(flight, None, cutoffs)
         return result
 
     async def _complete_not_awaitable(
@@ -539,9 +533,16 @@ class Lifecycle:
                 f"idempotency: recording this error as the call's result failed: {failed}"
             )
 
-    async def _release_after_failure(
-        self, lease: Lease, exc: BaseException | None, cutoffs: Cutoffs
-    ) -> None:
+    async def _release(self, flight: Flight, exc: BaseException | None, cutoffs: Cutoffs) -> None:
+        """Give the key back after a callback that raised ``exc`` or asked for it (None:
+        ``Call.release``) — unless a step ran and its recovery point may be missing (or it
+        still runs): a retry before the lease ends would run it again, so the key is left
+        to its lease, as a cut-off call's is."""
+        lease = flight.lease
+        assert lease is not None
+        if _step_unsettled(flight):
+            await self.mode.abandon(lease, exc, cutoffs)
+            return
         released = await self.mode.release(lease, exc, cutoffs)
         if released is True:
             self.emit("released", lease.key)

@@ -58,7 +58,7 @@ class Mode(Protocol):
     def unknown_claim(self, lease: Lease, exc: BaseException, cutoffs: Cutoffs) -> Awaitable[None]:
         """The claim's outcome is unknown (it may have applied): clean up after it."""
 
-    def abandon(self, lease: Lease, exc: BaseException, cutoffs: Cutoffs) -> Awaitable[None]:
+    def abandon(self, lease: Lease, exc: BaseException | None, cutoffs: Cutoffs) -> Awaitable[None]:
         """The call is cut off: what is left of its claim (the record waits for its lease)."""
 
     def release(
@@ -119,7 +119,7 @@ class Plain:
     async def _released(self, lease: Lease, exc: BaseException, cutoffs: Cutoffs) -> None:
         await self.release(lease, exc, cutoffs)
 
-    def abandon(self, lease: Lease, exc: BaseException, cutoffs: Cutoffs) -> Awaitable[None]:
+    def abandon(self, lease: Lease, exc: BaseException | None, cutoffs: Cutoffs) -> Awaitable[None]:
         return DONE  # the record stays in progress until its lease ends
 
     def release(
@@ -166,7 +166,7 @@ class InTransaction:
     def unknown_claim(self, lease: Lease, exc: BaseException, cutoffs: Cutoffs) -> Awaitable[None]:
         return DONE  # a transactional claim rolled its savepoint back itself
 
-    async def abandon(self, lease: Lease, exc: BaseException, cutoffs: Cutoffs) -> None:
+    async def abandon(self, lease: Lease, exc: BaseException | None, cutoffs: Cutoffs) -> None:
         # Nothing is left half done in the caller's transaction: its savepoint rolls back.
         await self.release(lease, exc, cutoffs)
 
