@@ -21,6 +21,11 @@ import pytest
 from _postgres import PostgresServer, fresh_table_name
 from test_examples_http import running
 
+# A connection per request: the example servers close an idle keep-alive connection after
+# 5 s (uvicorn's default), and a loaded machine can take that long between two requests,
+# which then meets the closing connection (httpx.ReadError, not the library's doing).
+_FRESH = httpx.Limits(max_keepalive_connections=0)
+
 pytestmark = pytest.mark.postgres
 
 EXAMPLE = "steps_fastapi_postgres.py"
@@ -93,7 +98,7 @@ async def test_a_request_failing_after_the_charge_resumes_at_the_receipt(
     postgres_server: PostgresServer,
 ) -> None:
     async with deployment(postgres_server) as shop, running(EXAMPLE, shop.env) as url:
-        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=_FRESH) as client:
             failed = await client.post(
                 "/orders", json=CART, headers=_headers("k-1", **{"X-Demo-Fault": "after-charge"})
             )
@@ -131,7 +136,7 @@ async def test_a_shop_process_dying_in_a_step_resumes_on_another_with_one_of_eac
         running(EXAMPLE, shop.env) as dying,
         running(EXAMPLE, shop.env) as other,
     ):
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with httpx.AsyncClient(timeout=60, limits=_FRESH) as client:
             with pytest.raises(httpx.TransportError):  # the connection drops with the process
                 await client.post(
                     f"{dying}/orders", json=CART, headers=_headers("k-2", **{"X-Demo-Fault": fault})
@@ -162,7 +167,7 @@ async def test_a_client_that_gives_up_mid_request_then_retries_gets_one_of_each(
         async with httpx.AsyncClient(base_url=url, timeout=0.5) as impatient:
             with pytest.raises(httpx.ReadTimeout):
                 await impatient.post("/orders", json=slow, headers=_headers("k-4"))
-        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=_FRESH) as client:
             retried = await client.post("/orders", json=slow, headers=_headers("k-4"))
         await _check_one_of_each(shop, retried)
         assert list((await shop.provider_requests()).values()) == [1]
@@ -177,7 +182,7 @@ async def test_concurrent_duplicates_run_each_step_once_and_another_body_is_422(
         running(EXAMPLE, shop.env) as second,
     ):
         slow = {**CART, "slow": 0.5}
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with httpx.AsyncClient(timeout=60, limits=_FRESH) as client:
             answers = await asyncio.gather(
                 *(
                     client.post(f"{url}/orders", json=slow, headers=_headers("k-3"))
