@@ -68,6 +68,9 @@ class Flight(Run):
 
     keys: Keys
     owner: str
+    steps: object
+    """Its recovery points (``_steps``): the lifecycle's shared ``Stepper``, the
+    call's own ``Progress`` once it resumed or took a step."""
     phase: Phase = _CLAIMING
     lease: Lease | None = None
     """The call's one lease once its claim is confirmed (renewal moves it)."""
@@ -76,9 +79,6 @@ class Flight(Run):
     sent: float = 0.0
     """When (loop time) its latest claim or read was sent: the remaining life a store
     reports in the answer counts from here (for the local cache)."""
-    steps: object = None
-    """Its recovery points (``_steps``): the lifecycle's shared ``Stepper`` once held, the
-    call's own ``Progress`` once it resumed or took a step."""
 
     def waited_on(self) -> Waits:
         """What the duplicates waiting on this call share (made by the first)."""

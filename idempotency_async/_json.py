@@ -55,7 +55,9 @@ def encode_json(value: Any) -> bytes:
             too_deep = ValueError(f"nested deeper than {MAX_STORED_DEPTH} levels")
             raise _not_json(value, too_deep) from None
         return _WIDE_MARK + text.encode()
-    if b"null" in encoded:
+    # ``bytes.find``, not ``in``: ``in`` first tries its operand as an integer (an
+    # exception raised and cleared in C), twice the cost on every completion.
+    if encoded.find(b"null") != -1:
         _reject_non_finite(value)
     return encoded
 
@@ -121,7 +123,7 @@ def _stored_depth(data: bytes | str) -> int:
     most nesting is shallow: the same answer for valid JSON, several times faster on a
     large response (a replay reads one on every duplicate)."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    if b"\\" in raw:
+    if raw.find(b"\\") != -1:  # (find: see encode_json)
         raw = _ESCAPE.sub(b"", raw)
     structure = raw.translate(None, _NOT_STRUCTURE).replace(b'""', b"")
     # Removing two adjacent quotes keeps every other quote's role (opening or closing)
@@ -199,9 +201,9 @@ def nesting_depth(text: str | bytes) -> int:
     if _openers(text) <= 1:
         return _openers(text)
     data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
-    if b"\\" in data:
+    if data.find(b"\\") != -1:  # (find: see encode_json)
         data = _ESCAPE.sub(b"", data)
-    if b'"' in data:
+    if data.find(b'"') != -1:
         data = _STRING.sub(b"", data)
     brackets = data.translate(None, _NOT_BRACKET)
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)

@@ -60,7 +60,19 @@ class Lease:
     claim.  Made for each claim sent; owned by the call.
 
     It holds the claim's fields rather than a :class:`~idempotency_async.record.Claim`
-    (one object less per call in flight); :attr:`claim` builds the claim to send.
+    (one object less per call in flight); :attr:`claim` builds the claim to send:
+
+    - ``owner``: the claim's owner token;
+    - ``now``: the store clock's now of the claim as last confirmed (the claim's, then
+      each renewal's), and ``length``: the lease the store was asked for, in seconds
+      from ``now`` (margin included);
+    - ``ends_at``: when the lease ends (loop time); cleanup and completion writes end
+      here.  ``limit``: the call's hard bound (a renewed lease never ends later);
+    - ``cutoff_at``: when the callback is cut off (loop time), the lease end less
+      ``reserve``, the time kept for the completion write.
+
+    (Listed here, not as attribute docstrings: each of those is an instruction that every
+    claim would run.)
     """
 
     __slots__ = (
@@ -107,20 +119,12 @@ class Lease:
         margin = options.lease_margin
         self.keys = keys
         self.owner = owner
-        """The claim's owner token."""
         self.now = options.clock()
-        """The store clock's now of the claim as last confirmed (the claim's, then each
-        renewal's)."""
         self.length = left + margin if margin else left  # no float per call for no margin
-        """The lease the store was asked for, in seconds from :attr:`now` (margin included)."""
         self.options = options
         self.ends_at = self.limit = ends = sent + left
-        """When the lease ends (loop time); cleanup and completion writes end here.
-        :attr:`limit` is the call's hard bound: a renewed lease never ends later."""
         self.cutoff_at = ends - reserve
-        """When the callback is cut off (loop time): the lease end less the reserve."""
         self.reserve = reserve
-        """Time kept between the cutoff and the lease end for the completion write."""
         if renew is not None:
             self.shorten(renew, override)
 
@@ -201,7 +205,7 @@ class Lease:
 
 
 def effective_deadline(
-    loop: asyncio.AbstractEventLoop, *, deadline: float | None, timeout: float | None
+    loop: asyncio.AbstractEventLoop, deadline: float | None, timeout: float | None
 ) -> Deadline:
     """The earliest of an explicit deadline, a timeout from now and the ambient deadline.
 

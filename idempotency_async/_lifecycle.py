@@ -225,7 +225,7 @@ class Lifecycle:
                 break  # the other call's claim is still unanswered: ask the store ourselves
             if early is not None:
                 return self._joined(early, keys)  # type: ignore[no-any-return]
-        flight = self.inflight[keys.key] = Flight(keys, self._shared.owner())
+        flight = self.inflight[keys.key] = Flight(keys, self._shared.owner(), self.stepper)
         renewing = NOT_RENEWING
         try:
             # 2. Claim: the common replay is answered here, any other record by _contend.
@@ -406,8 +406,6 @@ class Lifecycle:
         """The store confirmed the claim: the key is in progress here, under ``lease``
         (the call's one lease: renewal moves it, every door reads it).  Returns the
         loop's cutoffs, which bound the work from here."""
-        if flight.steps is None:
-            flight.steps = self.stepper
         flight.hold(lease)
         self.emit("claimed", lease.keys.key)
         return self._shared.cutoffs(loop)

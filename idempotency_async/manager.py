@@ -197,7 +197,7 @@ class Manager:
         try:
             if not callable(callback):
                 raise _not_callable(callback, held)
-            when = effective_deadline(loop, deadline=deadline, timeout=timeout)
+            when = effective_deadline(loop, deadline, timeout)
             keys = None if self._disabled else self._keys.derive(payload)
         except Exception as exc:
             return _raising(exc)
@@ -285,7 +285,7 @@ class Manager:
                 f"{type(self.store).__name__}"
             )
         loop = asyncio.get_running_loop()
-        when = effective_deadline(loop, deadline=deadline, timeout=timeout)
+        when = effective_deadline(loop, deadline, timeout)
         keys = None if self._disabled else keyed.keys
         transaction = await bind(connection)  # ConfigError unless it is in a transaction
         with self._span():  # (its store operations are the transaction's: not timed)
@@ -347,7 +347,7 @@ class Manager:
     ) -> Any:
         """The read door, on the keys ``keyed`` derived."""
         loop = asyncio.get_running_loop()
-        when = effective_deadline(loop, deadline=deadline, timeout=timeout)
+        when = effective_deadline(loop, deadline, timeout)
         keys = None if self._disabled else keyed.keys
         if keys is None:
             return default
