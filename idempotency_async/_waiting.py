@@ -186,7 +186,7 @@ class Waiting:
             waits = flight.waited_on()
             if waits.claim_answered is None:
                 waits.claim_answered = loop.create_future()
-            if not await self._wait_on(flight, waits.claim_answered, keys.key, deadline, loop):
+            if not await self._wait_on(flight, waits.claim_answered, keys, deadline, loop):
                 return UNANSWERED
             if not flight.holding():
                 return flight.result
@@ -201,14 +201,14 @@ class Waiting:
         waits = flight.waited_on()
         if waits.finished is None:
             waits.finished = loop.create_future()
-        await self._wait_on(flight, waits.finished, keys.key, deadline, loop)
+        await self._wait_on(flight, waits.finished, keys, deadline, loop)
         return flight.result
 
     async def _wait_on(
         self,
         flight: Flight,
         future: asyncio.Future[Any],
-        key: str,
+        keys: Keys,
         deadline: float | None,
         loop: asyncio.AbstractEventLoop,
     ) -> bool:
@@ -219,6 +219,7 @@ class Waiting:
             limit = self.limit(deadline, loop)
         else:
             limit = float("inf") if deadline is None else deadline
+        key = keys.key
         waits = flight.waited_on()
         waits.count += 1
         started = loop.time()
@@ -235,6 +236,9 @@ class Waiting:
                 ) from None
             if not flight.holding():
                 return False
+            # Held by now (its claim answered as the wait ran out): a duplicate with another
+            # payload learns that before it is told to retry (G5).
+            self._keys.validate(flight.keys.validation, keys)
             lease_end = flight.lease_end
             retry_after = None
             if lease_end is not None:

@@ -237,3 +237,48 @@ def test_a_call_after_its_own_force_release_joins_a_replay_sent_before_it() -> N
     ]
     scenario = Scenario.from_json(json.dumps({**_JOINED_RELEASED, "calls": calls}))
     assert run_one(scenario) == []
+
+
+# Found by a 10,000-seed run at the start of the spine's last stop (seed 22496, shrunk):
+# a duplicate joins, in its process, a call whose claim met another worker's record; its
+# wait ends as that call holds the key, and it was refused (AlreadyInProgressError) without
+# its payload compared with the holder's — "validation comes before refusal, in process
+# too" (G5).  Manager 0's clock is 1.3 s behind; call 3 carries another payload.
+_REFUSED_UNVALIDATED = {
+    "seed": 22496,
+    "validate": True,
+    "managers": [
+        {"skew": -1.306, "wait": True, "wait_timeout": 2.528},
+        {"skew": 0.0, "wait": False, "wait_timeout": 3.96},
+        {"skew": 0.0, "wait": False, "wait_timeout": 3.623},
+    ],
+    "calls": [
+        # another worker holds the key for 4.2 s (cut off at its deadline)
+        {"manager": 1, "amount": 1, "at": 0.0, "timeout": 4.114, "duration": 4.207},
+        {"manager": 2, "amount": 1, "at": 3.81, "timeout": 6.233, "cancel_after": 2.314},
+        # waits on that record, then claims the key
+        {"manager": 0, "amount": 1, "at": 0.0, "timeout": 7.155, "duration": 2.612},
+        # joins the call above in process, with another payload
+        {"manager": 0, "amount": 2, "at": 0.0, "timeout": 2.688, "steps": 2, "step_at": 1},
+    ],
+}
+
+
+def test_a_joined_duplicate_refused_as_the_holder_claims_is_validated_first() -> None:
+    manager = {
+        "lease": None,
+        "lease_margin": 0.0,
+        "expires_after": 3600.0,
+        "use_local_cache": False,
+        "completion_reserve": None,
+    }
+    call = {"key": 0, "deadline": "timeout", "behaviour": "return", "duration": 0.0}
+    scenario = {
+        **_REFUSED_UNVALIDATED,
+        "managers": [{**manager, **plan} for plan in _REFUSED_UNVALIDATED["managers"]],
+        "calls": [
+            {**call, "cancel_after": None, "faults": [], **plan}
+            for plan in _REFUSED_UNVALIDATED["calls"]
+        ],
+    }
+    assert run_one(Scenario.from_json(json.dumps(scenario))) == []
