@@ -97,17 +97,18 @@ class MemoryStore:
     async def claim(self, claim: Claim) -> Verdict:
         if self._closed:
             raise closed_error("MemoryStore")
-        key, now = claim.key, claim.now
+        # Unpacked once (a NamedTuple's field read is a slow attribute lookup in 3.11).
+        key, owner, now, lease, ttl, validation, _ = claim
         current = self._entries.get(key)
         kept: _Entry | None = None
         if current is not None:
-            if not (current[0] is _INPROGRESS and current[1] == claim.owner):
+            if not (current[0] is _INPROGRESS and current[1] == owner):
                 verdict = judge(_record(key, current), now)
                 if verdict.found is not _CLAIMABLE:
                     return verdict
             if len(current) > 6 and current[2] >= now:
                 # Unexpired progress: resumed by its own payload only.
-                if current[3] != claim.validation:
+                if current[3] != validation:
                     return Verdict(Found.RESUMABLE, _record(key, current))
                 kept = current
         if self._expiry and self._expiry[0] < now:
@@ -117,22 +118,11 @@ class MemoryStore:
                 f"MemoryStore is full: {self.max_records} live records (max_records). Raise "
                 "max_records, shorten expires_after, or use a shared store"
             )
-        expiration = expiration_for(now, claim.ttl, claim.lease)
+        expiration = expiration_for(now, ttl, lease)
         if kept is None:
-            self._write(
-                key, _INPROGRESS, claim.owner, expiration, claim.validation, now, claim.lease
-            )
+            self._write(key, _INPROGRESS, owner, expiration, validation, now, lease)
             return CLAIMED
-        self._write(
-            key,
-            _INPROGRESS,
-            claim.owner,
-            expiration,
-            claim.validation,
-            now,
-            claim.lease,
-            kept[6:],
-        )
+        self._write(key, _INPROGRESS, owner, expiration, validation, now, lease, kept[6:])
         return Verdict(Found.CLAIMED, _record(key, self._entries[key]))
 
     async def get(self, key: str, *, now: float) -> Verdict:
@@ -144,11 +134,10 @@ class MemoryStore:
     async def complete(self, completion: Completion) -> Written:
         if self._closed:
             raise closed_error("MemoryStore")
-        key = completion.key
+        key, owner, now, ttl, validation, encoded, _, not_stored = completion  # (as in claim)
         current = self._entries.get(key)
-        if current is None or current[1] != completion.owner:
+        if current is None or current[1] != owner:
             return _NOTHING
-        encoded = completion.encoded
         if encoded is None and current[0] is _COMPLETED and current[4] is not None:
             # The owner's response is final: its first completion (without one), resent
             # after its answer was lost, must not take back the response attached since.
@@ -157,16 +146,8 @@ class MemoryStore:
             # orjson's bytes keep their whole output buffer (4 KB and up): an exact-size
             # copy keeps a record near the size of its response.
             encoded = bytes(memoryview(encoded))
-        expiration = expiration_for(completion.now, completion.ttl, 0.0)
-        self._write(
-            key,
-            _COMPLETED,
-            completion.owner,
-            expiration,
-            completion.validation,
-            encoded,
-            completion.not_stored,
-        )
+        expiration = expiration_for(now, ttl, 0.0)
+        self._write(key, _COMPLETED, owner, expiration, validation, encoded, not_stored)
         return _WITHOUT_RESPONSE if encoded is None else _RESPONSE
 
     async def release(self, key: str, owner: str) -> bool:
