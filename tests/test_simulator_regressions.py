@@ -282,3 +282,55 @@ def test_a_joined_duplicate_refused_as_the_holder_claims_is_validated_first() ->
         ],
     }
     assert run_one(Scenario.from_json(json.dumps(scenario))) == []
+
+
+# Judged, not fixed (a 20,000-seed run of the same stop, seed 53566, shrunk): process B
+# sends a claim (its answer slow), process A's operator force-releases the key and A runs
+# it again; a duplicate in B, arriving meanwhile, joins B's claim and replays what that
+# claim met — the released record.  B cannot see A's release: the documented hazard of
+# force_release (docs/manager.md, "Operators"), as with a local cache; the oracle exempts it.
+_JOINED_BEFORE_ANOTHER_RELEASE = {
+    "seed": 53566,
+    "validate": False,
+    "managers": [
+        {"skew": 0.0, "wait": False, "wait_timeout": 1.838},
+        {"skew": 0.0, "wait": False, "wait_timeout": 5.334},
+    ],
+    "calls": [
+        {"manager": 0, "at": 0.0, "timeout": 4.484},
+        # B's claim reaches the completed record at t=10.98; its answer comes 2.3 s later
+        {
+            "manager": 1,
+            "at": 10.98,
+            "timeout": 4.012,
+            "faults": [
+                {"op": "claim", "nth": 0, "kind": "slow_answer", "seconds": 2.322},
+            ],
+        },
+        # A's operator releases the key, and A runs it again
+        {"manager": 0, "at": 0.0, "timeout": 2.646, "door": "operator"},
+        {"manager": 0, "at": 0.0, "timeout": 3.0},
+        # joins B's claim at t=11.864
+        {"manager": 1, "at": 11.864, "timeout": 7.749},
+    ],
+}
+
+
+def test_a_duplicate_joining_a_claim_sent_before_another_process_s_release() -> None:
+    manager = {
+        "lease": None,
+        "lease_margin": 0.0,
+        "expires_after": 3600.0,
+        "use_local_cache": False,
+        "completion_reserve": None,
+    }
+    call = {"key": 0, "amount": 1, "deadline": "timeout", "behaviour": "return", "duration": 0.0}
+    scenario = {
+        **_JOINED_BEFORE_ANOTHER_RELEASE,
+        "managers": [{**manager, **plan} for plan in _JOINED_BEFORE_ANOTHER_RELEASE["managers"]],
+        "calls": [
+            {**call, "cancel_after": None, "faults": [], **plan}
+            for plan in _JOINED_BEFORE_ANOTHER_RELEASE["calls"]
+        ],
+    }
+    assert run_one(Scenario.from_json(json.dumps(scenario))) == []
