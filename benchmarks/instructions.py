@@ -3,6 +3,7 @@
     python benchmarks/instructions.py                # this checkout: first call and replay
     python benchmarks/instructions.py --rev 7116c7c  # an earlier commit's package
     python benchmarks/instructions.py --frames       # Python frames per call (cProfile)
+    python benchmarks/instructions.py --store redis  # RedisStore's own work per call
 
 On a shared machine a CPU-time ratio strays by ±20 % from one round to the next, more than
 most single optimisations of the call path are worth.  The number of instructions the
@@ -15,6 +16,10 @@ Each measurement runs the interpreter under ``valgrind --tool=callgrind`` twice,
 imports cancel out.  The calls are ``bench_manager.py``'s: ``Manager(MemoryStore(),
 Options()).execute(order, lambda: process(order), timeout=10)``, a fresh payload per call
 (a replay: a fresh copy of one order).  Needs valgrind; about a minute per figure.
+``--store redis`` counts ``RedisStore``'s own work instead: ``claim`` + ``complete`` of a
+fresh key (first call), ``claim`` meeting a completed record (replay), on a client that
+answers every script at once as redis-server would (its pool sized as redis-py's default,
+so the store's queue is on); no manager, no I/O.
 ``--frames`` counts Python frames per call instead (cProfile's call counts, no valgrind):
 all of them, and the library's own.
 """
@@ -47,6 +52,9 @@ async def process(payload: dict[str, Any]) -> dict[str, Any]:
 
 async def calls(kind: str, count: int) -> None:
     """The child's work: ``count`` calls of ``kind`` after the warm-up."""
+    if kind.startswith("redis-"):
+        await redis_calls(kind.removeprefix("redis-"), count)
+        return
     from idempotency_async import Manager, MemoryStore, Options
 
     manager = Manager(MemoryStore(), Options())
@@ -59,6 +67,45 @@ async def calls(kind: str, count: int) -> None:
         payloads = [order(0) for _ in range(count)]
     for payload in payloads:
         await manager.execute(payload, lambda payload=payload: process(payload), timeout=10)
+
+
+async def redis_calls(kind: str, count: int) -> None:
+    """``RedisStore`` on a client answering each script at once (see the module's doc)."""
+    from idempotency_async._json import encode_json
+    from idempotency_async.record import Claim, Completion
+    from idempotency_async.stores._redis_records import completion_tail
+    from idempotency_async.stores.redis import RedisStore
+
+    response = {"order": "ord-0", "status": "charged"}
+    done = Completion("k", "owner", 0.0, 3600.0, "hash", encode_json(response), response)
+    record = b'{"status":"COMPLETED","expiration":4102444800'
+    record += completion_tail(done, done.encoded, None)
+
+    class ConnectionPool:  # named and sized as redis-py's default pool
+        max_connections = 100
+
+    class Client:
+        connection_pool = ConnectionPool()
+
+        async def evalsha(self, sha: str, numkeys: int, key: str, *args: Any) -> Any:
+            return [3, record, b"1700000000.000000", key.encode()] if kind == "replay" else 1
+
+        async def script_load(self, text: str) -> None:
+            return None
+
+    store = RedisStore(Client())
+    await store.load_scripts()
+
+    async def call(n: int) -> None:
+        key = "k" if kind == "replay" else f"k{n}"
+        await store.claim(Claim(key, "owner", 1.7e9, 10.0, 3600.0, "hash"))
+        if kind == "first":
+            await store.complete(done._replace(key=key))
+
+    for n in range(WARM_UP):
+        await call(-n)
+    for n in range(count):
+        await call(n)
 
 
 def frames(kind: str) -> tuple[float, float]:
@@ -109,6 +156,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rev", help="measure this commit's package instead (git rev)")
     parser.add_argument("--frames", action="store_true", help="count Python frames instead")
+    parser.add_argument(
+        "--store",
+        choices=("memory", "redis"),
+        default="memory",
+        help="memory: Manager on MemoryStore (default); redis: RedisStore's own work",
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -122,8 +175,9 @@ def main() -> None:
         root = Path(__file__).resolve().parent.parent
         if args.rev:
             root = exported(args.rev, Path(folder))
-        print(f"package: {args.rev or 'this checkout'} ({root})")
-        for kind, name in (("first", "first call"), ("replay", "replay")):
+        print(f"package: {args.rev or 'this checkout'} ({root}), store: {args.store}")
+        prefix = "redis-" if args.store == "redis" else ""
+        for kind, name in ((prefix + "first", "first call"), (prefix + "replay", "replay")):
             if args.frames:
                 environment = {**os.environ, "PYTHONPATH": str(root)}
                 command = [sys.executable, __file__, "--child", kind, "frames"]
