@@ -3,6 +3,8 @@
     python benchmarks/instructions.py                # this checkout: first call and replay
     python benchmarks/instructions.py --rev 7116c7c  # an earlier commit's package
     python benchmarks/instructions.py --frames       # Python frames per call (cProfile)
+    python benchmarks/instructions.py --store redis  # RedisStore's own work per call
+    python benchmarks/instructions.py --store redis-server   # manager / raw on Redis
 
 On a shared machine a CPU-time ratio strays by ±20 % from one round to the next, more than
 most single optimisations of the call path are worth.  The number of instructions the
@@ -15,6 +17,13 @@ Each measurement runs the interpreter under ``valgrind --tool=callgrind`` twice,
 imports cancel out.  The calls are ``bench_manager.py``'s: ``Manager(MemoryStore(),
 Options()).execute(order, lambda: process(order), timeout=10)``, a fresh payload per call
 (a replay: a fresh copy of one order).  Needs valgrind; about a minute per figure.
+``--store redis`` counts ``RedisStore``'s own work instead: ``claim`` + ``complete`` of a
+fresh key (first call), ``claim`` meeting a completed record (replay), on a client that
+answers every script at once as redis-server would (its pool sized as redis-py's default,
+so the store's queue is on); no manager, no I/O.  ``--store redis-server`` counts whole calls
+against a redis-server this script starts (the client process only; 300 and 900 calls):
+``bench_redis.py``'s raw script calls and its manager, first call and replay, and their
+ratio — the I/O makes these counts steady to a few per cent (the loop turns vary), not 0.1 %.
 ``--frames`` counts Python frames per call instead (cProfile's call counts, no valgrind):
 all of them, and the library's own.
 """
@@ -26,6 +35,7 @@ import asyncio
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -35,6 +45,7 @@ from typing import Any
 
 WARM_UP = 200
 FEW, MANY = 1_000, 3_000
+SERVER_FEW, SERVER_MANY = 300, 900  # calls against redis-server: ~0.8 M instructions each
 
 
 def order(n: int) -> dict[str, Any]:
@@ -47,6 +58,12 @@ async def process(payload: dict[str, Any]) -> dict[str, Any]:
 
 async def calls(kind: str, count: int) -> None:
     """The child's work: ``count`` calls of ``kind`` after the warm-up."""
+    if kind.startswith("redis-"):
+        await redis_calls(kind.removeprefix("redis-"), count)
+        return
+    if kind.startswith("server-"):
+        await server_calls(kind.removeprefix("server-"), count)
+        return
     from idempotency_async import Manager, MemoryStore, Options
 
     manager = Manager(MemoryStore(), Options())
@@ -59,6 +76,105 @@ async def calls(kind: str, count: int) -> None:
         payloads = [order(0) for _ in range(count)]
     for payload in payloads:
         await manager.execute(payload, lambda payload=payload: process(payload), timeout=10)
+
+
+async def redis_calls(kind: str, count: int) -> None:
+    """``RedisStore`` on a client answering each script at once (see the module's doc)."""
+    from idempotency_async._json import encode_json
+    from idempotency_async.record import Claim, Completion
+    from idempotency_async.stores._redis_records import completion_tail
+    from idempotency_async.stores.redis import RedisStore
+
+    response = {"order": "ord-0", "status": "charged"}
+    done = Completion("k", "owner", 0.0, 3600.0, "hash", encode_json(response), response)
+    record = b'{"status":"COMPLETED","expiration":4102444800'
+    record += completion_tail(done, done.encoded, None)
+
+    class ConnectionPool:  # named and sized as redis-py's default pool
+        max_connections = 100
+
+    class Client:
+        connection_pool = ConnectionPool()
+
+        async def evalsha(self, sha: str, numkeys: int, key: str, *args: Any) -> Any:
+            return [3, record, b"1700000000.000000", key.encode()] if kind == "replay" else 1
+
+        async def script_load(self, text: str) -> None:
+            return None
+
+    store = RedisStore(Client())
+    await store.load_scripts()
+
+    async def call(n: int) -> None:
+        key = "k" if kind == "replay" else f"k{n}"
+        await store.claim(Claim(key, "owner", 1.7e9, 10.0, 3600.0, "hash"))
+        if kind == "first":
+            await store.complete(done._replace(key=key))
+
+    for n in range(WARM_UP):
+        await call(-n)
+    for n in range(count):
+        await call(n)
+
+
+async def server_calls(kind: str, count: int) -> None:
+    """``bench_redis.py``'s paths against the redis-server on port ``$BENCH_REDIS_PORT``:
+    ``kind`` is ``raw-first``, ``raw-replay``, ``manager-first`` or ``manager-replay``."""
+    import uuid
+
+    import redis.asyncio as redis_asyncio
+    from bench_redis import Raw, fresh, manager_call
+    from bench_redis import order as bench_order
+
+    from idempotency_async import Manager, Options
+    from idempotency_async.stores.redis import RedisStore
+
+    client = redis_asyncio.Redis(host="127.0.0.1", port=int(os.environ["BENCH_REDIS_PORT"]))
+    raw = Raw(client)
+    store = RedisStore(client)
+    manager = Manager(store, Options(key_prefix="bench"))
+    await store.load_scripts()
+    replay_key, replay_order = fresh(), bench_order(uuid.uuid4().hex)
+    await raw.first(replay_key)
+    await manager_call(manager, replay_order)
+    paths = {
+        "raw-first": lambda: raw.first(fresh()),
+        "raw-replay": lambda: raw.replay(replay_key),
+        "manager-first": lambda: manager_call(manager, bench_order(uuid.uuid4().hex)),
+        "manager-replay": lambda: manager_call(manager, replay_order),
+    }
+    path = paths[kind]
+    try:
+        for _ in range(WARM_UP):
+            await path()
+        for _ in range(count):
+            await path()
+    finally:
+        await client.aclose()
+
+
+def server_figures(root: Path) -> None:
+    """Whole calls against a redis-server of our own: raw, manager, and their ratio."""
+    from bench_redis import start_redis
+
+    process, port, directory = start_redis()
+    os.environ["BENCH_REDIS_PORT"] = str(port)
+    try:
+        for kind, name in (("first", "first call"), ("replay", "replay")):
+            per_call = {}
+            for path in ("raw", "manager"):
+                child = f"server-{path}-{kind}"
+                few, many = counted(root, child, SERVER_FEW), counted(root, child, SERVER_MANY)
+                per_call[path] = (many - few) / (SERVER_MANY - SERVER_FEW)
+            raw, manager = per_call["raw"], per_call["manager"]
+            print(
+                f"  {name:<11}raw {raw:>10,.0f}, manager {manager:>10,.0f} instructions "
+                f"(manager / raw {manager / raw:.3f})"
+            )
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def frames(kind: str) -> tuple[float, float]:
@@ -109,6 +225,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rev", help="measure this commit's package instead (git rev)")
     parser.add_argument("--frames", action="store_true", help="count Python frames instead")
+    parser.add_argument(
+        "--store",
+        choices=("memory", "redis", "redis-server"),
+        default="memory",
+        help="memory: Manager on MemoryStore (default); redis: RedisStore's own work; "
+        "redis-server: whole calls against redis-server, manager and raw",
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -122,8 +245,12 @@ def main() -> None:
         root = Path(__file__).resolve().parent.parent
         if args.rev:
             root = exported(args.rev, Path(folder))
-        print(f"package: {args.rev or 'this checkout'} ({root})")
-        for kind, name in (("first", "first call"), ("replay", "replay")):
+        print(f"package: {args.rev or 'this checkout'} ({root}), store: {args.store}")
+        if args.store == "redis-server":
+            server_figures(root)
+            return
+        prefix = "redis-" if args.store == "redis" else ""
+        for kind, name in ((prefix + "first", "first call"), (prefix + "replay", "replay")):
             if args.frames:
                 environment = {**os.environ, "PYTHONPATH": str(root)}
                 command = [sys.executable, __file__, "--child", kind, "frames"]

@@ -22,6 +22,7 @@ from redis.backoff import NoBackoff
 from idempotency_async import errors
 from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion, Status
+from idempotency_async.stores._redis_gate import Gate
 from idempotency_async.stores.base import CLAIMED, Found, Written
 from idempotency_async.stores.redis import RedisStore
 
@@ -442,6 +443,53 @@ async def test_more_concurrent_calls_than_pooled_connections_queue(
         written = await asyncio.gather(*(store.complete(completion(key)) for key in keys))
         assert set(written) == {Written.RESPONSE}
         assert len(client.connection_pool._available_connections) <= 4
+
+
+async def test_commands_cancelled_or_failed_at_any_turn_leave_every_slot_free(
+    redis_server: RedisServer,
+) -> None:
+    # Two connections, one of them the pub/sub one: the store sends one command at a time.
+    async with redis_server.client(max_connections=2) as client:
+        store = RedisStore(client, key_prefix=f"gate{time.time_ns()}:")
+        await store.load_scripts()
+        gate = store._gate
+        assert gate is not None and gate.free == 1
+        await client.rpush(store.key_prefix + "list", "x")  # WRONGTYPE for every script
+        for turns in range(12):
+            tasks = [asyncio.create_task(store.claim(claim(f"g{turns}-{n}"))) for n in range(6)]
+            tasks.append(asyncio.create_task(store.claim(claim("list"))))
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            for task in tasks[turns % 2 :: 2]:  # the command on the wire among them, in turn
+                task.cancel()
+            async with asyncio.timeout(10):  # a slot lost: the rest would wait for ever
+                outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            for task, outcome in zip(tasks, outcomes, strict=True):
+                failed = isinstance(outcome, asyncio.CancelledError | errors.StoreValidationError)
+                assert outcome is CLAIMED or failed, outcome
+                assert task.cancelled() or not isinstance(outcome, asyncio.CancelledError)
+            assert gate.free == 1 and not gate._waiters, turns
+        async with asyncio.timeout(10):
+            assert await store.claim(claim("after")) is CLAIMED
+
+
+async def test_the_gate_passes_on_a_slot_handed_to_a_waiter_cancelled_before_it_ran() -> None:
+    gate = Gate(1)
+    async with gate:
+        first, second, third = (asyncio.create_task(gate.wait()) for _ in range(3))
+        await asyncio.sleep(0)  # all three queued, in order
+    # The slot went to the first waiter; cancelled before it ran, it passes it on.
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    async with asyncio.timeout(5):  # passed on, not lost
+        await second  # holds the slot now
+    third.cancel()  # still queued: it leaves the queue
+    with pytest.raises(asyncio.CancelledError):
+        await third
+    assert gate.free == 0 and not gate._waiters
+    gate.release()
+    assert gate.free == 1
 
 
 async def test_the_documented_minimal_acl_user_can_run_the_store(

@@ -13,13 +13,12 @@ is decoded once, by the project's codec, with its exact Python types.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any, Final
 
 import orjson
 
-from idempotency_async._json import StoredDataError, decode_stored, utf8_text
+from idempotency_async._json import MAX_STORED_DEPTH, StoredDataError, decode_stored, utf8_text
 from idempotency_async.record import Completion, Record, Status
 from idempotency_async.stores._record_formats import python_response, python_response_text
 
@@ -36,9 +35,10 @@ _NEVER: Final = 2**63
 
 def claim_tail(owner: str, validation: str | None) -> bytes:
     """What follows the instants in a claim's record text."""
-    parts = [b',"validation":' + orjson.dumps(validation)] if validation is not None else []
-    parts.append(b',"owner":' + orjson.dumps(owner) + b"}")
-    return b"".join(parts)
+    tail = b',"owner":' + orjson.dumps(owner) + b"}"
+    if validation is None:
+        return tail
+    return b',"validation":' + orjson.dumps(validation) + tail
 
 
 def python_data(encoded: bytes) -> bytes:
@@ -160,12 +160,18 @@ def _split(raw: bytes) -> tuple[dict[str, Any], Any, Exception | None]:
     fields: Any = None
     data_error: StoredDataError | None = None
     if cut >= 0 and raw.endswith(b"}"):
+        # Neither part nests deeper than the whole record opens brackets: within the bound,
+        # decode_stored's own check of each part is skipped (a replay reads a record).
+        bounded = raw.count(b"[") + raw.count(b"{") <= MAX_STORED_DEPTH
+        decode = _decode_bounded if bounded else decode_stored
         # Unreadable when "data" is not the last member: the whole record decides below.
-        with contextlib.suppress(StoredDataError):
-            fields = decode_stored(raw[:cut] + b"}")
+        try:
+            fields = decode(raw[:cut] + b"}")
+        except StoredDataError:
+            fields = None  # (cheaper than contextlib.suppress on a replay's path)
         if isinstance(fields, dict) and "status" in fields:
             try:
-                return fields, decode_stored(raw[cut + len(_DATA) : -1]), None
+                return fields, decode(raw[cut + len(_DATA) : -1]), None
             except StoredDataError as exc:
                 data_error = exc  # or other members follow "data": the whole record decides
     try:
@@ -178,6 +184,17 @@ def _split(raw: bytes) -> tuple[dict[str, Any], Any, Exception | None]:
     if not isinstance(whole, dict):
         raise TypeError(f"a record is a JSON object, not {type(whole).__name__}")
     return whole, whole.get("data", _ABSENT), None
+
+
+def _decode_bounded(text: bytes) -> Any:
+    """``decode_stored(text)`` for text known to nest within ``MAX_STORED_DEPTH`` levels:
+    orjson's answer as it is when it reads the text, ``decode_stored`` otherwise."""
+    if text[:1] != b" ":  # a leading space: this library's wide integers, for the stdlib
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return decode_stored(text)
 
 
 def _instant(value: Any) -> int:

@@ -26,6 +26,10 @@ extend keeps them; complete drops them; release rewrites the owner's record carr
 as *released* (no owner, lease end ``ARGV[3]`` or ``TIME`` less 1 ms, ``KEEPTTL``); step
 (``ARGV``: owner, now, ttl, position, the list) writes them.
 
+Complete, extend and step start alike: ``owned(status)`` reads the record and answers it
+when ``ARGV[1]`` (the owner token) holds it, in ``status`` when one is given, else nil (the
+script answers ``0``, writing nothing).
+
 Times: ``ARGV[2]`` is the client's clock in Unix seconds, or empty for the server's
 ``TIME``.  Instants follow :mod:`idempotency_async.record`: expiry ``ceil(now + max(ttl,
 lease))`` in seconds, lease end ``ceil((now + lease) * 1000)`` in milliseconds.  The key
@@ -102,6 +106,14 @@ local function wake(command, what)
 end
 local function stepped(rec)
   return rec.steps ~= nil or rec.step_count ~= nil
+end
+local function owned(status)
+  local raw = redis.call('GET', KEYS[1])
+  if not raw then return nil end
+  local rec = head(raw)
+  if rec == nil or rec.owner ~= ARGV[1] then return nil end
+  if status ~= nil and rec.status ~= status then return nil end
+  return rec
 end
 local function progress(rec)
   local steps, count = rec.steps, rec.step_count
@@ -181,10 +193,8 @@ return {6, value, text(now, ARGV[2]), KEYS[1]}
 COMPLETE: Final = (
     _COMMON
     + r"""
-local raw = redis.call('GET', KEYS[1])
-if not raw then return 0 end
-local rec = head(raw)
-if rec == nil or rec.owner ~= ARGV[1] then return 0 end
+local rec = owned(nil)
+if rec == nil then return 0 end
 if ARGV[5] == 'bare' and rec.status == 'COMPLETED' then
   local format = rec.data_format
   if type(format) ~= 'string' or string.sub(format, 1, 10) ~= 'not-stored' then return 2 end
@@ -233,10 +243,8 @@ return 0
 EXTEND: Final = (
     _COMMON
     + r"""
-local raw = redis.call('GET', KEYS[1])
-if not raw then return 0 end
-local rec = head(raw)
-if rec == nil or rec.owner ~= ARGV[1] or rec.status ~= 'INPROGRESS' then return 0 end
+local rec = owned('INPROGRESS')
+if rec == nil then return 0 end
 local now = clock(ARGV[2])
 local lease = tonumber(ARGV[3])
 local lease_end = math.ceil((now + lease) * 1000)
@@ -260,10 +268,8 @@ return 1
 STEP: Final = (
     _COMMON
     + r"""
-local raw = redis.call('GET', KEYS[1])
-if not raw then return 0 end
-local rec = head(raw)
-if rec == nil or rec.owner ~= ARGV[1] or rec.status ~= 'INPROGRESS' then return 0 end
+local rec = owned('INPROGRESS')
+if rec == nil then return 0 end
 local held = 0
 if stepped(rec) then
   if progress(rec) == nil then return 0 end

@@ -39,6 +39,7 @@ from idempotency_async.stores._redis_errors import (
     translate_errors,
     translated,
 )
+from idempotency_async.stores._redis_gate import Gate
 from idempotency_async.stores._redis_records import (
     claim_tail,
     completion_tail,
@@ -76,8 +77,11 @@ _EXTENDED: Final = {1: Extended.RENEWED, 2: Extended.ALREADY_LATER, 0: Extended.
 _LOCK_SUFFIX: Final = ":lock"
 _LOCK_SECONDS: Final = 10
 # Times a command failed by a client defect (not a Redis error) is sent again after the
-# cluster client reloads its slot map (see _eval_now).
+# cluster client reloads its slot map (see _eval_again).
 _RESENDS: Final = 2
+
+
+_UNGATED: Final = contextlib.nullcontext()
 
 
 class _Script:
@@ -205,7 +209,7 @@ class RedisStore:
         self._client = client
         self._client_clock = judged_by == "client"
         self._ready = False
-        self._gate: asyncio.Semaphore | None = None
+        self._gate: Gate | None = None
         self._owns_client = False
         self._closed = False
         cluster = _is_cluster(client)
@@ -325,34 +329,52 @@ class RedisStore:
         limit = _pool_limit(self._client)
         if limit is not None and self._gate is None:
             # One connection of the pool is the pub/sub one while waiters are woken.
-            self._gate = asyncio.Semaphore(limit - 1 if self._wakeups else limit)
+            self._gate = Gate(limit - 1 if self._wakeups else limit)
         self._ready = True
         return self._client
 
-    async def _eval(self, operation: str, script: _Script, key: str, *args: Any) -> Any:
-        """Run ``script`` on the key ``key`` (logical) with ``args``; one round trip."""
+    async def _eval(self, operation: str, script: _Script, key: str, args: tuple[Any, ...]) -> Any:
+        """Run ``script`` on the key ``key`` (logical) with ``args``; one round trip.
+
+        One frame on the common path: the pool's gate is two integer operations when a
+        connection is free, and the recovery (a lost script, a client defect, the
+        translation of errors) runs only when the command failed."""
         task = asyncio.current_task()
         asked = 0 if task is None else task.cancelling()
         if not self._ready:
             await self._open()
-        if self._gate is None:
-            answer = await self._eval_now(operation, script, key, args)
-        else:
-            async with self._gate:
-                answer = await self._eval_now(operation, script, key, args)
-        _raise_swallowed_cancel(task, asked)
+        gate = self._gate
+        if gate is not None:
+            if gate.free > 0:
+                gate.free -= 1
+            else:
+                await gate.wait()
+        try:
+            answer = await self._client.evalsha(script.sha, 1, self.key_prefix + key, *args)
+        except Exception as exc:
+            answer = await self._eval_again(operation, script, key, args, exc)
+        finally:
+            if gate is not None:
+                gate.release()
+        if task is not None and task.cancelling() > asked:
+            raise asyncio.CancelledError  # one the client lost: see _raise_swallowed_cancel
         return answer
 
-    async def _eval_now(
-        self, operation: str, script: _Script, key: str, args: tuple[Any, ...]
+    async def _eval_again(
+        self, operation: str, script: _Script, key: str, args: tuple[Any, ...], exc: Exception
     ) -> Any:
+        """The rest of :meth:`_eval` once its command failed with ``exc``: the script
+        reloaded and sent again when the server lost it, the command resent after a client
+        defect, and what still fails raised as the library's error."""
         try:
-            for _ in range(_RESENDS):
+            if is_no_script(exc):
                 try:
-                    return await self._evalsha(script, key, args)
-                except Exception as exc:
-                    if not is_client_defect(exc) or operation == "force release":
-                        raise
+                    return await self._reload_and_send(script, key, args)
+                except Exception as again:
+                    exc = again
+            for _ in range(_RESENDS):
+                if not is_client_defect(exc) or operation == "force release":
+                    raise exc
                 # redis-py's cluster client fails commands with a bare AttributeError when
                 # a MOVED makes it close every connection to reload its slot map while
                 # others are connecting (slots migrating).  Reload the map (under the
@@ -361,23 +383,30 @@ class RedisStore:
                 # release repeats).  force_release is not: a second run would report
                 # nothing deleted.
                 await self._reload_slots()
-            return await self._evalsha(script, key, args)
-        except Exception as exc:
-            error = translated(exc, operation, key)
-            if error is exc:
+                try:
+                    return await self._evalsha(script, key, args)
+                except Exception as again:
+                    exc = again
+            raise exc
+        except Exception as failure:
+            error = translated(failure, operation, key)
+            if error is failure:
                 raise
-            raise error from exc
+            raise error from failure
 
     async def _evalsha(self, script: _Script, key: str, args: tuple[Any, ...]) -> Any:
-        client, name = self._client, self.key_prefix + key
         try:
-            return await client.evalsha(script.sha, 1, name, *args)
+            return await self._client.evalsha(script.sha, 1, self.key_prefix + key, *args)
         except Exception as exc:
             if not is_no_script(exc):
                 raise
-        # A restart, a failover or SCRIPT FLUSH dropped the script: load it and retry.
+        return await self._reload_and_send(script, key, args)
+
+    async def _reload_and_send(self, script: _Script, key: str, args: tuple[Any, ...]) -> Any:
+        """A restart, a failover or SCRIPT FLUSH dropped the script: load it and retry."""
+        client = self._client
         await client.script_load(script.text)
-        return await client.evalsha(script.sha, 1, name, *args)
+        return await client.evalsha(script.sha, 1, self.key_prefix + key, *args)
 
     async def _reload_slots(self) -> None:
         """A cluster client's ``initialize()`` reloads its slot map when the client marked
@@ -397,6 +426,9 @@ class RedisStore:
             claim_tail(claim.owner, claim.validation),
             b"ask" if self._python else b"",
         )
+        if not (self._python or self.min_replicas):
+            # One command, guarded against a lost cancellation by _eval itself.
+            return self._verdict(claim.key, await self._eval("claim", _CLAIM, claim.key, args))
         task = asyncio.current_task()
         asked = 0 if task is None else task.cancelling()
         answer = await self._claim(claim.key, args)
@@ -417,7 +449,7 @@ class RedisStore:
         with translate_errors("claim", claim.key):
             if not self._ready:
                 await self._open()
-            async with self._gate or contextlib.nullcontext():
+            async with self._gate or _UNGATED:
                 acquired = await self._client.set(lock, "True", ex=seconds, nx=True)
         if not acquired:
             self._check_key(claim.key, answer[3] if len(answer) > 3 else None)
@@ -429,10 +461,10 @@ class RedisStore:
             with translate_errors("claim", key):
                 if not self._ready:
                     await self._open()
-                async with self._gate or contextlib.nullcontext():
+                async with self._gate or _UNGATED:
                     answer = await self._claim_acknowledged(self.key_prefix + key, args)
             return answer
-        return await self._eval("claim", _CLAIM, key, *args)
+        return await self._eval("claim", _CLAIM, key, args)
 
     def _verdict(self, key: str, answer: Any) -> Verdict:
         if isinstance(answer, Verdict):
@@ -464,7 +496,7 @@ class RedisStore:
         )
 
     async def get(self, key: str, *, now: float) -> Verdict:
-        answer = await self._eval("get", _GET, key, repr(now) if self._client_clock else b"")
+        answer = await self._eval("get", _GET, key, (repr(now) if self._client_clock else b"",))
         if not isinstance(answer, list) or len(answer) != 3:
             raise StoreUnavailableError(
                 f"the server answered a read of key {key!r} with {answer!r:.200}, which is not "
@@ -487,12 +519,14 @@ class RedisStore:
             "complete",
             _COMPLETE,
             key,
-            completion.owner,
-            repr(completion.now) if self._client_clock else b"",
-            completion.ttl,
-            tail,
-            b"bare" if encoded is None else b"",
-            self._publish,
+            (
+                completion.owner,
+                repr(completion.now) if self._client_clock else b"",
+                completion.ttl,
+                tail,
+                b"bare" if encoded is None else b"",
+                self._publish,
+            ),
         )
         if answer == 0:
             return Written.NOTHING
@@ -510,7 +544,7 @@ class RedisStore:
         owner, its lease ended, steps, validation, expiry and ``PX`` kept); a released
         record counts as released.  Either way the key's waiters are woken."""
         ended = _RELEASED_MS if self._client_clock else b""
-        answer = await self._eval("release", _RELEASE, key, owner, self._publish, ended)
+        answer = await self._eval("release", _RELEASE, key, (owner, self._publish, ended))
         return bool(answer == 1)
 
     async def extend(self, claim: Claim) -> Extended:
@@ -518,11 +552,13 @@ class RedisStore:
             "extend",
             _EXTEND,
             claim.key,
-            claim.owner,
-            repr(claim.now) if self._client_clock else b"",
-            claim.lease,
-            claim.ttl,
-            claim_tail(claim.owner, claim.validation),
+            (
+                claim.owner,
+                repr(claim.now) if self._client_clock else b"",
+                claim.lease,
+                claim.ttl,
+                claim_tail(claim.owner, claim.validation),
+            ),
         )
         extended = _EXTENDED.get(answer) if isinstance(answer, int) else None
         if extended is None:
@@ -543,11 +579,13 @@ class RedisStore:
             "step",
             _STEP,
             write.key,
-            write.owner,
-            repr(write.now) if self._client_clock else b"",
-            write.ttl,
-            write.position,
-            steps,
+            (
+                write.owner,
+                repr(write.now) if self._client_clock else b"",
+                write.ttl,
+                write.position,
+                steps,
+            ),
         )
         if answer == 1:
             return Stepped.RECORDED
@@ -559,7 +597,7 @@ class RedisStore:
         )
 
     async def force_release(self, key: str) -> Record | None:
-        answer = await self._eval("force release", _FORCE_RELEASE, key)
+        answer = await self._eval("force release", _FORCE_RELEASE, key, ())
         if not isinstance(answer, list) or len(answer) != 2:
             raise StoreUnavailableError(
                 f"the server answered the release of key {key!r} with {answer!r:.200}, which is "
@@ -595,11 +633,13 @@ class RedisStore:
             "release exactly",
             _RELEASE_EXACTLY,
             record.key,
-            "=" + (record.owner or ""),
-            record.status.value,
-            expiration,
-            lease,
-            b"" if record.steps is None else b"=" + record.steps.encode(),
+            (
+                "=" + (record.owner or ""),
+                record.status.value,
+                expiration,
+                lease,
+                b"" if record.steps is None else b"=" + record.steps.encode(),
+            ),
         )
         return bool(answer == 1)
 
