@@ -691,7 +691,9 @@ async def test_another_payload_cannot_resume_the_progress(store: RedisStore) -> 
 
 
 async def test_a_renewed_call_keeps_its_steps_across_renewals(store: RedisStore) -> None:
-    manager = _manager(store, renewal=Renewal(lease=0.6, every=0.1))
+    # A lease long enough that a loaded machine (the cluster client opening connections
+    # for the test's own reads) does not cut the call off; renewed every 0.1 s all the same.
+    manager = _manager(store, renewal=Renewal(lease=2.0, every=0.1))
     key = manager.key_for("renewed")
     assert key is not None
     lease_ends: set[int] = set()
