@@ -1,6 +1,8 @@
-"""The handle an ``execute_call`` callback receives: :class:`Call`.
+"""The handle an ``execute_call`` callback receives: :class:`Call`; an ``execute`` callback
+receives none (:data:`NO_HANDLE`).  Both are a :class:`Handle`, the lifecycle's one view of
+the callback's side of a call, chosen once per call: it never asks which it has.
 
-It completes the record while the callback goes on (its point of no return), or asks for
+A ``Call`` completes the record while the callback goes on (its point of no return), or asks for
 the key back (:meth:`Call.release`).  The writes themselves are the lifecycle's
 (:class:`Recorder`): the handle only knows its call — the single-flight entry, whose lease
 is the call's one lease as renewed — and its cutoff.
@@ -9,10 +11,12 @@ is the call's one lease as renewed — and its cutoff.
 from __future__ import annotations
 
 import asyncio
+import operator
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from idempotency_async._cutoff import Cutoff
+from idempotency_async._endings import Answer
 from idempotency_async._flight import Flight
 from idempotency_async._lease import Lease
 from idempotency_async._steps import run_step
@@ -20,9 +24,45 @@ from idempotency_async.errors import ConfigError
 from idempotency_async.record import Completion
 from idempotency_async.stores.base import Written
 
-__all__ = ["Call", "Recorder", "Unprotected"]
+__all__ = ["NO_HANDLE", "Call", "Handle", "Recorder", "Unprotected"]
 
 T = TypeVar("T")
+
+_NONE, _COMPLETED, _RELEASE = Answer.NONE, Answer.COMPLETED, Answer.RELEASE
+
+
+class Handle(Protocol):
+    """The callback's side of a call, as the lifecycle sees it."""
+
+    @property
+    def said(self) -> Answer:
+        """What the callback said through its handle (for the decision table)."""
+
+    @property
+    def shares_cutoff(self) -> bool:
+        """Whether the handle holds the work's cutoff too (and may close it)."""
+
+    def invoke(self, callback: Callable[..., T]) -> T:
+        """Call ``callback`` as its door promised: with the handle, or without one."""
+
+
+class _NoHandle:
+    """An ``execute`` callback's side: it is called without arguments and says nothing."""
+
+    __slots__ = ()
+
+    said: Final = _NONE
+    shares_cutoff: Final = False
+    if TYPE_CHECKING:
+
+        def invoke(self, callback: Callable[..., T]) -> T: ...
+
+    else:
+        # A builtin: invoking the callback runs no Python frame of its own.
+        invoke = staticmethod(operator.call)
+
+
+NO_HANDLE: Final[Handle] = _NoHandle()
 
 
 class Recorder(Protocol):
@@ -64,8 +104,11 @@ class Call:
         "_started",
         "answered",
         "released",
+        "said",
         "stored",
     )
+
+    shares_cutoff: Final = True  # it closes the cutoff at its point of no return
 
     def __init__(
         self,
@@ -85,6 +128,10 @@ class Call:
         """Whether the record holds a response (no further completion is allowed)."""
         self.released: str | None = None
         """The reason given to :meth:`release`, once the callback asked for it."""
+        self.said = _NONE
+
+    def invoke(self, callback: Callable[..., T]) -> T:
+        return callback(self)
 
     @property
     def key(self) -> str:
@@ -128,6 +175,7 @@ class Call:
             )
         if self.released is None:
             self.released = reason[:300]
+            self.said = _RELEASE
 
     def step(
         self, name: str, fn: Callable[[], Awaitable[T]], *, connection: Any = None
@@ -160,6 +208,7 @@ class Call:
                 raise asyncio.CancelledError
             cutoff.close()  # from here on the callback runs outside the cutoff
         self.answered = True
+        self.said = _COMPLETED
         # Bounded by the lease as last renewed (renewal stops once the cutoff is closed).
         written = await self._recorder.complete_held(
             self._flight, completion, result, self._loop, self._started
@@ -176,6 +225,7 @@ class Unprotected(Call):
         self.answered = False
         self.stored = False
         self.released = None
+        self.said = _NONE
 
     @property
     def key(self) -> str:
@@ -183,6 +233,7 @@ class Unprotected(Call):
 
     async def _write(self, completion: Completion | None, result: Any) -> None:
         self.answered = True
+        self.said = _COMPLETED
 
     async def complete(self, result: Any) -> None:
         await self._write(None, result)

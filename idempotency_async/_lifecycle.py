@@ -19,9 +19,10 @@ every entry point is a door into it (``Manager.execute`` runs a zero-argument ca
 6. **Settle**: the one completion write (bounded at the lease end, its failures mapped by
    one synchronous context manager, :class:`_Completing`), or a release, or nothing.
 
-What varies is chosen once, when the lifecycle is built, as objects the spine calls without
-asking which they are: the mode (``_modes``: plain, or in a caller's transaction) and the
-leases (``_renewal``: fixed, or renewed).  The lease is one object (``_lease.Lease``) that
+What varies is chosen once, as objects the spine calls without asking which they are: when
+the lifecycle is built, the mode (``_modes``: plain, or in a caller's transaction) and the
+leases (``_renewal``: fixed, or renewed); when the call is, the callback's handle
+(``_call``: a ``Call`` for ``execute_call``, none for ``execute``).  The lease is one object (``_lease.Lease``) that
 holds all lease arithmetic and that renewal, ``Call`` and in-process duplicates all read.
 
 The uncontended path — claim, callback, completion — awaits from the one frame of ``run``:
@@ -41,7 +42,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Final, NamedTuple, TypeVar
 
-from idempotency_async._call import Call
+from idempotency_async._call import NO_HANDLE, Call, Handle
 from idempotency_async._callback import (
     ReturnedNotAwaitable,
     awaitable,
@@ -55,7 +56,7 @@ from idempotency_async._flight import Flight
 from idempotency_async._keys import KeyDeriver, Keys
 from idempotency_async._lease import Deadline, Lease
 from idempotency_async._modes import InTransaction, Mode, Plain, TransactionalStore
-from idempotency_async._renewal import NOT_RENEWING, Renewing
+from idempotency_async._renewal import DONE, NOT_RENEWING, Renewing
 from idempotency_async._replayed import encode_error
 from idempotency_async._responses import (
     Replays,
@@ -93,6 +94,8 @@ from idempotency_async.stores.base import (
 __all__ = ["Lifecycle", "TransactionalStore"]
 
 T = TypeVar("T")
+_Callback = Callable[..., Awaitable[T]]
+_Loop = asyncio.AbstractEventLoop
 
 _CLAIM_RETRIES = 2
 # Store errors that refuse a claim outright (the request, or the record it met, cannot be
@@ -206,12 +209,7 @@ class Lifecycle:
     # ------------------------------------------------------------------ the spine
 
     async def run(
-        self,
-        keys: Keys,
-        deadline: Deadline,
-        callback: Callable[..., Awaitable[T]],
-        loop: asyncio.AbstractEventLoop,
-        held: bool,
+        self, keys: Keys, deadline: Deadline, callback: _Callback[T], loop: _Loop, held: bool
     ) -> T:
         """Replay, join, or claim the key and run ``callback`` — ``callback(call)`` when
         ``held``, ``callback()`` otherwise — then complete or release the record."""
@@ -228,9 +226,9 @@ class Lifecycle:
             if early is not None:
                 return self._joined(early, keys)  # type: ignore[no-any-return]
         flight = self.inflight[keys.key] = Flight(keys, self._shared.owner(), self.stepper)
-        renewing = NOT_RENEWING
+        renewing, handle = NOT_RENEWING, NO_HANDLE
         try:
-            # 2. Claim: the common replay is answered here, any other record by _contend.
+            # 2. Claim: the common replay is answered here, any other answer by _contend.
             lease = self._lease(flight, deadline, loop)
             try:
                 verdict = await self.mode.claim(lease, loop)
@@ -244,21 +242,20 @@ class Lifecycle:
                 if early.__class__ is _Replay:
                     return early.value  # type: ignore[no-any-return]
                 lease = early
-            # 3. Hold.
-            cutoffs = self._hold(flight, lease, loop)
-            if loop.time() >= lease.cutoff_at:
-                await self._too_late(lease, cutoffs)
+            # 3. Hold (a claim answered after its cutoff is abandoned: the callback never runs).
+            cutoffs = self._shared.cutoffs(loop)
+            await self._hold(flight, lease, cutoffs)
             # 4. Work, under the cutoff (a scope left on every path, without ``with``).
             started = loop.time() if self.emitter.timed else 0.0  # durations, if received
             cutoff = cutoffs.at(lease.cutoff_at)
             try:
-                call = Call(self, flight, loop, cutoff) if held else None
+                handle = Call(self, flight, loop, cutoff) if held else NO_HANDLE
                 renewing = self.mode.leases.start(lease, cutoffs, cutoff, flight.sent)
                 flight.begin()
                 try:
-                    result: Any = callback() if call is None else callback(call)
-                    if result.__class__ is not _COROUTINE and not hasattr(result, "__await__"):
-                        result = awaitable(result)  # a plain function: it has run
+                    result: Any = handle.invoke(callback)
+                    if result.__class__ is not _COROUTINE:
+                        result = awaitable(result)  # (a plain function's value: it has run)
                     result = await result
                 finally:
                     flight.end()
@@ -266,17 +263,15 @@ class Lifecycle:
                     self.emitter.ran(started, loop)
             except BaseException as exc:
                 cutoff.leave(exc)
-                await self._settle_failure(exc, cutoff, call, flight, renewing, started)
+                await self._settle_failure(exc, cutoff, handle, flight, renewing, started)
                 raise
             # 5. Decide; 6. settle: the one completion write, bounded at the lease end.
-            ending = decide(
-                _RETURNED, False, cutoff.finish(), _NONE if call is None else _said(call)
-            )
+            ending = decide(_RETURNED, False, cutoff.finish(), handle.said)
             if ending is not COMPLETE:
                 return await self._settle_return(ending, result, flight, cutoffs)  # type: ignore[no-any-return]
             completion = self.completion_for(lease, result)
             sent = loop.time()  # the completion's life counts from (before) its write
-            cutoff = cutoff.reopen(lease.write_bound(sent), shared=call is not None)
+            cutoff = cutoff.reopen(lease.write_bound(sent), shared=handle.shares_cutoff)
             with _completing((cutoff, keys.key, result)):
                 written = await self.mode.store.complete(completion)
             self.completed(completion, written, result, flight, started, sent)
@@ -404,17 +399,18 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ 3. hold
 
-    def _hold(self, flight: Flight, lease: Lease, loop: asyncio.AbstractEventLoop) -> Cutoffs:
+    def _hold(self, flight: Flight, lease: Lease, cutoffs: Cutoffs) -> Awaitable[None]:
         """The store confirmed the claim: the key is in progress here, under ``lease``
-        (the call's one lease: renewal moves it, every door reads it).  Returns the
-        loop's cutoffs, which bound the work from here."""
+        (the call's one lease: renewal moves it, every door reads it).  Awaited before the
+        callback starts: done at once, or — a claim answered after its cutoff (a slow
+        store), whose lease may have ended already — the abandon of the claim, raising."""
         flight.hold(lease)
         self.emit("claimed", lease.keys.key)
-        return self._shared.cutoffs(loop)
+        if cutoffs.loop.time() >= lease.cutoff_at:
+            return self._too_late(lease, cutoffs)
+        return DONE
 
     async def _too_late(self, lease: Lease, cutoffs: Cutoffs) -> None:
-        """The claim was answered after the cutoff (a slow store): its lease may have ended
-        already, so the callback must not start."""
         key = lease.key
         late = _cut_off(key)
         await self.mode.abandon(lease, late, cutoffs)
@@ -427,7 +423,7 @@ class Lifecycle:
         self,
         exc: BaseException,
         cutoff: Cutoff,
-        call: Call | None,
+        handle: Handle,
         flight: Flight,
         renewing: Renewing,
         started: float,
@@ -439,7 +435,7 @@ class Lifecycle:
             _ended(exc, self._declared, cutoff),
             cutoff.cut_off,
             cutoff.cancelled_elsewhere(),
-            _said(call),
+            handle.said,
         )
         cutoffs = self._shared.cutoffs(asyncio.get_running_loop())
         lease = flight.lease
@@ -831,15 +827,6 @@ def _replayable(verdict: Verdict, key: str) -> bool:
         return False
     record = verdict.record
     return record is not None and record.key == key
-
-
-def _said(call: Call | None) -> Answer:
-    """What the callback said through its ``Call`` (for the decision table)."""
-    if call is None:
-        return _NONE
-    if call.answered:
-        return _ANSWERED
-    return _NONE if call.released is None else _RELEASE
 
 
 def _cut_off(key: str) -> DeadlineExceededError:
