@@ -22,8 +22,9 @@ every entry point is a door into it (``Manager.execute`` runs a zero-argument ca
 What varies is chosen once, as objects the spine calls without asking which they are: when
 the lifecycle is built, the mode (``_modes``: plain, or in a caller's transaction) and the
 leases (``_renewal``: fixed, or renewed); when the call is, the callback's handle
-(``_call``: a ``Call`` for ``execute_call``, none for ``execute``).  The lease is one object (``_lease.Lease``) that
-holds all lease arithmetic and that renewal, ``Call`` and in-process duplicates all read.
+(``_call``: a ``Call`` for ``execute_call``, none for ``execute``).  The lease is one
+object (``_lease.Lease``) that holds all lease arithmetic and that renewal, ``Call`` and
+in-process duplicates all read.
 
 The uncontended path — claim, callback, completion — awaits from the one frame of ``run``:
 with thousands of calls in flight every live coroutine frame is memory and
