@@ -11,9 +11,8 @@ is the call's one lease as renewed — and its cutoff.
 from __future__ import annotations
 
 import asyncio
-import operator
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from idempotency_async._cutoff import Cutoff
 from idempotency_async._endings import Answer
@@ -35,6 +34,10 @@ class Handle(Protocol):
     """The callback's side of a call, as the lifecycle sees it."""
 
     @property
+    def args(self) -> tuple[Any, ...]:
+        """What the callback is called with: the handle, or nothing."""
+
+    @property
     def said(self) -> Answer:
         """What the callback said through its handle (for the decision table)."""
 
@@ -42,24 +45,18 @@ class Handle(Protocol):
     def shares_cutoff(self) -> bool:
         """Whether the handle holds the work's cutoff too (and may close it)."""
 
-    def invoke(self, callback: Callable[..., T]) -> T:
-        """Call ``callback`` as its door promised: with the handle, or without one."""
-
 
 class _NoHandle:
     """An ``execute`` callback's side: it is called without arguments and says nothing."""
 
-    __slots__ = ()
+    # Instance slots, not class attributes: Python 3.11 specialises reading a slot, not
+    # reading a class attribute through an instance (every call reads three of these).
+    __slots__ = ("args", "said", "shares_cutoff")
 
-    said: Final = _NONE
-    shares_cutoff: Final = False
-    if TYPE_CHECKING:
-
-        def invoke(self, callback: Callable[..., T]) -> T: ...
-
-    else:
-        # A builtin: invoking the callback runs no Python frame of its own.
-        invoke = staticmethod(operator.call)
+    def __init__(self) -> None:
+        self.args = ()
+        self.said = _NONE
+        self.shares_cutoff = False
 
 
 NO_HANDLE: Final[Handle] = _NoHandle()
@@ -130,8 +127,10 @@ class Call:
         """The reason given to :meth:`release`, once the callback asked for it."""
         self.said = _NONE
 
-    def invoke(self, callback: Callable[..., T]) -> T:
-        return callback(self)
+    @property
+    def args(self) -> tuple[Call]:
+        # Made when read, not kept: a tuple holding the handle would be a reference cycle.
+        return (self,)
 
     @property
     def key(self) -> str:

@@ -57,7 +57,7 @@ from idempotency_async._flight import Flight
 from idempotency_async._keys import KeyDeriver, Keys
 from idempotency_async._lease import Deadline, Lease
 from idempotency_async._modes import InTransaction, Mode, Plain, TransactionalStore
-from idempotency_async._renewal import DONE, NOT_RENEWING, Renewing
+from idempotency_async._renewal import NOT_RENEWING, Renewing
 from idempotency_async._replayed import encode_error
 from idempotency_async._responses import (
     Replays,
@@ -111,6 +111,10 @@ _NONE, _ANSWERED, _RELEASE = Answer.NONE, Answer.COMPLETED, Answer.RELEASE
 # ``Completion(...)`` runs a Python-level ``__new__``; the tuple constructor does not (every
 # first call builds one).  Every field is passed, in the order ``Completion`` declares them.
 _new_completion: Final[Callable[[tuple[Any, ...]], Completion]] = partial(tuple.__new__, Completion)
+
+
+_CLAIM: Final = object()
+"""What ``Lifecycle._join`` answers when the call is to claim the key itself."""
 
 
 class _Replay(NamedTuple):
@@ -220,12 +224,10 @@ class Lifecycle:
             early = self.replays.cache.get(keys.key, loop.time())
             if early is not None:
                 return self.replays.hit(early, keys)  # type: ignore[no-any-return]
-        while (flight := self.inflight.get(keys.key)) is not None:
-            early = await self.waiting.join(flight, keys, deadline, loop)
-            if early is UNANSWERED:
-                break  # the other call's claim is still unanswered: ask the store ourselves
-            if early is not None:
-                return self._joined(early, keys)  # type: ignore[no-any-return]
+        if keys.key in self.inflight:
+            early = await self._join(keys, deadline, loop)
+            if early is not _CLAIM:
+                return early  # type: ignore[no-any-return]
         flight = self.inflight[keys.key] = Flight(keys, self._shared.owner(), self.stepper)
         renewing, handle = NOT_RENEWING, NO_HANDLE
         try:
@@ -244,8 +246,9 @@ class Lifecycle:
                     return early.value  # type: ignore[no-any-return]
                 lease = early
             # 3. Hold (a claim answered after its cutoff is abandoned: the callback never runs).
-            cutoffs = self._shared.cutoffs(loop)
-            await self._hold(flight, lease, cutoffs)
+            cutoffs = self._hold(flight, lease, loop)
+            if loop.time() >= lease.cutoff_at:
+                await self._too_late(lease, cutoffs)
             # 4. Work, under the cutoff (a scope left on every path, without ``with``).
             started = loop.time() if self.emitter.timed else 0.0  # durations, if received
             cutoff = cutoffs.at(lease.cutoff_at)
@@ -254,7 +257,7 @@ class Lifecycle:
                 renewing = self.mode.leases.start(lease, cutoffs, cutoff, flight.sent)
                 flight.begin()
                 try:
-                    result: Any = handle.invoke(callback)
+                    result: Any = callback(*handle.args)
                     if result.__class__ is not _COROUTINE:
                         result = awaitable(result)  # (a plain function's value: it has run)
                     result = await result
@@ -294,10 +297,19 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ 1. answer early
 
-    def _joined(self, outcome: Any, keys: Keys) -> Any:
-        self.keys.validate(outcome.record.validation, keys)
-        self.emit("joined", keys.key)
-        return self.replays.outcome(outcome)
+    async def _join(self, keys: Keys, deadline: Deadline, loop: _Loop) -> Any:
+        """Another call of this process claims or holds the key: replay its outcome, or
+        ``_CLAIM`` when this call is to claim the key itself (the other failed, or its
+        claim is still unanswered)."""
+        while (flight := self.inflight.get(keys.key)) is not None:
+            outcome: Any = await self.waiting.join(flight, keys, deadline, loop)
+            if outcome is UNANSWERED:
+                break  # ask the store ourselves
+            if outcome is not None:
+                self.keys.validate(outcome.record.validation, keys)
+                self.emit("joined", keys.key)
+                return self.replays.outcome(outcome)
+        return _CLAIM
 
     # ------------------------------------------------------------------ 2. claim
 
@@ -400,18 +412,17 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ 3. hold
 
-    def _hold(self, flight: Flight, lease: Lease, cutoffs: Cutoffs) -> Awaitable[None]:
+    def _hold(self, flight: Flight, lease: Lease, loop: _Loop) -> Cutoffs:
         """The store confirmed the claim: the key is in progress here, under ``lease``
-        (the call's one lease: renewal moves it, every door reads it).  Awaited before the
-        callback starts: done at once, or — a claim answered after its cutoff (a slow
-        store), whose lease may have ended already — the abandon of the claim, raising."""
+        (the call's one lease: renewal moves it, every door reads it).  Returns the
+        loop's cutoffs, which bound the work from here."""
         flight.hold(lease)
         self.emit("claimed", lease.keys.key)
-        if cutoffs.loop.time() >= lease.cutoff_at:
-            return self._too_late(lease, cutoffs)
-        return DONE
+        return self._shared.cutoffs(loop)
 
     async def _too_late(self, lease: Lease, cutoffs: Cutoffs) -> None:
+        """The claim was answered after the cutoff (a slow store): its lease may have ended
+        already, so the callback must not start."""
         key = lease.key
         late = _cut_off(key)
         await self.mode.abandon(lease, late, cutoffs)
