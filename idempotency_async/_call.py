@@ -18,6 +18,7 @@ from idempotency_async._cutoff import Cutoff
 from idempotency_async._endings import Answer
 from idempotency_async._flight import Flight
 from idempotency_async._lease import Lease
+from idempotency_async._renewal import Renewing
 from idempotency_async._steps import run_step
 from idempotency_async.errors import ConfigError
 from idempotency_async.record import Completion
@@ -76,6 +77,7 @@ class Recorder(Protocol):
         result: Any,
         loop: asyncio.AbstractEventLoop,
         started: float,
+        renewing: Renewing = ...,
     ) -> Written: ...
 
 
@@ -98,6 +100,7 @@ class Call:
         "_flight",
         "_loop",
         "_recorder",
+        "_renewing",
         "_started",
         "answered",
         "released",
@@ -113,11 +116,13 @@ class Call:
         flight: Flight,
         loop: asyncio.AbstractEventLoop,
         cutoff: Cutoff,
+        renewing: Renewing,
     ) -> None:
         self._recorder = recorder
         self._flight = flight  # its lease is the call's, as renewed: read at each write
         self._loop = loop
         self._cutoff = cutoff
+        self._renewing = renewing  # a renewal on its way may yet move the lease
         self._started = loop.time()
         self.answered = False
         """Whether a completion was attempted (the key is never released after that)."""
@@ -210,7 +215,7 @@ class Call:
         self.said = _COMPLETED
         # Bounded by the lease as last renewed (renewal stops once the cutoff is closed).
         written = await self._recorder.complete_held(
-            self._flight, completion, result, self._loop, self._started
+            self._flight, completion, result, self._loop, self._started, self._renewing
         )
         self.stored = written is Written.RESPONSE  # what the store kept, not what was sent
 

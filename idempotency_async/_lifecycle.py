@@ -253,8 +253,8 @@ class Lifecycle:
             started = loop.time() if self.emitter.timed else 0.0  # durations, if received
             cutoff = cutoffs.at(lease.cutoff_at)
             try:
-                handle = Call(self, flight, loop, cutoff) if held else NO_HANDLE
                 renewing = self.mode.leases.start(lease, cutoffs, cutoff, flight.sent)
+                handle = Call(self, flight, loop, cutoff, renewing) if held else NO_HANDLE
                 flight.begin()
                 try:
                     result: Any = callback(*handle.args)
@@ -601,15 +601,17 @@ class Lifecycle:
         result: Any,
         loop: asyncio.AbstractEventLoop,
         started: float,
+        renewing: Renewing = NOT_RENEWING,
     ) -> Written:
         """Write a completion while the callback may still run, and settle the flight:
         duplicates of this process go to the store (or the cache) from now on — the key is
         completed, so they must replay, never hear "in progress".  Bounded by the lease as
-        last renewed."""
+        renewed, by ``renewing`` too while the write runs."""
         lease = flight.lease
         assert lease is not None
         sent = loop.time()
         bound = self._shared.cutoffs(loop).at(lease.write_bound(sent))
+        renewing.follow(bound, sent)
         with _completing((bound, lease.key, result)):
             written = await self.store.complete(completion)
         if self.inflight.get(completion.key) is flight:

@@ -66,6 +66,11 @@ class Renewing(Protocol):
     def stop(self) -> Awaitable[None]:
         """Awaited before the call returns: nothing of the renewal outlives it."""
 
+    def follow(self, write: Cutoff, sent: float) -> None:
+        """A completion sent at ``sent`` (loop time) while the callback runs on (its point
+        of no return) is bounded by ``write``: a renewal the store confirms after it was
+        sent — one already on its way, as none is sent from then on — moves it too."""
+
 
 class Leases(Protocol):
     """How the calls of one lifecycle hold their leases: fixed, or renewed."""
@@ -103,6 +108,9 @@ class _NotRenewing:
 
     def stop(self) -> Awaitable[None]:
         return DONE
+
+    def follow(self, write: Cutoff, sent: float) -> None:
+        pass
 
 
 NOT_RENEWING: Renewing = _NotRenewing()
@@ -151,6 +159,7 @@ class Renewal:
         "_options",
         "_store",
         "_task",
+        "_write",
         "lost",
         "renewed",
     )
@@ -174,6 +183,7 @@ class Renewal:
         self._every = options.renewal.interval
         self._loop = cutoffs.loop
         self._task: asyncio.Task[None] | None = None
+        self._write: tuple[Cutoff, float] | None = None
         self.lost = False
         """Whether the store refused a renewal: another claim holds the key."""
         self.renewed = 0
@@ -201,6 +211,9 @@ class Renewal:
         task.cancel()
         self._loop.call_soon(task.cancel)
         return self._ended(task)
+
+    def follow(self, write: Cutoff, sent: float) -> None:
+        self._write = (write, sent)
 
     @staticmethod
     async def _ended(task: asyncio.Task[None]) -> None:
@@ -253,14 +266,21 @@ class Renewal:
                 continue
             finally:
                 abandon.close()
-            if self._over():
-                return
             if answer is _LOST:
+                if self._over():
+                    return
                 self.lost = True
                 self._emitter.emit("lease_lost", key)
                 self._cutoff.expire()  # cut the callback off now
                 return
-            # RENEWED, or ALREADY_LATER: either way the lease ends at least there.
+            # RENEWED, or ALREADY_LATER: either way the lease ends at least there — even
+            # if the callback's work is over since the request went out (a fact of the
+            # store's: a completion the callback sent meanwhile may run until then).
             self.renewed += 1
             lease.renewed(claim, ends_at)
-            self._cutoffs.postpone(self._cutoff, lease.cutoff_at)
+            if self._over():
+                if self._write is not None:
+                    write, sent = self._write
+                    cutoffs.postpone(write, lease.write_bound(sent))
+                return
+            cutoffs.postpone(self._cutoff, lease.cutoff_at)

@@ -449,3 +449,49 @@ def test_renewal_settings_that_survive_a_lost_renewal_are_accepted(
     settings: dict[str, Any],
 ) -> None:
     assert _renewing(**settings).renewal.lease == settings["lease"]  # type: ignore[union-attr]
+
+
+# -- a renewal that lands while the callback's own completion is on its way ---------------
+
+
+class _SlowCompletion(_Timed):
+    """``_Timed``, whose completions reach the store ``takes`` seconds after they are sent."""
+
+    def __init__(self, inner: Store, takes: float, **timed: Any) -> None:
+        super().__init__(inner, **timed)
+        self.takes = takes
+        self.completed_at: list[float] = []
+
+    async def complete(self, completion: Any) -> Any:
+        await asyncio.sleep(self.takes)
+        self.completed_at.append(asyncio.get_running_loop().time())
+        return await self.inner.complete(completion)
+
+
+def test_a_renewal_confirmed_after_call_complete_was_sent_moves_its_bound() -> None:
+    # Found by the simulator (seed 70984, shrunk).  The renewal sent at 0.25 is answered
+    # at 0.45, moving the lease end from 1.0 to 1.25; the callback completed at 0.3 (its
+    # point of no return, no renewal sent after it), and that write takes 0.85 s.  Bounded
+    # at the lease end as known when it was sent (1.0), it was abandoned — CompletionError,
+    # a record left in progress — though the store held the lease until 1.25.
+    virtual = _Virtual()
+    inner = MemoryStore()
+    store = _SlowCompletion(inner, takes=0.85, stall_nth=0, stall=0.2)
+    manager = renewing(store, clock=virtual.clock)
+
+    async def completes_early(call: Any) -> str:
+        await asyncio.sleep(0.3)
+        await call.complete("done")
+        return "done"
+
+    async def scenario() -> tuple[str, Any]:
+        result = await manager.execute_call({"id": 12}, completes_early, timeout=30)
+        key = manager.key_for({"id": 12})
+        return result, await record_of(inner, key, now=manager.options.clock())
+
+    result, record = virtual.run(scenario())
+    assert result == "done"
+    assert [at for at, _ in store.extends] == pytest.approx([EVERY])
+    assert store.answers[0][0] == pytest.approx(0.45)
+    assert store.completed_at == pytest.approx([1.15])
+    assert record is not None and record.status is Status.COMPLETED

@@ -321,3 +321,33 @@ _JOINED_BEFORE_ANOTHER_RELEASE = {
 
 def test_a_duplicate_joining_a_claim_sent_before_another_process_s_release() -> None:
     assert run_one(_completed_plan(_JOINED_BEFORE_ANOTHER_RELEASE)) == []
+
+
+# Found by a 10,000-seed run of the spine's next stop (seed 70984, shrunk): a renewed
+# execute_call completes early (Call.complete_without_response at t=0.975) while the renewal
+# sent at t=0.836 is on its way; it is confirmed at t=1.123, moving the lease end from 2.508
+# to 3.344.  The completion (4.7 s slow) was abandoned at 2.508, the lease end known when it
+# was sent: "writes after the callback are bounded at the lease end as renewed" (G1(c)).
+_RENEWED_UNDER_A_CALL_COMPLETION = {
+    "seed": 70984,
+    "validate": False,
+    "managers": [{"skew": 0.0, "wait": False, "wait_timeout": 4.353, "renew_lease": 2.508}],
+    "calls": [
+        {
+            "manager": 0,
+            "at": 0.0,
+            "timeout": 4.064,
+            "behaviour": "complete_without_response",
+            "duration": 1.95,
+            "door": "execute_call",
+            "faults": [
+                {"op": "complete", "nth": 0, "kind": "delay", "seconds": 4.711},
+                {"op": "extend", "nth": 0, "kind": "delay", "seconds": 0.287},
+            ],
+        }
+    ],
+}
+
+
+def test_a_renewal_confirmed_under_a_call_s_completion_moves_its_bound() -> None:
+    assert run_one(_completed_plan(_RENEWED_UNDER_A_CALL_COMPLETION)) == []
