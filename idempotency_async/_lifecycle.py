@@ -554,12 +554,14 @@ class Lifecycle:
     def completion_for(self, lease: Lease, result: Any) -> Completion:
         """The completion recording ``result`` (encoded once; a failure becomes a reason)."""
         keys = lease.keys
-        encoded = self.replays.responses.encode(result, self.store.max_response_bytes, keys.key)
+        value, encoded, failure = self.replays.responses.encode(
+            result, self.store.max_response_bytes, keys.key
+        )
         reason = None
-        if encoded.reason is not None:
-            reason = not_stored_reason(encoded.reason)
-            log_not_stored(keys.key, encoded.reason)
-            self.emit("response_not_stored", keys.key, error=encoded.reason)
+        if failure is not None:
+            reason = not_stored_reason(failure)
+            log_not_stored(keys.key, failure)
+            self.emit("response_not_stored", keys.key, error=failure)
         return _new_completion(
             (
                 keys.key,
@@ -567,8 +569,8 @@ class Lifecycle:
                 self.options.clock(),
                 self.options.expires_after,
                 keys.validation,
-                encoded.encoded,
-                encoded.value,
+                encoded,
+                value,
                 reason,
             )
         )
