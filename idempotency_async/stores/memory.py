@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
-from functools import partial
 from typing import Any, Final
 
 from idempotency_async._json import decode_json
@@ -45,11 +43,11 @@ _COMPLETED = Status.COMPLETED
 _RELEASED = 1.0
 """The lease end of a released record with steps (as ``now``, with a zero lease): long
 past on any clock, so any claim may resume it."""
-_CLAIMABLE = Found.CLAIMABLE
+_CLAIMABLE, _FOUND_COMPLETED = Found.CLAIMABLE, Found.COMPLETED
 _NOTHING, _RESPONSE, _WITHOUT_RESPONSE = Written.NOTHING, Written.RESPONSE, Written.WITHOUT_RESPONSE
-# ``Record(...)`` runs a Python-level ``__new__``; the tuple constructor (every field passed,
-# in order) does not: a replay reads one record.
-_new_record: Final[Callable[[tuple[Any, ...]], Record]] = partial(tuple.__new__, Record)
+# ``Record(...)`` runs a Python-level ``__new__``; the tuple constructor, called as
+# ``_tuple_new(Record, (every field, in order))``, does not: a replay reads one record.
+_tuple_new: Final = tuple.__new__
 
 
 class MemoryStore:
@@ -102,6 +100,11 @@ class MemoryStore:
         current = self._entries.get(key)
         kept: _Entry | None = None
         if current is not None:
+            if current[0] is _COMPLETED and current[2] >= now:
+                # The common replay, judged as ``judge`` does, without its frame.
+                return _tuple_new(
+                    Verdict, (_FOUND_COMPLETED, _record(key, current), None, current[2] - now)
+                )
             if not (current[0] is _INPROGRESS and current[1] == owner):
                 verdict = judge(_record(key, current), now)
                 if verdict.found is not _CLAIMABLE:
@@ -289,7 +292,8 @@ def _record(key: str, entry: _Entry) -> Record:
         lease_end, encoded, not_stored = fifth + sixth, None, None
     else:
         lease_end, encoded, not_stored = None, fifth, sixth
-    return _new_record(
+    return _tuple_new(
+        Record,
         (
             key,
             status,
@@ -301,5 +305,5 @@ def _record(key: str, entry: _Entry) -> Record:
             status is _INPROGRESS or encoded is not None,
             not_stored,
             entry[6] if len(entry) > 6 else None,
-        )
+        ),
     )
