@@ -411,7 +411,10 @@ class Lifecycle:
         loop's cutoffs, which bound the work from here."""
         flight.hold(lease)
         self.emit("claimed", lease.keys.key)
-        return self._shared.cutoffs(loop)
+        cutoffs = self._shared._cutoffs  # (_Shared.cutoffs without its frame, when made)
+        if cutoffs is None or cutoffs.loop is not loop:
+            cutoffs = self._shared.cutoffs(loop)
+        return cutoffs
 
     async def _too_late(self, lease: Lease, cutoffs: Cutoffs) -> None:
         """The claim was answered after the cutoff (a slow store): its lease may have ended
