@@ -37,7 +37,6 @@ import itertools
 import secrets
 import types
 from collections.abc import Awaitable, Callable
-from functools import partial
 from types import TracebackType
 from typing import Any, Final, NamedTuple, TypeVar
 
@@ -749,18 +748,19 @@ class Lifecycle:
             self.emitter.ran(started, loop)
 
 
-class _Completing(tuple[Cutoff, str, Any]):
+class _Completing(list[Any]):
     """The scope of a completion write, ``(cutoff, key, result)``: bounded by ``cutoff``
     (opened at the lease end), and its failures mapped to what the caller gets —
     ``CompletionError`` (carrying the result, and whether the write may have applied), or
     the exception itself when it is the caller's cancellation or a transaction to run
-    again.  Synchronous, and a tuple made by :data:`_completing`: entering it runs no
-    Python frame (every first call enters one)."""
+    again.  Synchronous, and a list made by :data:`_completing`: entering it runs no
+    Python frame, and making it none either (every first call makes one: a list subclass
+    is filled by ``list.__init__``, in C, for less than a tuple subclass is built)."""
 
     __slots__ = ()
 
     # A builtin, so ``with`` calls no Python code to enter (what it returns is not used).
-    __enter__ = tuple.__len__
+    __enter__ = list.__len__
 
     def __exit__(
         self,
@@ -778,9 +778,7 @@ class _Completing(tuple[Cutoff, str, Any]):
             raise failure from exc
 
 
-_completing: Final[Callable[[tuple[Cutoff, str, Any]], _Completing]] = partial(
-    tuple.__new__, _Completing
-)
+_completing: Final[Callable[[tuple[Cutoff, str, Any]], _Completing]] = _Completing
 
 
 def _completion_failure(
