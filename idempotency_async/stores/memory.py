@@ -48,6 +48,7 @@ _NOTHING, _RESPONSE, _WITHOUT_RESPONSE = Written.NOTHING, Written.RESPONSE, Writ
 # ``Record(...)`` runs a Python-level ``__new__``; the tuple constructor, called as
 # ``_tuple_new(Record, (every field, in order))``, does not: a replay reads one record.
 _tuple_new: Final = tuple.__new__
+_join: Final = b"".join
 
 
 class MemoryStore:
@@ -147,8 +148,9 @@ class MemoryStore:
             return _RESPONSE
         if encoded is not None:
             # orjson's bytes keep their whole output buffer (4 KB and up): an exact-size
-            # copy keeps a record near the size of its response.
-            encoded = bytes(memoryview(encoded))
+            # copy keeps a record near the size of its response.  Joined to nothing: a join
+            # of two always builds a new object, for a third of ``bytes(memoryview(...))``.
+            encoded = _join((encoded, b""))
         expiration = expiration_for(now, ttl, 0.0)
         self._write(key, _COMPLETED, owner, expiration, validation, encoded, not_stored)
         return _WITHOUT_RESPONSE if encoded is None else _RESPONSE
