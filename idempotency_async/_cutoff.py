@@ -15,9 +15,20 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
+import sys
+from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
 __all__ = ["Cutoff", "Cutoffs", "InsistingCutoff"]
+
+_task_of: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None]
+if sys.version_info < (3, 12):
+    # What ``asyncio.current_task(loop)`` reads: there it is a Python function (a frame on
+    # every cutoff started); 3.12 made it C.
+    _task_of = vars(asyncio.tasks)["_current_tasks"].get
+else:
+    _task_of = asyncio.current_task
 
 # Closed cutoffs stay in the heap until they surface; past this many (and half the heap)
 # the heap is rebuilt without them, so a busy loop with long deadlines stays small.
@@ -211,7 +222,7 @@ class Cutoffs:
     def at(self, when: float) -> Cutoff:
         """Cancel the current task at ``when`` (loop time) unless the cutoff is closed first
         (a scope: ``with cutoffs.at(when) as cutoff:``)."""
-        task = asyncio.current_task(self.loop)
+        task = _task_of(self.loop)
         if task is None:
             raise RuntimeError("a cutoff must be started inside a task")
         cutoff = Cutoff(self, task, when)
@@ -223,7 +234,7 @@ class Cutoffs:
     def insist(self, when: float) -> InsistingCutoff:
         """As :meth:`at`, with a cutoff that cancels twice (:class:`InsistingCutoff`).
         Separate from :meth:`at`, which every call takes: no branch added there."""
-        task = asyncio.current_task(self.loop)
+        task = _task_of(self.loop)
         if task is None:
             raise RuntimeError("a cutoff must be started inside a task")
         cutoff = InsistingCutoff(self, task, when)

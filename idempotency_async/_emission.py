@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Final
 
 from idempotency_async.events import Event, EventKind
 from idempotency_async.instrumentation import Observer
@@ -14,6 +15,12 @@ __all__ = ["Emitter"]
 
 _log = logging.getLogger("idempotency_async")
 _DEBUG = logging.DEBUG  # a global: read on every event
+_cache = getattr(_log, "_cache", None)
+_ENABLED: Final[dict[int, bool]] = _cache if isinstance(_cache, dict) else {}
+"""What ``_log.isEnabledFor`` answered per level: logging's own cache, emptied in place
+whenever a level changes (``setLevel``, ``logging.disable``), so a False in it is current.
+Read here it costs no frame, where ``isEnabledFor`` costs one on every event; a level it
+does not hold (or a logger without it) is asked of ``isEnabledFor``, which fills it."""
 
 
 class Emitter:
@@ -36,7 +43,7 @@ class Emitter:
         duration: float | None = None,
         error: BaseException | None = None,
     ) -> None:
-        if _log.isEnabledFor(_DEBUG):
+        if _ENABLED.get(_DEBUG) is not False and _log.isEnabledFor(_DEBUG):
             _log.debug(
                 "idempotency %s", kind, extra={"idempotency_event": kind, "idempotency_key": key}
             )

@@ -55,9 +55,10 @@ def encode_json(value: Any) -> bytes:
             too_deep = ValueError(f"nested deeper than {MAX_STORED_DEPTH} levels")
             raise _not_json(value, too_deep) from None
         return _WIDE_MARK + text.encode()
-    # ``bytes.find``, not ``in``: ``in`` first tries its operand as an integer (an
-    # exception raised and cleared in C), twice the cost on every completion.
-    if encoded.find(b"null") != -1:
+    # ``bytes.partition``, not ``in`` (it first tries its operand as an integer: an exception
+    # raised and cleared in C) nor ``find`` (its arguments parsed from a tuple): a one-
+    # argument method, half the cost of ``find`` on every completion.
+    if encoded.partition(b"null")[1]:
         _reject_non_finite(value)
     return encoded
 

@@ -39,7 +39,6 @@ import itertools
 import secrets
 import types
 from collections.abc import Awaitable, Callable
-from functools import partial
 from types import TracebackType
 from typing import Any, Final, NamedTuple, TypeVar
 
@@ -108,9 +107,10 @@ _COROUTINE = types.CoroutineType  # what most callbacks return: no attribute loo
 _NOTHING, _RESPONSE, _WITHOUT_RESPONSE = Written.NOTHING, Written.RESPONSE, Written.WITHOUT_RESPONSE
 _RETURNED = Ended.RETURNED
 _NONE, _ANSWERED, _RELEASE = Answer.NONE, Answer.COMPLETED, Answer.RELEASE
-# ``Completion(...)`` runs a Python-level ``__new__``; the tuple constructor does not (every
-# first call builds one).  Every field is passed, in the order ``Completion`` declares them.
-_new_completion: Final[Callable[[tuple[Any, ...]], Completion]] = partial(tuple.__new__, Completion)
+# ``Completion(...)`` runs a Python-level ``__new__``; the tuple constructor, called as it
+# is (a ``partial`` costs a fifth more), does not: every first call builds one.  Every field
+# is passed, in the order ``Completion`` declares them.
+_tuple_new: Final = tuple.__new__
 
 
 _CLAIM: Final = object()
@@ -418,7 +418,10 @@ class Lifecycle:
         loop's cutoffs, which bound the work from here."""
         flight.hold(lease)
         self.emit("claimed", lease.keys.key)
-        return self._shared.cutoffs(loop)
+        cutoffs = self._shared._cutoffs  # (_Shared.cutoffs without its frame, when made)
+        if cutoffs is None or cutoffs.loop is not loop:
+            cutoffs = self._shared.cutoffs(loop)
+        return cutoffs
 
     async def _too_late(self, lease: Lease, cutoffs: Cutoffs) -> None:
         """The claim was answered after the cutoff (a slow store): its lease may have ended
@@ -562,23 +565,26 @@ class Lifecycle:
     def completion_for(self, lease: Lease, result: Any) -> Completion:
         """The completion recording ``result`` (encoded once; a failure becomes a reason)."""
         keys = lease.keys
-        encoded = self.replays.responses.encode(result, self.store.max_response_bytes, keys.key)
+        value, encoded, failure = self.replays.responses.encode(
+            result, self.store.max_response_bytes, keys.key
+        )
         reason = None
-        if encoded.reason is not None:
-            reason = not_stored_reason(encoded.reason)
-            log_not_stored(keys.key, encoded.reason)
-            self.emit("response_not_stored", keys.key, error=encoded.reason)
-        return _new_completion(
+        if failure is not None:
+            reason = not_stored_reason(failure)
+            log_not_stored(keys.key, failure)
+            self.emit("response_not_stored", keys.key, error=failure)
+        return _tuple_new(
+            Completion,
             (
                 keys.key,
                 lease.owner,
                 self.options.clock(),
                 self.options.expires_after,
                 keys.validation,
-                encoded.encoded,
-                encoded.value,
+                encoded,
+                value,
                 reason,
-            )
+            ),
         )
 
     def completion_without_response(self, lease: Lease, reason: str | None) -> Completion:
@@ -752,18 +758,19 @@ class Lifecycle:
             self.emitter.ran(started, loop)
 
 
-class _Completing(tuple[Cutoff, str, Any]):
+class _Completing(list[Any]):
     """The scope of a completion write, ``(cutoff, key, result)``: bounded by ``cutoff``
     (opened at the lease end), and its failures mapped to what the caller gets —
     ``CompletionError`` (carrying the result, and whether the write may have applied), or
     the exception itself when it is the caller's cancellation or a transaction to run
-    again.  Synchronous, and a tuple made by :data:`_completing`: entering it runs no
-    Python frame (every first call enters one)."""
+    again.  Synchronous, and a list made by :data:`_completing`: entering it runs no
+    Python frame, and making it none either (every first call makes one: a list subclass
+    is filled by ``list.__init__``, in C, for less than a tuple subclass is built)."""
 
     __slots__ = ()
 
     # A builtin, so ``with`` calls no Python code to enter (what it returns is not used).
-    __enter__ = tuple.__len__
+    __enter__ = list.__len__
 
     def __exit__(
         self,
@@ -781,9 +788,7 @@ class _Completing(tuple[Cutoff, str, Any]):
             raise failure from exc
 
 
-_completing: Final[Callable[[tuple[Cutoff, str, Any]], _Completing]] = partial(
-    tuple.__new__, _Completing
-)
+_completing: Final[Callable[[tuple[Cutoff, str, Any]], _Completing]] = _Completing
 
 
 def _completion_failure(

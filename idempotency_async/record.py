@@ -138,4 +138,6 @@ class Completion(NamedTuple):
 
 def expiration_for(now: float, ttl: float, lease: float) -> int:
     """A record's expiry: ``ceil(now + ttl)``, and never before its lease ends."""
-    return math.ceil(now + max(ttl, lease))
+    # ``max(ttl, lease)``, spelt out: the builtin parses its keywords on every call, which
+    # costs more than the rest of this function (two expiries per call).
+    return math.ceil(now + (lease if lease > ttl else ttl))

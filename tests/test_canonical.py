@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import enum
+import hashlib
 import json
 import math
 import os
@@ -31,6 +33,7 @@ from idempotency_async.canonical import (
     idempotency_key,
     js_number,
 )
+from idempotency_async.canonical._digests import SMALL_INPUT
 from idempotency_async.canonical._fast import fast_bytes
 from idempotency_async.canonical._general import general_bytes
 from idempotency_async.errors import ConfigError, PayloadError
@@ -418,3 +421,14 @@ def test_canonical_digester_is_the_digest_of_the_canonical_bytes(algorithm: str)
         hashed({"bad": math.nan})
     with pytest.raises(ConfigError):
         canonical_digester("crc32")
+
+
+@pytest.mark.parametrize("algorithm", ["md5", "sha1", "sha256", "sha384", "sha512"])
+def test_digests_are_hashlibs_on_both_sides_of_the_small_input_bound(algorithm: str) -> None:
+    # Short texts may be hashed by CPython's own MD5 rather than OpenSSL's: the same digest.
+    for size in (0, 1, 63, 64, SMALL_INPUT - 1, SMALL_INPUT, 3 * SMALL_INPUT):
+        text = "é" * (size // 2) + "x" * (size % 2)
+        data = json.dumps(text, ensure_ascii=False).encode()
+        expected = base64.b64encode(hashlib.new(algorithm, data).digest()).decode()
+        assert digest_bytes(data, algorithm) == expected
+        assert canonical_digester(algorithm)(text) == expected

@@ -516,6 +516,40 @@ async def test_broken_event_hook_does_not_change_the_outcome(store: Store) -> No
     assert await manager.execute({"id": 1}, Counter("ok"), timeout=5) == "ok"
 
 
+async def test_debug_event_lines_follow_levels_set_at_run_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The emitter reads logging's own cache of level answers: a level set, or logging
+    # disabled, while the manager runs must show in the very next call.
+    caplog.set_level(logging.DEBUG)
+    log = logging.getLogger("idempotency_async")
+    manager = make(MemoryStore())
+
+    async def events_of(n: int) -> list[str]:
+        caplog.clear()
+        await manager.execute({"id": n}, Counter(), timeout=5)
+        return [r.idempotency_event for r in caplog.records if hasattr(r, "idempotency_event")]
+
+    try:
+        log.setLevel(logging.INFO)
+        assert await events_of(1) == []
+        log.setLevel(logging.DEBUG)
+        assert await events_of(2) == ["claimed", "completed"]
+        log.setLevel(logging.INFO)
+        assert await events_of(3) == []
+        log.setLevel(logging.DEBUG)
+        logging.disable(logging.DEBUG)
+        assert await events_of(4) == []
+        logging.disable(logging.NOTSET)
+        assert await events_of(5) == ["claimed", "completed"]
+        log.disabled = True
+        assert await events_of(6) == []
+    finally:
+        logging.disable(logging.NOTSET)
+        log.disabled = False
+        log.setLevel(logging.NOTSET)
+
+
 async def test_response_hook_sees_replays_only(store: Store) -> None:
     seen: list[Any] = []
 

@@ -50,9 +50,12 @@ def fast_bytes(value: Any) -> bytes | None:
     kind = type(value)
     try:
         if kind is dict:
-            entry = _order_of(value)
+            keys = tuple(value)  # (_order_of inlined: every key derivation comes here)
+            entry = cached_order(keys)
             if entry is None:
-                return None
+                entry = learn_order(keys)
+                if entry is None:
+                    return None
             if entry.sortable:
                 form = _sorted(value, value.values(), 0)
                 return None if form is _NOT_FAST else orjson.dumps(form, option=_SORTED)

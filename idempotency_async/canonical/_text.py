@@ -6,7 +6,7 @@ from binascii import b2a_base64
 from collections.abc import Callable
 from typing import Any
 
-from idempotency_async.canonical._digests import hash_constructor
+from idempotency_async.canonical._digests import SMALL_INPUT, hash_constructor, small_constructor
 from idempotency_async.canonical._fast import fast_bytes
 from idempotency_async.canonical._general import Serializer, general_bytes
 
@@ -56,11 +56,13 @@ def canonical_digester(
     small payload the calls around the hash (three frames when composed) cost as much as
     the hash itself.  ConfigError for an unknown ``algorithm``."""
     new = hash_constructor(algorithm)
+    small = small_constructor(algorithm)
 
     def canonical_digest(value: Any) -> str:
         data = fast_bytes(value)
         if data is None:
             data = general_bytes(value, serializer, strict_integers)
-        return b2a_base64(new(data).digest(), newline=False).decode("ascii")
+        hashed = (small if len(data) < SMALL_INPUT else new)(data)
+        return b2a_base64(hashed.digest(), newline=False).decode("ascii")
 
     return canonical_digest

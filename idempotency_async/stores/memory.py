@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
-from functools import partial
+from math import ceil
 from typing import Any, Final
 
 from idempotency_async._json import decode_json
@@ -45,11 +44,12 @@ _COMPLETED = Status.COMPLETED
 _RELEASED = 1.0
 """The lease end of a released record with steps (as ``now``, with a zero lease): long
 past on any clock, so any claim may resume it."""
-_CLAIMABLE = Found.CLAIMABLE
+_CLAIMABLE, _FOUND_COMPLETED = Found.CLAIMABLE, Found.COMPLETED
 _NOTHING, _RESPONSE, _WITHOUT_RESPONSE = Written.NOTHING, Written.RESPONSE, Written.WITHOUT_RESPONSE
-# ``Record(...)`` runs a Python-level ``__new__``; the tuple constructor (every field passed,
-# in order) does not: a replay reads one record.
-_new_record: Final[Callable[[tuple[Any, ...]], Record]] = partial(tuple.__new__, Record)
+# ``Record(...)`` runs a Python-level ``__new__``; the tuple constructor, called as
+# ``_tuple_new(Record, (every field, in order))``, does not: a replay reads one record.
+_tuple_new: Final = tuple.__new__
+_join: Final = b"".join
 
 
 class MemoryStore:
@@ -102,6 +102,11 @@ class MemoryStore:
         current = self._entries.get(key)
         kept: _Entry | None = None
         if current is not None:
+            if current[0] is _COMPLETED and current[2] >= now:
+                # The common replay, judged as ``judge`` does, without its frame.
+                return _tuple_new(
+                    Verdict, (_FOUND_COMPLETED, _record(key, current), None, current[2] - now)
+                )
             if not (current[0] is _INPROGRESS and current[1] == owner):
                 verdict = judge(_record(key, current), now)
                 if verdict.found is not _CLAIMABLE:
@@ -118,7 +123,8 @@ class MemoryStore:
                 f"MemoryStore is full: {self.max_records} live records (max_records). Raise "
                 "max_records, shorten expires_after, or use a shared store"
             )
-        expiration = expiration_for(now, ttl, lease)
+        # ``expiration_for(now, ttl, lease)``, inlined (a frame on every write):
+        expiration = ceil(now + (lease if lease > ttl else ttl))
         if kept is None:
             self._write(key, _INPROGRESS, owner, expiration, validation, now, lease)
             return CLAIMED
@@ -144,9 +150,10 @@ class MemoryStore:
             return _RESPONSE
         if encoded is not None:
             # orjson's bytes keep their whole output buffer (4 KB and up): an exact-size
-            # copy keeps a record near the size of its response.
-            encoded = bytes(memoryview(encoded))
-        expiration = expiration_for(now, ttl, 0.0)
+            # copy keeps a record near the size of its response.  Joined to nothing: a join
+            # of two always builds a new object, for a third of ``bytes(memoryview(...))``.
+            encoded = _join((encoded, b""))
+        expiration = ceil(now + (0.0 if ttl < 0.0 else ttl))  # (as in claim)
         self._write(key, _COMPLETED, owner, expiration, validation, encoded, not_stored)
         return _WITHOUT_RESPONSE if encoded is None else _RESPONSE
 
@@ -289,7 +296,8 @@ def _record(key: str, entry: _Entry) -> Record:
         lease_end, encoded, not_stored = fifth + sixth, None, None
     else:
         lease_end, encoded, not_stored = None, fifth, sixth
-    return _new_record(
+    return _tuple_new(
+        Record,
         (
             key,
             status,
@@ -301,5 +309,5 @@ def _record(key: str, entry: _Entry) -> Record:
             status is _INPROGRESS or encoded is not None,
             not_stored,
             entry[6] if len(entry) > 6 else None,
-        )
+        ),
     )
