@@ -115,6 +115,10 @@ _SCRIPTS: Final = (
 # clock, as MemoryStore's.  The server's clock judging: its TIME less one millisecond.
 _RELEASED_MS: Final = b"1000"
 _NEVER: Final = 2**63  # the expiry of a record without one, as _redis_records reads it
+# A replay's verdict: every field, in order, to tuple's constructor (NamedTuple's own
+# __new__ is Python), and Found's member read once (through its class it costs more).
+_new_verdict: Final = tuple.__new__
+_FOUND_COMPLETED: Final = Found.COMPLETED
 
 
 class RedisStore:
@@ -467,25 +471,29 @@ class RedisStore:
         return await self._eval("claim", _CLAIM, key, args)
 
     def _verdict(self, key: str, answer: Any) -> Verdict:
-        if isinstance(answer, Verdict):
-            return answer
-        if answer == 1:
-            return CLAIMED
-        if not isinstance(answer, list) or len(answer) != 4:
-            raise StoreUnavailableError(
-                f"the server answered a claim of key {key!r} with {answer!r:.200}, which is not "
-                "the store's script answer; the callback was not run"
-            )
+        # A list first: a replay's answer (comparing one to 1 costs more than this test).
+        if type(answer) is not list or len(answer) != 4:
+            if isinstance(answer, Verdict):
+                return answer
+            if answer == 1:
+                return CLAIMED
+            if not isinstance(answer, list) or len(answer) != 4:
+                raise StoreUnavailableError(
+                    f"the server answered a claim of key {key!r} with {answer!r:.200}, which "
+                    "is not the store's script answer; the callback was not run"
+                )
         state, raw, now_text, answered = answer
         self._check_key(key, answered)
         record = self._decode(key, raw)
+        if state == _COMPLETED:
+            return _new_verdict(
+                Verdict, (_FOUND_COMPLETED, record, None, record.expiration - float(now_text))
+            )
         if state == _RESUMED and record.steps is not None:
             return Verdict(Found.CLAIMED, record)
         if state == _RESUMABLE and record.steps is not None:
             return Verdict(Found.RESUMABLE, record)
         now = float(now_text)
-        if state == _COMPLETED:
-            return Verdict(Found.COMPLETED, record, None, record.expiration - now)
         if state == _IN_PROGRESS:
             end = record.expiration if record.lease_end is None else record.lease_end
             return Verdict(Found.IN_PROGRESS, record, max(end - now, 0.0))
