@@ -468,7 +468,7 @@ async def test_commands_cancelled_or_failed_at_any_turn_leave_every_slot_free(
                 failed = isinstance(outcome, asyncio.CancelledError | errors.StoreValidationError)
                 assert outcome is CLAIMED or failed, outcome
                 assert task.cancelled() or not isinstance(outcome, asyncio.CancelledError)
-            assert gate.free == 1 and not gate._waiters, turns
+            assert gate.free == 1 and not gate.waiters, turns
         async with asyncio.timeout(10):
             assert await store.claim(claim("after")) is CLAIMED
 
@@ -487,7 +487,7 @@ async def test_the_gate_passes_on_a_slot_handed_to_a_waiter_cancelled_before_it_
     third.cancel()  # still queued: it leaves the queue
     with pytest.raises(asyncio.CancelledError):
         await third
-    assert gate.free == 0 and not gate._waiters
+    assert gate.free == 0 and not gate.waiters
     gate.release()
     assert gate.free == 1
 

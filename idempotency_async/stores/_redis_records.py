@@ -39,10 +39,10 @@ _new_record: Final = tuple.__new__
 
 def claim_tail(owner: str, validation: str | None) -> bytes:
     """What follows the instants in a claim's record text."""
-    tail = b',"owner":' + orjson.dumps(owner) + b"}"
+    # One bytes formatting, not three concatenations: built on every claim.
     if validation is None:
-        return tail
-    return b',"validation":' + orjson.dumps(validation) + tail
+        return b',"owner":%b}' % orjson.dumps(owner)
+    return b',"validation":%b,"owner":%b}' % (orjson.dumps(validation), orjson.dumps(owner))
 
 
 def python_data(encoded: bytes) -> bytes:
@@ -59,17 +59,20 @@ def completion_tail(
     Powertools (Python) 3.0 reads a missing ``data`` as the text ``None``, which fails
     to decode; ``null`` replays as ``None`` in every 3.x release.
     """
-    parts = []
-    if completion.validation is not None:
-        parts.append(b',"validation":' + orjson.dumps(completion.validation))
-    parts.append(b',"owner":' + orjson.dumps(completion.owner))
-    if encoded is None:
-        marker = FORMAT_NOT_STORED if not reason else f"{FORMAT_NOT_STORED}: {utf8_text(reason)}"
-        parts.append(b',"data_format":' + orjson.dumps(marker))
-        parts.append(_DATA + b'"null"}' if python else b"}")
+    owner, validation = orjson.dumps(completion.owner), completion.validation
+    if validation is None:
+        head = b',"owner":%b' % owner
     else:
-        parts += (_DATA, encoded, b"}")
-    return b"".join(parts)
+        head = b',"validation":%b,"owner":%b' % (orjson.dumps(validation), owner)
+    if encoded is not None:
+        # Joined, not formatted: formatting copies a large response again as it grows.
+        return b"".join((head, _DATA, encoded, b"}"))
+    marker = FORMAT_NOT_STORED if not reason else f"{FORMAT_NOT_STORED}: {utf8_text(reason)}"
+    return b'%b,"data_format":%b%b' % (
+        head,
+        orjson.dumps(marker),
+        _DATA + b'"null"}' if python else b"}",
+    )
 
 
 def decode_record(
@@ -89,22 +92,7 @@ def decode_record(
     within the bound and a count from 1 to 64, or the record is unreadable (``ValueError``/
     ``TypeError``).
     """
-    fields: Any = None
-    data: Any = None
-    data_error = None
-    cut = raw.find(_DATA)
-    # The common record (a replay reads one): "data" last, neither part marked for the
-    # stdlib's wide integers, and too short to open more than MAX_STORED_DEPTH brackets (one
-    # byte each): orjson reads both parts as _split would.  Anything else, _split decides.
-    if 0 < cut and len(raw) <= MAX_STORED_DEPTH and raw[-1:] == b"}":
-        if raw[0] != _SPACE and raw[cut + len(_DATA)] != _SPACE:
-            try:
-                fields = orjson.loads(raw[:cut] + b"}")
-                data = orjson.loads(raw[cut + len(_DATA) : -1])
-            except orjson.JSONDecodeError:
-                fields = None
-    if type(fields) is not dict or "status" not in fields:
-        fields, data, data_error = _split(raw)
+    fields, data, data_error = _split(raw)
     status = fields["status"]
     try:
         status = _STATUSES[status]  # (the Enum's call costs more than the whole lookup)
@@ -203,6 +191,24 @@ def _split(raw: bytes) -> tuple[dict[str, Any], Any, Exception | None]:
     """(the members but ``data``, the decoded ``data`` or ``_ABSENT``, why ``data`` could
     not be decoded)."""
     cut = raw.find(_DATA)
+    # The common record (a replay reads one): "data" last, neither part marked for the
+    # stdlib's wide integers, and too short to open more than MAX_STORED_DEPTH brackets (one
+    # byte each).  orjson reads both parts as the bounded reading below would.
+    if (
+        cut > 0
+        and len(raw) <= MAX_STORED_DEPTH
+        and raw[-1:] == b"}"
+        and raw[0] != _SPACE
+        and raw[cut + len(_DATA)] != _SPACE
+    ):
+        try:
+            members = orjson.loads(raw[:cut] + b"}")
+            data = orjson.loads(raw[cut + len(_DATA) : -1])
+        except orjson.JSONDecodeError:
+            pass  # below, as any other record
+        else:
+            if type(members) is dict and "status" in members:
+                return members, data, None
     fields: Any = None
     data_error: StoredDataError | None = None
     if cut >= 0 and raw.endswith(b"}"):
