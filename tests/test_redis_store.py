@@ -23,7 +23,7 @@ from idempotency_async import errors
 from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion, Status
 from idempotency_async.stores._redis_gate import Gate
-from idempotency_async.stores.base import CLAIMED, Found, Written
+from idempotency_async.stores.base import CLAIMED, Found, Verdict, Written
 from idempotency_async.stores.redis import RedisStore
 
 pytestmark = pytest.mark.redis
@@ -136,6 +136,9 @@ async def test_typescript_records_are_read_and_judged(redis_server: RedisServer)
         assert verdict.found is Found.COMPLETED and verdict.record is not None
         assert verdict.record.response == {"a": [1, "x"], "data": 2}
         assert verdict.record.validation is None
+        # Built positionally (a replay's cost): every field of a Verdict, in its order.
+        assert len(verdict) == len(Verdict._fields) and verdict.retry_after is None
+        assert verdict.expires_in is not None and 55 < verdict.expires_in <= 61
 
         # No data: the TypeScript callback returned undefined.
         bare = '{"status":"COMPLETED","expiration":%d}' % (now + 60)  # noqa: UP031

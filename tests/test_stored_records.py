@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from idempotency_async import LocalCache, Manager, Options, errors
 from idempotency_async._json import _stored_depth, decode_json, encode_json, nesting_depth
 from idempotency_async.events import Event
-from idempotency_async.record import Status
+from idempotency_async.record import Record, Status
 from idempotency_async.stores._redis_records import decode_record
 from idempotency_async.stores.base import Store
 from idempotency_async.stores.dynamodb import DynamoDBStore
@@ -530,6 +530,28 @@ def test_any_redis_record_text_decodes_or_is_a_typed_refusal(raw: bytes, python:
     assert math.isfinite(record.expiration - time.time())
     if record.response_stored and record.response is not None:
         assert decode_json(encode_json(record.response)) == record.response
+
+
+def test_a_redis_record_is_read_into_every_field_in_order() -> None:
+    """The reader builds a Record with tuple's constructor (a replay's cost): its fields,
+    positionally, must stay Record's."""
+    raw = b'{"status":"INPROGRESS","expiration":9,"in_progress_expiration":8000,'
+    raw += b'"validation":"v","owner":"o","steps":"[[\\"a\\",1]]","step_count":1}'
+    record = decode_record("k", raw)
+    assert record._asdict() == {
+        "key": "k",
+        "status": Status.INPROGRESS,
+        "expiration": 9,
+        "lease_end": 8.0,
+        "validation": "v",
+        "owner": "o",
+        "response": None,
+        "response_stored": True,
+        "not_stored": None,
+        "steps": '[["a",1]]',
+    }
+    stored = decode_record("k", b'{"status":"COMPLETED","expiration":9,"data":[1]}')
+    assert stored._asdict() == Record("k", Status.COMPLETED, 9, response=[1])._asdict()
 
 
 def _read(raw: bytes, python: bool) -> Any:
