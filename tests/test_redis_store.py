@@ -23,7 +23,7 @@ from idempotency_async import errors
 from idempotency_async._json import encode_json
 from idempotency_async.record import Claim, Completion, Status
 from idempotency_async.stores._redis_gate import Gate
-from idempotency_async.stores.base import CLAIMED, Found, Written
+from idempotency_async.stores.base import CLAIMED, Found, Verdict, Written
 from idempotency_async.stores.redis import RedisStore
 
 pytestmark = pytest.mark.redis
@@ -136,6 +136,9 @@ async def test_typescript_records_are_read_and_judged(redis_server: RedisServer)
         assert verdict.found is Found.COMPLETED and verdict.record is not None
         assert verdict.record.response == {"a": [1, "x"], "data": 2}
         assert verdict.record.validation is None
+        # Built positionally (a replay's cost): every field of a Verdict, in its order.
+        assert len(verdict) == len(Verdict._fields) and verdict.retry_after is None
+        assert verdict.expires_in is not None and 55 < verdict.expires_in <= 61
 
         # No data: the TypeScript callback returned undefined.
         bare = '{"status":"COMPLETED","expiration":%d}' % (now + 60)  # noqa: UP031
@@ -468,7 +471,7 @@ async def test_commands_cancelled_or_failed_at_any_turn_leave_every_slot_free(
                 failed = isinstance(outcome, asyncio.CancelledError | errors.StoreValidationError)
                 assert outcome is CLAIMED or failed, outcome
                 assert task.cancelled() or not isinstance(outcome, asyncio.CancelledError)
-            assert gate.free == 1 and not gate._waiters, turns
+            assert gate.free == 1 and not gate.waiters, turns
         async with asyncio.timeout(10):
             assert await store.claim(claim("after")) is CLAIMED
 
@@ -487,7 +490,7 @@ async def test_the_gate_passes_on_a_slot_handed_to_a_waiter_cancelled_before_it_
     third.cancel()  # still queued: it leaves the queue
     with pytest.raises(asyncio.CancelledError):
         await third
-    assert gate.free == 0 and not gate._waiters
+    assert gate.free == 0 and not gate.waiters
     gate.release()
     assert gate.free == 1
 

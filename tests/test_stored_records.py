@@ -24,13 +24,13 @@ from typing import Any
 import pytest
 from _moto import fresh_table
 from _redis import RedisServer, fresh_redis_store
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from idempotency_async import LocalCache, Manager, Options, errors
 from idempotency_async._json import _stored_depth, decode_json, encode_json, nesting_depth
 from idempotency_async.events import Event
-from idempotency_async.record import Status
+from idempotency_async.record import Record, Status
 from idempotency_async.stores._redis_records import decode_record
 from idempotency_async.stores.base import Store
 from idempotency_async.stores.dynamodb import DynamoDBStore
@@ -530,6 +530,67 @@ def test_any_redis_record_text_decodes_or_is_a_typed_refusal(raw: bytes, python:
     assert math.isfinite(record.expiration - time.time())
     if record.response_stored and record.response is not None:
         assert decode_json(encode_json(record.response)) == record.response
+
+
+def test_a_redis_record_is_read_into_every_field_in_order() -> None:
+    """The reader builds a Record with tuple's constructor (a replay's cost): its fields,
+    positionally, must stay Record's."""
+    raw = b'{"status":"INPROGRESS","expiration":9,"in_progress_expiration":8000,'
+    raw += b'"validation":"v","owner":"o","steps":"[[\\"a\\",1]]","step_count":1}'
+    record = decode_record("k", raw)
+    assert record._asdict() == {
+        "key": "k",
+        "status": Status.INPROGRESS,
+        "expiration": 9,
+        "lease_end": 8.0,
+        "validation": "v",
+        "owner": "o",
+        "response": None,
+        "response_stored": True,
+        "not_stored": None,
+        "steps": '[["a",1]]',
+    }
+    stored = decode_record("k", b'{"status":"COMPLETED","expiration":9,"data":[1]}')
+    assert stored._asdict() == Record("k", Status.COMPLETED, 9, response=[1])._asdict()
+
+
+def _read(raw: bytes, python: bool) -> Any:
+    try:
+        return repr(decode_record("k", raw, python=python))  # 10**30 == 1e30, not as text
+    except (KeyError, ValueError, TypeError) as exc:
+        return type(exc)  # (a message may quote a position in the text)
+
+
+@settings(max_examples=250)
+@example({"status": "COMPLETED", "expiration": FUTURE}, "1" * 30, " ", False)
+@example({"status": "COMPLETED", "owner": "o"}, json.dumps("[" * 20 + "]" * 20), " ", True)
+@given(
+    st.fixed_dictionaries(
+        {"status": st.sampled_from(["COMPLETED", "INPROGRESS", "DONE", 1])},
+        optional={
+            "expiration": _NUMBER | _JSON_VALUE,
+            "in_progress_expiration": _NUMBER | _JSON_VALUE,
+            "validation": st.text(max_size=3) | _JSON_VALUE,
+            "owner": st.text(max_size=3) | _JSON_VALUE,
+            "data_format": st.sampled_from(["not-stored: x", "json"]) | _JSON_VALUE,
+        },
+    ),
+    _JSON_ATOMS
+    | st.sampled_from(["1" * 30, '{"n":[-' + "9" * 25 + "]}"])  # wide integers: the stdlib's
+    | _JSON_VALUE.map(json.dumps)
+    | _JSON_VALUE.map(json.dumps).map(json.dumps),
+    st.sampled_from(["", " "]),
+    st.booleans(),
+)
+def test_a_short_redis_record_reads_as_the_same_record_made_long(
+    members: dict[str, Any], data: str, mark: str, python: bool
+) -> None:
+    """A record short enough to nest within the depth bound is read by a shorter path
+    (a replay's); the same record padded past that length, by the general one."""
+    raw = json.dumps(members, separators=(",", ":")).encode()[:-1]
+    raw += b',"data":' + (mark + data).encode() + b"}"
+    padded = b"{" + b" " * 600 + raw[1:]
+    assert _read(raw, python) == _read(padded, python)
 
 
 _ATTRIBUTE = st.recursive(

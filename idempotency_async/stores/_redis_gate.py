@@ -23,16 +23,16 @@ class Gate:
     is handed to the first of them; a waiter cancelled after it was handed one passes it on.
     """
 
-    __slots__ = ("_waiters", "free")
+    __slots__ = ("free", "waiters")
 
     def __init__(self, size: int) -> None:
         self.free = size
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self.waiters: deque[asyncio.Future[None]] = deque()
 
     async def wait(self) -> None:
         """Wait for a slot (called when none is free); it is held on return."""
         turn = asyncio.get_running_loop().create_future()
-        self._waiters.append(turn)
+        self.waiters.append(turn)
         try:
             await turn
         except BaseException:
@@ -40,11 +40,11 @@ class Gate:
                 self.release()  # handed a slot, but cancelled before it could run
             else:
                 with contextlib.suppress(ValueError):  # or release() skipped it already
-                    self._waiters.remove(turn)
+                    self.waiters.remove(turn)
             raise
 
     def release(self) -> None:
-        waiters = self._waiters
+        waiters = self.waiters
         while waiters:
             turn = waiters.popleft()
             if not turn.done():

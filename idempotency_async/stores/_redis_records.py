@@ -31,14 +31,18 @@ _DATA: Final = b',"data":'
 _MAX_STEPS: Final = 64
 """The most steps a record holds (the manager's own limit, ``steps.MAX_STEPS``)."""
 _NEVER: Final = 2**63
+_SPACE: Final = ord(" ")  # this library's wide integers follow one, for the stdlib decoder
+_STATUSES: Final = {status.value: status for status in Status}
+_COMPLETED: Final = Status.COMPLETED
+_new_record: Final = tuple.__new__
 
 
 def claim_tail(owner: str, validation: str | None) -> bytes:
     """What follows the instants in a claim's record text."""
-    tail = b',"owner":' + orjson.dumps(owner) + b"}"
+    # One bytes formatting, not three concatenations: built on every claim.
     if validation is None:
-        return tail
-    return b',"validation":' + orjson.dumps(validation) + tail
+        return b',"owner":%b}' % orjson.dumps(owner)
+    return b',"validation":%b,"owner":%b}' % (orjson.dumps(validation), orjson.dumps(owner))
 
 
 def python_data(encoded: bytes) -> bytes:
@@ -55,17 +59,20 @@ def completion_tail(
     Powertools (Python) 3.0 reads a missing ``data`` as the text ``None``, which fails
     to decode; ``null`` replays as ``None`` in every 3.x release.
     """
-    parts = []
-    if completion.validation is not None:
-        parts.append(b',"validation":' + orjson.dumps(completion.validation))
-    parts.append(b',"owner":' + orjson.dumps(completion.owner))
-    if encoded is None:
-        marker = FORMAT_NOT_STORED if not reason else f"{FORMAT_NOT_STORED}: {utf8_text(reason)}"
-        parts.append(b',"data_format":' + orjson.dumps(marker))
-        parts.append(_DATA + b'"null"}' if python else b"}")
+    owner, validation = orjson.dumps(completion.owner), completion.validation
+    if validation is None:
+        head = b',"owner":%b' % owner
     else:
-        parts += (_DATA, encoded, b"}")
-    return b"".join(parts)
+        head = b',"validation":%b,"owner":%b' % (orjson.dumps(validation), owner)
+    if encoded is not None:
+        # Joined, not formatted: formatting copies a large response again as it grows.
+        return b"".join((head, _DATA, encoded, b"}"))
+    marker = FORMAT_NOT_STORED if not reason else f"{FORMAT_NOT_STORED}: {utf8_text(reason)}"
+    return b'%b,"data_format":%b%b' % (
+        head,
+        orjson.dumps(marker),
+        _DATA + b'"null"}' if python else b"}",
+    )
 
 
 def decode_record(
@@ -86,7 +93,11 @@ def decode_record(
     ``TypeError``).
     """
     fields, data, data_error = _split(raw)
-    status = Status(fields["status"])
+    status = fields["status"]
+    try:
+        status = _STATUSES[status]  # (the Enum's call costs more than the whole lookup)
+    except (KeyError, TypeError):
+        status = Status(status)  # raises, as it always has
     expiration = fields.get("expiration")
     lease_end = fields.get("in_progress_expiration")
     data_format = fields.get("data_format")
@@ -94,21 +105,44 @@ def decode_record(
     if isinstance(data_format, str) and data_format.startswith(FORMAT_NOT_STORED):
         not_stored = data_format[len(FORMAT_NOT_STORED) :].lstrip(": ")
     response, stored = None, not_stored is None
-    if status is Status.COMPLETED and stored and data is not _ABSENT:
-        response, not_stored = _response(data, data_error, python=python)
-        stored = not_stored is None
-    return Record(
-        key=key,
-        status=status,
-        # No expiration: the claim script never treats the record as expired.
-        expiration=_NEVER if expiration is None else _instant(expiration),
-        lease_end=None if lease_end is None else _instant(lease_end) / 1000,
-        validation=_text_or_none(fields, "validation"),
-        owner=_text_or_none(fields, "owner"),
-        response=response,
-        response_stored=stored,
-        not_stored=not_stored or None,
-        steps=_steps(fields, status, max_steps_bytes),
+    if status is _COMPLETED and stored and data is not _ABSENT:
+        if data_error is None and not python:
+            response = data
+        else:
+            response, not_stored = _response(data, data_error, python=python)
+            stored = not_stored is None
+    # The checks below run in the order they always have: a record malformed twice over
+    # raises the same error.  An int within range is its own ceiling.
+    if expiration is None:
+        expiration = _NEVER  # the claim script never treats the record as expired
+    elif type(expiration) is not int or not -_NEVER <= expiration <= _NEVER:
+        expiration = _instant(expiration)
+    if lease_end is not None:
+        lease_end = _instant(lease_end) / 1000
+    validation = fields.get("validation")
+    if validation is not None and not isinstance(validation, str):
+        raise _not_text("validation", validation)
+    owner = fields.get("owner")
+    if owner is not None and not isinstance(owner, str):
+        raise _not_text("owner", owner)
+    steps = None
+    if "steps" in fields or "step_count" in fields:
+        steps = _steps(fields, status, max_steps_bytes)
+    # Every field, in Record's order: tuple's constructor skips NamedTuple's Python __new__.
+    return _new_record(
+        Record,
+        (
+            key,
+            status,
+            expiration,
+            lease_end,
+            validation,
+            owner,
+            response,
+            stored,
+            not_stored or None,
+            steps,
+        ),
     )
 
 
@@ -157,6 +191,24 @@ def _split(raw: bytes) -> tuple[dict[str, Any], Any, Exception | None]:
     """(the members but ``data``, the decoded ``data`` or ``_ABSENT``, why ``data`` could
     not be decoded)."""
     cut = raw.find(_DATA)
+    # The common record (a replay reads one): "data" last, neither part marked for the
+    # stdlib's wide integers, and too short to open more than MAX_STORED_DEPTH brackets (one
+    # byte each).  orjson reads both parts as the bounded reading below would.
+    if (
+        cut > 0
+        and len(raw) <= MAX_STORED_DEPTH
+        and raw[-1:] == b"}"
+        and raw[0] != _SPACE
+        and raw[cut + len(_DATA)] != _SPACE
+    ):
+        try:
+            members = orjson.loads(raw[:cut] + b"}")
+            data = orjson.loads(raw[cut + len(_DATA) : -1])
+        except orjson.JSONDecodeError:
+            pass  # below, as any other record
+        else:
+            if type(members) is dict and "status" in members:
+                return members, data, None
     fields: Any = None
     data_error: StoredDataError | None = None
     if cut >= 0 and raw.endswith(b"}"):
@@ -205,8 +257,5 @@ def _instant(value: Any) -> int:
     return math.ceil(value)
 
 
-def _text_or_none(fields: dict[str, Any], name: str) -> str | None:
-    value = fields.get(name)
-    if value is not None and not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
-    return value
+def _not_text(name: str, value: Any) -> TypeError:
+    return TypeError(f"{name} must be a string, got {type(value).__name__}")

@@ -115,6 +115,10 @@ _SCRIPTS: Final = (
 # clock, as MemoryStore's.  The server's clock judging: its TIME less one millisecond.
 _RELEASED_MS: Final = b"1000"
 _NEVER: Final = 2**63  # the expiry of a record without one, as _redis_records reads it
+# A replay's verdict: every field, in order, to tuple's constructor (NamedTuple's own
+# __new__ is Python), and Found's member read once (through its class it costs more).
+_new_verdict: Final = tuple.__new__
+_FOUND_COMPLETED: Final = Found.COMPLETED
 
 
 class RedisStore:
@@ -355,7 +359,10 @@ class RedisStore:
             answer = await self._eval_again(operation, script, key, args, exc)
         finally:
             if gate is not None:
-                gate.release()
+                if gate.waiters:
+                    gate.release()
+                else:
+                    gate.free += 1  # Gate.release with none waiting, without its frame
         if task is not None and task.cancelling() > asked:
             raise asyncio.CancelledError  # one the client lost: see _raise_swallowed_cancel
         return answer
@@ -418,17 +425,18 @@ class RedisStore:
     # -- Store protocol -------------------------------------------------------------
 
     async def claim(self, claim: Claim) -> Verdict:
+        key, owner = claim.key, claim.owner  # (a NamedTuple's field costs a lookup per read)
         args = (
-            claim.owner,
+            owner,
             repr(claim.now) if self._client_clock else b"",
             claim.lease,
             claim.ttl,
-            claim_tail(claim.owner, claim.validation),
+            claim_tail(owner, claim.validation),
             b"ask" if self._python else b"",
         )
         if not (self._python or self.min_replicas):
             # One command, guarded against a lost cancellation by _eval itself.
-            return self._verdict(claim.key, await self._eval("claim", _CLAIM, claim.key, args))
+            return self._verdict(key, await self._eval("claim", _CLAIM, key, args))
         task = asyncio.current_task()
         asked = 0 if task is None else task.cancelling()
         answer = await self._claim(claim.key, args)
@@ -467,25 +475,31 @@ class RedisStore:
         return await self._eval("claim", _CLAIM, key, args)
 
     def _verdict(self, key: str, answer: Any) -> Verdict:
-        if isinstance(answer, Verdict):
-            return answer
         if answer == 1:
             return CLAIMED
         if not isinstance(answer, list) or len(answer) != 4:
+            if isinstance(answer, Verdict):
+                return answer
             raise StoreUnavailableError(
                 f"the server answered a claim of key {key!r} with {answer!r:.200}, which is not "
                 "the store's script answer; the callback was not run"
             )
         state, raw, now_text, answered = answer
-        self._check_key(key, answered)
+        # The answer's own key, as _check_key reads it, without its frame when it matches.
+        if type(answered) is not bytes or answered.decode("utf-8", "replace") != (
+            self.key_prefix + key
+        ):
+            self._check_key(key, answered)
         record = self._decode(key, raw)
+        if state == _COMPLETED:
+            return _new_verdict(
+                Verdict, (_FOUND_COMPLETED, record, None, record.expiration - float(now_text))
+            )
         if state == _RESUMED and record.steps is not None:
             return Verdict(Found.CLAIMED, record)
         if state == _RESUMABLE and record.steps is not None:
             return Verdict(Found.RESUMABLE, record)
         now = float(now_text)
-        if state == _COMPLETED:
-            return Verdict(Found.COMPLETED, record, None, record.expiration - now)
         if state == _IN_PROGRESS:
             end = record.expiration if record.lease_end is None else record.lease_end
             return Verdict(Found.IN_PROGRESS, record, max(end - now, 0.0))
