@@ -7,6 +7,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Generic, ParamSpec, Protocol, TypeVar, cast
 
+from idempotency_async._arguments import argument_reader
 from idempotency_async._derive import derive
 from idempotency_async._function_manager import function_manager
 from idempotency_async._lease import check_duration
@@ -66,6 +67,7 @@ def idempotent_function(
                 f"{func.__qualname__} has no parameter {payload!r}; name the argument that "
                 f"identifies the request (one of: {', '.join(signature.parameters)})"
             )
+        read = argument_reader(signature, payload)
         bound_manager = function_manager(manager, func)
         if declared is not None:
             bound_manager = derive(
@@ -74,10 +76,8 @@ def idempotent_function(
 
         @functools.wraps(func)
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-            arguments = signature.bind(*args, **kwargs)
-            arguments.apply_defaults()
             return await bound_manager.execute(
-                arguments.arguments[payload], lambda: func(*args, **kwargs), timeout=timeout
+                read(args, kwargs), lambda: func(*args, **kwargs), timeout=timeout
             )
 
         decorated = cast(IdempotentFunction[P, T], wrapper)
