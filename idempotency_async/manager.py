@@ -301,7 +301,9 @@ class Manager:
         Returns the record deleted, if there was one.  Dangerous: if the original call is
         still running, a retry will run the side effect a second time.  This manager's local
         cache keeps no entry of the key, whatever replays ran meanwhile; other processes'
-        local caches keep replaying the key until their entries expire.
+        local caches keep replaying the key until their entries expire.  While the original
+        call runs, its own process still counts it as the key's holder (duplicates there
+        are refused, or wait for it).
         """
         return await self._lifecycle.force_release(key)
 

@@ -351,3 +351,38 @@ _RENEWED_UNDER_A_CALL_COMPLETION = {
 
 def test_a_renewal_confirmed_under_a_call_s_completion_moves_its_bound() -> None:
     assert run_one(_completed_plan(_RENEWED_UNDER_A_CALL_COMPLETION)) == []
+
+
+# Judged, not fixed (a 10,000-seed run of this stop, seed 113937, shrunk): the grant
+# counterpart of seed 53566.  Process A sends a claim (its answer slow) that the store
+# grants; an operator force-releases the key and process B claims and completes it; a
+# duplicate in A, arriving before A's answer, joins A's claim and, once it is granted, is
+# refused in process: A holds the key as far as A can tell.  The documented hazard of
+# force_release (its call still running), which the oracle exempts as it does 53566.
+_JOINED_A_GRANT_BEFORE_ANOTHER_RELEASE = {
+    "seed": 113937,
+    "validate": False,
+    "managers": [
+        {"skew": 0.0, "wait": False, "wait_timeout": 1.403},
+        {"skew": 0.0, "wait": False, "wait_timeout": 6.677},
+    ],
+    "calls": [
+        # A's claim is granted at t=6.413; its answer comes 2.9 s later
+        {
+            "manager": 0,
+            "at": 6.413,
+            "timeout": 5.71,
+            "duration": 2.847,
+            "faults": [{"op": "claim", "nth": 0, "kind": "slow_answer", "seconds": 2.944}],
+        },
+        # B's operator releases the key, and B runs it again (completed)
+        {"manager": 1, "at": 0.0, "timeout": 3.545, "door": "operator"},
+        {"manager": 1, "at": 0.0, "timeout": 3.0},
+        # joins A's claim at t=8.934
+        {"manager": 0, "at": 8.934, "timeout": 4.642},
+    ],
+}
+
+
+def test_a_duplicate_joining_a_grant_made_before_another_process_s_release() -> None:
+    assert run_one(_completed_plan(_JOINED_A_GRANT_BEFORE_ANOTHER_RELEASE)) == []

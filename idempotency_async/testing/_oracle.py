@@ -688,7 +688,9 @@ class _Checker:
         """A call that joined, in its process, a claim still unanswered when it arrived
         gets what that claim met; when another process's force_release applied after the
         claim reached the store, that is the released record (the release is unseen by
-        this process, as by a local cache: a documented hazard of force_release)."""
+        this process, as by a local cache: a documented hazard of force_release).  A claim
+        that was granted makes its caller this process's holder, which the release does not
+        stop: the joined call is refused in process, or waits for that holder."""
         manager = self.plan_of(outcome.call).manager
         history = self.applications.get(key, ())
         for op, application in history:
@@ -700,8 +702,7 @@ class _Checker:
                 or application.order >= outcome.entered_at
                 or op.ended is None
                 or op.ended < outcome.entered
-                or application.before is None
-                or not self.replayed(outcome, application.before)
+                or not self.got_what_it_joined(outcome, op, application)
             ):
                 continue
             if any(
@@ -713,6 +714,13 @@ class _Checker:
             ):
                 return True
         return False
+
+    def got_what_it_joined(self, outcome: Outcome, claim: Op, met: Application) -> bool:
+        """The joined claim's replay, or the refusal its grant makes due in process."""
+        granted = met.after is not None and met.after.owner == claim.arg.owner
+        if granted:
+            return isinstance(outcome.error, errors.AlreadyInProgressError)
+        return met.before is not None and self.replayed(outcome, met.before)
 
     def skewed_cache(self, outcome: Outcome) -> bool:
         """A local cache fed by a store that judged by a skewed client clock keeps an entry
