@@ -24,6 +24,9 @@ so the store's queue is on); no manager, no I/O.  ``--store redis-server`` count
 against a redis-server this script starts (the client process only; 300 and 900 calls):
 ``bench_redis.py``'s raw script calls and its manager, first call and replay, and their
 ratio — the I/O makes these counts steady to a few per cent (the loop turns vary), not 0.1 %.
+It also counts the same manager calls on a store that costs nothing (its answers, learnt
+from ``MemoryStore`` on the first call, returned as they are), added to raw: the floor of
+manager / raw for any store, the manager's own work alone.
 ``--frames`` counts Python frames per call instead (cProfile's call counts, no valgrind):
 all of them, and the library's own.
 """
@@ -119,7 +122,8 @@ async def redis_calls(kind: str, count: int) -> None:
 
 async def server_calls(kind: str, count: int) -> None:
     """``bench_redis.py``'s paths against the redis-server on port ``$BENCH_REDIS_PORT``:
-    ``kind`` is ``raw-first``, ``raw-replay``, ``manager-first`` or ``manager-replay``."""
+    ``kind`` is ``raw-first``, ``raw-replay``, ``manager-first`` or ``manager-replay``; or
+    ``free-first`` and ``free-replay``, the manager's calls on a store that costs nothing."""
     import uuid
 
     import redis.asyncio as redis_asyncio
@@ -137,11 +141,18 @@ async def server_calls(kind: str, count: int) -> None:
     replay_key, replay_order = fresh(), bench_order(uuid.uuid4().hex)
     await raw.first(replay_key)
     await manager_call(manager, replay_order)
+    free = _free_store()
+    free_manager = Manager(free, Options(key_prefix="bench"))
+    await manager_call(free_manager, replay_order)  # claimed and completed in earnest
+    if kind == "free-replay":
+        free.verdict = None  # the next claim meets the completed record, and keeps it
     paths = {
         "raw-first": lambda: raw.first(fresh()),
         "raw-replay": lambda: raw.replay(replay_key),
         "manager-first": lambda: manager_call(manager, bench_order(uuid.uuid4().hex)),
         "manager-replay": lambda: manager_call(manager, replay_order),
+        "free-first": lambda: manager_call(free_manager, bench_order(uuid.uuid4().hex)),
+        "free-replay": lambda: manager_call(free_manager, replay_order),
     }
     path = paths[kind]
     try:
@@ -162,19 +173,42 @@ def server_figures(root: Path) -> None:
     try:
         for kind, name in (("first", "first call"), ("replay", "replay")):
             per_call = {}
-            for path in ("raw", "manager"):
+            for path in ("raw", "manager", "free"):
                 child = f"server-{path}-{kind}"
                 few, many = counted(root, child, SERVER_FEW), counted(root, child, SERVER_MANY)
                 per_call[path] = (many - few) / (SERVER_MANY - SERVER_FEW)
-            raw, manager = per_call["raw"], per_call["manager"]
+            raw, manager, free = per_call["raw"], per_call["manager"], per_call["free"]
             print(
                 f"  {name:<11}raw {raw:>10,.0f}, manager {manager:>10,.0f} instructions "
-                f"(manager / raw {manager / raw:.3f})"
+                f"(manager / raw {manager / raw:.3f}); on a store costing nothing "
+                f"{free:>8,.0f} (floor (raw + it) / raw {(raw + free) / raw:.3f})"
             )
     finally:
         process.terminate()
         process.wait(timeout=10)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _free_store() -> Any:
+    from idempotency_async import MemoryStore
+
+    class FreeStore(MemoryStore):
+        """Answers as ``MemoryStore`` answered the first time, at no cost after."""
+
+        verdict: Any = None
+        written: Any = None
+
+        async def claim(self, claim: Any) -> Any:
+            if self.verdict is None:
+                self.verdict = await super().claim(claim)
+            return self.verdict
+
+        async def complete(self, completion: Any) -> Any:
+            if self.written is None:
+                self.written = await super().complete(completion)
+            return self.written
+
+    return FreeStore()
 
 
 def frames(kind: str) -> tuple[float, float]:
