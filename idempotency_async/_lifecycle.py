@@ -51,7 +51,7 @@ from idempotency_async._callback import (
 )
 from idempotency_async._cutoff import Cutoff, Cutoffs
 from idempotency_async._emission import Emitter
-from idempotency_async._endings import COMPLETE, Answer, Decision, Ended, Outcome, Write, decide
+from idempotency_async._endings import COMPLETE, Decision, Ended, Outcome, Write, decide
 from idempotency_async._flight import Flight
 from idempotency_async._keys import KeyDeriver, Keys
 from idempotency_async._lease import Deadline, Lease
@@ -106,7 +106,6 @@ _COMPLETED = Found.COMPLETED  # a global reads faster than an Enum member (Pytho
 _COROUTINE = types.CoroutineType  # what most callbacks return: no attribute lookup for it
 _NOTHING, _RESPONSE, _WITHOUT_RESPONSE = Written.NOTHING, Written.RESPONSE, Written.WITHOUT_RESPONSE
 _RETURNED = Ended.RETURNED
-_NONE, _ANSWERED, _RELEASE = Answer.NONE, Answer.COMPLETED, Answer.RELEASE
 # ``Completion(...)`` runs a Python-level ``__new__``; the tuple constructor, called as it
 # is (a ``partial`` costs a fifth more), does not: every first call builds one.  Every field
 # is passed, in the order ``Completion`` declares them.
